@@ -1,0 +1,383 @@
+//! The epoch loop: one micro-batch after another, from sources to the sink.
+//!
+//! ```text
+//! recover ─► loop { wait for trigger
+//!                   plan: ask sources for offsets ─► offsets/N
+//!                   read [start, end) of every source
+//!                   compute: DataFusion over the epoch's batches
+//!                   commit: sink.write_epoch(N) ─► commits/N ─► progress }
+//! ```
+//!
+//! Rules for the next editor:
+//! - `offsets/N` is written before epoch N reads anything, and nothing
+//!   about epoch N is decided after it is written: a restart re-runs N over
+//!   exactly those offsets.
+//! - `commits/N` is written only after the sink has acknowledged N's output.
+//! - An epoch runs only when some source has new data.
+//! - A stop request is honoured between epochs, never inside one.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::execution::SessionState;
+use datafusion::physical_plan::collect_partitioned;
+
+use crate::checkpoint::{Checkpoint, CommitRecord, OffsetRecord, SourceRange};
+use crate::error::{Result, SluiceError};
+use crate::planner::IncrementalPlan;
+use crate::progress::{
+    PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
+    StreamingQueryListener,
+};
+use crate::query::QueryShared;
+use crate::sink::Sink;
+use crate::source::Offset;
+use crate::trigger::Trigger;
+
+/// Offset and commit records kept in the checkpoint (Spark's default).
+const RETAIN_EPOCHS: u64 = 100;
+
+/// With a zero trigger interval, how long to wait before looking at the
+/// sources again when they had nothing new.
+const IDLE_POLL: Duration = Duration::from_millis(10);
+
+/// Everything one running query needs.
+pub(crate) struct EpochLoop {
+    pub shared: Arc<QueryShared>,
+    pub plan: IncrementalPlan,
+    pub state: SessionState,
+    pub sink: Arc<dyn Sink>,
+    pub sink_description: String,
+    pub checkpoint: Checkpoint,
+    /// Keeps a temporary checkpoint directory alive for the query's life.
+    pub temp_dir: Option<tempfile::TempDir>,
+    pub trigger: Trigger,
+    pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
+}
+
+impl EpochLoop {
+    /// Runs the query until it is stopped, runs out of input under the
+    /// available-now trigger, or fails.
+    pub(crate) async fn run(mut self, recovered: Recovered) {
+        let started = QueryStartedEvent {
+            id: self.shared.id.clone(),
+            run_id: self.shared.run_id.clone(),
+            name: self.shared.name.clone(),
+        };
+        tracing::info!(query = %self.shared.name, id = %self.shared.id, "query started");
+        for l in &self.listeners {
+            l.on_query_started(&started);
+        }
+        let result = self.run_epochs(recovered).await;
+        if let Err(e) = &result {
+            tracing::error!(query = %self.shared.name, error = %e, "query failed");
+        }
+        let terminated = QueryTerminatedEvent {
+            id: self.shared.id.clone(),
+            run_id: self.shared.run_id.clone(),
+            name: self.shared.name.clone(),
+            error: result.as_ref().err().map(ToString::to_string),
+        };
+        // Listeners hear the end before waiters on the handle wake up.
+        for l in &self.listeners {
+            l.on_query_terminated(&terminated);
+        }
+        self.shared.finish(result);
+        drop(self.temp_dir.take());
+    }
+
+    async fn run_epochs(&mut self, recovered: Recovered) -> Result<()> {
+        let Recovered {
+            mut epoch,
+            mut positions,
+            mut replay,
+        } = recovered;
+        if self.trigger == Trigger::AvailableNow {
+            for input in &self.plan.inputs {
+                input.source.prepare_available_now().await?;
+            }
+        }
+        let started_at = Instant::now();
+        let mut last_epoch_start = started_at;
+        let mut next_tick = started_at;
+        loop {
+            if self.shared.stop_requested() {
+                return Ok(());
+            }
+            if let Trigger::ProcessingTime(interval) = self.trigger {
+                if !interval.is_zero() {
+                    self.shared
+                        .set_status("Waiting for next trigger", false, false);
+                    if !self.sleep_until(next_tick).await {
+                        return Ok(());
+                    }
+                    // Ticks stay on multiples of the interval; a long epoch
+                    // skips the ticks it overran.
+                    let now = Instant::now();
+                    while next_tick <= now {
+                        next_tick += interval;
+                    }
+                }
+            }
+            let epoch_start = Instant::now();
+            let record = match replay.take() {
+                Some(r) => r,
+                None => match self.plan_epoch(epoch, &positions).await? {
+                    Some(r) => r,
+                    None => {
+                        self.shared.record_no_data();
+                        self.shared
+                            .set_status("Waiting for data to arrive", false, false);
+                        if self.trigger == Trigger::AvailableNow {
+                            return Ok(());
+                        }
+                        if self.trigger == Trigger::ProcessingTime(Duration::ZERO)
+                            && !self.sleep_until(Instant::now() + IDLE_POLL).await
+                        {
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                },
+            };
+            let plan_ms = ms(epoch_start.elapsed());
+            self.shared
+                .set_status(&format!("Processing epoch {epoch}"), true, true);
+            let progress = self
+                .run_epoch(&record, plan_ms, epoch_start, last_epoch_start)
+                .await?;
+            for (key, range) in record.sources {
+                positions.insert(key, range.end);
+            }
+            tracing::info!(
+                target: "sluice::progress",
+                query = %progress.name,
+                epoch = progress.epoch,
+                input_rows = progress.num_input_rows,
+                output_rows = progress.num_output_rows,
+                total_ms = progress.duration_ms.total,
+                "epoch committed"
+            );
+            for l in &self.listeners {
+                l.on_query_progress(&progress);
+            }
+            self.shared.record_progress(progress);
+            last_epoch_start = epoch_start;
+            epoch += 1;
+        }
+    }
+
+    /// Sleeps until `deadline`; false when a stop was requested meanwhile.
+    async fn sleep_until(&self, deadline: Instant) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline.into()) => true,
+            _ = self.shared.stopped() => false,
+        }
+    }
+
+    /// Reads the checkpoint: the next epoch, each source's position, and the
+    /// planned-but-uncommitted epoch to re-run, if any. Runs before the loop
+    /// is spawned, so a damaged checkpoint fails the query's start.
+    pub(crate) fn recover(&self) -> Result<Recovered> {
+        let cp = &self.checkpoint;
+        let committed = cp.latest_commit_epoch()?;
+        let planned = cp.latest_offsets_epoch()?;
+        let mut positions = BTreeMap::new();
+        if let Some(c) = committed {
+            // Read (and so verify) the commit record itself.
+            cp.read_commit(c)?;
+            let record = cp.read_offsets(c)?;
+            self.check_sources(&record)?;
+            for (key, range) in record.sources {
+                positions.insert(key, range.end);
+            }
+        }
+        let next = committed.unwrap_or(0) + 1;
+        let replay = match planned {
+            Some(p) if p == next => {
+                let record = cp.read_offsets(p)?;
+                self.check_sources(&record)?;
+                tracing::info!(epoch = p, "re-running epoch planned before the restart");
+                Some(record)
+            }
+            Some(p) if p > next => {
+                return Err(SluiceError::checkpoint(
+                    cp.dir().join("offsets").join(p.to_string()),
+                    format!(
+                        "epoch {p} was planned but the last committed epoch is {}; the \
+                         checkpoint's commits/ folder is missing files",
+                        committed.unwrap_or(0)
+                    ),
+                ))
+            }
+            _ => None,
+        };
+        Ok(Recovered {
+            epoch: next,
+            positions,
+            replay,
+        })
+    }
+
+    /// The checkpoint must belong to a query with the same inputs.
+    fn check_sources(&self, record: &OffsetRecord) -> Result<()> {
+        let ours: Vec<&str> = self.plan.inputs.iter().map(|i| i.key.as_str()).collect();
+        let theirs: Vec<&str> = record.sources.keys().map(String::as_str).collect();
+        if ours != theirs {
+            return Err(SluiceError::config(format!(
+                "the checkpoint at {} belongs to a query reading [{}], but this query reads [{}]; \
+                 use a new checkpoint location for a changed query",
+                self.checkpoint.dir().display(),
+                theirs.join(", "),
+                ours.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Asks every source for its latest offset; writes and returns the
+    /// epoch's plan, or `None` when no source has new data.
+    async fn plan_epoch(
+        &self,
+        epoch: u64,
+        positions: &BTreeMap<String, Offset>,
+    ) -> Result<Option<OffsetRecord>> {
+        let mut sources = BTreeMap::new();
+        let mut any_new = false;
+        for input in &self.plan.inputs {
+            let start = positions.get(&input.key).cloned();
+            let end = match input.source.latest_offset(start.as_ref()).await? {
+                Some(end) => {
+                    any_new = true;
+                    end
+                }
+                // No new rows: an empty range (`null` before the first data).
+                None => start.clone().unwrap_or(Offset::Null),
+            };
+            sources.insert(input.key.clone(), SourceRange { start, end });
+        }
+        if !any_new {
+            return Ok(None);
+        }
+        let record = OffsetRecord {
+            epoch,
+            planned_at_ms: chrono::Utc::now().timestamp_millis(),
+            sources,
+        };
+        self.checkpoint.write_offsets(&record)?;
+        Ok(Some(record))
+    }
+
+    async fn run_epoch(
+        &self,
+        record: &OffsetRecord,
+        plan_ms: f64,
+        epoch_start: Instant,
+        last_epoch_start: Instant,
+    ) -> Result<QueryProgress> {
+        let epoch = record.epoch;
+
+        let t = Instant::now();
+        let mut sources = Vec::new();
+        let mut input_rows = 0u64;
+        for input in &self.plan.inputs {
+            let range = record.sources.get(&input.key).ok_or_else(|| {
+                SluiceError::Internal(format!("offsets/{epoch} has no range for {}", input.key))
+            })?;
+            let empty = range.end.is_null() || range.start.as_ref() == Some(&range.end);
+            let partitions = if empty {
+                Vec::new()
+            } else {
+                input.source.read(range.start.as_ref(), &range.end).await?
+            };
+            let rows: u64 = partitions
+                .iter()
+                .flatten()
+                .map(|b| b.num_rows() as u64)
+                .sum();
+            input_rows += rows;
+            input.table.set_input(partitions);
+            sources.push(SourceProgress {
+                description: input.description.clone(),
+                start_offset: range.start.clone(),
+                end_offset: range.end.clone(),
+                num_input_rows: rows,
+            });
+        }
+        let read_ms = ms(t.elapsed());
+
+        let t = Instant::now();
+        let physical = self.state.create_physical_plan(&self.plan.logical).await?;
+        let output: Vec<RecordBatch> = collect_partitioned(physical, self.state.task_ctx())
+            .await?
+            .into_iter()
+            .flatten()
+            .filter(|b| b.num_rows() > 0)
+            .collect();
+        for input in &self.plan.inputs {
+            input.table.set_input(Vec::new());
+        }
+        let compute_ms = ms(t.elapsed());
+
+        let t = Instant::now();
+        let output_rows: u64 = output.iter().map(|b| b.num_rows() as u64).sum();
+        self.sink.write_epoch(epoch, &output).await?;
+        self.checkpoint.write_commit(&CommitRecord {
+            epoch,
+            committed_at_ms: chrono::Utc::now().timestamp_millis(),
+            output_rows,
+        })?;
+        self.checkpoint.purge(epoch, RETAIN_EPOCHS)?;
+        let commit_ms = ms(t.elapsed());
+
+        let total = epoch_start.elapsed();
+        let since_last = epoch_start.saturating_duration_since(last_epoch_start);
+        let per_second = |d: Duration| {
+            if d.is_zero() {
+                0.0
+            } else {
+                input_rows as f64 / d.as_secs_f64()
+            }
+        };
+        Ok(QueryProgress {
+            id: self.shared.id.clone(),
+            run_id: self.shared.run_id.clone(),
+            name: self.shared.name.clone(),
+            epoch,
+            timestamp: chrono::DateTime::from_timestamp_millis(record.planned_at_ms)
+                .map(|t| t.to_rfc3339())
+                .unwrap_or_default(),
+            num_input_rows: input_rows,
+            num_output_rows: output_rows,
+            input_rows_per_second: per_second(since_last),
+            processed_rows_per_second: per_second(total),
+            duration_ms: PhaseDurations {
+                plan: plan_ms,
+                read: read_ms,
+                compute: compute_ms,
+                state: 0.0,
+                commit: commit_ms,
+                total: ms(total),
+            },
+            state_rows: 0,
+            state_bytes: 0,
+            watermark: None,
+            late_rows: 0,
+            sources,
+            sink: self.sink_description.clone(),
+        })
+    }
+}
+
+/// Where a query resumes.
+pub(crate) struct Recovered {
+    epoch: u64,
+    positions: BTreeMap<String, Offset>,
+    replay: Option<OffsetRecord>,
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}

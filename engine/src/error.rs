@@ -1,0 +1,124 @@
+//! The engine's error type, split by who is at fault.
+//!
+//! A [`SluiceError`] tells its caller whether the *user* must change something
+//! (a query, an option, a checkpoint location: [`SluiceError::is_user_error`])
+//! or whether something failed while running (a file, a broker, a bug). The CLI
+//! maps the first kind to exit status 2 and the second to 1.
+
+use std::path::PathBuf;
+
+use datafusion::arrow::error::ArrowError;
+use datafusion::error::DataFusionError;
+
+/// Result alias used throughout Sluice.
+pub type Result<T, E = SluiceError> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the engine.
+#[derive(Debug, thiserror::Error)]
+pub enum SluiceError {
+    /// The query or pipeline cannot run as written; the message says why and
+    /// what would work.
+    #[error("{0}")]
+    Plan(String),
+
+    /// A connector option, format or setting is wrong. `message` names the
+    /// option and what is expected.
+    #[error("{message}")]
+    Config {
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+
+    /// A checkpoint file is corrupt, truncated or from another format; the
+    /// checkpoint is never silently reset.
+    #[error("checkpoint file {}: {reason}", path.display())]
+    Checkpoint {
+        /// The offending file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A file or directory operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done, naming the path.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// An external system (a broker, a remote store) failed or timed out.
+    #[error("{what}: {message}{}", hint.as_ref().map(|h| format!("\n  hint: {h}")).unwrap_or_default())]
+    External {
+        /// The system and operation, e.g. "kafka broker 127.0.0.1:9092".
+        what: String,
+        /// What happened.
+        message: String,
+        /// What the user can do about it.
+        hint: Option<String>,
+    },
+
+    /// An error from DataFusion while planning or executing.
+    #[error(transparent)]
+    DataFusion(#[from] DataFusionError),
+
+    /// An error from Arrow (decode, encode, kernels).
+    #[error(transparent)]
+    Arrow(#[from] ArrowError),
+
+    /// The query was stopped by another instance or by the user.
+    #[error("{0}")]
+    Stopped(String),
+
+    /// A bug in Sluice: an invariant did not hold.
+    #[error("internal error: {0} (this is a bug in Sluice)")]
+    Internal(String),
+}
+
+impl SluiceError {
+    /// A [`SluiceError::Plan`] error.
+    pub fn plan(message: impl Into<String>) -> Self {
+        Self::Plan(message.into())
+    }
+
+    /// A [`SluiceError::Config`] error.
+    pub fn config(message: impl Into<String>) -> Self {
+        Self::Config {
+            message: message.into(),
+        }
+    }
+
+    /// A [`SluiceError::Io`] error with `context` naming the operation and path.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// A [`SluiceError::Checkpoint`] error for `path`.
+    pub fn checkpoint(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Self::Checkpoint {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// True when the user must change the query, an option or a setting: the
+    /// CLI exits with status 2 for these.
+    pub fn is_user_error(&self) -> bool {
+        match self {
+            Self::Plan(_) | Self::Config { .. } => true,
+            Self::DataFusion(e) => matches!(
+                e.find_root(),
+                DataFusionError::Plan(_)
+                    | DataFusionError::SchemaError(..)
+                    | DataFusionError::SQL(..)
+                    | DataFusionError::NotImplemented(_)
+            ),
+            _ => false,
+        }
+    }
+}

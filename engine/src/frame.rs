@@ -1,0 +1,304 @@
+//! [`StreamFrame`]: the DataFrame API over streams, and
+//! [`DataStreamWriter`], which starts a query from one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::dataframe::DataFrame;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::Expr;
+
+use crate::checkpoint::Checkpoint;
+use crate::connector::SinkArgs;
+use crate::epoch::EpochLoop;
+use crate::error::{Result, SluiceError};
+use crate::options::Options;
+use crate::planner::{self, IncrementalPlan};
+use crate::query::{QueryShared, StreamingQuery};
+use crate::session::Session;
+use crate::sink::{MemorySink, Sink};
+use crate::trigger::{OutputMode, Trigger};
+
+/// An unbounded table: a stream and the transformations applied to it.
+/// Transformations take DataFusion [`Expr`]s and return a new frame;
+/// nothing runs until [`DataStreamWriter::start`].
+///
+/// ```
+/// use sluice_engine::{datafusion::prelude::*, Session};
+/// let session = Session::new();
+/// let frame = session
+///     .read_stream()
+///     .format("rate")
+///     .option("rows_per_second", "5")
+///     .load()?
+///     .filter((col("value") % lit(3)).not_eq(lit(0)))?
+///     .with_column("doubled", col("value") * lit(2))?;
+/// assert_eq!(frame.schema().field(2).name(), "doubled");
+/// # Ok::<(), sluice_engine::SluiceError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct StreamFrame {
+    session: Session,
+    df: DataFrame,
+}
+
+impl StreamFrame {
+    pub(crate) fn new(session: Session, df: DataFrame) -> Self {
+        Self { session, df }
+    }
+
+    fn map(
+        self,
+        f: impl FnOnce(DataFrame) -> datafusion::error::Result<DataFrame>,
+    ) -> Result<Self> {
+        Ok(Self {
+            df: f(self.df)?,
+            session: self.session,
+        })
+    }
+
+    /// Keeps the rows for which `predicate` is true.
+    pub fn filter(self, predicate: Expr) -> Result<Self> {
+        self.map(|df| df.filter(predicate))
+    }
+
+    /// Computes the given expressions as the new columns.
+    pub fn select(self, exprs: Vec<Expr>) -> Result<Self> {
+        self.map(|df| df.select(exprs))
+    }
+
+    /// Keeps the named columns.
+    pub fn select_columns(self, columns: &[&str]) -> Result<Self> {
+        self.map(|df| df.select_columns(columns))
+    }
+
+    /// Adds (or replaces) column `name` computed by `expr`.
+    pub fn with_column(self, name: &str, expr: Expr) -> Result<Self> {
+        self.map(|df| df.with_column(name, expr))
+    }
+
+    /// Renames a column.
+    pub fn with_column_renamed(self, old: &str, new: &str) -> Result<Self> {
+        self.map(|df| df.with_column_renamed(old, new))
+    }
+
+    /// Removes the named columns.
+    pub fn drop_columns(self, columns: &[&str]) -> Result<Self> {
+        self.map(|df| df.drop_columns(columns))
+    }
+
+    /// Expands list columns into one row per element.
+    pub fn unnest_columns(self, columns: &[&str]) -> Result<Self> {
+        self.map(|df| df.unnest_columns(columns))
+    }
+
+    /// Rows of both frames (UNION ALL).
+    pub fn union(self, other: StreamFrame) -> Result<Self> {
+        self.map(|df| df.union(other.df))
+    }
+
+    /// The output columns.
+    pub fn schema(&self) -> SchemaRef {
+        Arc::new(self.df.schema().as_arrow().clone())
+    }
+
+    /// The DataFusion logical plan.
+    pub fn logical_plan(&self) -> &LogicalPlan {
+        self.df.logical_plan()
+    }
+
+    /// Starts describing where the output goes.
+    pub fn write_stream(self) -> DataStreamWriter {
+        DataStreamWriter {
+            frame: self,
+            sink: SinkChoice::None,
+            options: Options::new(),
+            output_mode: None,
+            checkpoint: None,
+            trigger: Trigger::default(),
+            name: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum SinkChoice {
+    None,
+    Connector(String),
+    Instance(Arc<dyn Sink>),
+}
+
+/// Builds and starts a query (Spark's `DataStreamWriter`).
+#[derive(Debug)]
+pub struct DataStreamWriter {
+    frame: StreamFrame,
+    sink: SinkChoice,
+    options: Options,
+    output_mode: Option<OutputMode>,
+    checkpoint: Option<PathBuf>,
+    trigger: Trigger,
+    name: Option<String>,
+}
+
+impl DataStreamWriter {
+    /// The sink connector: `"kafka"`, `"console"`, `"blackhole"`, ...
+    pub fn format(mut self, connector: &str) -> Self {
+        self.sink = SinkChoice::Connector(connector.to_string());
+        self
+    }
+
+    /// One sink option.
+    pub fn option(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.options.set(key, value);
+        self
+    }
+
+    /// Several sink options.
+    pub fn options<K: AsRef<str>, V: Into<String>>(
+        mut self,
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        for (k, v) in pairs {
+            self.options.set(k.as_ref(), v);
+        }
+        self
+    }
+
+    /// Writes to a [`MemorySink`] (tests).
+    pub fn memory(self, sink: &MemorySink) -> Self {
+        self.sink_instance(Arc::new(sink.clone()))
+    }
+
+    /// Writes to a sink built by the caller.
+    pub fn sink_instance(mut self, sink: Arc<dyn Sink>) -> Self {
+        self.sink = SinkChoice::Instance(sink);
+        self
+    }
+
+    /// What each epoch emits; the default is derived from the query.
+    pub fn output_mode(mut self, mode: OutputMode) -> Self {
+        self.output_mode = Some(mode);
+        self
+    }
+
+    /// Where the query records its progress; required by sinks whose output
+    /// outlives the process (Kafka, files).
+    pub fn checkpoint_location(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.checkpoint = Some(dir.into());
+        self
+    }
+
+    /// When epochs run.
+    pub fn trigger(mut self, trigger: Trigger) -> Self {
+        self.trigger = trigger;
+        self
+    }
+
+    /// The query's name (progress, logs, metrics).
+    pub fn query_name(mut self, name: &str) -> Self {
+        self.name = Some(name.to_string());
+        self
+    }
+
+    fn mode(&self) -> OutputMode {
+        self.output_mode.unwrap_or_default()
+    }
+
+    fn plan(&self) -> Result<IncrementalPlan> {
+        planner::plan_query(
+            &self.frame.session.context().state(),
+            &self.frame.session.connectors(),
+            self.frame.logical_plan(),
+            self.mode(),
+        )
+    }
+
+    /// The incremental plan, without starting anything.
+    pub fn explain(&self) -> Result<String> {
+        let plan = self.plan()?;
+        let sink = match &self.sink {
+            SinkChoice::None => "(none chosen)".to_string(),
+            SinkChoice::Connector(c) => c.clone(),
+            SinkChoice::Instance(s) => s.describe(),
+        };
+        Ok(planner::explain(&plan, self.mode(), &sink))
+    }
+
+    /// Plans the query, opens its checkpoint and sink, and starts its epoch
+    /// loop on the current tokio runtime. Mistakes in the query or options
+    /// are reported here, before anything runs.
+    pub async fn start(self) -> Result<StreamingQuery> {
+        let session = self.frame.session.clone();
+        let plan = self.plan()?;
+        let mode = self.mode();
+        let name = self
+            .name
+            .clone()
+            .unwrap_or_else(|| format!("query-{}", session.next_number()));
+        let new_id = uuid::Uuid::new_v4().to_string();
+        let checkpoint = self
+            .checkpoint
+            .as_ref()
+            .map(|dir| Checkpoint::open(dir, &new_id))
+            .transpose()?;
+        let query_id = checkpoint
+            .as_ref()
+            .map_or(new_id, |c| c.metadata().query_id.clone());
+        let sink = match self.sink {
+            SinkChoice::None => {
+                return Err(SluiceError::config(format!(
+                    "query '{name}' has no sink: choose one with .format(\"kafka\"), one of {}",
+                    session.connectors().names().join(", ")
+                )))
+            }
+            SinkChoice::Instance(s) => {
+                self.options.finish(&s.describe(), &[])?;
+                s
+            }
+            SinkChoice::Connector(c) => session.connectors().get(&c)?.sink(SinkArgs {
+                options: self.options,
+                schema: Arc::clone(&plan.output_schema),
+                output_mode: mode,
+                query_id: query_id.clone(),
+                query_name: name.clone(),
+            })?,
+        };
+        let (checkpoint, temp_dir) = match checkpoint {
+            Some(c) => (c, None),
+            None if sink.needs_checkpoint() => {
+                return Err(SluiceError::config(format!(
+                    "query '{name}' writes to {}, which needs a checkpoint location to know what \
+                     it already wrote: set .checkpoint_location(dir), or in SQL \
+                     SET 'checkpoint.location' = './checkpoints/{name}'",
+                    sink.describe()
+                )))
+            }
+            None => {
+                let dir = tempfile::Builder::new()
+                    .prefix("sluice-checkpoint-")
+                    .tempdir()
+                    .map_err(|e| SluiceError::io("creating a temporary checkpoint", e))?;
+                (Checkpoint::open(dir.path(), &query_id)?, Some(dir))
+            }
+        };
+        sink.open().await?;
+        let shared = QueryShared::new(query_id, name);
+        let epochs = EpochLoop {
+            shared: Arc::clone(&shared),
+            plan,
+            state: session.context().state(),
+            sink_description: sink.describe(),
+            sink,
+            checkpoint,
+            temp_dir,
+            trigger: self.trigger,
+            listeners: session.listeners(),
+        };
+        let recovered = epochs.recover()?;
+        shared.set_task(tokio::spawn(epochs.run(recovered)));
+        let query = StreamingQuery::new(shared);
+        session.track(query.clone());
+        Ok(query)
+    }
+}

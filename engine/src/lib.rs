@@ -1,0 +1,96 @@
+#![warn(missing_docs, unreachable_pub)]
+#![deny(unused_must_use)]
+
+//! Sluice's streaming engine.
+//!
+//! A [`Session`] declares streams and starts continuous queries over them.
+//! A query is a DataFusion plan run one micro-batch (*epoch*) at a time: each
+//! epoch plans source offsets and records them in the checkpoint, reads those
+//! ranges as Arrow record batches, runs the plan over them, hands the output
+//! to the sink and records the commit (see [`epoch`](crate::StreamingQuery)
+//! and `DESIGN.md` §2). A restart from the same checkpoint continues with
+//! the next epoch, re-running an epoch that was planned but not committed
+//! over exactly the same offsets.
+//!
+//! ```
+//! # #[tokio::main(flavor = "multi_thread")]
+//! # async fn main() -> sluice_engine::Result<()> {
+//! use std::sync::Arc;
+//! use sluice_engine::arrow::array::Int64Array;
+//! use sluice_engine::arrow::datatypes::{DataType, Field, Schema};
+//! use sluice_engine::arrow::record_batch::RecordBatch;
+//! use sluice_engine::datafusion::prelude::*;
+//! use sluice_engine::{MemorySink, MemoryStream, Session};
+//!
+//! let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+//! let input = MemoryStream::new(schema.clone());
+//! let session = Session::new();
+//! let out = MemorySink::new();
+//! let query = session
+//!     .read_stream()
+//!     .memory(&input)?
+//!     .filter(col("x").gt(lit(1)))?
+//!     .write_stream()
+//!     .memory(&out)
+//!     .start()
+//!     .await?;
+//! input.add_batch(RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![1, 2, 3]))])?)?;
+//! query.process_all_available().await?;
+//! assert_eq!(out.num_rows(), 2);
+//! query.stop().await?;
+//! # Ok(()) }
+//! ```
+
+mod checkpoint;
+mod connector;
+mod epoch;
+mod error;
+mod frame;
+mod options;
+mod planner;
+mod progress;
+mod query;
+mod session;
+mod sink;
+mod source;
+mod table;
+mod trigger;
+
+pub use checkpoint::{
+    Checkpoint, CommitRecord, Metadata, OffsetRecord, SourceRange, FORMAT_VERSION,
+};
+pub use connector::{Connector, ConnectorRegistry, SinkArgs, SourceArgs};
+pub use error::{Result, SluiceError};
+pub use frame::{DataStreamWriter, StreamFrame};
+pub use options::{closest, parse_duration, quoted_list, Options};
+pub use progress::{
+    PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
+    StreamingQueryListener,
+};
+pub use query::{QueryStatus, StreamingQuery};
+pub use session::{DataStreamReader, Session};
+pub use sink::{BlackholeConnector, ConsoleConnector, MemorySink, Sink};
+pub use source::{
+    FilesConnector, MemorySourceFactory, MemoryStream, Offset, Partitions, RateConnector, Source,
+    SourceFactory,
+};
+pub use table::{StreamDefinition, StreamTable};
+pub use trigger::{OutputMode, Trigger};
+
+pub use datafusion;
+pub use datafusion::arrow;
+
+#[cfg(test)]
+mod send_sync {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn public_types_are_send_and_sync() {
+        assert_send_sync::<crate::Session>();
+        assert_send_sync::<crate::StreamingQuery>();
+        assert_send_sync::<crate::StreamFrame>();
+        assert_send_sync::<crate::MemorySink>();
+        assert_send_sync::<crate::MemoryStream>();
+        assert_send_sync::<crate::SluiceError>();
+    }
+}

@@ -1,0 +1,252 @@
+//! Connector options, parsed once into typed values.
+//!
+//! Every connector receives its `WITH (...)` / `.option(k, v)` pairs as an
+//! [`Options`] bag. It takes each key it understands (typed, with an error
+//! naming the key and the expected form), then calls [`Options::finish`],
+//! which rejects whatever is left by name and lists the valid keys. Keys are
+//! case-insensitive; keys starting with a pass-through prefix (`kafka.`) are
+//! collected with [`Options::take_prefixed`].
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::{Result, SluiceError};
+
+/// An option bag: key → string value, keys lower-cased.
+///
+/// ```
+/// use sluice_engine::Options;
+/// let mut o = Options::from_pairs([("rows_per_second", "5")]);
+/// assert_eq!(o.take_parsed::<u64>("rows_per_second", "a whole number")?, Some(5));
+/// o.finish("rate", &["rows_per_second", "num_partitions"])?;
+/// # Ok::<(), sluice_engine::SluiceError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    values: BTreeMap<String, String>,
+}
+
+impl Options {
+    /// An empty bag.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A bag from `(key, value)` pairs; later pairs win.
+    pub fn from_pairs<K: AsRef<str>, V: Into<String>>(
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        let mut o = Self::new();
+        for (k, v) in pairs {
+            o.set(k.as_ref(), v);
+        }
+        o
+    }
+
+    /// Sets `key` (case-insensitive) to `value`.
+    pub fn set(&mut self, key: &str, value: impl Into<String>) {
+        self.values.insert(key.to_ascii_lowercase(), value.into());
+    }
+
+    /// The value of `key`, without taking it.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.values
+            .get(&key.to_ascii_lowercase())
+            .map(String::as_str)
+    }
+
+    /// True when no key is left.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// All pairs, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.values.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    /// Removes and returns `key`.
+    pub fn take(&mut self, key: &str) -> Option<String> {
+        self.values.remove(&key.to_ascii_lowercase())
+    }
+
+    /// Removes and returns `key`, or an error saying it is required.
+    pub fn take_required(&mut self, connector: &str, key: &str, example: &str) -> Result<String> {
+        self.take(key).ok_or_else(|| {
+            SluiceError::config(format!(
+                "connector '{connector}' needs option '{key}', e.g. '{key}' = '{example}'"
+            ))
+        })
+    }
+
+    /// Removes `key` and parses it as `T`; `expected` describes the valid
+    /// form for the error message.
+    pub fn take_parsed<T: FromStr>(&mut self, key: &str, expected: &str) -> Result<Option<T>> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => v.trim().parse::<T>().map(Some).map_err(|_| {
+                SluiceError::config(format!(
+                    "option '{key}' = '{v}' is not valid: expected {expected}"
+                ))
+            }),
+        }
+    }
+
+    /// Removes `key` and matches it (case-insensitively) against `choices`.
+    pub fn take_choice(&mut self, key: &str, choices: &[&str]) -> Result<Option<String>> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => {
+                let lower = v.trim().to_ascii_lowercase();
+                if choices.contains(&lower.as_str()) {
+                    Ok(Some(lower))
+                } else {
+                    Err(SluiceError::config(format!(
+                        "option '{key}' = '{v}' is not valid: expected one of {}",
+                        quoted_list(choices)
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Removes `key` and parses it as a duration (`'500 ms'`, `'1 second'`,
+    /// `'2s'`, `'0'`).
+    pub fn take_duration(&mut self, key: &str) -> Result<Option<Duration>> {
+        match self.take(key) {
+            None => Ok(None),
+            Some(v) => parse_duration(&v).map(Some).map_err(|e| {
+                SluiceError::config(format!("option '{key}' = '{v}' is not valid: {e}"))
+            }),
+        }
+    }
+
+    /// Removes every key starting with `prefix` and returns them with the
+    /// prefix stripped (used for `kafka.*` pass-through options).
+    pub fn take_prefixed(&mut self, prefix: &str) -> Vec<(String, String)> {
+        let prefix = prefix.to_ascii_lowercase();
+        let keys: Vec<String> = self
+            .values
+            .keys()
+            .filter(|k| k.starts_with(&prefix))
+            .cloned()
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| {
+                let v = self.values.remove(&k)?;
+                Some((k[prefix.len()..].to_string(), v))
+            })
+            .collect()
+    }
+
+    /// Fails when keys are left, naming them and listing the `valid` ones.
+    pub fn finish(&self, connector: &str, valid: &[&str]) -> Result<()> {
+        if let Some(key) = self.values.keys().next() {
+            let hint = closest(key, valid.iter().copied())
+                .map(|c| format!(" (did you mean '{c}'?)"))
+                .unwrap_or_default();
+            return Err(SluiceError::config(format!(
+                "unknown option '{key}' for connector '{connector}'{hint}; valid options: {}",
+                quoted_list(valid)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `'a', 'b', 'c'` — for error messages.
+pub fn quoted_list(items: &[&str]) -> String {
+    items
+        .iter()
+        .map(|s| format!("'{s}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The candidate closest to `word` by edit distance, if it is close enough to
+/// be a plausible typo.
+pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let word = word.to_ascii_lowercase();
+    candidates
+        .into_iter()
+        .map(|c| (levenshtein(&word, &c.to_ascii_lowercase()), c))
+        .filter(|(d, c)| *d <= (c.len().max(word.len()) / 3).max(1))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+fn levenshtein(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// Parses `'1 second'`, `'500 ms'`, `'2s'`, `'1.5 minutes'` or `'0'`.
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    let t = text.trim().to_ascii_lowercase();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| "expected a duration such as '1 second', '500 ms' or '0'".to_string())?;
+    let seconds_per_unit = match unit.trim() {
+        "" if value == 0.0 => 0.0,
+        "ms" | "milli" | "millis" | "millisecond" | "milliseconds" => 0.001,
+        "s" | "sec" | "secs" | "second" | "seconds" => 1.0,
+        "m" | "min" | "mins" | "minute" | "minutes" => 60.0,
+        "h" | "hour" | "hours" => 3600.0,
+        other => {
+            return Err(format!(
+                "unknown time unit '{other}': use ms, second(s), minute(s) or hour(s)"
+            ))
+        }
+    };
+    Duration::try_from_secs_f64(value * seconds_per_unit).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_named_with_a_suggestion() {
+        let o = Options::from_pairs([("rows_per_secnd", "5")]);
+        let err = o
+            .finish("rate", &["rows_per_second", "num_partitions"])
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("'rows_per_secnd'"), "{msg}");
+        assert!(msg.contains("did you mean 'rows_per_second'"), "{msg}");
+        assert!(msg.contains("'num_partitions'"), "{msg}");
+    }
+
+    #[test]
+    fn typed_values_name_the_key_on_error() {
+        let mut o = Options::from_pairs([("Rows_Per_Second", "five")]);
+        let msg = o
+            .take_parsed::<u64>("rows_per_second", "a whole number")
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("'rows_per_second' = 'five'"), "{msg}");
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1 second"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("500 ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("2 fortnights").is_err());
+    }
+}

@@ -1,0 +1,143 @@
+//! What a query reports after every epoch, and who hears it.
+//!
+//! [`QueryProgress`] follows Spark's `StreamingQueryProgress`: per epoch, the
+//! input rows, rates, the duration of each phase, state size, watermark and
+//! late rows. The epoch loop sends it to every [`StreamingQueryListener`]
+//! registered on the session and emits it as a `tracing` event (target
+//! `sluice::progress`); `sluice run --progress-log` appends
+//! [`QueryProgress::log_line`] as JSON lines.
+
+use serde::Serialize;
+
+/// Time spent in each phase of one epoch, in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PhaseDurations {
+    /// Asking sources for offsets and writing `offsets/N`.
+    pub plan: f64,
+    /// Reading and decoding the input.
+    pub read: f64,
+    /// Running the query over the epoch's batches.
+    pub compute: f64,
+    /// Updating and staging operator state.
+    pub state: f64,
+    /// Writing to the sink and recording the commit.
+    pub commit: f64,
+    /// The whole epoch.
+    pub total: f64,
+}
+
+/// One source's part of an epoch.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SourceProgress {
+    /// `stream ← connector(...)`.
+    pub description: String,
+    /// Where the epoch started (`None`: the beginning).
+    pub start_offset: Option<serde_json::Value>,
+    /// Where it ended (exclusive).
+    pub end_offset: serde_json::Value,
+    /// Rows read.
+    pub num_input_rows: u64,
+}
+
+/// Progress of one committed epoch.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueryProgress {
+    /// Query id, stable across restarts.
+    pub id: String,
+    /// Id of this run of the query.
+    pub run_id: String,
+    /// The query's name.
+    pub name: String,
+    /// The epoch number.
+    pub epoch: u64,
+    /// When the epoch was planned (RFC 3339).
+    pub timestamp: String,
+    /// Rows read by all sources.
+    pub num_input_rows: u64,
+    /// Rows written to the sink.
+    pub num_output_rows: u64,
+    /// Input rows per second of wall time since the previous epoch started.
+    pub input_rows_per_second: f64,
+    /// Input rows per second of this epoch's execution.
+    pub processed_rows_per_second: f64,
+    /// Time per phase.
+    pub duration_ms: PhaseDurations,
+    /// Rows held in operator state.
+    pub state_rows: u64,
+    /// Bytes held in operator state.
+    pub state_bytes: u64,
+    /// The query's event-time watermark (RFC 3339), if it has one.
+    pub watermark: Option<String>,
+    /// Input rows dropped for arriving behind the watermark.
+    pub late_rows: u64,
+    /// Per source.
+    pub sources: Vec<SourceProgress>,
+    /// The sink's description.
+    pub sink: String,
+}
+
+impl QueryProgress {
+    /// The JSON object `sluice run --progress-log` appends per epoch:
+    /// `{"query", "epoch", "input_rows", "duration_ms": {"total", "read",
+    /// "compute", "state", "commit"}, "state_rows", "state_bytes",
+    /// "watermark", "late_rows"}`.
+    pub fn log_line(&self) -> serde_json::Value {
+        serde_json::json!({
+            "query": self.name,
+            "epoch": self.epoch,
+            "input_rows": self.num_input_rows,
+            "duration_ms": {
+                "total": self.duration_ms.total,
+                "read": self.duration_ms.read,
+                "compute": self.duration_ms.compute,
+                "state": self.duration_ms.state,
+                "commit": self.duration_ms.commit,
+            },
+            "state_rows": self.state_rows,
+            "state_bytes": self.state_bytes,
+            "watermark": self.watermark,
+            "late_rows": self.late_rows,
+        })
+    }
+}
+
+/// A query started running.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueryStartedEvent {
+    /// Query id.
+    pub id: String,
+    /// Run id.
+    pub run_id: String,
+    /// Query name.
+    pub name: String,
+}
+
+/// A query stopped: by request, after available-now, or with an error.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QueryTerminatedEvent {
+    /// Query id.
+    pub id: String,
+    /// Run id.
+    pub run_id: String,
+    /// Query name.
+    pub name: String,
+    /// The error that stopped it, if any.
+    pub error: Option<String>,
+}
+
+/// Hears about every query of a session. Every method defaults to doing
+/// nothing. Methods run on the query's task: they MUST return quickly.
+pub trait StreamingQueryListener: Send + Sync {
+    /// A query started.
+    fn on_query_started(&self, event: &QueryStartedEvent) {
+        let _ = event;
+    }
+    /// A query committed an epoch.
+    fn on_query_progress(&self, progress: &QueryProgress) {
+        let _ = progress;
+    }
+    /// A query stopped.
+    fn on_query_terminated(&self, event: &QueryTerminatedEvent) {
+        let _ = event;
+    }
+}

@@ -1,0 +1,270 @@
+//! [`StreamingQuery`]: the handle to a running query.
+//!
+//! The epoch loop (see `epoch`) runs on its own task and reports through the
+//! shared state here; the handle reads it, waits on it, and asks the loop to
+//! stop. Stopping is graceful: the loop finishes the epoch it is in (its
+//! output and commit) and stops before planning the next.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::error::{Result, SluiceError};
+use crate::progress::QueryProgress;
+
+/// How many progress reports [`StreamingQuery::recent_progress`] keeps.
+const RECENT_PROGRESS: usize = 100;
+
+/// What a query is doing right now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QueryStatus {
+    /// A human-readable description, e.g. "Waiting for data to arrive".
+    pub message: String,
+    /// Whether the last look at the sources found new data.
+    pub is_data_available: bool,
+    /// Whether an epoch is being processed.
+    pub is_trigger_active: bool,
+}
+
+#[derive(Debug)]
+struct RunState {
+    status: QueryStatus,
+    recent: VecDeque<QueryProgress>,
+    /// Times the loop looked at its sources and found nothing new.
+    no_data_rounds: u64,
+    terminated: bool,
+    /// The error that ended the query, until someone takes it.
+    error: Option<SluiceError>,
+    error_text: Option<String>,
+}
+
+/// State shared by a query's epoch loop and its handles.
+#[derive(Debug)]
+pub(crate) struct QueryShared {
+    pub(crate) id: String,
+    pub(crate) run_id: String,
+    pub(crate) name: String,
+    stop: watch::Sender<bool>,
+    /// Bumped on every change of `state`, to wake waiters.
+    changes: watch::Sender<u64>,
+    state: Mutex<RunState>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl QueryShared {
+    pub(crate) fn new(id: String, name: String) -> Arc<Self> {
+        Arc::new(Self {
+            id,
+            run_id: uuid::Uuid::new_v4().to_string(),
+            name,
+            stop: watch::channel(false).0,
+            changes: watch::channel(0).0,
+            state: Mutex::new(RunState {
+                status: QueryStatus {
+                    message: "Initializing".into(),
+                    is_data_available: false,
+                    is_trigger_active: false,
+                },
+                recent: VecDeque::new(),
+                no_data_rounds: 0,
+                terminated: false,
+                error: None,
+                error_text: None,
+            }),
+            task: Mutex::new(None),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RunState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update(&self, f: impl FnOnce(&mut RunState)) {
+        f(&mut self.lock());
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    pub(crate) fn set_task(&self, task: JoinHandle<()>) {
+        *self.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+    }
+
+    pub(crate) fn set_status(&self, message: &str, data: bool, active: bool) {
+        self.update(|s| {
+            s.status = QueryStatus {
+                message: message.to_string(),
+                is_data_available: data,
+                is_trigger_active: active,
+            }
+        });
+    }
+
+    pub(crate) fn record_progress(&self, progress: QueryProgress) {
+        self.update(|s| {
+            if s.recent.len() == RECENT_PROGRESS {
+                s.recent.pop_front();
+            }
+            s.recent.push_back(progress);
+        });
+    }
+
+    pub(crate) fn record_no_data(&self) {
+        self.update(|s| {
+            s.no_data_rounds += 1;
+            s.status.is_data_available = false;
+        });
+    }
+
+    pub(crate) fn finish(&self, result: Result<()>) {
+        self.update(|s| {
+            s.terminated = true;
+            s.status = QueryStatus {
+                message: "Stopped".into(),
+                is_data_available: false,
+                is_trigger_active: false,
+            };
+            if let Err(e) = result {
+                s.error_text = Some(e.to_string());
+                s.error = Some(e);
+            }
+        });
+    }
+
+    pub(crate) fn stop_requested(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Resolves when a stop is requested.
+    pub(crate) async fn stopped(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Waits until `done` holds for the run state; errors if the query
+    /// ended first without `done` holding.
+    async fn wait(&self, mut done: impl FnMut(&RunState) -> bool) -> Result<()> {
+        let mut rx = self.changes.subscribe();
+        loop {
+            {
+                let s = self.lock();
+                if done(&s) {
+                    return Ok(());
+                }
+                if s.terminated {
+                    return Err(SluiceError::Stopped(match &s.error_text {
+                        Some(e) => format!("query '{}' failed: {e}", self.name),
+                        None => format!("query '{}' has stopped", self.name),
+                    }));
+                }
+            }
+            if rx.changed().await.is_err() {
+                return Err(SluiceError::Internal("query state dropped".into()));
+            }
+        }
+    }
+}
+
+/// A running continuous query (Spark's `StreamingQuery`). Cheap to clone;
+/// every clone controls the same query.
+#[derive(Debug, Clone)]
+pub struct StreamingQuery {
+    shared: Arc<QueryShared>,
+}
+
+impl StreamingQuery {
+    pub(crate) fn new(shared: Arc<QueryShared>) -> Self {
+        Self { shared }
+    }
+
+    /// The query's id: stable across restarts from the same checkpoint.
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// This run's id: new on every start.
+    pub fn run_id(&self) -> &str {
+        &self.shared.run_id
+    }
+
+    /// The query's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// What the query is doing now.
+    pub fn status(&self) -> QueryStatus {
+        self.shared.lock().status.clone()
+    }
+
+    /// Whether the query is still running.
+    pub fn is_active(&self) -> bool {
+        !self.shared.lock().terminated
+    }
+
+    /// The progress of the last committed epoch.
+    pub fn last_progress(&self) -> Option<QueryProgress> {
+        self.shared.lock().recent.back().cloned()
+    }
+
+    /// The progress of the last (up to 100) committed epochs, oldest first.
+    pub fn recent_progress(&self) -> Vec<QueryProgress> {
+        self.shared.lock().recent.iter().cloned().collect()
+    }
+
+    /// The error that stopped the query, if any.
+    pub fn exception(&self) -> Option<String> {
+        self.shared.lock().error_text.clone()
+    }
+
+    /// Asks the query to stop after the epoch in progress, and waits until
+    /// it has. Stopping a stopped query does nothing.
+    pub async fn stop(&self) -> Result<()> {
+        self.shared.stop.send_replace(true);
+        let task = self
+            .shared
+            .task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = task {
+            task.await
+                .map_err(|e| SluiceError::Internal(format!("query task: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the query stops; returns the error that stopped it, if
+    /// any (to the first caller; later callers get its text).
+    pub async fn await_termination(&self) -> Result<()> {
+        let _ = self.shared.wait(|s| s.terminated).await;
+        let mut s = self.shared.lock();
+        match (s.error.take(), &s.error_text) {
+            (Some(e), _) => Err(e),
+            (None, Some(text)) => Err(SluiceError::Stopped(text.clone())),
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// Like [`StreamingQuery::await_termination`], giving up after
+    /// `timeout`: `Ok(true)` if the query stopped cleanly in time.
+    pub async fn await_termination_timeout(&self, timeout: Duration) -> Result<bool> {
+        match tokio::time::timeout(timeout, self.await_termination()).await {
+            Ok(r) => r.map(|_| true),
+            Err(_) => Ok(false),
+        }
+    }
+
+    /// Waits until every row available in the sources when this is called
+    /// has been processed and committed (Spark's `processAllAvailable`; for
+    /// tests). Fails if the query stops first.
+    pub async fn process_all_available(&self) -> Result<()> {
+        // A look at the sources that *started* after this call and found
+        // nothing proves everything before it was processed: the look in
+        // progress now may predate the data, so wait for two.
+        let seen = self.shared.lock().no_data_rounds;
+        self.shared.wait(|s| s.no_data_rounds >= seen + 2).await
+    }
+}

@@ -1,0 +1,355 @@
+//! [`Session`]: the entry point — streams, connectors, listeners, queries.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::dataframe::DataFrame;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::{SessionConfig, SessionContext};
+
+use crate::connector::{Connector, ConnectorRegistry, SourceArgs};
+use crate::error::{Result, SluiceError};
+use crate::frame::StreamFrame;
+use crate::options::Options;
+use crate::progress::StreamingQueryListener;
+use crate::query::StreamingQuery;
+use crate::source::{MemorySourceFactory, MemoryStream, SourceFactory};
+use crate::table::{StreamDefinition, StreamTable};
+
+/// A Sluice session: declares streams, starts queries, and holds the
+/// DataFusion `SessionContext` they are planned in (register UDFs there).
+///
+/// ```
+/// # #[tokio::main(flavor = "multi_thread")]
+/// # async fn main() -> sluice_engine::Result<()> {
+/// use sluice_engine::{datafusion::prelude::*, MemorySink, Session, Trigger};
+///
+/// let session = Session::new();
+/// let ticks = session.read_stream().format("rate").option("rows_per_second", "1000").load()?;
+/// let out = MemorySink::new();
+/// let query = ticks
+///     .filter(col("value").gt_eq(lit(10)))?
+///     .select(vec![(col("value") * lit(2)).alias("doubled")])?
+///     .write_stream()
+///     .memory(&out)
+///     .trigger(Trigger::ProcessingTime(std::time::Duration::from_millis(100)))
+///     .start()
+///     .await?;
+/// while out.num_rows() == 0 {
+///     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+/// }
+/// query.stop().await?;
+/// assert!(query.last_progress().is_some());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ctx: SessionContext,
+    connectors: RwLock<ConnectorRegistry>,
+    listeners: RwLock<Vec<Arc<dyn StreamingQueryListener>>>,
+    /// Streams declared by name (`CREATE STREAM`), readable or not.
+    streams: RwLock<BTreeMap<String, StreamDefinition>>,
+    queries: Mutex<Vec<StreamingQuery>>,
+    /// Numbers anonymous streams and queries.
+    counter: AtomicUsize,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("session_id", &self.inner.ctx.session_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Session {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Session {
+    /// A session with the built-in connectors, planning with one partition
+    /// per core.
+    pub fn new() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Self::with_context(SessionContext::new_with_config(
+            SessionConfig::new().with_target_partitions(cores),
+        ))
+    }
+
+    /// A session planning in `ctx` (its functions, UDFs and settings).
+    pub fn with_context(ctx: SessionContext) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                ctx,
+                connectors: RwLock::new(ConnectorRegistry::with_builtins()),
+                listeners: RwLock::default(),
+                streams: RwLock::default(),
+                queries: Mutex::default(),
+                counter: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// The DataFusion context queries are planned in.
+    pub fn context(&self) -> &SessionContext {
+        &self.inner.ctx
+    }
+
+    /// Adds a connector (e.g. Kafka), usable in `connector = '...'` and
+    /// `.format(..)` from now on.
+    pub fn register_connector(&self, connector: Arc<dyn Connector>) {
+        write(&self.inner.connectors).register(connector);
+    }
+
+    /// The connectors known to this session.
+    pub fn connectors(&self) -> ConnectorRegistry {
+        read(&self.inner.connectors).clone()
+    }
+
+    /// Adds a listener for the start, progress and end of every query
+    /// started afterwards.
+    pub fn add_listener(&self, listener: Arc<dyn StreamingQueryListener>) {
+        write(&self.inner.listeners).push(listener);
+    }
+
+    pub(crate) fn listeners(&self) -> Vec<Arc<dyn StreamingQueryListener>> {
+        read(&self.inner.listeners).clone()
+    }
+
+    /// Starts describing a stream to read.
+    pub fn read_stream(&self) -> DataStreamReader {
+        DataStreamReader {
+            session: self.clone(),
+            format: None,
+            options: Options::new(),
+            schema: None,
+        }
+    }
+
+    /// Declares a named stream (`CREATE STREAM`). When it can be read —
+    /// its columns are declared, or its connector knows them (rate, files) —
+    /// it becomes a table queries can select from; otherwise it can only be
+    /// written to, and reading it reports why.
+    pub fn create_stream(&self, definition: StreamDefinition) -> Result<()> {
+        let name = definition.name.clone();
+        if read(&self.inner.streams).contains_key(&name) {
+            return Err(SluiceError::plan(format!(
+                "stream '{name}' already exists; DROP STREAM {name} first to redefine it"
+            )));
+        }
+        let registry = self.connectors();
+        let connector = registry.get(&definition.connector)?;
+        let table = match &definition.schema {
+            Some(schema) => Some(StreamTable::declared(
+                definition.clone(),
+                Arc::clone(schema),
+            )),
+            // Without declared columns only the connector knows them. A
+            // connector that is only a source must accept the options now;
+            // one that is also a sink may hold sink options, so its stream
+            // is remembered as write-only and reading it reports why.
+            None if connector.is_source() => {
+                match connector.source(self.source_args(&definition, None)) {
+                    Ok(factory) => Some(StreamTable::from_factory(definition.clone(), factory)),
+                    Err(e) if !connector.is_sink() => return Err(e),
+                    Err(_) => None,
+                }
+            }
+            None => None,
+        };
+        if let Some(table) = table {
+            self.inner.ctx.register_table(&name, Arc::new(table))?;
+        }
+        write(&self.inner.streams).insert(name, definition);
+        Ok(())
+    }
+
+    /// Forgets a declared stream.
+    pub fn drop_stream(&self, name: &str) -> Result<()> {
+        if write(&self.inner.streams).remove(name).is_none() {
+            return Err(SluiceError::plan(format!("stream '{name}' does not exist")));
+        }
+        self.inner.ctx.deregister_table(name)?;
+        Ok(())
+    }
+
+    /// The declared stream called `name`.
+    pub fn stream(&self, name: &str) -> Option<StreamDefinition> {
+        read(&self.inner.streams).get(name).cloned()
+    }
+
+    /// All declared streams, by name.
+    pub fn streams(&self) -> Vec<StreamDefinition> {
+        read(&self.inner.streams).values().cloned().collect()
+    }
+
+    /// Why the declared stream `name` cannot be read, if it cannot.
+    pub fn unreadable_reason(&self, name: &str) -> Option<String> {
+        let def = self.stream(name)?;
+        if self.inner.ctx.table_exist(name).unwrap_or(false) {
+            return None;
+        }
+        let err = self
+            .connectors()
+            .get(&def.connector)
+            .and_then(|c| c.source(self.source_args(&def, None)).map(|_| ()))
+            .err()?;
+        Some(format!("stream '{name}' cannot be read: {err}"))
+    }
+
+    /// A frame over a declared stream.
+    pub async fn table(&self, name: &str) -> Result<StreamFrame> {
+        let df =
+            self.inner
+                .ctx
+                .table(name)
+                .await
+                .map_err(|e| match self.unreadable_reason(name) {
+                    Some(reason) => SluiceError::plan(reason),
+                    None => SluiceError::DataFusion(e),
+                })?;
+        Ok(StreamFrame::new(self.clone(), df))
+    }
+
+    /// A frame over a DataFusion logical plan that scans declared streams.
+    pub fn frame(&self, plan: LogicalPlan) -> StreamFrame {
+        StreamFrame::new(self.clone(), DataFrame::new(self.inner.ctx.state(), plan))
+    }
+
+    /// Plans a `SELECT` over declared streams as a frame.
+    pub async fn sql_frame(&self, select: &str) -> Result<StreamFrame> {
+        let df = self.inner.ctx.sql(select).await?;
+        Ok(StreamFrame::new(self.clone(), df))
+    }
+
+    /// The queries started in this session that are still running.
+    pub fn active_queries(&self) -> Vec<StreamingQuery> {
+        let mut queries = self.inner.queries.lock().unwrap_or_else(|p| p.into_inner());
+        queries.retain(StreamingQuery::is_active);
+        queries.clone()
+    }
+
+    pub(crate) fn track(&self, query: StreamingQuery) {
+        self.inner
+            .queries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(query);
+    }
+
+    pub(crate) fn next_number(&self) -> usize {
+        self.inner.counter.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn default_partitions(&self) -> usize {
+        self.inner.ctx.state().config().target_partitions()
+    }
+
+    fn source_args(&self, def: &StreamDefinition, schema: Option<SchemaRef>) -> SourceArgs {
+        SourceArgs {
+            stream: def.name.clone(),
+            options: def.options.clone(),
+            schema: schema.or_else(|| def.schema.clone()),
+            default_partitions: self.default_partitions(),
+        }
+    }
+
+    fn frame_over(
+        &self,
+        def: StreamDefinition,
+        factory: Arc<dyn SourceFactory>,
+    ) -> Result<StreamFrame> {
+        let table = StreamTable::from_factory(def, factory);
+        let df = self.inner.ctx.read_table(Arc::new(table))?;
+        Ok(StreamFrame::new(self.clone(), df))
+    }
+}
+
+/// Builds a stream to read (Spark's `DataStreamReader`).
+#[derive(Debug)]
+pub struct DataStreamReader {
+    session: Session,
+    format: Option<String>,
+    options: Options,
+    schema: Option<SchemaRef>,
+}
+
+impl DataStreamReader {
+    /// The connector: `"rate"`, `"files"`, `"kafka"`, ...
+    pub fn format(mut self, connector: &str) -> Self {
+        self.format = Some(connector.to_string());
+        self
+    }
+
+    /// One connector option.
+    pub fn option(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.options.set(key, value);
+        self
+    }
+
+    /// Several connector options.
+    pub fn options<K: AsRef<str>, V: Into<String>>(
+        mut self,
+        pairs: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        for (k, v) in pairs {
+            self.options.set(k.as_ref(), v);
+        }
+        self
+    }
+
+    /// The rows' columns, for connectors that cannot know them.
+    pub fn schema(mut self, schema: SchemaRef) -> Self {
+        self.schema = Some(schema);
+        self
+    }
+
+    /// Validates the options and returns the stream as a frame.
+    pub fn load(self) -> Result<StreamFrame> {
+        let connector_name = self.format.clone().ok_or_else(|| {
+            SluiceError::config(format!(
+                "read_stream() needs a connector: .format(\"rate\"), one of {}",
+                self.session.connectors().names().join(", ")
+            ))
+        })?;
+        let n = self.session.next_number();
+        let def = StreamDefinition {
+            name: format!("{connector_name}_{n}"),
+            connector: connector_name.clone(),
+            options: self.options,
+            schema: self.schema,
+        };
+        let connector = self.session.connectors().get(&connector_name)?;
+        let factory = connector.source(self.session.source_args(&def, None))?;
+        self.session.frame_over(def, factory)
+    }
+
+    /// Reads a [`MemoryStream`] (tests).
+    pub fn memory(self, stream: &MemoryStream) -> Result<StreamFrame> {
+        let n = self.session.next_number();
+        let def = StreamDefinition {
+            name: format!("memory_{n}"),
+            connector: "memory".into(),
+            options: Options::new(),
+            schema: Some(stream.schema()),
+        };
+        let factory = Arc::new(MemorySourceFactory::new(stream.clone()));
+        self.session.frame_over(def, factory)
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
+}

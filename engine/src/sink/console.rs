@@ -1,0 +1,79 @@
+//! The `console` sink: prints each epoch's rows as a table, as Spark's does.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::util::pretty::pretty_format_batches;
+
+use super::Sink;
+use crate::connector::{Connector, SinkArgs};
+use crate::error::{Result, SluiceError};
+
+const OPTIONS: &[&str] = &["num_rows"];
+
+/// The `console` connector.
+#[derive(Debug, Default)]
+pub struct ConsoleConnector;
+
+impl Connector for ConsoleConnector {
+    fn name(&self) -> &str {
+        "console"
+    }
+
+    fn is_sink(&self) -> bool {
+        true
+    }
+
+    fn sink(&self, mut args: SinkArgs) -> Result<Arc<dyn Sink>> {
+        let num_rows = args
+            .options
+            .take_parsed::<usize>("num_rows", "a whole number of rows")?
+            .unwrap_or(20);
+        args.options.finish("console", OPTIONS)?;
+        Ok(Arc::new(Console { num_rows }))
+    }
+}
+
+#[derive(Debug)]
+struct Console {
+    /// Rows printed per epoch; the rest are counted.
+    num_rows: usize,
+}
+
+#[async_trait]
+impl Sink for Console {
+    async fn write_epoch(&self, epoch: u64, batches: &[RecordBatch]) -> Result<()> {
+        let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        let mut shown = Vec::new();
+        let mut left = self.num_rows;
+        for b in batches {
+            if left == 0 {
+                break;
+            }
+            let n = b.num_rows().min(left);
+            shown.push(b.slice(0, n));
+            left -= n;
+        }
+        let table = pretty_format_batches(&shown)?;
+        let mut out = std::io::stdout().lock();
+        let io = |e| SluiceError::io("writing to stdout", e);
+        writeln!(out, "-------------------------------------------").map_err(io)?;
+        writeln!(out, "Epoch: {epoch}").map_err(io)?;
+        writeln!(out, "-------------------------------------------").map_err(io)?;
+        writeln!(out, "{table}").map_err(io)?;
+        if total > self.num_rows {
+            writeln!(out, "only showing top {} of {total} rows", self.num_rows).map_err(io)?;
+        }
+        out.flush().map_err(io)
+    }
+
+    fn needs_checkpoint(&self) -> bool {
+        false
+    }
+
+    fn describe(&self) -> String {
+        "console".into()
+    }
+}

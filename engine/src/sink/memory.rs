@@ -1,0 +1,84 @@
+//! The `memory` sink: collects output in memory, for tests and notebooks.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+
+use super::Sink;
+use crate::error::Result;
+
+/// Output collected per epoch. An epoch written twice (replayed after a
+/// restart within one process) is kept once, as Spark's memory sink does.
+///
+/// ```no_run
+/// # async fn f(frame: sluice_engine::StreamFrame) -> sluice_engine::Result<()> {
+/// let out = sluice_engine::MemorySink::new();
+/// let query = frame.write_stream().memory(&out).start().await?;
+/// query.process_all_available().await?;
+/// println!("{} rows so far", out.num_rows());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MemorySink {
+    epochs: Arc<Mutex<BTreeMap<u64, Vec<RecordBatch>>>>,
+}
+
+impl MemorySink {
+    /// An empty sink.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The epochs written so far, in order.
+    pub fn epochs(&self) -> Vec<u64> {
+        self.lock().keys().copied().collect()
+    }
+
+    /// All rows written so far, epoch by epoch.
+    pub fn batches(&self) -> Vec<RecordBatch> {
+        self.lock().values().flatten().cloned().collect()
+    }
+
+    /// The rows of one epoch.
+    pub fn epoch_batches(&self, epoch: u64) -> Vec<RecordBatch> {
+        self.lock().get(&epoch).cloned().unwrap_or_default()
+    }
+
+    /// All rows as one batch with `schema` (empty when nothing was written).
+    pub fn to_batch(&self, schema: &SchemaRef) -> Result<RecordBatch> {
+        Ok(concat_batches(schema, &self.batches())?)
+    }
+
+    /// Number of rows written so far.
+    pub fn num_rows(&self) -> usize {
+        self.lock()
+            .values()
+            .flatten()
+            .map(RecordBatch::num_rows)
+            .sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Vec<RecordBatch>>> {
+        self.epochs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl Sink for MemorySink {
+    async fn write_epoch(&self, epoch: u64, batches: &[RecordBatch]) -> Result<()> {
+        self.lock().entry(epoch).or_insert_with(|| batches.to_vec());
+        Ok(())
+    }
+
+    fn needs_checkpoint(&self) -> bool {
+        false
+    }
+
+    fn describe(&self) -> String {
+        "memory".into()
+    }
+}

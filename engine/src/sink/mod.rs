@@ -1,0 +1,49 @@
+//! Sinks: where each epoch's output goes.
+//!
+//! The engine calls [`Sink::write_epoch`] once per epoch with the epoch's
+//! output, then records `commits/N` in the checkpoint. A crash between the
+//! two re-runs epoch N on restart, so a sink sees an epoch again unless it
+//! remembers which epochs it has (the memory sink does; the plain Kafka
+//! producer does not — that is at-least-once, and the transactional Kafka
+//! sink closes the gap by committing output and progress together).
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+use datafusion::arrow::record_batch::RecordBatch;
+
+use crate::error::Result;
+
+mod blackhole;
+mod console;
+mod memory;
+
+pub use blackhole::BlackholeConnector;
+pub use console::ConsoleConnector;
+pub use memory::MemorySink;
+
+/// A running query's output.
+#[async_trait]
+pub trait Sink: Send + Sync + Debug {
+    /// Connects and checks the destination before the first epoch, so that
+    /// an unreachable broker or a missing topic fails the start of the query
+    /// with a clear error. The default does nothing.
+    async fn open(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Writes epoch `epoch`'s output and returns once it is durable in the
+    /// sink (for Kafka: acknowledged). MUST NOT return `Ok` before that: the
+    /// engine marks the epoch committed right after.
+    async fn write_epoch(&self, epoch: u64, batches: &[RecordBatch]) -> Result<()>;
+
+    /// Whether the query needs a checkpoint location to run with this sink.
+    /// Default `true`; sinks whose output does not outlive the process
+    /// (console, memory, blackhole) return `false` and get a temporary one.
+    fn needs_checkpoint(&self) -> bool {
+        true
+    }
+
+    /// A one-line description for progress and `EXPLAIN`.
+    fn describe(&self) -> String;
+}

@@ -1,0 +1,153 @@
+//! Streams as DataFusion tables.
+//!
+//! A declared stream is registered in the session's `SessionContext` as a
+//! [`StreamTable`], so DataFusion plans SQL and DataFrame queries over it like
+//! any table. When a query starts, each scan of a stream gets its own
+//! [`StreamTable`] instance bound to the query's source; each epoch the
+//! epoch loop puts that epoch's batches into it ([`StreamTable::set_input`])
+//! and plans the stateless part over them.
+
+use std::any::Any;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::memory::MemorySourceConfig;
+use datafusion::catalog::{Session as DfSession, TableProvider};
+use datafusion::logical_expr::{Expr, TableType};
+use datafusion::physical_plan::ExecutionPlan;
+
+use crate::connector::{ConnectorRegistry, SourceArgs};
+use crate::error::{Result, SluiceError};
+use crate::options::Options;
+use crate::source::{Partitions, SourceFactory};
+
+/// A stream as declared: `CREATE STREAM name (cols) WITH (connector = ..)`
+/// or `read_stream().format(..)`.
+#[derive(Debug, Clone)]
+pub struct StreamDefinition {
+    /// The stream's name.
+    pub name: String,
+    /// The connector's name.
+    pub connector: String,
+    /// The `WITH` options, connector included.
+    pub options: Options,
+    /// The declared columns, if any.
+    pub schema: Option<SchemaRef>,
+}
+
+/// A stream registered as a DataFusion table.
+#[derive(Debug)]
+pub struct StreamTable {
+    definition: Arc<StreamDefinition>,
+    schema: SchemaRef,
+    /// Built on first read, so a stream used only as a sink never needs
+    /// source options.
+    factory: Arc<OnceLock<Arc<dyn SourceFactory>>>,
+    /// The current epoch's batches; set only on a running query's instance.
+    input: Mutex<Arc<Partitions>>,
+}
+
+impl StreamTable {
+    /// A table over `factory`, whose schema it takes.
+    pub fn from_factory(definition: StreamDefinition, factory: Arc<dyn SourceFactory>) -> Self {
+        let schema = factory.schema();
+        let cell = OnceLock::new();
+        let _ = cell.set(factory);
+        Self {
+            definition: Arc::new(definition),
+            schema,
+            factory: Arc::new(cell),
+            input: Mutex::default(),
+        }
+    }
+
+    /// A table with declared columns whose source is built on first read.
+    pub fn declared(definition: StreamDefinition, schema: SchemaRef) -> Self {
+        Self {
+            definition: Arc::new(definition),
+            schema,
+            factory: Arc::default(),
+            input: Mutex::default(),
+        }
+    }
+
+    /// The stream's definition.
+    pub fn definition(&self) -> &StreamDefinition {
+        &self.definition
+    }
+
+    /// The source factory, built now if needed.
+    pub fn factory(
+        &self,
+        registry: &ConnectorRegistry,
+        default_partitions: usize,
+    ) -> Result<Arc<dyn SourceFactory>> {
+        if let Some(f) = self.factory.get() {
+            return Ok(Arc::clone(f));
+        }
+        let def = &self.definition;
+        let connector = registry.get(&def.connector)?;
+        let factory = connector
+            .source(SourceArgs {
+                stream: def.name.clone(),
+                options: def.options.clone(),
+                schema: Some(Arc::clone(&self.schema)),
+                default_partitions,
+            })
+            .map_err(|e| match e {
+                SluiceError::Config { message } => {
+                    SluiceError::config(format!("stream '{}' cannot be read: {message}", def.name))
+                }
+                other => other,
+            })?;
+        Ok(Arc::clone(self.factory.get_or_init(|| factory)))
+    }
+
+    /// A new instance for one running query: same stream, own input slot.
+    pub(crate) fn for_query(&self) -> Arc<Self> {
+        Arc::new(Self {
+            definition: Arc::clone(&self.definition),
+            schema: Arc::clone(&self.schema),
+            factory: Arc::clone(&self.factory),
+            input: Mutex::default(),
+        })
+    }
+
+    /// Sets the batches the next physical plan over this table reads.
+    pub(crate) fn set_input(&self, partitions: Partitions) {
+        *self.input.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(partitions);
+    }
+}
+
+#[async_trait]
+impl TableProvider for StreamTable {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn DfSession,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let input = Arc::clone(&self.input.lock().unwrap_or_else(|p| p.into_inner()));
+        let partitions: &[Vec<_>] = if input.is_empty() { &[vec![]] } else { &input };
+        Ok(MemorySourceConfig::try_new_exec(
+            partitions,
+            Arc::clone(&self.schema),
+            projection.cloned(),
+        )?)
+    }
+}
+
+/// Lets `Any`-based downcasts reach the concrete type from `dyn TableProvider`.
+pub(crate) fn as_stream_table(provider: &Arc<dyn TableProvider>) -> Option<&StreamTable> {
+    (provider.as_ref() as &dyn Any).downcast_ref::<StreamTable>()
+}

@@ -1,0 +1,254 @@
+//! A real local Kafka broker for tests, examples, benchmarks and the demo.
+//!
+//! [`ensure_broker`] returns a bootstrap address, starting the project's
+//! `scripts/kafka` (Apache Kafka from Maven Central, KRaft, loopback) when
+//! nothing listens on `SLUICE_KAFKA_PORT` (default 9092). The script is also
+//! compiled into the binary, so `sluice demo` works outside the repository.
+//! Tests get unique topics from [`fresh_topic`] and read them back with
+//! [`read_topic`].
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice_engine::{Result, SluiceError};
+
+const SCRIPT: &str = include_str!("../../scripts/kafka");
+
+/// The port the local broker listens on: `SLUICE_KAFKA_PORT`, default 9092.
+pub fn broker_port() -> u16 {
+    std::env::var("SLUICE_KAFKA_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(9092)
+}
+
+fn listening(port: u16) -> bool {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
+}
+
+/// The broker script: the repository's own when present, else the copy
+/// compiled into this binary, written to the cache directory.
+fn script_path() -> Result<PathBuf> {
+    let in_repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka");
+    if in_repo.is_file() {
+        return Ok(in_repo);
+    }
+    let cache = std::env::var_os("SLUICE_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/sluice")))
+        .unwrap_or_else(std::env::temp_dir);
+    let path = cache.join("bin/kafka");
+    let io = |e| SluiceError::io(format!("writing {}", path.display()), e);
+    std::fs::create_dir_all(cache.join("bin")).map_err(io)?;
+    std::fs::write(&path, SCRIPT).map_err(io)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
+    }
+    Ok(path)
+}
+
+/// A bootstrap address of a running local broker, started through
+/// `scripts/kafka start` when nothing listens on [`broker_port`].
+pub fn ensure_broker() -> Result<String> {
+    let port = broker_port();
+    let address = format!("127.0.0.1:{port}");
+    if listening(port) {
+        return Ok(address);
+    }
+    let script = script_path()?;
+    tracing::info!(script = %script.display(), "starting a local Kafka broker");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("start")
+        .env("SLUICE_KAFKA_PORT", port.to_string())
+        .output()
+        .map_err(|e| SluiceError::io(format!("running {}", script.display()), e))?;
+    if !out.status.success() {
+        return Err(SluiceError::External {
+            what: format!("starting Kafka with {}", script.display()),
+            message: format!(
+                "exit status {}\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            hint: Some("run `scripts/kafka start` by hand to see what fails".into()),
+        });
+    }
+    Ok(address)
+}
+
+/// A topic name no earlier run has used: `<prefix>-<random>`.
+pub fn fresh_topic(prefix: &str) -> String {
+    format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
+}
+
+fn kafka_error(what: &str, bootstrap: &str, e: impl std::fmt::Display) -> SluiceError {
+    SluiceError::External {
+        what: format!("kafka at {bootstrap}: {what}"),
+        message: e.to_string(),
+        hint: None,
+    }
+}
+
+/// Creates `topic` with `partitions` partitions (replication 1).
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| kafka_error("creating admin client", bootstrap, e))?;
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let results = admin
+        .create_topics(
+            [&new],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
+        )
+        .await
+        .map_err(|e| kafka_error("creating topic", bootstrap, e))?;
+    for r in results {
+        r.map_err(|(t, e)| kafka_error(&format!("creating topic {t}"), bootstrap, e))?;
+    }
+    Ok(())
+}
+
+/// One record read back from a topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRecord {
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// Key bytes.
+    pub key: Option<Vec<u8>>,
+    /// Value bytes.
+    pub value: Option<Vec<u8>>,
+    /// Headers as (name, value) pairs.
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl ReadRecord {
+    /// The value as UTF-8 text (lossy).
+    pub fn value_str(&self) -> String {
+        String::from_utf8_lossy(self.value.as_deref().unwrap_or_default()).into_owned()
+    }
+}
+
+/// Reads every record of `topic` from the beginning up to its end as seen
+/// now (the last stable offset when `read_committed`), partition by
+/// partition in offset order. Blocking: call from a blocking thread.
+pub fn read_topic(
+    bootstrap: &str,
+    topic: &str,
+    read_committed: bool,
+    timeout: Duration,
+) -> Result<Vec<ReadRecord>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set(
+            "group.id",
+            format!("sluice-reader-{}", uuid::Uuid::new_v4().simple()),
+        )
+        .set("enable.auto.commit", "false")
+        .set(
+            "isolation.level",
+            if read_committed {
+                "read_committed"
+            } else {
+                "read_uncommitted"
+            },
+        )
+        .create()
+        .map_err(|e| kafka_error("creating consumer", bootstrap, e))?;
+    let deadline = Instant::now() + timeout;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), timeout)
+        .map_err(|e| kafka_error("fetching metadata", bootstrap, e))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    let mut ends = Vec::new();
+    let mut assignment = TopicPartitionList::new();
+    for &p in &partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, timeout)
+            .map_err(|e| kafka_error("fetching offsets", bootstrap, e))?;
+        if high > low {
+            assignment
+                .add_partition_offset(topic, p, Offset::Offset(low))
+                .map_err(|e| kafka_error("assigning", bootstrap, e))?;
+            ends.push((p, high));
+        }
+    }
+    let mut records = Vec::new();
+    if ends.is_empty() {
+        return Ok(records);
+    }
+    consumer
+        .assign(&assignment)
+        .map_err(|e| kafka_error("assigning", bootstrap, e))?;
+    loop {
+        let done = {
+            let positions = consumer
+                .position()
+                .map_err(|e| kafka_error("reading positions", bootstrap, e))?;
+            ends.iter().all(|(p, end)| {
+                positions
+                    .find_partition(topic, *p)
+                    .and_then(|tp| match tp.offset() {
+                        Offset::Offset(o) => Some(o >= *end),
+                        _ => None,
+                    })
+                    .unwrap_or(false)
+            })
+        };
+        if done {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(kafka_error(
+                &format!("reading {topic}"),
+                bootstrap,
+                format!("did not reach the end offsets {ends:?} within {timeout:?}"),
+            ));
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(e)) => return Err(kafka_error(&format!("reading {topic}"), bootstrap, e)),
+            Some(Ok(m))
+                if ends
+                    .iter()
+                    .any(|(p, end)| *p == m.partition() && m.offset() < *end) =>
+            {
+                records.push(ReadRecord {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec),
+                    headers: m
+                        .headers()
+                        .map(|hs| {
+                            hs.iter()
+                                .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                })
+            }
+            Some(Ok(_)) => {}
+        }
+    }
+    records.sort_by_key(|r| (r.partition, r.offset));
+    Ok(records)
+}

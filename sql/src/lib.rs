@@ -1,0 +1,724 @@
+#![warn(missing_docs, unreachable_pub)]
+#![deny(unused_must_use)]
+
+//! Sluice's SQL surface: `CREATE STREAM`, `INSERT INTO`, `SET`, `EXPLAIN`,
+//! `SHOW STREAMS`, `DROP STREAM`.
+//!
+//! [`SqlRunner`] parses a file with sqlparser's own `Parser` — its tokens
+//! and sub-parsers (column definitions, queries), never string rewriting — so
+//! every error points at the line and column of the user's text
+//! ([`SqlError`]). Standard `SELECT`s go to DataFusion's SQL planner; the
+//! streaming statements around them become engine calls.
+//!
+//! [`SqlRunner::prepare`] declares streams, applies settings and plans every
+//! query without starting any, so a file with a mistake fails before
+//! touching a checkpoint or a broker; [`PendingQuery::start`] then starts
+//! them.
+//!
+//! ```
+//! # #[tokio::main(flavor = "multi_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let session = sluice_engine::Session::new();
+//! let mut runner = sluice_sql::SqlRunner::new(&session, "example.sql");
+//! let err = runner
+//!     .run("CREATE STREAM ticks WITH (connector = 'rate', 'rows_per_secnd' = '5');")
+//!     .await
+//!     .unwrap_err();
+//! assert_eq!((err.line, err.column), (1, 47));
+//! assert!(err.message.contains("did you mean 'rows_per_second'"));
+//! # Ok(()) }
+//! ```
+
+mod error;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::{ColumnOption, Statement};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::parser::{Parser, ParserError};
+use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan};
+use sluice_engine::{
+    DataStreamWriter, Options, OutputMode, Session, SluiceError, StreamDefinition, StreamingQuery,
+    Trigger,
+};
+
+pub use error::SqlError;
+use error::{parser_location, strip_location};
+
+/// Settings a `SET` may change, with what each means.
+const SETTINGS: &[&str] = &[
+    "checkpoint.location",
+    "trigger.interval",
+    "trigger",
+    "output.mode",
+];
+
+/// What one statement did.
+#[derive(Debug)]
+pub enum StatementOutcome {
+    /// `CREATE STREAM` declared a stream.
+    Created {
+        /// Its name.
+        stream: String,
+    },
+    /// `DROP STREAM` removed one.
+    Dropped {
+        /// Its name.
+        stream: String,
+    },
+    /// `SET` changed a setting for the statements after it.
+    Set {
+        /// The setting.
+        key: String,
+        /// Its new value.
+        value: String,
+    },
+    /// `EXPLAIN INSERT INTO ...`: the incremental plan.
+    Explained {
+        /// The sink stream.
+        sink: String,
+        /// The plan as text.
+        plan: String,
+    },
+    /// `SHOW STREAMS`: one line per stream.
+    Streams(Vec<String>),
+    /// `INSERT INTO` started a continuous query.
+    Started(StreamingQuery),
+}
+
+/// A planned `INSERT INTO`, not yet started.
+#[derive(Debug)]
+pub struct PendingQuery {
+    /// The query's name (its sink stream).
+    pub name: String,
+    file: String,
+    text: String,
+    line: u64,
+    column: u64,
+    writer: DataStreamWriter,
+}
+
+impl PendingQuery {
+    /// The incremental plan.
+    pub fn explain(&self) -> Result<String, SqlError> {
+        self.writer.explain().map_err(|e| self.error(e))
+    }
+
+    /// Starts the query (opens its checkpoint and sink).
+    pub async fn start(self) -> Result<StreamingQuery, SqlError> {
+        let (file, text, line, column) = (self.file, self.text, self.line, self.column);
+        self.writer.start().await.map_err(|e| {
+            let user = e.is_user_error();
+            let mut err = SqlError::at(&file, &text, line, column, e.to_string());
+            err.user_error = user;
+            err
+        })
+    }
+
+    fn error(&self, e: SluiceError) -> SqlError {
+        let user = e.is_user_error();
+        let mut err = SqlError::at(
+            &self.file,
+            &self.text,
+            self.line,
+            self.column,
+            e.to_string(),
+        );
+        err.user_error = user;
+        err
+    }
+}
+
+/// A statement after [`SqlRunner::prepare`].
+#[derive(Debug)]
+pub enum Prepared {
+    /// Done already (declarations, settings, explains).
+    Done(StatementOutcome),
+    /// A query to start.
+    Query(Box<PendingQuery>),
+}
+
+#[derive(Debug, Clone, Default)]
+struct Settings {
+    checkpoint: Option<String>,
+    trigger: Option<Trigger>,
+    output_mode: Option<OutputMode>,
+}
+
+/// Runs SQL text against a session, statement by statement.
+#[derive(Debug)]
+pub struct SqlRunner<'a> {
+    session: &'a Session,
+    file: String,
+    settings: Settings,
+    checkpoints: BTreeSet<String>,
+}
+
+/// Where a statement or token starts.
+#[derive(Debug, Clone, Copy)]
+struct Pos {
+    line: u64,
+    column: u64,
+}
+
+impl From<&TokenWithSpan> for Pos {
+    fn from(t: &TokenWithSpan) -> Self {
+        Self {
+            line: t.span.start.line,
+            column: t.span.start.column,
+        }
+    }
+}
+
+impl<'a> SqlRunner<'a> {
+    /// A runner over `session`; `file` names the text in errors.
+    pub fn new(session: &'a Session, file: &str) -> Self {
+        Self {
+            session,
+            file: file.to_string(),
+            settings: Settings::default(),
+            checkpoints: BTreeSet::new(),
+        }
+    }
+
+    /// Prepares every statement of `text` and starts its queries.
+    pub async fn run(&mut self, text: &str) -> Result<Vec<StatementOutcome>, SqlError> {
+        let mut outcomes = Vec::new();
+        for p in self.prepare(text).await? {
+            outcomes.push(match p {
+                Prepared::Done(o) => o,
+                Prepared::Query(q) => StatementOutcome::Started(q.start().await?),
+            });
+        }
+        Ok(outcomes)
+    }
+
+    /// Declares streams, applies settings and plans queries, starting none.
+    pub async fn prepare(&mut self, text: &str) -> Result<Vec<Prepared>, SqlError> {
+        let dialect = GenericDialect {};
+        let mut p = Parser::new(&dialect)
+            .try_with_sql(text)
+            .map_err(|e| self.parser_error(text, &e))?;
+        let mut out = Vec::new();
+        loop {
+            while p.consume_token(&Token::SemiColon) {}
+            let start = p.peek_token();
+            if start.token == Token::EOF {
+                break;
+            }
+            out.push(self.statement(&mut p, text, Pos::from(&start)).await?);
+            let next = p.peek_token();
+            if !matches!(next.token, Token::SemiColon | Token::EOF) {
+                return Err(self.err(
+                    text,
+                    Pos::from(&next),
+                    format!("expected ';' after the statement, found '{}'", next.token),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    fn err(&self, text: &str, pos: Pos, message: impl Into<String>) -> SqlError {
+        SqlError::at(&self.file, text, pos.line, pos.column, message)
+    }
+
+    fn parser_error(&self, text: &str, e: &ParserError) -> SqlError {
+        let message = e.to_string();
+        let (line, column) = parser_location(&message).unwrap_or((1, 1));
+        SqlError::at(&self.file, text, line, column, strip_location(&message))
+    }
+
+    fn engine_error(&self, text: &str, pos: Pos, e: SluiceError) -> SqlError {
+        // DataFusion knows where in the query its errors are.
+        let mut at = pos;
+        if let SluiceError::DataFusion(df) = &e {
+            if let Some(span) = df.diagnostic().and_then(|d| d.span) {
+                at = Pos {
+                    line: span.start.line,
+                    column: span.start.column,
+                };
+            }
+        }
+        let message = e.to_string();
+        if let Some(word) = unknown_name(&message) {
+            if let Some(found) = locate_word(text, pos, word) {
+                at = found;
+            }
+        }
+        let user = e.is_user_error();
+        let mut err = self.err(text, at, message);
+        err.user_error = user;
+        err
+    }
+
+    async fn statement(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+        pos: Pos,
+    ) -> Result<Prepared, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        if p.parse_keyword(Keyword::CREATE) {
+            if !p.parse_keyword(Keyword::STREAM) {
+                let t = p.peek_token();
+                return Err(self.err(
+                    text,
+                    Pos::from(&t),
+                    format!(
+                        "expected STREAM after CREATE, found '{}': declare sources and sinks with \
+                         CREATE STREAM name (columns) WITH (connector = '...')",
+                        t.token
+                    ),
+                ));
+            }
+            return self.create_stream(p, text).await.map(Prepared::Done);
+        }
+        if p.parse_keyword(Keyword::SET) {
+            return self.set(p, text).map(Prepared::Done);
+        }
+        if p.parse_keyword(Keyword::INSERT) {
+            return self
+                .insert(p, text, pos)
+                .await
+                .map(|q| Prepared::Query(Box::new(q)));
+        }
+        if p.parse_keyword(Keyword::EXPLAIN) {
+            p.expect_keyword(Keyword::INSERT).map_err(|e| pe(self, e))?;
+            let q = self.insert(p, text, pos).await?;
+            let plan = q.explain()?;
+            return Ok(Prepared::Done(StatementOutcome::Explained {
+                sink: q.name,
+                plan,
+            }));
+        }
+        if p.parse_keyword(Keyword::SHOW) {
+            self.expect_word(p, text, "STREAMS")?;
+            let lines = self
+                .session
+                .streams()
+                .iter()
+                .map(|s| format!("{} ({})", s.name, s.connector))
+                .collect();
+            return Ok(Prepared::Done(StatementOutcome::Streams(lines)));
+        }
+        if p.parse_keyword(Keyword::DROP) {
+            p.expect_keyword(Keyword::STREAM).map_err(|e| pe(self, e))?;
+            let name_tok = p.peek_token();
+            let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+            self.session
+                .drop_stream(&name)
+                .map_err(|e| self.engine_error(text, Pos::from(&name_tok), e))?;
+            return Ok(Prepared::Done(StatementOutcome::Dropped { stream: name }));
+        }
+        let t = p.peek_token();
+        let message = if matches!(&t.token, Token::Word(w) if w.keyword == Keyword::SELECT || w.keyword == Keyword::WITH)
+        {
+            "a SELECT on its own has nowhere to write: use INSERT INTO <stream> SELECT ..."
+                .to_string()
+        } else {
+            format!(
+                "expected CREATE STREAM, INSERT INTO, SET, EXPLAIN, SHOW STREAMS or DROP STREAM, found '{}'",
+                t.token
+            )
+        };
+        Err(self.err(text, Pos::from(&t), message))
+    }
+
+    fn expect_word(&self, p: &mut Parser<'_>, text: &str, word: &str) -> Result<(), SqlError> {
+        let t = p.next_token();
+        match &t.token {
+            Token::Word(w) if w.value.eq_ignore_ascii_case(word) => Ok(()),
+            other => Err(self.err(
+                text,
+                Pos::from(&t),
+                format!("expected {word}, found '{other}'"),
+            )),
+        }
+    }
+
+    async fn create_stream(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+    ) -> Result<StatementOutcome, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        let name_tok = p.peek_token();
+        let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+        let mut columns = Vec::new();
+        if p.consume_token(&Token::LParen) {
+            loop {
+                let t = p.peek_token();
+                if matches!(&t.token, Token::Word(w) if w.value.eq_ignore_ascii_case("WATERMARK")) {
+                    return Err(self.err(
+                        text,
+                        Pos::from(&t),
+                        "WATERMARK FOR is not supported in this version yet (event time comes with \
+                         the stateful operators); remove it for now",
+                    ));
+                }
+                let col = p.parse_column_def().map_err(|e| pe(self, e))?;
+                columns.push((col, Pos::from(&t)));
+                if p.consume_token(&Token::Comma) {
+                    continue;
+                }
+                p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
+                break;
+            }
+        }
+        let with_tok = p.peek_token();
+        p.expect_keyword(Keyword::WITH).map_err(|e| pe(self, e))?;
+        let (mut options, positions) = self.options(p, text)?;
+        let connector = options.take("connector").ok_or_else(|| {
+            self.err(
+                text,
+                Pos::from(&with_tok),
+                format!(
+                    "stream '{name}' needs a connector: WITH (connector = '...'), one of {}",
+                    self.session.connectors().names().join(", ")
+                ),
+            )
+        })?;
+        let schema = if columns.is_empty() {
+            None
+        } else {
+            Some(self.schema(text, &columns).await?)
+        };
+        let definition = StreamDefinition {
+            name: name.clone(),
+            connector,
+            options,
+            schema,
+        };
+        self.session.create_stream(definition).map_err(|e| {
+            // Point at the option the message names, else at the stream.
+            let at = positions
+                .iter()
+                .find(|(k, _)| e.to_string().contains(&format!("'{k}'")))
+                .map(|(_, p)| *p)
+                .unwrap_or(Pos::from(&name_tok));
+            self.engine_error(text, at, e)
+        })?;
+        Ok(StatementOutcome::Created { stream: name })
+    }
+
+    /// `( key = value, ... )`; keys quoted or bare (dotted), values strings,
+    /// numbers or bare words.
+    fn options(
+        &self,
+        p: &mut Parser<'_>,
+        text: &str,
+    ) -> Result<(Options, BTreeMap<String, Pos>), SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        p.expect_token(&Token::LParen).map_err(|e| pe(self, e))?;
+        let mut options = Options::new();
+        let mut positions = BTreeMap::new();
+        if p.consume_token(&Token::RParen) {
+            return Ok((options, positions));
+        }
+        loop {
+            let key_tok = p.next_token();
+            let mut key = match &key_tok.token {
+                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
+                Token::Word(w) => w.value.clone(),
+                other => {
+                    return Err(self.err(
+                        text,
+                        Pos::from(&key_tok),
+                        format!("expected an option name such as 'topic', found '{other}'"),
+                    ))
+                }
+            };
+            while p.consume_token(&Token::Period) {
+                let part = p.next_token();
+                match &part.token {
+                    Token::Word(w) => {
+                        key.push('.');
+                        key.push_str(&w.value);
+                    }
+                    other => {
+                        return Err(self.err(
+                            text,
+                            Pos::from(&part),
+                            format!("expected a name after '.', found '{other}'"),
+                        ))
+                    }
+                }
+            }
+            p.expect_token(&Token::Eq).map_err(|e| pe(self, e))?;
+            let value_tok = p.next_token();
+            let value = match &value_tok.token {
+                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
+                Token::Number(n, _) => n.clone(),
+                Token::Word(w) => w.value.clone(),
+                other => {
+                    return Err(self.err(
+                        text,
+                        Pos::from(&value_tok),
+                        format!(
+                            "expected a value such as 'json' for option '{key}', found '{other}'"
+                        ),
+                    ))
+                }
+            };
+            let key = key.to_ascii_lowercase();
+            if options.get(&key).is_some() {
+                return Err(self.err(
+                    text,
+                    Pos::from(&key_tok),
+                    format!("option '{key}' is given twice"),
+                ));
+            }
+            positions.insert(key.clone(), Pos::from(&key_tok));
+            options.set(&key, value);
+            if p.consume_token(&Token::Comma) {
+                continue;
+            }
+            p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
+            return Ok((options, positions));
+        }
+    }
+
+    /// Declared columns to Arrow, through DataFusion's own type mapping.
+    async fn schema(
+        &self,
+        text: &str,
+        columns: &[(datafusion::sql::sqlparser::ast::ColumnDef, Pos)],
+    ) -> Result<Arc<Schema>, SqlError> {
+        let mut fields = Vec::new();
+        for (col, pos) in columns {
+            let sql = format!("SELECT CAST(NULL AS {}) AS x", col.data_type);
+            let plan = self
+                .session
+                .context()
+                .state()
+                .create_logical_plan(&sql)
+                .await
+                .map_err(|e| {
+                    self.err(
+                        text,
+                        *pos,
+                        format!(
+                            "column '{}': type {} is not supported: {e}",
+                            col.name.value, col.data_type
+                        ),
+                    )
+                })?;
+            let not_null = col
+                .options
+                .iter()
+                .any(|o| matches!(o.option, ColumnOption::NotNull));
+            let data_type = plan.schema().field(0).data_type().clone();
+            fields.push(Field::new(normalize(&col.name), data_type, !not_null));
+        }
+        Ok(Arc::new(Schema::new(fields)))
+    }
+
+    fn set(&mut self, p: &mut Parser<'_>, text: &str) -> Result<StatementOutcome, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        let key_tok = p.next_token();
+        let mut key = match &key_tok.token {
+            Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
+            Token::Word(w) => w.value.clone(),
+            other => {
+                return Err(self.err(
+                    text,
+                    Pos::from(&key_tok),
+                    format!("expected a setting name, found '{other}'"),
+                ))
+            }
+        };
+        while p.consume_token(&Token::Period) {
+            key.push('.');
+            key.push_str(&p.parse_identifier().map_err(|e| pe(self, e))?.value);
+        }
+        let key = key.to_ascii_lowercase();
+        if !(p.consume_token(&Token::Eq) || p.parse_keyword(Keyword::TO)) {
+            let t = p.peek_token();
+            return Err(self.err(
+                text,
+                Pos::from(&t),
+                format!("expected '=' after SET '{key}', found '{}'", t.token),
+            ));
+        }
+        let value_tok = p.next_token();
+        let value = match &value_tok.token {
+            Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
+            Token::Number(n, _) => n.clone(),
+            Token::Word(w) => w.value.clone(),
+            other => {
+                return Err(self.err(
+                    text,
+                    Pos::from(&value_tok),
+                    format!("expected a value for '{key}', found '{other}'"),
+                ))
+            }
+        };
+        let at_value = |e: SluiceError| self.err(text, Pos::from(&value_tok), e.to_string());
+        match key.as_str() {
+            "checkpoint.location" => self.settings.checkpoint = Some(value.clone()),
+            "trigger.interval" | "trigger" => {
+                self.settings.trigger = Some(value.parse::<Trigger>().map_err(at_value)?)
+            }
+            "output.mode" => {
+                self.settings.output_mode = Some(value.parse::<OutputMode>().map_err(at_value)?)
+            }
+            other => {
+                let hint = sluice_engine::closest(other, SETTINGS.iter().copied())
+                    .map(|c| format!(" (did you mean '{c}'?)"))
+                    .unwrap_or_default();
+                return Err(self.err(
+                    text,
+                    Pos::from(&key_tok),
+                    format!(
+                        "unknown setting '{other}'{hint}; valid settings: {}",
+                        sluice_engine::quoted_list(SETTINGS)
+                    ),
+                ));
+            }
+        }
+        Ok(StatementOutcome::Set { key, value })
+    }
+
+    async fn insert(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+        pos: Pos,
+    ) -> Result<PendingQuery, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        p.expect_keyword(Keyword::INTO).map_err(|e| pe(self, e))?;
+        let sink_tok = p.peek_token();
+        let sink = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+        let query_tok = p.peek_token();
+        let query = p.parse_query().map_err(|e| pe(self, e))?;
+        let definition = self.session.stream(&sink).ok_or_else(|| {
+            let names: Vec<String> = self.session.streams().into_iter().map(|s| s.name).collect();
+            let hint = sluice_engine::closest(&sink, names.iter().map(String::as_str))
+                .map(|c| format!(" (did you mean '{c}'?)"))
+                .unwrap_or_default();
+            self.err(
+                text,
+                Pos::from(&sink_tok),
+                format!("unknown stream '{sink}'{hint}: declare it first with CREATE STREAM {sink} WITH (connector = '...')"),
+            )
+        })?;
+        let state = self.session.context().state();
+        let plan = state
+            .statement_to_plan(DfStatement::Statement(Box::new(Statement::Query(query))))
+            .await
+            .map_err(|e| {
+                let e = SluiceError::DataFusion(e);
+                // A stream that exists but cannot be read says why.
+                let msg = e.to_string();
+                let unreadable = self
+                    .session
+                    .streams()
+                    .into_iter()
+                    .find(|s| {
+                        msg.contains(&format!("'{}'", s.name))
+                            || msg.contains(&format!("table '{}'", s.name))
+                    })
+                    .and_then(|s| self.session.unreadable_reason(&s.name));
+                match unreadable {
+                    Some(reason) => self.err(text, Pos::from(&query_tok), reason),
+                    None => self.engine_error(text, Pos::from(&query_tok), e),
+                }
+            })?;
+        let frame = self.session.frame(plan);
+        let mut writer = frame
+            .write_stream()
+            .format(&definition.connector)
+            .options(definition.options.iter())
+            .query_name(&sink);
+        if let Some(dir) = &self.settings.checkpoint {
+            if !self.checkpoints.insert(dir.clone()) {
+                return Err(self.err(
+                    text,
+                    pos,
+                    format!(
+                        "checkpoint location '{dir}' is already used by an earlier INSERT in this \
+                         file; give each query its own: SET 'checkpoint.location' = '...' before it"
+                    ),
+                ));
+            }
+            writer = writer.checkpoint_location(dir);
+        }
+        if let Some(t) = self.settings.trigger {
+            writer = writer.trigger(t);
+        }
+        if let Some(m) = self.settings.output_mode {
+            writer = writer.output_mode(m);
+        }
+        let pending = PendingQuery {
+            name: sink,
+            file: self.file.clone(),
+            text: text.to_string(),
+            line: pos.line,
+            column: pos.column,
+            writer,
+        };
+        // Plan now: a query that cannot run fails before anything starts.
+        pending.explain()?;
+        Ok(pending)
+    }
+}
+
+/// The name a DataFusion "unknown name" message is about.
+fn unknown_name(message: &str) -> Option<&str> {
+    let rest = message.split("No field named ").nth(1)?;
+    let name = rest
+        .split(|c: char| c.is_whitespace() || c == '.' && !rest.starts_with('"'))
+        .next()?
+        .trim_matches('"');
+    (!name.is_empty()).then_some(name)
+}
+
+/// The first occurrence of `word` as a whole identifier at or after `from`.
+fn locate_word(text: &str, from: Pos, word: &str) -> Option<Pos> {
+    let is_ident = |c: char| c.is_alphanumeric() || c == '_';
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .skip((from.line.max(1) - 1) as usize)
+    {
+        let line_no = i as u64 + 1;
+        let skip = if line_no == from.line {
+            (from.column.max(1) - 1) as usize
+        } else {
+            0
+        };
+        let chars: Vec<char> = line.chars().collect();
+        let w: Vec<char> = word.chars().collect();
+        let mut c = skip;
+        while c + w.len() <= chars.len() {
+            let matches = chars[c..c + w.len()]
+                .iter()
+                .zip(&w)
+                .all(|(a, b)| a.eq_ignore_ascii_case(b));
+            let before_ok = c == 0 || !is_ident(chars[c - 1]);
+            let after_ok = c + w.len() == chars.len() || !is_ident(chars[c + w.len()]);
+            if matches && before_ok && after_ok {
+                return Some(Pos {
+                    line: line_no,
+                    column: c as u64 + 1,
+                });
+            }
+            c += 1;
+        }
+    }
+    None
+}
+
+/// Unquoted identifiers are case-insensitive (lower-cased), as in DataFusion.
+fn normalize(ident: &datafusion::sql::sqlparser::ast::Ident) -> String {
+    if ident.quote_style.is_some() {
+        ident.value.clone()
+    } else {
+        ident.value.to_ascii_lowercase()
+    }
+}

@@ -1,0 +1,350 @@
+//! The `sluice` command line: `run`, `explain`, `demo`.
+//!
+//! Exit status: 0 success; 2 a mistake in the SQL or the command line (the
+//! message names file:line:column); 1 a failure while running.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use sluice::{QueryProgress, StreamingQuery, StreamingQueryListener};
+use sluice_sql::{Prepared, SqlError, SqlRunner, StatementOutcome};
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Streaming SQL over Arrow, with Kafka output"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run every INSERT INTO of FILE until Ctrl-C / SIGTERM (or, with
+    /// SET 'trigger' = 'available-now', until the input present at start is
+    /// committed).
+    Run {
+        /// The .sql file.
+        file: PathBuf,
+        /// Append one JSON object per committed epoch to PATH.
+        #[arg(long, value_name = "PATH")]
+        progress_log: Option<PathBuf>,
+    },
+    /// Print the incremental plan of each query in FILE.
+    Explain {
+        /// The .sql file.
+        file: PathBuf,
+    },
+    /// Start a local Kafka broker if none listens, run the seed example for
+    /// a few seconds, and show what it committed to Kafka.
+    Demo {
+        /// How long to run the seed pipeline.
+        #[arg(long, default_value = "6")]
+        seconds: u64,
+    },
+}
+
+/// How the process ends.
+enum Failure {
+    /// The user must fix the SQL or the command line: exit 2.
+    Usage(String),
+    /// Something failed while running: exit 1.
+    Runtime(String),
+}
+
+impl From<SqlError> for Failure {
+    fn from(e: SqlError) -> Self {
+        if e.user_error {
+            Failure::Usage(e.to_string())
+        } else {
+            Failure::Runtime(e.to_string())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sluice: cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run { file, progress_log } => run(&file, progress_log.as_deref()).await,
+            Command::Explain { file } => explain(&file).await,
+            Command::Demo { seconds } => demo(Duration::from_secs(seconds)).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(m)) => {
+            eprintln!("{m}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(m)) => {
+            eprintln!("{m}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn read_sql(file: &Path) -> Result<String, Failure> {
+    std::fs::read_to_string(file)
+        .map_err(|e| Failure::Usage(format!("sluice: cannot read {}: {e}", file.display())))
+}
+
+/// Appends progress as JSON lines and keeps a live status line on a terminal.
+struct ProgressReporter {
+    log: Option<Mutex<std::fs::File>>,
+    status_line: bool,
+}
+
+impl StreamingQueryListener for ProgressReporter {
+    fn on_query_progress(&self, p: &QueryProgress) {
+        if let Some(log) = &self.log {
+            let mut f = log.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = writeln!(f, "{}", p.log_line()) {
+                tracing::error!(error = %e, "cannot append to the progress log");
+            }
+        }
+        if self.status_line {
+            eprint!(
+                "\r\x1b[2K[{}] epoch {} · {} rows in {:.0} ms · {:.0} rows/s",
+                p.name, p.epoch, p.num_input_rows, p.duration_ms.total, p.processed_rows_per_second
+            );
+        }
+    }
+}
+
+async fn run(file: &Path, progress_log: Option<&Path>) -> Result<(), Failure> {
+    let text = read_sql(file)?;
+    let session = sluice::Session::new();
+    let log = progress_log
+        .map(|p| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map(Mutex::new)
+                .map_err(|e| Failure::Usage(format!("sluice: cannot open {}: {e}", p.display())))
+        })
+        .transpose()?;
+    session.add_listener(Arc::new(ProgressReporter {
+        log,
+        status_line: std::io::stderr().is_terminal(),
+    }));
+    let mut runner = SqlRunner::new(session.engine(), &file.display().to_string());
+    // Everything is parsed and planned before anything starts.
+    let prepared = runner.prepare(&text).await?;
+    let mut queries = Vec::new();
+    for p in prepared {
+        match p {
+            Prepared::Done(outcome) => print_outcome(&outcome),
+            Prepared::Query(q) => queries.push(q),
+        }
+    }
+    let mut running: Vec<StreamingQuery> = Vec::new();
+    for q in queries {
+        match q.start().await {
+            Ok(query) => running.push(query),
+            Err(e) => {
+                stop_all(&running).await;
+                return Err(e.into());
+            }
+        }
+    }
+    if running.is_empty() {
+        return Ok(());
+    }
+    wait_or_signal(&running).await
+}
+
+async fn stop_all(queries: &[StreamingQuery]) {
+    for q in queries {
+        let _ = q.stop().await;
+    }
+}
+
+/// Waits until every query ends, or a signal asks them all to stop (each
+/// finishes its open epoch first).
+async fn wait_or_signal(queries: &[StreamingQuery]) -> Result<(), Failure> {
+    let all_done = async {
+        let mut failures = Vec::new();
+        for q in queries {
+            if let Err(e) = q.await_termination().await {
+                failures.push(format!("query '{}' failed: {e}", q.name()));
+                stop_all(queries).await;
+            }
+        }
+        failures
+    };
+    let failures = tokio::select! {
+        f = all_done => f,
+        _ = shutdown_signal() => {
+            eprintln!("\nsluice: stopping (finishing the open epoch)...");
+            stop_all(queries).await;
+            return Ok(());
+        }
+    };
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::Runtime(failures.join("\n")))
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+fn print_outcome(outcome: &StatementOutcome) {
+    match outcome {
+        StatementOutcome::Explained { sink, plan } => {
+            println!("INSERT INTO {sink}:\n{plan}");
+        }
+        StatementOutcome::Streams(lines) => {
+            for l in lines {
+                println!("{l}");
+            }
+        }
+        _ => {}
+    }
+}
+
+async fn explain(file: &Path) -> Result<(), Failure> {
+    let text = read_sql(file)?;
+    let session = sluice::Session::new();
+    let mut runner = SqlRunner::new(session.engine(), &file.display().to_string());
+    for p in runner.prepare(&text).await? {
+        match p {
+            Prepared::Done(outcome) => print_outcome(&outcome),
+            Prepared::Query(q) => println!("INSERT INTO {}:\n{}", q.name, q.explain()?),
+        }
+    }
+    Ok(())
+}
+
+const SEED: &str = include_str!("../examples/seed.sql");
+
+async fn demo(duration: Duration) -> Result<(), Failure> {
+    println!("sluice demo: making sure a local Kafka broker runs (first time: fetches Kafka from Maven Central)...");
+    let bootstrap = tokio::task::spawn_blocking(sluice::broker::ensure_broker)
+        .await
+        .map_err(|e| Failure::Runtime(format!("sluice demo: {e}")))?
+        .map_err(|e| Failure::Runtime(format!("sluice demo: {e}")))?;
+    println!("sluice demo: Kafka at {bootstrap}");
+    let checkpoint = std::env::temp_dir().join(format!("sluice-demo-{}", std::process::id()));
+    let text = SEED
+        .replace("localhost:9092", &bootstrap)
+        .replace("./checkpoints/seed", &checkpoint.display().to_string());
+    let session = sluice::Session::new();
+    session.add_listener(Arc::new(ProgressReporter {
+        log: None,
+        status_line: false,
+    }));
+    let mut runner = SqlRunner::new(session.engine(), "examples/seed.sql");
+    let mut queries = Vec::new();
+    let before = {
+        let b = bootstrap.clone();
+        tokio::task::spawn_blocking(move || {
+            sluice::broker::read_topic(&b, "updates", true, Duration::from_secs(30))
+        })
+        .await
+        .map_err(|e| Failure::Runtime(e.to_string()))?
+        .map(|r| r.len())
+        .unwrap_or(0)
+    };
+    println!(
+        "sluice demo: running examples/seed.sql for {} s:\n",
+        duration.as_secs()
+    );
+    for line in SEED
+        .lines()
+        .filter(|l| !l.starts_with("--") && !l.trim().is_empty())
+    {
+        println!("    {line}");
+    }
+    println!();
+    for p in runner.prepare(&text).await? {
+        if let Prepared::Query(q) = p {
+            queries.push(q.start().await?);
+        }
+    }
+    tokio::time::sleep(duration).await;
+    stop_all(&queries).await;
+    for q in &queries {
+        if let Some(e) = q.exception() {
+            return Err(Failure::Runtime(format!(
+                "sluice demo: the query failed: {e}"
+            )));
+        }
+        println!(
+            "sluice demo: query '{}' committed {} epochs",
+            q.name(),
+            q.recent_progress().len()
+        );
+    }
+    let records = tokio::task::spawn_blocking(move || {
+        sluice::broker::read_topic(&bootstrap, "updates", true, Duration::from_secs(30))
+    })
+    .await
+    .map_err(|e| Failure::Runtime(e.to_string()))?
+    .map_err(|e| Failure::Runtime(format!("sluice demo: reading back: {e}")))?;
+    let new: Vec<_> = records.into_iter().skip(before).collect();
+    println!(
+        "sluice demo: read back {} records from Kafka topic 'updates' (read_committed):",
+        new.len()
+    );
+    for r in &new {
+        println!(
+            "  partition {} offset {:>6}  {}",
+            r.partition,
+            r.offset,
+            r.value_str()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&checkpoint);
+    if new.is_empty() {
+        return Err(Failure::Runtime(
+            "sluice demo: no records came back from Kafka".into(),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! The `sluice` binary: exit codes, signals, progress log.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn sluice() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+fn sql_file(dir: &std::path::Path, text: &str) -> std::path::PathBuf {
+    let path = dir.join("query.sql");
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    path
+}
+
+#[test]
+fn a_mistake_exits_2_fast_naming_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("cp");
+    let file = sql_file(
+        dir.path(),
+        &format!(
+            "SET 'checkpoint.location' = '{}';\n\
+             CREATE STREAM ticks WITH (connector = 'rate');\n\
+             CREATE STREAM out WITH (connector = 'kafka', topic = 'x', 'bootstrap.servers' = '127.0.0.1:9');\n\
+             INSERT INTO out SELECT valu FROM ticks;\n",
+            checkpoint.display()
+        ),
+    );
+    let started = Instant::now();
+    let out = sluice().arg("run").arg(&file).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        stderr.contains(&format!("{}:4:24:", file.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("valu"), "{stderr}");
+    assert!(
+        stderr.contains("4 | INSERT INTO out SELECT valu FROM ticks;"),
+        "{stderr}"
+    );
+    assert!(!checkpoint.exists(), "the checkpoint was not touched");
+}
+
+#[test]
+fn sigterm_stops_cleanly_and_the_progress_log_has_every_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("progress.jsonl");
+    let file = sql_file(
+        dir.path(),
+        "SET 'trigger.interval' = '200 ms';\n\
+         CREATE STREAM ticks WITH (connector = 'rate', 'rows_per_second' = '1000');\n\
+         CREATE STREAM nowhere WITH (connector = 'blackhole');\n\
+         INSERT INTO nowhere SELECT value * 2 AS doubled FROM ticks WHERE value % 3 <> 0;\n",
+    );
+    let mut child = sluice()
+        .arg("run")
+        .arg(&file)
+        .arg("--progress-log")
+        .arg(&log)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 3
+    {
+        assert!(Instant::now() < deadline, "no progress within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SIGTERM, as a service manager would send.
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = child.wait().unwrap();
+    assert_eq!(exit.code(), Some(0));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line["query"], "nowhere");
+        assert_eq!(line["epoch"], (i + 1) as u64);
+        assert!(line["input_rows"].as_u64().unwrap() > 0);
+        for phase in ["total", "read", "compute", "state", "commit"] {
+            assert!(line["duration_ms"][phase].is_number(), "{line}");
+        }
+    }
+}
+
+#[test]
+fn explain_prints_the_incremental_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = sql_file(
+        dir.path(),
+        "CREATE STREAM ticks WITH (connector = 'rate');\n\
+         CREATE STREAM out WITH (connector = 'console');\n\
+         INSERT INTO out SELECT value FROM ticks WHERE value > 3;\n",
+    );
+    let out = sluice().arg("explain").arg(&file).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("output mode: append"), "{stdout}");
+    assert!(stdout.contains("ticks ← rate(1 rows/s"), "{stdout}");
+    assert!(
+        stdout.contains("Filter: ticks.value > Int64(3)"),
+        "{stdout}"
+    );
+}

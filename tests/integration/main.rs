@@ -1,0 +1,7 @@
+//! End-to-end tests: one binary, one module per area, so the build stays
+//! small. Kafka tests run against a real broker started by `scripts/kafka`.
+
+mod cli;
+mod engine;
+mod kafka;
+mod util;
