@@ -112,10 +112,35 @@ fn read_sql(file: &Path) -> Result<String, Failure> {
         .map_err(|e| Failure::Usage(format!("sluice: cannot read {}: {e}", file.display())))
 }
 
-/// Appends progress as JSON lines and keeps a live status line on a terminal.
+/// Appends progress as JSON lines and, on a terminal, keeps one live
+/// status line per query (redrawn in place).
 struct ProgressReporter {
     log: Option<Mutex<std::fs::File>>,
-    status_line: bool,
+    status: Option<Mutex<StatusLines>>,
+}
+
+#[derive(Default)]
+struct StatusLines {
+    lines: std::collections::BTreeMap<String, String>,
+    /// Lines drawn last time, to move the cursor back over.
+    drawn: usize,
+}
+
+impl StatusLines {
+    fn update(&mut self, query: &str, line: String) {
+        self.lines.insert(query.to_string(), line);
+        let mut out = String::new();
+        if self.drawn > 0 {
+            out.push_str(&format!("\x1b[{}A", self.drawn));
+        }
+        for l in self.lines.values() {
+            out.push_str("\r\x1b[2K");
+            out.push_str(l);
+            out.push('\n');
+        }
+        self.drawn = self.lines.len();
+        eprint!("{out}");
+    }
 }
 
 impl StreamingQueryListener for ProgressReporter {
@@ -126,11 +151,15 @@ impl StreamingQueryListener for ProgressReporter {
                 tracing::error!(error = %e, "cannot append to the progress log");
             }
         }
-        if self.status_line {
-            eprint!(
-                "\r\x1b[2K[{}] epoch {} · {} rows in {:.0} ms · {:.0} rows/s",
+        if let Some(status) = &self.status {
+            let line = format!(
+                "[{}] epoch {} · {} rows in {:.0} ms · {:.0} rows/s",
                 p.name, p.epoch, p.num_input_rows, p.duration_ms.total, p.processed_rows_per_second
             );
+            status
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .update(&p.name, line);
         }
     }
 }
@@ -150,7 +179,9 @@ async fn run(file: &Path, progress_log: Option<&Path>) -> Result<(), Failure> {
         .transpose()?;
     session.add_listener(Arc::new(ProgressReporter {
         log,
-        status_line: std::io::stderr().is_terminal(),
+        status: std::io::stderr()
+            .is_terminal()
+            .then(|| Mutex::new(StatusLines::default())),
     }));
     let mut runner = SqlRunner::new(session.engine(), &file.display().to_string());
     // Everything is parsed and planned before anything starts.
@@ -275,10 +306,6 @@ async fn demo(duration: Duration) -> Result<(), Failure> {
         .replace("localhost:9092", &bootstrap)
         .replace("./checkpoints/seed", &checkpoint.display().to_string());
     let session = sluice::Session::new();
-    session.add_listener(Arc::new(ProgressReporter {
-        log: None,
-        status_line: false,
-    }));
     let mut runner = SqlRunner::new(session.engine(), "examples/seed.sql");
     let mut queries = Vec::new();
     let before = {

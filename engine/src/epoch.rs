@@ -26,13 +26,14 @@ use datafusion::physical_plan::collect_partitioned;
 
 use crate::checkpoint::{Checkpoint, CommitRecord, OffsetRecord, SourceRange};
 use crate::error::{Result, SluiceError};
+use crate::fail_point::fail_point;
 use crate::planner::IncrementalPlan;
 use crate::progress::{
     PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
     StreamingQueryListener,
 };
 use crate::query::QueryShared;
-use crate::sink::Sink;
+use crate::sink::{CommittedEpoch, Sink};
 use crate::source::Offset;
 use crate::trigger::Trigger;
 
@@ -178,11 +179,16 @@ impl EpochLoop {
     }
 
     /// Reads the checkpoint: the next epoch, each source's position, and the
-    /// planned-but-uncommitted epoch to re-run, if any. Runs before the loop
-    /// is spawned, so a damaged checkpoint fails the query's start.
-    pub(crate) fn recover(&self) -> Result<Recovered> {
+    /// planned-but-uncommitted epoch to re-run, if any. Runs after the sink
+    /// is open and before the loop is spawned, so a damaged checkpoint fails
+    /// the query's start.
+    pub(crate) async fn recover(&self) -> Result<Recovered> {
         let cp = &self.checkpoint;
-        let committed = cp.latest_commit_epoch()?;
+        let local = cp.latest_commit_epoch()?;
+        let committed = match self.sink.committed_epoch().await? {
+            CommittedEpoch::NotRecorded => local,
+            CommittedEpoch::Recorded(decided) => self.reconcile(local, decided)?,
+        };
         let planned = cp.latest_offsets_epoch()?;
         let mut positions = BTreeMap::new();
         if let Some(c) = committed {
@@ -219,6 +225,41 @@ impl EpochLoop {
             positions,
             replay,
         })
+    }
+
+    /// The sink's record decides which epochs are committed; `commits/` is a
+    /// cache of it. An epoch the sink committed but `commits/` lacks (a
+    /// crash right after the Kafka commit) is promoted; `commits/` ahead of
+    /// the sink cannot happen unless the sink's record was lost, which is
+    /// an error, never a silent reset.
+    fn reconcile(&self, local: Option<u64>, decided: Option<u64>) -> Result<Option<u64>> {
+        let cp = &self.checkpoint;
+        if local > decided {
+            return Err(SluiceError::checkpoint(
+                cp.dir().join("commits"),
+                format!(
+                    "the checkpoint says epoch {} is committed but the sink's own record ({})                      says {}; the sink's record was lost or belongs to another query. Use a new                      checkpoint location, or restore the sink's record",
+                    local.unwrap_or(0),
+                    self.sink_description,
+                    decided.map_or("none".to_string(), |d| d.to_string())
+                ),
+            ));
+        }
+        if let Some(d) = decided {
+            for epoch in local.map_or(1, |l| l + 1)..=d {
+                let planned = cp.read_offsets(epoch)?;
+                tracing::info!(
+                    epoch,
+                    "the sink committed this epoch before the last stop; recording it"
+                );
+                cp.write_commit(&CommitRecord {
+                    epoch: planned.epoch,
+                    committed_at_ms: chrono::Utc::now().timestamp_millis(),
+                    output_rows: 0,
+                })?;
+            }
+        }
+        Ok(decided)
     }
 
     /// The checkpoint must belong to a query with the same inputs.
@@ -267,6 +308,7 @@ impl EpochLoop {
             sources,
         };
         self.checkpoint.write_offsets(&record)?;
+        fail_point("after-offsets", epoch);
         Ok(Some(record))
     }
 
@@ -323,7 +365,8 @@ impl EpochLoop {
 
         let t = Instant::now();
         let output_rows: u64 = output.iter().map(|b| b.num_rows() as u64).sum();
-        self.sink.write_epoch(epoch, &output).await?;
+        self.sink.write_epoch(record, &output).await?;
+        fail_point("before-commit-record", epoch);
         self.checkpoint.write_commit(&CommitRecord {
             epoch,
             committed_at_ms: chrono::Utc::now().timestamp_millis(),

@@ -295,7 +295,7 @@ impl DataStreamWriter {
             trigger: self.trigger,
             listeners: session.listeners(),
         };
-        let recovered = epochs.recover()?;
+        let recovered = epochs.recover().await?;
         shared.set_task(tokio::spawn(epochs.run(recovered)));
         let query = StreamingQuery::new(shared);
         session.track(query.clone());

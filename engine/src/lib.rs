@@ -45,6 +45,7 @@ mod checkpoint;
 mod connector;
 mod epoch;
 mod error;
+mod fail_point;
 mod frame;
 mod options;
 mod planner;
@@ -61,6 +62,7 @@ pub use checkpoint::{
 };
 pub use connector::{Connector, ConnectorRegistry, SinkArgs, SourceArgs};
 pub use error::{Result, SluiceError};
+pub use fail_point::fail_point;
 pub use frame::{DataStreamWriter, StreamFrame};
 pub use options::{closest, parse_duration, quoted_list, Options};
 pub use progress::{
@@ -69,7 +71,7 @@ pub use progress::{
 };
 pub use query::{QueryStatus, StreamingQuery};
 pub use session::{DataStreamReader, Session};
-pub use sink::{BlackholeConnector, ConsoleConnector, MemorySink, Sink};
+pub use sink::{BlackholeConnector, CommittedEpoch, ConsoleConnector, MemorySink, Sink};
 pub use source::{
     FilesConnector, MemorySourceFactory, MemoryStream, Offset, Partitions, RateConnector, Source,
     SourceFactory,

@@ -4,18 +4,21 @@
 //! Everything in Sluice that talks to Kafka.
 //!
 //! [`KafkaConnector`] plugs `connector = 'kafka'` into a session's connector
-//! registry (the `sluice` facade registers it). In this version it writes
-//! with a plain idempotent producer — **at-least-once**: an epoch whose
-//! messages were acknowledged but whose commit record was not yet written
-//! is produced again after a crash.
+//! registry (the `sluice` facade registers it). Its sink is exactly-once by
+//! default: each epoch's output and a progress record naming the epoch go
+//! to Kafka in one transaction, and the query's progress topic, read
+//! `read_committed` after `init_transactions`, decides after a crash which
+//! epoch comes next.
 //!
 //! ```text
-//! epoch N: rows ──encode (json/csv/raw)──► produce (acks=all) ──► flush ──► commits/N
+//!            ┌────────────── one Kafka transaction ──────────────┐
+//! epoch N ─► │ output rows ─► topic   ·   {epoch N, offsets} ─► sluice-progress.<id> │ ─► commit ─► commits/N
+//!            └───────────────────────────────────────────────────┘
 //! ```
 //!
-//! The exactly-once protocol of DESIGN §6 (output and progress record in
-//! one transaction, `init_transactions` before recovery) replaces this
-//! producer when the transactional sink lands; the Kafka source comes with it.
+//! `'sink.delivery' = 'at-least-once'` uses a plain idempotent producer
+//! instead: nothing is lost, but an epoch whose output was acknowledged
+//! just before a crash is produced again.
 //!
 //! [`broker`] runs a real local broker for tests, examples and `sluice demo`.
 //!
@@ -31,16 +34,19 @@
 //!     .format("kafka")
 //!     .option("topic", "updates")
 //!     .option("bootstrap.servers", bootstrap)
-//!     .option("sink.delivery", "at-least-once")
 //!     .checkpoint_location("./checkpoints/updates")
 //!     .start()
 //!     .await?;
 //! # Ok(()) }
 //! ```
 
+mod at_least_once;
 pub mod broker;
+mod connector;
 mod encode;
-mod sink;
+mod produce;
+mod progress_topic;
+mod transactional_sink;
 
+pub use connector::KafkaConnector;
 pub use encode::Format;
-pub use sink::KafkaConnector;

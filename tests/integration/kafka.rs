@@ -42,6 +42,7 @@ async fn rows_reach_kafka_as_json_with_keys_and_headers() {
         .option("topic", &topic)
         .option("bootstrap.servers", &bootstrap)
         .option("key.fields", "id")
+        .option("sink.delivery", "at-least-once")
         .checkpoint_location(dir.path())
         .trigger(Trigger::AvailableNow)
         .start()
@@ -151,5 +152,34 @@ async fn an_unreachable_broker_fails_within_the_timeout_with_the_fix() {
     assert!(
         elapsed < Duration::from_secs(30),
         "gave up after {elapsed:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_timeout_above_the_brokers_maximum_is_refused() {
+    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
+        .await
+        .unwrap()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let err = Session::new()
+        .read_stream()
+        .format("rate")
+        .load()
+        .unwrap()
+        .write_stream()
+        .format("kafka")
+        .option("topic", fresh_topic("timeout"))
+        .option("bootstrap.servers", bootstrap)
+        .option("transaction.timeout", "20 minutes")
+        .checkpoint_location(dir.path())
+        .start()
+        .await
+        .unwrap_err();
+    assert!(err.is_user_error());
+    let msg = err.to_string();
+    assert!(
+        msg.contains("transaction.max.timeout.ms") && msg.contains("900s"),
+        "{msg}"
     );
 }

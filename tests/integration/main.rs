@@ -3,5 +3,6 @@
 
 mod cli;
 mod engine;
+mod exactly_once;
 mod kafka;
 mod util;

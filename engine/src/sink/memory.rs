@@ -9,6 +9,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::Sink;
+use crate::checkpoint::OffsetRecord;
 use crate::error::Result;
 
 /// Output collected per epoch. An epoch written twice (replayed after a
@@ -69,7 +70,8 @@ impl MemorySink {
 
 #[async_trait]
 impl Sink for MemorySink {
-    async fn write_epoch(&self, epoch: u64, batches: &[RecordBatch]) -> Result<()> {
+    async fn write_epoch(&self, epoch: &OffsetRecord, batches: &[RecordBatch]) -> Result<()> {
+        let epoch = epoch.epoch;
         self.lock().entry(epoch).or_insert_with(|| batches.to_vec());
         Ok(())
     }

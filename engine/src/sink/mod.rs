@@ -12,6 +12,7 @@ use std::fmt::Debug;
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 
+use crate::checkpoint::OffsetRecord;
 use crate::error::Result;
 
 mod blackhole;
@@ -21,6 +22,17 @@ mod memory;
 pub use blackhole::BlackholeConnector;
 pub use console::ConsoleConnector;
 pub use memory::MemorySink;
+
+/// What a sink knows about which epochs it has committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommittedEpoch {
+    /// The sink keeps no record; the checkpoint's `commits/` decides.
+    NotRecorded,
+    /// The sink's own durable record (the transactional Kafka sink's
+    /// progress topic): the last epoch it committed, `None` if none. The
+    /// engine trusts it over `commits/`.
+    Recorded(Option<u64>),
+}
 
 /// A running query's output.
 #[async_trait]
@@ -32,10 +44,17 @@ pub trait Sink: Send + Sync + Debug {
         Ok(())
     }
 
-    /// Writes epoch `epoch`'s output and returns once it is durable in the
-    /// sink (for Kafka: acknowledged). MUST NOT return `Ok` before that: the
-    /// engine marks the epoch committed right after.
-    async fn write_epoch(&self, epoch: u64, batches: &[RecordBatch]) -> Result<()>;
+    /// The last epoch the sink itself recorded as committed. Called after
+    /// [`Sink::open`], before the first epoch. Default: not recorded.
+    async fn committed_epoch(&self) -> Result<CommittedEpoch> {
+        Ok(CommittedEpoch::NotRecorded)
+    }
+
+    /// Writes the output of the epoch planned in `epoch` (its number and
+    /// source ranges) and returns once it is durable in the sink (for
+    /// Kafka: acknowledged or committed). MUST NOT return `Ok` before that:
+    /// the engine marks the epoch committed right after.
+    async fn write_epoch(&self, epoch: &OffsetRecord, batches: &[RecordBatch]) -> Result<()>;
 
     /// Whether the query needs a checkpoint location to run with this sink.
     /// Default `true`; sinks whose output does not outlive the process

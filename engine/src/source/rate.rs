@@ -151,40 +151,49 @@ impl RateSource {
     }
 }
 
-/// Generates the rows of `[start, offset.end)` with timestamps from the
-/// offset's anchor: pure arithmetic on the offsets, hence replayable.
-fn generate(
+/// Generates partition `p`'s rows of `[start, offset.end)` with timestamps
+/// from the offset's anchor: pure arithmetic on the offsets, hence
+/// replayable.
+fn generate_partition(
     schema: &SchemaRef,
     rows_per_second: u64,
     num_partitions: usize,
+    p: usize,
     start: i64,
     offset: RateOffset,
-) -> Result<Partitions> {
+) -> Result<Vec<RecordBatch>> {
+    const NANOS: i64 = 1_000_000_000;
     let rps = rows_per_second as i64;
     let n = num_partitions as i64;
-    let ts_of = |v: i64| -> i64 {
-        let d = v - offset.anchor_value;
-        offset.anchor_ms * 1_000_000 + (d / rps) * 1_000_000_000 + (d % rps) * 1_000_000_000 / rps
-    };
-    let mut partitions = Vec::with_capacity(num_partitions);
-    for p in 0..n {
-        let mut batches = Vec::new();
-        let mut first = start + p;
-        while first < offset.end {
-            let count = ((offset.end - first + n - 1) / n).min(BATCH_ROWS as i64);
-            let values = Int64Array::from_iter_values((0..count).map(|i| first + i * n));
-            let times = TimestampNanosecondArray::from_iter_values(
-                (0..count).map(|i| ts_of(first + i * n)),
-            );
-            batches.push(RecordBatch::try_new(
-                Arc::clone(schema),
-                vec![Arc::new(times), Arc::new(values)],
-            )?);
-            first += count * n;
-        }
-        partitions.push(batches);
+    // Row `v` is due at anchor + (v - anchor_value) / rps seconds. Computed
+    // exactly for a batch's first row, then by adding the step (whole
+    // nanoseconds plus a carried remainder): no division per row.
+    let (step_ns, step_rem) = ((n * NANOS) / rps, (n * NANOS) % rps);
+    let mut batches = Vec::new();
+    let mut first = start + p as i64;
+    while first < offset.end {
+        let count = ((offset.end - first + n - 1) / n).min(BATCH_ROWS as i64);
+        let values = Int64Array::from_iter_values((0..count).map(|i| first + i * n));
+        let d = first - offset.anchor_value;
+        let mut ts = offset.anchor_ms * 1_000_000 + (d / rps) * NANOS + (d % rps) * NANOS / rps;
+        let mut rem = (d % rps) * NANOS % rps;
+        let times = TimestampNanosecondArray::from_iter_values((0..count).map(|_| {
+            let now = ts;
+            ts += step_ns;
+            rem += step_rem;
+            if rem >= rps {
+                rem -= rps;
+                ts += 1;
+            }
+            now
+        }));
+        batches.push(RecordBatch::try_new(
+            Arc::clone(schema),
+            vec![Arc::new(times), Arc::new(values)],
+        )?);
+        first += count * n;
     }
-    Ok(partitions)
+    Ok(batches)
 }
 
 fn parse(offset: &Offset) -> Result<RateOffset> {
@@ -222,15 +231,25 @@ impl Source for RateSource {
     async fn read(&self, start: Option<&Offset>, end: &Offset) -> Result<Partitions> {
         let start = start.map(parse).transpose()?.map_or(0, |o| o.end);
         let end = parse(end)?;
-        // Generation is CPU work; keep it off the async reactor.
-        let (schema, rps, n) = (
-            Arc::clone(&self.schema),
-            self.rows_per_second,
-            self.num_partitions,
-        );
-        tokio::task::spawn_blocking(move || generate(&schema, rps, n, start, end))
-            .await
-            .map_err(|e| SluiceError::Internal(format!("rate generator task: {e}")))?
+        // Generation is CPU work: one blocking task per partition, in
+        // parallel, off the async reactor.
+        let (rps, n) = (self.rows_per_second, self.num_partitions);
+        let tasks: Vec<_> = (0..n)
+            .map(|p| {
+                let schema = Arc::clone(&self.schema);
+                tokio::task::spawn_blocking(move || {
+                    generate_partition(&schema, rps, n, p, start, end)
+                })
+            })
+            .collect();
+        let mut partitions = Vec::with_capacity(n);
+        for task in tasks {
+            partitions.push(
+                task.await
+                    .map_err(|e| SluiceError::Internal(format!("rate generator task: {e}")))??,
+            );
+        }
+        Ok(partitions)
     }
 
     async fn prepare_available_now(&self) -> Result<()> {
@@ -273,7 +292,9 @@ mod tests {
             anchor_value: 0,
             anchor_ms: 1_000,
         };
-        let parts = generate(&rate_schema(), 4, 2, 3, off).unwrap();
+        let parts: Partitions = (0..2)
+            .map(|p| generate_partition(&rate_schema(), 4, 2, p, 3, off).unwrap())
+            .collect();
         assert_eq!(values(&parts), vec![vec![3, 5, 7, 9], vec![4, 6, 8]]);
         let ts = parts[0][0]
             .column(0)
@@ -282,7 +303,31 @@ mod tests {
         assert_eq!(ts.value(0), 1_750_000_000);
     }
 
-    #[tokio::test]
+    #[test]
+    fn timestamps_match_the_exact_formula_for_every_row() {
+        let off = RateOffset {
+            end: 200_000,
+            anchor_value: 7,
+            anchor_ms: 123,
+        };
+        let rps = 7_000i64;
+        for p in 0..3 {
+            let batches = generate_partition(&rate_schema(), rps as u64, 3, p, 11, off).unwrap();
+            for b in batches {
+                let values = b.column(1).as_primitive::<Int64Type>();
+                let ts = b
+                    .column(0)
+                    .as_primitive::<datafusion::arrow::datatypes::TimestampNanosecondType>();
+                for (v, t) in values.values().iter().zip(ts.values()) {
+                    let d = v - off.anchor_value;
+                    let exact = off.anchor_ms * 1_000_000 + d * 1_000_000_000 / rps;
+                    assert_eq!(*t, exact, "value {v}");
+                }
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
     async fn replaying_a_range_yields_identical_rows() {
         let src = RateSource::new(1000, 3);
         let start = to_json(RateOffset {

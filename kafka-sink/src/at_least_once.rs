@@ -1,0 +1,85 @@
+//! The at-least-once Kafka sink (`'sink.delivery' = 'at-least-once'`).
+//!
+//! Each epoch's rows are produced with the idempotent producer and the
+//! epoch returns only once every message is acknowledged (`acks=all`, then
+//! `flush`); the engine records `commits/N` after that. A crash between the
+//! acknowledgement and the commit record re-runs the epoch, so its messages
+//! appear twice: at-least-once, as Spark's and Flink's non-transactional
+//! Kafka sinks.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::record_batch::RecordBatch;
+use rdkafka::producer::{Producer, ThreadedProducer};
+use sluice_engine::{OffsetRecord, Result, Sink, SluiceError};
+
+use crate::produce::{create_producer, flush, DeliveryTracker, SinkConfig};
+
+/// Cheap to move onto a blocking thread.
+pub(crate) struct AtLeastOnceSink(Arc<Inner>);
+
+struct Inner {
+    config: SinkConfig,
+    producer: ThreadedProducer<DeliveryTracker>,
+}
+
+impl AtLeastOnceSink {
+    pub(crate) fn new(config: SinkConfig) -> Result<Self> {
+        let producer = create_producer(&config.producer_config())?;
+        Ok(Self(Arc::new(Inner { config, producer })))
+    }
+}
+
+impl std::fmt::Debug for AtLeastOnceSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AtLeastOnceSink")
+            .field("topic", &self.0.config.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    fn write(&self, epoch: u64, batches: &[RecordBatch]) -> Result<()> {
+        self.config.send_batches(&self.producer, epoch, batches)?;
+        flush(&self.producer, &self.config, epoch)?;
+        match self.producer.context().take_error() {
+            Some(e) => Err(SluiceError::External {
+                what: format!("kafka sink, topic '{}'", self.config.topic),
+                message: format!("epoch {epoch}: a message was not delivered: {e}"),
+                hint: Some("the epoch is not committed and will be re-run on restart".into()),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+#[async_trait]
+impl Sink for AtLeastOnceSink {
+    async fn open(&self) -> Result<()> {
+        let inner = Arc::clone(&self.0);
+        tokio::task::spawn_blocking(move || {
+            inner
+                .config
+                .wait_for_topic(inner.producer.client(), &inner.config.topic)
+        })
+        .await
+        .map_err(|e| SluiceError::Internal(format!("metadata task: {e}")))?
+    }
+
+    async fn write_epoch(&self, epoch: &OffsetRecord, batches: &[RecordBatch]) -> Result<()> {
+        if batches.is_empty() {
+            return Ok(());
+        }
+        let inner = Arc::clone(&self.0);
+        let (epoch, batches) = (epoch.epoch, batches.to_vec());
+        // Producing and flushing block; keep them off the async reactor.
+        tokio::task::spawn_blocking(move || inner.write(epoch, &batches))
+            .await
+            .map_err(|e| SluiceError::Internal(format!("produce task: {e}")))?
+    }
+
+    fn describe(&self) -> String {
+        format!("kafka(topic={}, at-least-once)", self.0.config.topic)
+    }
+}

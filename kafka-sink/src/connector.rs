@@ -1,0 +1,124 @@
+//! `connector = 'kafka'`: options parsed once into a [`SinkConfig`], then the
+//! sink for the chosen delivery guarantee.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use sluice_engine::{Connector, Result, Sink, SinkArgs, SluiceError, SourceArgs, SourceFactory};
+
+use crate::at_least_once::AtLeastOnceSink;
+use crate::encode::{columns, Format};
+use crate::produce::SinkConfig;
+use crate::transactional_sink::TransactionalSink;
+
+const SINK_OPTIONS: &[&str] = &[
+    "topic",
+    "bootstrap.servers",
+    "format",
+    "key.fields",
+    "sink.delivery",
+    "connect.timeout",
+    "transaction.timeout",
+    "progress.topic",
+    "kafka.*",
+];
+
+/// How long to wait for the brokers by default.
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// librdkafka's default; the broker aborts a transaction open longer.
+const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The `kafka` connector.
+#[derive(Debug, Default)]
+pub struct KafkaConnector;
+
+impl Connector for KafkaConnector {
+    fn name(&self) -> &str {
+        "kafka"
+    }
+
+    fn is_source(&self) -> bool {
+        true
+    }
+
+    fn is_sink(&self) -> bool {
+        true
+    }
+
+    fn source(&self, args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
+        Err(SluiceError::config(format!(
+            "stream '{}': reading from Kafka is not available in this version yet (the Kafka \
+             source is being built); Kafka can be written to with INSERT INTO",
+            args.stream
+        )))
+    }
+
+    fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
+        let mut o = args.options;
+        let topic = o.take_required("kafka", "topic", "updates")?;
+        let bootstrap = o.take_required("kafka", "bootstrap.servers", "localhost:9092")?;
+        let format = Format::parse(
+            &o.take_choice("format", &["json", "csv", "raw", "avro"])?
+                .unwrap_or_else(|| "json".into()),
+        )?;
+        format.check(&args.schema)?;
+        let exactly_once = o
+            .take_choice("sink.delivery", &["exactly-once", "at-least-once"])?
+            .is_none_or(|d| d == "exactly-once");
+        let connect_timeout = o
+            .take_duration("connect.timeout")?
+            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+        let transaction_timeout = o
+            .take_duration("transaction.timeout")?
+            .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT);
+        let progress_topic = o
+            .take("progress.topic")
+            .unwrap_or_else(|| format!("sluice-progress.{}", args.query_id));
+        let key_fields = match o.take("key.fields") {
+            None => Vec::new(),
+            Some(list) => key_indices(&list, &args.schema)?,
+        };
+        let passthrough = o.take_prefixed("kafka.");
+        o.finish("kafka", SINK_OPTIONS)?;
+        let config = SinkConfig {
+            topic,
+            bootstrap,
+            format,
+            key_fields,
+            schema: args.schema,
+            query_id: args.query_id,
+            connect_timeout,
+            passthrough,
+        };
+        if exactly_once {
+            Ok(Arc::new(TransactionalSink::new(
+                config,
+                progress_topic,
+                transaction_timeout,
+            )?))
+        } else {
+            Ok(Arc::new(AtLeastOnceSink::new(config)?))
+        }
+    }
+}
+
+fn key_indices(list: &str, schema: &SchemaRef) -> Result<Vec<usize>> {
+    list.split(',')
+        .map(|name| {
+            let name = name.trim();
+            schema.index_of(name).map_err(|_| {
+                let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                let hint = sluice_engine::closest(name, names.iter().copied())
+                    .map(|c| format!(" (did you mean '{c}'?)"))
+                    .unwrap_or_default();
+                SluiceError::config(format!(
+                    "'key.fields' names '{name}', which is not an output column{hint}; the \
+                     output columns are: {}",
+                    columns(schema)
+                ))
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,154 @@
+//! The query's progress topic: one record per committed epoch, produced in
+//! the same Kafka transaction as the epoch's output.
+//!
+//! Its last record for the query, read `read_committed` after
+//! `init_transactions`, is the last committed epoch: the decision point of
+//! DESIGN §6. The topic (default `sluice-progress.<query id>`) has one
+//! partition and is compacted on the query id key, so it stays small. It is
+//! the query's own, so no other producer's open transaction can hold back
+//! its last stable offset while the query recovers.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use sluice_engine::{Result, SluiceError, SourceRange};
+
+use crate::produce::SinkConfig;
+
+/// What the progress topic records about one committed epoch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ProgressRecord {
+    pub query_id: String,
+    pub epoch: u64,
+    /// Each source's offset range, as in `offsets/N`.
+    pub sources: BTreeMap<String, SourceRange>,
+    /// State files staged for the epoch (none for stateless queries).
+    pub state_files: Vec<String>,
+    /// The query's watermark after the epoch (ms since the Unix epoch).
+    pub watermark: Option<i64>,
+    pub committed_at_ms: i64,
+}
+
+/// Creates the progress topic unless it exists: one partition, compacted,
+/// the broker's default replication.
+pub(crate) async fn ensure_topic(config: &SinkConfig, topic: &str) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap)
+        .create()
+        .map_err(|e| config.unreachable(format!("creating an admin client: {e}")))?;
+    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    let options = AdminOptions::new().request_timeout(Some(config.connect_timeout));
+    let results = admin
+        .create_topics([&new], &options)
+        .await
+        .map_err(|e| config.unreachable(format!("creating progress topic '{topic}': {e}")))?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => {
+                return Err(SluiceError::External {
+                    what: format!("kafka progress topic '{t}' on '{}'", config.bootstrap),
+                    message: format!("cannot create it: {e}"),
+                    hint: Some(
+                        "create it yourself (1 partition, cleanup.policy=compact) or name \
+                         another with 'progress.topic'"
+                            .into(),
+                    ),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The last record for `query_id` in `topic`, read `read_committed`.
+/// Blocking. MUST be called after `init_transactions`, so that no
+/// transaction of this query is left open to hide it.
+pub(crate) fn read_last(
+    config: &SinkConfig,
+    topic: &str,
+    query_id: &str,
+) -> Result<Option<ProgressRecord>> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| {
+        config.unreachable(format!("reading progress topic '{topic}': {what}: {e}"))
+    };
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &config.bootstrap)
+        .set("group.id", format!("sluice-recovery-{query_id}"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .map_err(|e| fail("creating a consumer", &e))?;
+    let (low, high) = consumer
+        .fetch_watermarks(topic, 0, config.connect_timeout)
+        .map_err(|e| fail("fetching offsets", &e))?;
+    if high <= low {
+        return Ok(None);
+    }
+    // Read backwards in growing steps: the last record is near the end, but
+    // transaction markers and aborted records take offsets too.
+    let mut back = 16;
+    loop {
+        let start = (high - back).max(low);
+        let mut assignment = TopicPartitionList::new();
+        assignment
+            .add_partition_offset(topic, 0, Offset::Offset(start))
+            .map_err(|e| fail("assigning", &e))?;
+        consumer
+            .assign(&assignment)
+            .map_err(|e| fail("assigning", &e))?;
+        let mut last = None;
+        let deadline = Instant::now() + config.connect_timeout;
+        while position(&consumer, topic) < high {
+            if Instant::now() > deadline {
+                return Err(fail(
+                    "timed out",
+                    &format!(
+                        "did not reach offset {high} within {:?}",
+                        config.connect_timeout
+                    ),
+                ));
+            }
+            match consumer.poll(Duration::from_millis(100)) {
+                None => {}
+                Some(Err(e)) => return Err(fail("polling", &e)),
+                Some(Ok(m)) if m.offset() < high && m.key() == Some(query_id.as_bytes()) => {
+                    let payload = m.payload().unwrap_or_default();
+                    let record: ProgressRecord =
+                        serde_json::from_slice(payload).map_err(|e| SluiceError::External {
+                            what: format!("kafka progress topic '{topic}', offset {}", m.offset()),
+                            message: format!("unreadable progress record: {e}"),
+                            hint: Some(
+                                "the topic holds records Sluice did not write; give the query \
+                                 its own 'progress.topic'"
+                                    .into(),
+                            ),
+                        })?;
+                    last = Some(record);
+                }
+                Some(Ok(_)) => {}
+            }
+        }
+        if last.is_some() || start == low {
+            return Ok(last);
+        }
+        back *= 4;
+    }
+}
+
+fn position(consumer: &BaseConsumer, topic: &str) -> i64 {
+    let Ok(positions) = consumer.position() else {
+        return -1;
+    };
+    match positions.find_partition(topic, 0).map(|tp| tp.offset()) {
+        Some(Offset::Offset(o)) => o,
+        _ => -1,
+    }
+}

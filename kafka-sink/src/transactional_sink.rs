@@ -1,0 +1,322 @@
+//! The exactly-once Kafka sink: each epoch's output and its progress record
+//! in one Kafka transaction (DESIGN §6).
+//!
+//! ```text
+//! open:   wait for the brokers ─► progress topic exists ─► transaction timeout
+//!         ≤ broker maximum ─► init_transactions (fences older instances,
+//!         aborts or completes their open transaction)
+//! recover: last progress record (read_committed) = last committed epoch C
+//! epoch N: begin ─► produce output (headers: query id, epoch)
+//!          ─► produce progress record {epoch N, offsets, state files}
+//!          ─► commit            ── the decision point
+//! ```
+//!
+//! # Guarantee
+//! A `read_committed` reader sees each epoch's output exactly once: output
+//! and progress record commit or vanish together, and after any crash the
+//! engine resumes after the epoch the progress topic names. Everything the
+//! engine decides before the commit (offsets, staged state) is immutable and
+//! versioned, so it can wait for the commit's outcome.
+//!
+//! # Fencing
+//! `transactional.id = sluice-<query id>`, stable across restarts. After
+//! [`Sink::open`] returns, every older instance of the query is fenced: its
+//! next transactional call fails fatally and it stops, saying another
+//! instance took over.
+//!
+//! # Errors, by class (librdkafka's flags)
+//! - retriable: call the same operation again;
+//! - abortable: abort the transaction and produce the epoch again (up to
+//!   [`MAX_ATTEMPTS`] times): its output is still in memory;
+//! - fatal (fenced, or no flag at all): the producer is dead; the query
+//!   stops with an error.
+//!
+//! # Not handled here, deliberately
+//! - Restarts that outlast `transaction.timeout.ms` cannot lose data: the
+//!   broker aborts the open transaction and the epoch is redone.
+//! - Sinks on different clusters in one query cannot share a transaction;
+//!   each query has one sink today.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::arrow::record_batch::RecordBatch;
+use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::ClientConfig;
+use sluice_engine::{fail_point, CommittedEpoch, OffsetRecord, Result, Sink, SluiceError};
+
+use crate::produce::{create_producer, send, DeliveryTracker, SinkConfig};
+use crate::progress_topic::{self, ProgressRecord};
+
+/// Times an epoch is produced again after abortable errors before the query
+/// fails.
+pub(crate) const MAX_ATTEMPTS: usize = 5;
+
+/// Cheap to move onto a blocking thread.
+pub(crate) struct TransactionalSink(Arc<Inner>);
+
+struct Inner {
+    config: SinkConfig,
+    progress_topic: String,
+    transaction_timeout: Duration,
+    producer: ThreadedProducer<DeliveryTracker>,
+}
+
+impl std::fmt::Debug for TransactionalSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransactionalSink")
+            .field("topic", &self.0.config.topic)
+            .field("progress_topic", &self.0.progress_topic)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How to react to a transactional error.
+enum ErrorClass {
+    Retriable,
+    Abortable,
+    Fatal,
+}
+
+fn classify(e: &KafkaError) -> ErrorClass {
+    match e {
+        KafkaError::Transaction(t) if t.is_retriable() => ErrorClass::Retriable,
+        KafkaError::Transaction(t) if t.txn_requires_abort() => ErrorClass::Abortable,
+        _ => ErrorClass::Fatal,
+    }
+}
+
+impl TransactionalSink {
+    pub(crate) fn new(
+        config: SinkConfig,
+        progress_topic: String,
+        transaction_timeout: Duration,
+    ) -> Result<Self> {
+        let mut producer_config = config.producer_config();
+        producer_config
+            .set("transactional.id", format!("sluice-{}", config.query_id))
+            .set(
+                "transaction.timeout.ms",
+                transaction_timeout.as_millis().to_string(),
+            );
+        let producer = create_producer(&producer_config)?;
+        Ok(Self(Arc::new(Inner {
+            config,
+            progress_topic,
+            transaction_timeout,
+            producer,
+        })))
+    }
+}
+
+impl Inner {
+    fn fenced(&self, e: &KafkaError) -> SluiceError {
+        SluiceError::Stopped(format!(
+            "query {}: another instance took over (transactional id sluice-{} was initialised \
+             by a newer producer), so this one stops; nothing it had not committed is visible \
+             to read_committed readers ({e})",
+            self.config.query_id, self.config.query_id
+        ))
+    }
+
+    /// The broker's `transaction.max.timeout.ms`, when it can be read.
+    async fn broker_max_timeout(&self) -> Result<Option<Duration>> {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &self.config.bootstrap)
+            .create()
+            .map_err(|e| {
+                self.config
+                    .unreachable(format!("creating an admin client: {e}"))
+            })?;
+        let metadata = admin
+            .inner()
+            .fetch_metadata(None, self.config.connect_timeout)
+            .map_err(|e| self.config.unreachable(format!("fetching metadata: {e}")))?;
+        let Some(broker) = metadata.brokers().first().map(|b| b.id()) else {
+            return Ok(None);
+        };
+        let options = AdminOptions::new().request_timeout(Some(self.config.connect_timeout));
+        let results = admin
+            .describe_configs([&ResourceSpecifier::Broker(broker)], &options)
+            .await
+            .map_err(|e| {
+                self.config
+                    .unreachable(format!("describing broker configs: {e}"))
+            })?;
+        Ok(results
+            .into_iter()
+            .flatten()
+            .find_map(|r| {
+                r.get("transaction.max.timeout.ms")
+                    .and_then(|e| e.value.as_ref())
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+            .map(Duration::from_millis))
+    }
+
+    fn init(&self) -> Result<()> {
+        self.config
+            .wait_for_topic(self.producer.client(), &self.config.topic)?;
+        loop {
+            match self.producer.init_transactions(self.config.connect_timeout) {
+                Ok(()) => return Ok(()),
+                Err(e) if matches!(classify(&e), ErrorClass::Retriable) => {
+                    tracing::warn!(error = %e, "init_transactions: retrying");
+                }
+                Err(e) => {
+                    return Err(self
+                        .config
+                        .unreachable(format!("init_transactions failed: {e}")))
+                }
+            }
+        }
+    }
+
+    /// Produces epoch `record.epoch` and its progress record in one
+    /// transaction and commits it.
+    fn commit_epoch(&self, record: &OffsetRecord, batches: &[RecordBatch]) -> Result<()> {
+        let epoch = record.epoch;
+        let progress = ProgressRecord {
+            query_id: self.config.query_id.clone(),
+            epoch,
+            sources: record.sources.clone(),
+            state_files: Vec::new(),
+            watermark: None,
+            committed_at_ms: now_ms(),
+        };
+        let progress = serde_json::to_vec(&progress)
+            .map_err(|e| SluiceError::Internal(format!("progress record: {e}")))?;
+        for attempt in 1..=MAX_ATTEMPTS {
+            self.producer.context().take_error();
+            if let Err(e) = self.producer.begin_transaction() {
+                return Err(self.fenced(&e));
+            }
+            let produced = self
+                .config
+                .send_batches(&self.producer, epoch, batches)
+                .and_then(|()| {
+                    let r = BaseRecord::to(&self.progress_topic)
+                        .key(self.config.query_id.as_bytes())
+                        .payload(progress.as_slice());
+                    send(&self.producer, r).map_err(|e| self.config.external(e.to_string()))
+                });
+            if let Err(e) = produced {
+                tracing::warn!(epoch, attempt, error = %e, "producing failed; aborting the transaction");
+                self.abort()?;
+                continue;
+            }
+            // Deliver within the transaction first: a delivery error is then
+            // known before the commit, and the fail point below really
+            // leaves records of an open transaction on the broker.
+            if let Err(e) = self.producer.flush(self.transaction_timeout) {
+                tracing::warn!(epoch, attempt, error = %e, "flush failed; aborting the transaction");
+                self.abort()?;
+                continue;
+            }
+            if let Some(e) = self.producer.context().take_error() {
+                tracing::warn!(epoch, attempt, error = %e, "a message was not delivered; aborting the transaction");
+                self.abort()?;
+                continue;
+            }
+            fail_point("kafka-before-commit", epoch);
+            match self.commit() {
+                Ok(()) => {
+                    fail_point("kafka-after-commit", epoch);
+                    return Ok(());
+                }
+                Err(e) => match classify(&e) {
+                    ErrorClass::Abortable | ErrorClass::Retriable => {
+                        tracing::warn!(epoch, attempt, error = %e, "commit failed; aborting and producing the epoch again");
+                        self.abort()?;
+                    }
+                    ErrorClass::Fatal => return Err(self.fenced(&e)),
+                },
+            }
+        }
+        Err(self.config.external(format!(
+            "epoch {epoch}: the transaction failed {MAX_ATTEMPTS} times; the epoch is not \
+             committed and will be redone on restart"
+        )))
+    }
+
+    /// `commit_transaction`, repeated while librdkafka says it is retriable
+    /// (a timed-out commit may be retried with the same call).
+    fn commit(&self) -> std::result::Result<(), KafkaError> {
+        loop {
+            match self.producer.commit_transaction(self.transaction_timeout) {
+                Err(e) if matches!(classify(&e), ErrorClass::Retriable) => {
+                    tracing::warn!(error = %e, "commit_transaction: retrying");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn abort(&self) -> Result<()> {
+        loop {
+            match self.producer.abort_transaction(self.transaction_timeout) {
+                Ok(()) => return Ok(()),
+                Err(e) if matches!(classify(&e), ErrorClass::Retriable) => {
+                    tracing::warn!(error = %e, "abort_transaction: retrying");
+                }
+                Err(e) => return Err(self.fenced(&e)),
+            }
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+#[async_trait]
+impl Sink for TransactionalSink {
+    /// After this returns, every older instance of the query is fenced.
+    async fn open(&self) -> Result<()> {
+        let inner = &self.0;
+        progress_topic::ensure_topic(&inner.config, &inner.progress_topic).await?;
+        if let Some(max) = inner.broker_max_timeout().await? {
+            if inner.transaction_timeout > max {
+                return Err(SluiceError::config(format!(
+                    "'transaction.timeout' is {:?} but the broker allows at most {max:?} \
+                     (transaction.max.timeout.ms); lower it",
+                    inner.transaction_timeout
+                )));
+            }
+        }
+        let inner = Arc::clone(&self.0);
+        tokio::task::spawn_blocking(move || inner.init())
+            .await
+            .map_err(|e| SluiceError::Internal(format!("init task: {e}")))?
+    }
+
+    async fn committed_epoch(&self) -> Result<CommittedEpoch> {
+        let inner = Arc::clone(&self.0);
+        let last = tokio::task::spawn_blocking(move || {
+            progress_topic::read_last(&inner.config, &inner.progress_topic, &inner.config.query_id)
+        })
+        .await
+        .map_err(|e| SluiceError::Internal(format!("recovery task: {e}")))??;
+        Ok(CommittedEpoch::Recorded(last.map(|r| r.epoch)))
+    }
+
+    async fn write_epoch(&self, record: &OffsetRecord, batches: &[RecordBatch]) -> Result<()> {
+        let inner = Arc::clone(&self.0);
+        let (record, batches) = (record.clone(), batches.to_vec());
+        // An epoch without output still commits its progress record, so the
+        // next restart does not redo it.
+        tokio::task::spawn_blocking(move || inner.commit_epoch(&record, &batches))
+            .await
+            .map_err(|e| SluiceError::Internal(format!("transaction task: {e}")))?
+    }
+
+    fn describe(&self) -> String {
+        format!("kafka(topic={}, exactly-once)", self.0.config.topic)
+    }
+}
