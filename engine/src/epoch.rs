@@ -185,16 +185,27 @@ impl EpochLoop {
     pub(crate) async fn recover(&self) -> Result<Recovered> {
         let cp = &self.checkpoint;
         let local = cp.latest_commit_epoch()?;
-        let committed = match self.sink.committed_epoch().await? {
-            CommittedEpoch::NotRecorded => local,
-            CommittedEpoch::Recorded(decided) => self.reconcile(local, decided)?,
+        // The committed epoch's plan: from the sink's own record when it
+        // keeps one (a zombie may have rewritten offsets/ on disk; the sink's
+        // record is what was committed), else from the checkpoint.
+        let committed_plan = match self.sink.committed_epoch().await? {
+            CommittedEpoch::NotRecorded => match local {
+                Some(c) => {
+                    // Read (and so verify) the commit record itself.
+                    cp.read_commit(c)?;
+                    Some(cp.read_offsets(c)?)
+                }
+                None => None,
+            },
+            CommittedEpoch::Recorded(plan) => {
+                self.reconcile(local, plan.as_ref().map(|p| p.epoch))?;
+                plan
+            }
         };
+        let committed = committed_plan.as_ref().map(|p| p.epoch);
         let planned = cp.latest_offsets_epoch()?;
         let mut positions = BTreeMap::new();
-        if let Some(c) = committed {
-            // Read (and so verify) the commit record itself.
-            cp.read_commit(c)?;
-            let record = cp.read_offsets(c)?;
+        if let Some(record) = committed_plan {
             self.check_sources(&record)?;
             for (key, range) in record.sources {
                 positions.insert(key, range.end);
@@ -232,13 +243,15 @@ impl EpochLoop {
     /// crash right after the Kafka commit) is promoted; `commits/` ahead of
     /// the sink cannot happen unless the sink's record was lost, which is
     /// an error, never a silent reset.
-    fn reconcile(&self, local: Option<u64>, decided: Option<u64>) -> Result<Option<u64>> {
+    fn reconcile(&self, local: Option<u64>, decided: Option<u64>) -> Result<()> {
         let cp = &self.checkpoint;
         if local > decided {
             return Err(SluiceError::checkpoint(
                 cp.dir().join("commits"),
                 format!(
-                    "the checkpoint says epoch {} is committed but the sink's own record ({})                      says {}; the sink's record was lost or belongs to another query. Use a new                      checkpoint location, or restore the sink's record",
+                    "the checkpoint says epoch {} is committed but the sink's own record ({}) \
+                     says {}; the sink's record was lost or belongs to another query. Use a new \
+                     checkpoint location, or restore the sink's record",
                     local.unwrap_or(0),
                     self.sink_description,
                     decided.map_or("none".to_string(), |d| d.to_string())
@@ -247,19 +260,18 @@ impl EpochLoop {
         }
         if let Some(d) = decided {
             for epoch in local.map_or(1, |l| l + 1)..=d {
-                let planned = cp.read_offsets(epoch)?;
                 tracing::info!(
                     epoch,
                     "the sink committed this epoch before the last stop; recording it"
                 );
                 cp.write_commit(&CommitRecord {
-                    epoch: planned.epoch,
+                    epoch,
                     committed_at_ms: chrono::Utc::now().timestamp_millis(),
                     output_rows: 0,
                 })?;
             }
         }
-        Ok(decided)
+        Ok(())
     }
 
     /// The checkpoint must belong to a query with the same inputs.

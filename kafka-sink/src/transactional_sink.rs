@@ -303,7 +303,11 @@ impl Sink for TransactionalSink {
         })
         .await
         .map_err(|e| SluiceError::Internal(format!("recovery task: {e}")))??;
-        Ok(CommittedEpoch::Recorded(last.map(|r| r.epoch)))
+        Ok(CommittedEpoch::Recorded(last.map(|r| OffsetRecord {
+            epoch: r.epoch,
+            planned_at_ms: r.committed_at_ms,
+            sources: r.sources,
+        })))
     }
 
     async fn write_epoch(&self, record: &OffsetRecord, batches: &[RecordBatch]) -> Result<()> {

@@ -24,14 +24,15 @@ pub use console::ConsoleConnector;
 pub use memory::MemorySink;
 
 /// What a sink knows about which epochs it has committed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum CommittedEpoch {
     /// The sink keeps no record; the checkpoint's `commits/` decides.
     NotRecorded,
     /// The sink's own durable record (the transactional Kafka sink's
-    /// progress topic): the last epoch it committed, `None` if none. The
-    /// engine trusts it over `commits/`.
-    Recorded(Option<u64>),
+    /// progress topic): the plan (number and source ranges) of the last
+    /// epoch it committed, `None` if none. The engine trusts it over
+    /// `commits/` and `offsets/`.
+    Recorded(Option<OffsetRecord>),
 }
 
 /// A running query's output.
