@@ -147,23 +147,27 @@ impl Session {
         }
         let registry = self.connectors();
         let connector = registry.get(&definition.connector)?;
-        let table = match &definition.schema {
-            Some(schema) => Some(StreamTable::declared(
+        // A source connector builds its factory now, so the table gets the
+        // connector's full schema (declared columns plus any virtual ones)
+        // and a source-only connector's mistakes surface here. A connector
+        // that is also a sink may hold sink options: if it cannot build a
+        // source, the stream is written only, and reading it reports why.
+        let factory = if connector.is_source() {
+            match connector.source(self.source_args(&definition, None)) {
+                Ok(f) => Some(f),
+                Err(e) if !connector.is_sink() => return Err(e),
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
+        let table = match (factory, &definition.schema) {
+            (Some(f), _) => Some(StreamTable::from_factory(definition.clone(), f)),
+            (None, Some(schema)) => Some(StreamTable::declared(
                 definition.clone(),
                 Arc::clone(schema),
             )),
-            // Without declared columns only the connector knows them. A
-            // connector that is only a source must accept the options now;
-            // one that is also a sink may hold sink options, so its stream
-            // is remembered as write-only and reading it reports why.
-            None if connector.is_source() => {
-                match connector.source(self.source_args(&definition, None)) {
-                    Ok(factory) => Some(StreamTable::from_factory(definition.clone(), factory)),
-                    Err(e) if !connector.is_sink() => return Err(e),
-                    Err(_) => None,
-                }
-            }
-            None => None,
+            (None, None) => None,
         };
         if let Some(table) = table {
             self.inner.ctx.register_table(&name, Arc::new(table))?;

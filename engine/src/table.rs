@@ -101,6 +101,12 @@ impl StreamTable {
                 }
                 other => other,
             })?;
+        if factory.schema().fields() != self.schema.fields() {
+            return Err(SluiceError::config(format!(
+                "stream '{}' cannot be read: its connector yields other columns than declared",
+                def.name
+            )));
+        }
         Ok(Arc::clone(self.factory.get_or_init(|| factory)))
     }
 

@@ -48,11 +48,12 @@ impl Connector for KafkaConnector {
     }
 
     fn source(&self, args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
-        Err(SluiceError::config(format!(
-            "stream '{}': reading from Kafka is not available in this version yet (the Kafka \
-             source is being built); Kafka can be written to with INSERT INTO",
-            args.stream
-        )))
+        crate::source::factory(
+            &args.stream,
+            args.options,
+            args.schema,
+            DEFAULT_CONNECT_TIMEOUT,
+        )
     }
 
     fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {

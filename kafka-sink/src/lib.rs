@@ -46,6 +46,7 @@ mod connector;
 mod encode;
 mod produce;
 mod progress_topic;
+mod source;
 mod transactional_sink;
 
 pub use connector::KafkaConnector;

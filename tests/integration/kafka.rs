@@ -183,3 +183,172 @@ async fn a_transaction_timeout_above_the_brokers_maximum_is_refused() {
         "{msg}"
     );
 }
+
+/// Produces `values` (key = index) to partition `partition % parts` in one
+/// transaction, committed or aborted.
+fn produce_txn(bootstrap: &str, topic: &str, values: &[String], parts: i32, commit: bool) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::ClientConfig;
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("transactional.id", fresh_topic("test-producer"))
+        .create()
+        .unwrap();
+    producer.init_transactions(Duration::from_secs(30)).unwrap();
+    producer.begin_transaction().unwrap();
+    for (i, v) in values.iter().enumerate() {
+        let key = i.to_string();
+        producer
+            .send(
+                BaseRecord::to(topic)
+                    .key(&key)
+                    .payload(v)
+                    .partition(i as i32 % parts),
+            )
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+    if commit {
+        producer
+            .commit_transaction(Duration::from_secs(30))
+            .unwrap();
+    } else {
+        producer.abort_transaction(Duration::from_secs(30)).unwrap();
+    }
+}
+
+fn json_rows(ids: std::ops::Range<i64>) -> Vec<String> {
+    ids.map(|i| format!("{{\"id\": {i}, \"name\": \"n{i}\"}}"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_to_kafka_reads_committed_records_once_with_virtual_columns() {
+    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
+        .await
+        .unwrap()
+        .unwrap();
+    let (input, output) = (fresh_topic("in"), fresh_topic("out"));
+    create_topic(&bootstrap, &input, 2).await.unwrap();
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    {
+        let b = bootstrap.clone();
+        let t = input.clone();
+        tokio::task::spawn_blocking(move || {
+            produce_txn(&b, &t, &json_rows(0..30), 2, true);
+            produce_txn(&b, &t, &json_rows(1000..1010), 2, false);
+            produce_txn(&b, &t, &json_rows(30..60), 2, true);
+        })
+        .await
+        .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let session = sluice::Session::new();
+    let sql = format!(
+        "SET 'checkpoint.location' = '{cp}';\n\
+         SET 'trigger' = 'available-now';\n\
+         CREATE STREAM src (id BIGINT, name VARCHAR) WITH (connector = 'kafka', topic = '{input}', \
+           'bootstrap.servers' = '{bootstrap}', 'max-records-per-epoch' = '16');\n\
+         CREATE STREAM dst WITH (connector = 'kafka', topic = '{output}', 'bootstrap.servers' = '{bootstrap}');\n\
+         INSERT INTO dst SELECT id, name, _key AS k, _partition AS p, _offset AS o FROM src WHERE id % 2 = 0;\n",
+        cp = dir.path().display()
+    );
+    let outcomes = session.sql(&sql).await.unwrap();
+    let query = outcomes
+        .into_iter()
+        .find_map(|o| match o {
+            sluice::StatementOutcome::Started(q) => Some(q),
+            _ => None,
+        })
+        .unwrap();
+    query.await_termination().await.unwrap();
+    assert!(
+        query.recent_progress().len() >= 4,
+        "max-records-per-epoch splits the input"
+    );
+
+    let records = read(&bootstrap, &output).await;
+    let mut rows: Vec<(i64, String, String, i64, i64)> = records
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            (
+                v["id"].as_i64().unwrap(),
+                v["name"].as_str().unwrap().to_string(),
+                v["k"].as_str().unwrap().to_string(),
+                v["p"].as_i64().unwrap(),
+                v["o"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    rows.sort_unstable();
+    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let want: Vec<i64> = (0..60).filter(|i| i % 2 == 0).collect();
+    assert_eq!(
+        ids, want,
+        "committed input exactly once, aborted input never"
+    );
+    // Virtual columns: the key and partition the producer chose.
+    for (id, name, key, partition, _) in &rows {
+        assert_eq!(name, &format!("n{id}"));
+        let index = if *id < 30 { *id } else { id - 30 };
+        assert_eq!(key, &index.to_string());
+        assert_eq!(*partition, index % 2);
+    }
+    // Offsets are the input's: distinct per partition.
+    let mut seen = std::collections::BTreeSet::new();
+    assert!(rows.iter().all(|r| seen.insert((r.3, r.4))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_record_is_named_by_topic_partition_offset_or_skipped() {
+    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
+        .await
+        .unwrap()
+        .unwrap();
+    let input = fresh_topic("bad-in");
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    let mut values = json_rows(0..5);
+    values.insert(3, "{\"id\": oops".to_string());
+    {
+        let (b, t) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || produce_txn(&b, &t, &values, 1, true))
+            .await
+            .unwrap();
+    }
+    let run = |on_error: &str| {
+        let (bootstrap, input, on_error) = (bootstrap.clone(), input.clone(), on_error.to_string());
+        async move {
+            let out = sluice::MemorySink::new();
+            let schema = crate::util::schema();
+            let query = Session::new()
+                .read_stream()
+                .format("kafka")
+                .option("topic", input)
+                .option("bootstrap.servers", bootstrap)
+                .option("format.on-error", on_error)
+                .schema(schema)
+                .load()
+                .unwrap()
+                .select(vec![col("id")])
+                .unwrap()
+                .write_stream()
+                .memory(&out)
+                .trigger(Trigger::AvailableNow)
+                .start()
+                .await
+                .unwrap();
+            (query.await_termination().await, out)
+        }
+    };
+    let (result, _) = run("fail").await;
+    let err = result.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("topic '{input}', partition 0, offset 3"))
+            && err.contains("malformed"),
+        "{err}"
+    );
+    let (result, out) = run("skip").await;
+    result.unwrap();
+    assert_eq!(crate::util::ints(&out.batches(), "id"), vec![0, 1, 2, 3, 4]);
+}

@@ -1,0 +1,595 @@
+//! The Kafka source: planned, replayable offset ranges read `read_committed`.
+//!
+//! Sluice assigns partitions itself (no consumer-group rebalancing). Each
+//! epoch plans, per partition, a range `[from, to)` with `to` at most the
+//! partition's last stable offset (and at most its share of
+//! `max-records-per-epoch`); the plan is the offset JSON
+//! `{"ranges": {"<partition>": [from, to]}}`, so replaying an epoch reads
+//! exactly the same records. The reader stops when its position reaches
+//! `to`, not after a count of records: transaction markers and aborted
+//! records take offsets without yielding rows.
+//!
+//! Rows are decoded column-at-a-time (arrow-json's decoder over all of an
+//! epoch's messages); only when that fails is each message decoded alone,
+//! to name the bad one (topic, partition, offset) or, with
+//! `format.on-error = 'skip'`, to drop it. Virtual columns `_key`, `_topic`,
+//! `_partition`, `_offset`, `_timestamp` follow the declared ones.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{
+    ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, TimestampNanosecondArray,
+};
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use datafusion::arrow::json::ReaderBuilder;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Message, Timestamp};
+use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use sluice_engine::{Offset, Options, Partitions, Result, SluiceError, Source, SourceFactory};
+
+/// Options of a Kafka source stream.
+pub(crate) const SOURCE_OPTIONS: &[&str] = &[
+    "topic",
+    "bootstrap.servers",
+    "format",
+    "scan.startup.mode",
+    "max-records-per-epoch",
+    "format.on-error",
+    "connect.timeout",
+    "kafka.*",
+];
+
+const VIRTUAL: &[&str] = &["_key", "_topic", "_partition", "_offset", "_timestamp"];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StartupMode {
+    Earliest,
+    Latest,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnError {
+    Fail,
+    Skip,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SourceFormat {
+    Json,
+    Raw,
+}
+
+#[derive(Debug, Clone)]
+struct SourceConfig {
+    stream: String,
+    topic: String,
+    bootstrap: String,
+    format: SourceFormat,
+    startup: StartupMode,
+    max_records: Option<u64>,
+    on_error: OnError,
+    connect_timeout: Duration,
+    passthrough: Vec<(String, String)>,
+    /// The declared (decoded) columns.
+    value_schema: SchemaRef,
+    /// Declared columns followed by the virtual ones.
+    schema: SchemaRef,
+}
+
+/// Builds the source factory from a stream's options.
+pub(crate) fn factory(
+    stream: &str,
+    mut o: Options,
+    declared: Option<SchemaRef>,
+    connect_timeout_default: Duration,
+) -> Result<Arc<dyn SourceFactory>> {
+    let topic = o.take_required("kafka", "topic", "bids")?;
+    let bootstrap = o.take_required("kafka", "bootstrap.servers", "localhost:9092")?;
+    let format = match o
+        .take_choice("format", &["json", "raw", "csv", "avro"])?
+        .as_deref()
+    {
+        None | Some("json") => SourceFormat::Json,
+        Some("raw") => SourceFormat::Raw,
+        Some(other) => {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': format '{other}' is not supported by the Kafka source yet; \
+                 use 'json' or 'raw'"
+            )))
+        }
+    };
+    let startup = match o
+        .take_choice(
+            "scan.startup.mode",
+            &["earliest", "latest", "timestamp", "offsets"],
+        )?
+        .as_deref()
+    {
+        None | Some("earliest") => StartupMode::Earliest,
+        Some("latest") => StartupMode::Latest,
+        Some(other) => {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': 'scan.startup.mode' = '{other}' is not supported yet; use \
+                 'earliest' or 'latest'"
+            )))
+        }
+    };
+    let max_records = o.take_parsed::<u64>("max-records-per-epoch", "a whole number of records")?;
+    let on_error = match o
+        .take_choice("format.on-error", &["fail", "skip", "dead-letter"])?
+        .as_deref()
+    {
+        None | Some("fail") => OnError::Fail,
+        Some("skip") => OnError::Skip,
+        Some(_) => {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': 'format.on-error' = 'dead-letter' is not supported yet; use \
+                 'fail' or 'skip'"
+            )))
+        }
+    };
+    let connect_timeout = o
+        .take_duration("connect.timeout")?
+        .unwrap_or(connect_timeout_default);
+    let passthrough = o.take_prefixed("kafka.");
+    o.finish("kafka", SOURCE_OPTIONS)?;
+    let value_schema = match (format, declared) {
+        (SourceFormat::Raw, None) => {
+            Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
+        }
+        (SourceFormat::Raw, Some(s)) => {
+            let ok = s.fields().len() == 1 && s.field(0).data_type() == &DataType::Utf8;
+            if !ok {
+                return Err(SluiceError::config(format!(
+                    "stream '{stream}': format 'raw' gives one VARCHAR column; declare \
+                     (value VARCHAR) or leave the columns out"
+                )));
+            }
+            s
+        }
+        (SourceFormat::Json, Some(s)) => s,
+        (SourceFormat::Json, None) => {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': a Kafka stream in format 'json' needs its columns declared: \
+                 CREATE STREAM {stream} (id BIGINT, ...) WITH (...)"
+            )))
+        }
+    };
+    if let Some(f) = value_schema
+        .fields()
+        .iter()
+        .find(|f| VIRTUAL.contains(&f.name().as_str()))
+    {
+        return Err(SluiceError::config(format!(
+            "stream '{stream}': column '{}' clashes with a virtual column of Kafka streams ({})",
+            f.name(),
+            VIRTUAL.join(", ")
+        )));
+    }
+    let mut fields: Vec<Field> = value_schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.extend([
+        Field::new("_key", DataType::Utf8, true),
+        Field::new("_topic", DataType::Utf8, false),
+        Field::new("_partition", DataType::Int32, false),
+        Field::new("_offset", DataType::Int64, false),
+        Field::new(
+            "_timestamp",
+            DataType::Timestamp(TimeUnit::Nanosecond, None),
+            true,
+        ),
+    ]);
+    Ok(Arc::new(KafkaSourceFactory(SourceConfig {
+        stream: stream.to_string(),
+        topic,
+        bootstrap,
+        format,
+        startup,
+        max_records,
+        on_error,
+        connect_timeout,
+        passthrough,
+        value_schema,
+        schema: Arc::new(Schema::new(fields)),
+    })))
+}
+
+#[derive(Debug)]
+struct KafkaSourceFactory(SourceConfig);
+
+impl SourceFactory for KafkaSourceFactory {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.0.schema)
+    }
+
+    fn create(&self) -> Result<Arc<dyn Source>> {
+        let c = &self.0;
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &c.bootstrap)
+            // Never used for offsets: Sluice plans them. librdkafka wants one.
+            .set(
+                "group.id",
+                format!("sluice-source-{}", uuid::Uuid::new_v4().simple()),
+            )
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set(
+                "socket.connection.setup.timeout.ms",
+                c.connect_timeout.as_millis().to_string(),
+            );
+        for (k, v) in &c.passthrough {
+            config.set(k, v);
+        }
+        let consumer: BaseConsumer = config.create().map_err(|e| {
+            SluiceError::config(format!(
+                "stream '{}': invalid consumer setting: {e}",
+                c.stream
+            ))
+        })?;
+        Ok(Arc::new(KafkaSource(Arc::new(SourceInner {
+            config: c.clone(),
+            consumer: Mutex::new(consumer),
+            initial: Mutex::new(BTreeMap::new()),
+            cap: Mutex::new(None),
+        }))))
+    }
+
+    fn describe(&self) -> String {
+        format!("kafka(topic={}, read_committed)", self.0.topic)
+    }
+}
+
+/// `{"ranges": {"<partition>": [from, to]}}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct PlannedRanges {
+    ranges: BTreeMap<i32, (i64, i64)>,
+}
+
+fn parse(offset: &Offset) -> Result<PlannedRanges> {
+    serde_json::from_value(offset.clone())
+        .map_err(|e| SluiceError::Internal(format!("kafka source offset {offset}: {e}")))
+}
+
+#[derive(Debug)]
+struct KafkaSource(Arc<SourceInner>);
+
+struct SourceInner {
+    config: SourceConfig,
+    consumer: Mutex<BaseConsumer>,
+    /// Where partitions without a position start, fixed on first sight so
+    /// that `latest` is resolved once per run.
+    initial: Mutex<BTreeMap<i32, i64>>,
+    /// Per-partition end offsets when prepared for available-now.
+    cap: Mutex<Option<BTreeMap<i32, i64>>>,
+}
+
+impl std::fmt::Debug for SourceInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("topic", &self.config.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SourceInner {
+    fn unreachable(&self, what: &str, e: impl std::fmt::Display) -> SluiceError {
+        SluiceError::External {
+            what: format!(
+                "kafka source '{}', brokers '{}'",
+                self.config.stream, self.config.bootstrap
+            ),
+            message: format!("{what}: {e}"),
+            hint: Some(format!(
+                "check that Kafka runs there (for a local one: scripts/kafka start) and that \
+                 'bootstrap.servers' is right; the wait is set by 'connect.timeout' (now {:?})",
+                self.config.connect_timeout
+            )),
+        }
+    }
+
+    /// Each partition's `(low watermark, last stable offset)`.
+    fn watermarks(&self) -> Result<BTreeMap<i32, (i64, i64)>> {
+        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
+        let timeout = self.config.connect_timeout;
+        let metadata = consumer
+            .fetch_metadata(Some(&self.config.topic), timeout)
+            .map_err(|e| self.unreachable("fetching metadata", e))?;
+        let topic = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == self.config.topic)
+            .ok_or_else(|| {
+                self.unreachable("fetching metadata", "topic missing from the answer")
+            })?;
+        if let Some(e) = topic.error() {
+            return Err(SluiceError::External {
+                what: format!(
+                    "kafka source '{}', topic '{}'",
+                    self.config.stream, self.config.topic
+                ),
+                message: format!("{e:?}"),
+                hint: Some("create the topic, or fix 'topic'".into()),
+            });
+        }
+        let mut out = BTreeMap::new();
+        for p in topic.partitions() {
+            let (low, high) = consumer
+                .fetch_watermarks(&self.config.topic, p.id(), timeout)
+                .map_err(|e| self.unreachable("fetching offsets", e))?;
+            out.insert(p.id(), (low, high));
+        }
+        Ok(out)
+    }
+
+    fn plan(&self, start: Option<PlannedRanges>) -> Result<Option<PlannedRanges>> {
+        let marks = self.watermarks()?;
+        let cap = self.cap.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut initial = self.initial.lock().unwrap_or_else(|p| p.into_inner());
+        let positions: BTreeMap<i32, i64> = start
+            .map(|s| s.ranges.into_iter().map(|(p, (_, to))| (p, to)).collect())
+            .unwrap_or_default();
+        let with_data = marks.len().max(1) as u64;
+        let share = self
+            .config
+            .max_records
+            .map(|m| (m / with_data).max(1) as i64);
+        let mut ranges = BTreeMap::new();
+        let mut any = false;
+        for (&p, &(low, high)) in &marks {
+            let from =
+                match positions.get(&p) {
+                    Some(&pos) => pos.max(low),
+                    // New partitions after the start are read from their
+                    // beginning; the first plan applies the startup mode.
+                    None => *initial.entry(p).or_insert(
+                        match (self.config.startup, positions.is_empty()) {
+                            (StartupMode::Latest, true) => high,
+                            _ => low,
+                        },
+                    ),
+                };
+            let mut to = high.max(from);
+            if let Some(share) = share {
+                to = to.min(from + share);
+            }
+            if let Some(c) = cap.as_ref().and_then(|c| c.get(&p)) {
+                to = to.min(*c).max(from);
+            }
+            any |= to > from;
+            ranges.insert(p, (from, to));
+        }
+        Ok(any.then_some(PlannedRanges { ranges }))
+    }
+
+    /// Reads every range of `plan`; one partition of rows per Kafka partition.
+    fn read(&self, plan: &PlannedRanges) -> Result<Partitions> {
+        let wanted: Vec<(i32, i64, i64)> = plan
+            .ranges
+            .iter()
+            .filter(|(_, (from, to))| to > from)
+            .map(|(p, (from, to))| (*p, *from, *to))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut assignment = TopicPartitionList::new();
+        for (p, from, _) in &wanted {
+            assignment
+                .add_partition_offset(&self.config.topic, *p, KafkaOffset::Offset(*from))
+                .map_err(|e| self.unreachable("assigning partitions", e))?;
+        }
+        consumer
+            .assign(&assignment)
+            .map_err(|e| self.unreachable("assigning partitions", e))?;
+        let mut messages: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
+        let mut last_progress = Instant::now();
+        loop {
+            let done = wanted
+                .iter()
+                .all(|(p, _, to)| position(&consumer, &self.config.topic, *p) >= *to);
+            if done {
+                break;
+            }
+            if last_progress.elapsed() > self.config.connect_timeout {
+                return Err(self.unreachable(
+                    "reading",
+                    format!("no progress for {:?}", self.config.connect_timeout),
+                ));
+            }
+            match consumer.poll(Duration::from_millis(100)) {
+                None => {}
+                Some(Err(e)) => return Err(self.unreachable("reading", e)),
+                Some(Ok(m)) => {
+                    last_progress = Instant::now();
+                    let in_range = wanted.iter().any(|(p, from, to)| {
+                        *p == m.partition() && m.offset() >= *from && m.offset() < *to
+                    });
+                    if in_range {
+                        messages.entry(m.partition()).or_default().push(Record {
+                            key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                            value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                            offset: m.offset(),
+                            timestamp_ms: match m.timestamp() {
+                                Timestamp::NotAvailable => None,
+                                Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
+                            },
+                        });
+                    }
+                }
+            }
+        }
+        let _ = consumer.unassign();
+        drop(consumer);
+        messages
+            .into_iter()
+            .map(|(p, records)| Ok(vec![self.decode(p, &records)?]))
+            .collect()
+    }
+
+    fn decode(&self, partition: i32, records: &[Record]) -> Result<RecordBatch> {
+        let values = match self.decode_all(records) {
+            Ok(batch) if batch.num_rows() == records.len() => (batch, records.to_vec()),
+            // Name the bad record, or drop it: decode one at a time.
+            _ => self.decode_each(partition, records)?,
+        };
+        let (batch, kept) = values;
+        let topic = self.config.topic.as_str();
+        let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+        columns.push(Arc::new(StringArray::from_iter(
+            kept.iter().map(|r| r.key.as_deref()),
+        )));
+        columns.push(Arc::new(StringArray::from_iter_values(
+            kept.iter().map(|_| topic),
+        )));
+        columns.push(Arc::new(Int32Array::from_iter_values(
+            kept.iter().map(|_| partition),
+        )));
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            kept.iter().map(|r| r.offset),
+        )));
+        columns.push(Arc::new(TimestampNanosecondArray::from_iter(
+            kept.iter().map(|r| r.timestamp_ms.map(|t| t * 1_000_000)),
+        )));
+        Ok(RecordBatch::try_new(
+            Arc::clone(&self.config.schema),
+            columns,
+        )?)
+    }
+
+    /// All records at once: the fast path.
+    fn decode_all(&self, records: &[Record]) -> Result<RecordBatch> {
+        match self.config.format {
+            SourceFormat::Raw => {
+                let values = records
+                    .iter()
+                    .map(|r| std::str::from_utf8(&r.value).map(Some))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| SluiceError::Internal(e.to_string()))?;
+                Ok(RecordBatch::try_new(
+                    Arc::clone(&self.config.value_schema),
+                    vec![Arc::new(StringArray::from(values))],
+                )?)
+            }
+            SourceFormat::Json => {
+                let mut decoder = ReaderBuilder::new(Arc::clone(&self.config.value_schema))
+                    .with_batch_size(records.len().max(1))
+                    .build_decoder()?;
+                for r in records {
+                    if r.value.iter().all(u8::is_ascii_whitespace) {
+                        return Err(SluiceError::Internal("empty record".into()));
+                    }
+                    decoder.decode(&r.value)?;
+                    decoder.decode(b"\n")?;
+                }
+                Ok(decoder.flush()?.unwrap_or_else(|| {
+                    RecordBatch::new_empty(Arc::clone(&self.config.value_schema))
+                }))
+            }
+        }
+    }
+
+    /// One record at a time: names the bad one, or skips it.
+    fn decode_each(
+        &self,
+        partition: i32,
+        records: &[Record],
+    ) -> Result<(RecordBatch, Vec<Record>)> {
+        let mut batches = Vec::new();
+        let mut kept = Vec::new();
+        for r in records {
+            match self.decode_all(std::slice::from_ref(r)) {
+                Ok(b) if b.num_rows() == 1 => {
+                    batches.push(b);
+                    kept.push(r.clone());
+                }
+                other => {
+                    let problem = match other {
+                        Ok(b) => format!("the record holds {} rows, not one", b.num_rows()),
+                        Err(e) => e.to_string(),
+                    };
+                    match self.config.on_error {
+                        OnError::Skip => {
+                            tracing::warn!(topic = %self.config.topic, partition, offset = r.offset, %problem, "skipping a malformed record");
+                        }
+                        OnError::Fail => return Err(SluiceError::External {
+                            what: format!(
+                                "kafka source '{}': topic '{}', partition {partition}, offset {}",
+                                self.config.stream, self.config.topic, r.offset
+                            ),
+                            message: format!("malformed record: {problem}"),
+                            hint: Some(
+                                "fix the producer, or set 'format.on-error' = 'skip' to drop \
+                                     such records"
+                                    .into(),
+                            ),
+                        }),
+                    }
+                }
+            }
+        }
+        Ok((concat_batches(&self.config.value_schema, &batches)?, kept))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    key: Option<String>,
+    value: Vec<u8>,
+    offset: i64,
+    timestamp_ms: Option<i64>,
+}
+
+fn position(consumer: &BaseConsumer, topic: &str, partition: i32) -> i64 {
+    let Ok(positions) = consumer.position() else {
+        return -1;
+    };
+    match positions
+        .find_partition(topic, partition)
+        .map(|tp| tp.offset())
+    {
+        Some(KafkaOffset::Offset(o)) => o,
+        _ => -1,
+    }
+}
+
+#[async_trait]
+impl Source for KafkaSource {
+    async fn latest_offset(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
+        let start = start.map(parse).transpose()?;
+        let inner = Arc::clone(&self.0);
+        let plan = tokio::task::spawn_blocking(move || inner.plan(start))
+            .await
+            .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))??;
+        plan.map(|p| serde_json::to_value(p).map_err(|e| SluiceError::Internal(e.to_string())))
+            .transpose()
+    }
+
+    async fn read(&self, _start: Option<&Offset>, end: &Offset) -> Result<Partitions> {
+        let plan = parse(end)?;
+        let inner = Arc::clone(&self.0);
+        tokio::task::spawn_blocking(move || inner.read(&plan))
+            .await
+            .map_err(|e| SluiceError::Internal(format!("kafka read task: {e}")))?
+    }
+
+    async fn prepare_available_now(&self) -> Result<()> {
+        let inner = Arc::clone(&self.0);
+        let marks = tokio::task::spawn_blocking(move || inner.watermarks())
+            .await
+            .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))??;
+        *self.0.cap.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(marks.into_iter().map(|(p, (_, high))| (p, high)).collect());
+        Ok(())
+    }
+}
