@@ -71,6 +71,20 @@ pub struct CommitRecord {
     pub committed_at_ms: i64,
     /// Rows the epoch wrote to the sink.
     pub output_rows: u64,
+    /// Operator state files staged for the epoch (paths relative to the
+    /// checkpoint); recovery loads exactly these.
+    #[serde(default)]
+    pub state_files: Vec<String>,
+}
+
+/// An epoch as a sink commits it: its plan and the state files staged for
+/// it. The transactional Kafka sink puts this in its progress record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpochCommit {
+    /// The epoch's number and source ranges.
+    pub plan: OffsetRecord,
+    /// Operator state files staged for the epoch.
+    pub state_files: Vec<String>,
 }
 
 /// A query's checkpoint directory.
@@ -178,6 +192,54 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Stages operator `op`'s state after `epoch`, written by run `run`:
+    /// `state/<op>/<epoch>.<run>.snapshot`. Returns the path relative to the
+    /// checkpoint, for the commit record.
+    pub(crate) fn write_state(
+        &self,
+        op: &str,
+        epoch: u64,
+        run: &str,
+        bytes: &[u8],
+    ) -> Result<String> {
+        let relative = format!("state/{op}/{epoch}.{run}.snapshot");
+        let path = self.dir.join(&relative);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)
+                .map_err(|e| SluiceError::io(format!("creating {}", parent.display()), e))?;
+        }
+        write_bytes(&path, bytes)?;
+        Ok(relative)
+    }
+
+    /// Reads a state file a commit record names.
+    pub(crate) fn read_state(&self, relative: &str) -> Result<Vec<u8>> {
+        read_bytes(&self.dir.join(relative))
+    }
+
+    /// Deletes state files of epochs before `keep_from` (any run).
+    pub(crate) fn purge_state(&self, keep_from: u64) -> Result<()> {
+        let root = self.dir.join("state");
+        let Ok(ops) = fs::read_dir(&root) else {
+            return Ok(());
+        };
+        for op in ops.flatten() {
+            let Ok(files) = fs::read_dir(op.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let name = f.file_name().to_string_lossy().into_owned();
+                let epoch = name.split('.').next().and_then(|e| e.parse::<u64>().ok());
+                if epoch.is_some_and(|e| e < keep_from) {
+                    let p = f.path();
+                    fs::remove_file(&p)
+                        .map_err(|e| SluiceError::io(format!("removing {}", p.display()), e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn epoch_path(&self, sub: &str, epoch: u64) -> PathBuf {
         self.dir.join(sub).join(epoch.to_string())
     }
@@ -217,9 +279,14 @@ fn latest_epoch(dir: &Path) -> Result<Option<u64>> {
 pub(crate) fn write_file<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let payload = serde_json::to_vec_pretty(value)
         .map_err(|e| SluiceError::Internal(format!("serialising {}: {e}", path.display())))?;
+    write_bytes(path, &payload)
+}
+
+/// Writes `payload` behind a checksummed header, atomically.
+fn write_bytes(path: &Path, payload: &[u8]) -> Result<()> {
     let header = format!(
         "{MAGIC} {FORMAT_VERSION} {:08x} {}\n",
-        crc32fast::hash(&payload),
+        crc32fast::hash(payload),
         payload.len()
     );
     let dir = path
@@ -236,7 +303,7 @@ pub(crate) fn write_file<T: Serialize>(path: &Path, value: &T) -> Result<()> {
     let io = |e| SluiceError::io(format!("writing {}", tmp.display()), e);
     let mut f = fs::File::create(&tmp).map_err(io)?;
     f.write_all(header.as_bytes()).map_err(io)?;
-    f.write_all(&payload).map_err(io)?;
+    f.write_all(payload).map_err(io)?;
     f.sync_all().map_err(io)?;
     drop(f);
     fs::rename(&tmp, path).map_err(|e| {
@@ -254,6 +321,17 @@ pub(crate) fn write_file<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 
 /// Reads a file written by [`write_file`], verifying header and checksum.
 pub(crate) fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T> {
+    let payload = read_bytes(path)?;
+    serde_json::from_slice(&payload).map_err(|e| {
+        SluiceError::checkpoint(
+            path,
+            format!("unreadable content: {e}; the checkpoint is damaged"),
+        )
+    })
+}
+
+/// Reads a file written by [`write_bytes`], verifying header and checksum.
+fn read_bytes(path: &Path) -> Result<Vec<u8>> {
     let bytes =
         fs::read(path).map_err(|e| SluiceError::io(format!("reading {}", path.display()), e))?;
     let corrupt = |reason: String| {
@@ -304,7 +382,7 @@ pub(crate) fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T> {
     if crc32fast::hash(payload) != crc {
         return Err(corrupt("checksum mismatch".into()));
     }
-    serde_json::from_slice(payload).map_err(|e| corrupt(format!("unreadable content: {e}")))
+    Ok(payload.to_vec())
 }
 
 #[cfg(test)]
@@ -321,6 +399,7 @@ mod tests {
                 epoch,
                 committed_at_ms: 0,
                 output_rows: epoch,
+                state_files: Vec::new(),
             })
             .unwrap();
         }
@@ -342,6 +421,7 @@ mod tests {
             epoch: 1,
             committed_at_ms: 5,
             output_rows: 7,
+            state_files: Vec::new(),
         })
         .unwrap();
         let path = dir.path().join("commits/1");

@@ -21,10 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::execution::SessionState;
 use datafusion::physical_plan::collect_partitioned;
 
-use crate::checkpoint::{Checkpoint, CommitRecord, OffsetRecord, SourceRange};
+use crate::aggregate::AggregateOperator;
+use crate::checkpoint::{Checkpoint, CommitRecord, EpochCommit, OffsetRecord, SourceRange};
 use crate::error::{Result, SluiceError};
 use crate::fail_point::fail_point;
 use crate::planner::IncrementalPlan;
@@ -48,7 +48,6 @@ const IDLE_POLL: Duration = Duration::from_millis(10);
 pub(crate) struct EpochLoop {
     pub shared: Arc<QueryShared>,
     pub plan: IncrementalPlan,
-    pub state: SessionState,
     pub sink: Arc<dyn Sink>,
     pub sink_description: String,
     pub checkpoint: Checkpoint,
@@ -56,6 +55,8 @@ pub(crate) struct EpochLoop {
     pub temp_dir: Option<tempfile::TempDir>,
     pub trigger: Trigger,
     pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
+    /// The query's GROUP BY, when it has one.
+    pub aggregate: Option<AggregateOperator>,
 }
 
 impl EpochLoop {
@@ -182,26 +183,39 @@ impl EpochLoop {
     /// planned-but-uncommitted epoch to re-run, if any. Runs after the sink
     /// is open and before the loop is spawned, so a damaged checkpoint fails
     /// the query's start.
-    pub(crate) async fn recover(&self) -> Result<Recovered> {
+    pub(crate) async fn recover(&mut self) -> Result<Recovered> {
         let cp = &self.checkpoint;
         let local = cp.latest_commit_epoch()?;
-        // The committed epoch's plan: from the sink's own record when it
-        // keeps one (a zombie may have rewritten offsets/ on disk; the sink's
-        // record is what was committed), else from the checkpoint.
-        let committed_plan = match self.sink.committed_epoch().await? {
+        // The committed epoch's plan and state files: from the sink's own
+        // record when it keeps one (a zombie may have rewritten offsets/ on
+        // disk; the sink's record is what was committed), else from the
+        // checkpoint.
+        let committed_epoch = match self.sink.committed_epoch().await? {
             CommittedEpoch::NotRecorded => match local {
                 Some(c) => {
-                    // Read (and so verify) the commit record itself.
-                    cp.read_commit(c)?;
-                    Some(cp.read_offsets(c)?)
+                    let commit = cp.read_commit(c)?;
+                    Some(EpochCommit {
+                        plan: cp.read_offsets(c)?,
+                        state_files: commit.state_files,
+                    })
                 }
                 None => None,
             },
-            CommittedEpoch::Recorded(plan) => {
-                self.reconcile(local, plan.as_ref().map(|p| p.epoch))?;
-                plan
+            CommittedEpoch::Recorded(commit) => {
+                self.reconcile(local, commit.as_ref())?;
+                commit
             }
         };
+        if let (Some(op), Some(commit)) = (&mut self.aggregate, &committed_epoch) {
+            if let Some(file) = commit.state_files.first() {
+                let bytes = self.checkpoint.read_state(file)?;
+                op.restore(&self.plan.state, &bytes).await.map_err(|e| {
+                    SluiceError::checkpoint(self.checkpoint.dir().join(file), e.to_string())
+                })?;
+            }
+        }
+        let cp = &self.checkpoint;
+        let committed_plan = committed_epoch.map(|c| c.plan);
         let committed = committed_plan.as_ref().map(|p| p.epoch);
         let planned = cp.latest_offsets_epoch()?;
         let mut positions = BTreeMap::new();
@@ -243,8 +257,9 @@ impl EpochLoop {
     /// crash right after the Kafka commit) is promoted; `commits/` ahead of
     /// the sink cannot happen unless the sink's record was lost, which is
     /// an error, never a silent reset.
-    fn reconcile(&self, local: Option<u64>, decided: Option<u64>) -> Result<()> {
+    fn reconcile(&self, local: Option<u64>, commit: Option<&EpochCommit>) -> Result<()> {
         let cp = &self.checkpoint;
+        let decided = commit.map(|c| c.plan.epoch);
         if local > decided {
             return Err(SluiceError::checkpoint(
                 cp.dir().join("commits"),
@@ -258,7 +273,8 @@ impl EpochLoop {
                 ),
             ));
         }
-        if let Some(d) = decided {
+        if let Some(c) = commit {
+            let d = c.plan.epoch;
             for epoch in local.map_or(1, |l| l + 1)..=d {
                 tracing::info!(
                     epoch,
@@ -268,6 +284,11 @@ impl EpochLoop {
                     epoch,
                     committed_at_ms: chrono::Utc::now().timestamp_millis(),
                     output_rows: 0,
+                    state_files: if epoch == d {
+                        c.state_files.clone()
+                    } else {
+                        Vec::new()
+                    },
                 })?;
             }
         }
@@ -325,7 +346,7 @@ impl EpochLoop {
     }
 
     async fn run_epoch(
-        &self,
+        &mut self,
         record: &OffsetRecord,
         plan_ms: f64,
         epoch_start: Instant,
@@ -363,28 +384,61 @@ impl EpochLoop {
         let read_ms = ms(t.elapsed());
 
         let t = Instant::now();
-        let physical = self.state.create_physical_plan(&self.plan.logical).await?;
-        let output: Vec<RecordBatch> = collect_partitioned(physical, self.state.task_ctx())
-            .await?
-            .into_iter()
-            .flatten()
-            .filter(|b| b.num_rows() > 0)
-            .collect();
+        let output: Vec<RecordBatch> = match &mut self.aggregate {
+            Some(op) => op.run_epoch(&self.plan.state).await?,
+            None => {
+                let physical = self
+                    .plan
+                    .state
+                    .create_physical_plan(&self.plan.logical)
+                    .await?;
+                collect_partitioned(physical, self.plan.state.task_ctx())
+                    .await?
+                    .into_iter()
+                    .flatten()
+                    .filter(|b| b.num_rows() > 0)
+                    .collect()
+            }
+        };
         for input in &self.plan.inputs {
             input.table.set_input(Vec::new());
         }
         let compute_ms = ms(t.elapsed());
 
+        // Stage the state durably before the commit, so the commit can name
+        // it (DESIGN §6 step 3).
+        let t = Instant::now();
+        let mut state_files = Vec::new();
+        let (mut state_rows, mut state_bytes) = (0, 0);
+        if let Some(op) = &self.aggregate {
+            if let Some(bytes) = op.snapshot()? {
+                state_files.push(self.checkpoint.write_state(
+                    "aggregate",
+                    epoch,
+                    &self.shared.run_id,
+                    &bytes,
+                )?);
+            }
+            (state_rows, state_bytes) = op.state_size();
+        }
+        let state_ms = ms(t.elapsed());
+
         let t = Instant::now();
         let output_rows: u64 = output.iter().map(|b| b.num_rows() as u64).sum();
-        self.sink.write_epoch(record, &output).await?;
+        let commit = EpochCommit {
+            plan: record.clone(),
+            state_files,
+        };
+        self.sink.write_epoch(&commit, &output).await?;
         fail_point("before-commit-record", epoch);
         self.checkpoint.write_commit(&CommitRecord {
             epoch,
             committed_at_ms: chrono::Utc::now().timestamp_millis(),
             output_rows,
+            state_files: commit.state_files,
         })?;
         self.checkpoint.purge(epoch, RETAIN_EPOCHS)?;
+        self.checkpoint.purge_state(epoch)?;
         let commit_ms = ms(t.elapsed());
 
         let total = epoch_start.elapsed();
@@ -412,12 +466,12 @@ impl EpochLoop {
                 plan: plan_ms,
                 read: read_ms,
                 compute: compute_ms,
-                state: 0.0,
+                state: state_ms,
                 commit: commit_ms,
                 total: ms(total),
             },
-            state_rows: 0,
-            state_bytes: 0,
+            state_rows,
+            state_bytes,
             watermark: None,
             late_rows: 0,
             sources,

@@ -9,6 +9,7 @@ use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::Expr;
 
+use crate::aggregate::AggregateOperator;
 use crate::checkpoint::Checkpoint;
 use crate::connector::SinkArgs;
 use crate::epoch::EpochLoop;
@@ -91,6 +92,13 @@ impl StreamFrame {
     /// Expands list columns into one row per element.
     pub fn unnest_columns(self, columns: &[&str]) -> Result<Self> {
         self.map(|df| df.unnest_columns(columns))
+    }
+
+    /// Groups by `group_by` and computes `aggregates` per group (Spark's
+    /// `groupBy(..).agg(..)`), incrementally across epochs: any DataFusion
+    /// aggregate function works.
+    pub fn aggregate(self, group_by: Vec<Expr>, aggregates: Vec<Expr>) -> Result<Self> {
+        self.map(|df| df.aggregate(group_by, aggregates))
     }
 
     /// Rows of both frames (UNION ALL).
@@ -201,16 +209,12 @@ impl DataStreamWriter {
         self
     }
 
-    fn mode(&self) -> OutputMode {
-        self.output_mode.unwrap_or_default()
-    }
-
     fn plan(&self) -> Result<IncrementalPlan> {
         planner::plan_query(
             &self.frame.session.context().state(),
             &self.frame.session.connectors(),
             self.frame.logical_plan(),
-            self.mode(),
+            self.output_mode,
         )
     }
 
@@ -222,7 +226,7 @@ impl DataStreamWriter {
             SinkChoice::Connector(c) => c.clone(),
             SinkChoice::Instance(s) => s.describe(),
         };
-        Ok(planner::explain(&plan, self.mode(), &sink))
+        Ok(planner::explain(&plan, &sink))
     }
 
     /// Plans the query, opens its checkpoint and sink, and starts its epoch
@@ -231,7 +235,9 @@ impl DataStreamWriter {
     pub async fn start(self) -> Result<StreamingQuery> {
         let session = self.frame.session.clone();
         let plan = self.plan()?;
-        let mode = self.mode();
+        let mut plan = plan;
+        let mode = plan.mode;
+        let aggregate = plan.aggregate.take().map(AggregateOperator::new);
         let name = self
             .name
             .clone()
@@ -287,7 +293,7 @@ impl DataStreamWriter {
         let epochs = EpochLoop {
             shared: Arc::clone(&shared),
             plan,
-            state: session.context().state(),
+            aggregate,
             sink_description: sink.describe(),
             sink,
             checkpoint,
@@ -295,6 +301,7 @@ impl DataStreamWriter {
             trigger: self.trigger,
             listeners: session.listeners(),
         };
+        let mut epochs = epochs;
         let recovered = epochs.recover().await?;
         shared.set_task(tokio::spawn(epochs.run(recovered)));
         let query = StreamingQuery::new(shared);

@@ -41,6 +41,7 @@
 //! # Ok(()) }
 //! ```
 
+mod aggregate;
 mod checkpoint;
 mod connector;
 mod epoch;
@@ -54,11 +55,12 @@ mod query;
 mod session;
 mod sink;
 mod source;
+mod state;
 mod table;
 mod trigger;
 
 pub use checkpoint::{
-    Checkpoint, CommitRecord, Metadata, OffsetRecord, SourceRange, FORMAT_VERSION,
+    Checkpoint, CommitRecord, EpochCommit, Metadata, OffsetRecord, SourceRange, FORMAT_VERSION,
 };
 pub use connector::{Connector, ConnectorRegistry, SinkArgs, SourceArgs};
 pub use error::{Result, SluiceError};

@@ -16,13 +16,14 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::execution::SessionState;
-use datafusion::logical_expr::{LogicalPlan, TableScan};
+use datafusion::execution::{SessionState, SessionStateBuilder};
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableScan};
 
+use crate::aggregate::AggregateConfig;
 use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
 use crate::source::Source;
-use crate::table::{as_stream_table, StreamTable};
+use crate::table::{as_stream_table, OperatorOutput, StreamTable};
 use crate::trigger::OutputMode;
 
 /// One stream scan of a running query.
@@ -47,16 +48,37 @@ pub(crate) struct IncrementalPlan {
     pub inputs: Vec<Input>,
     /// The output schema.
     pub output_schema: SchemaRef,
+    /// The output mode: the one asked for, or the one derived.
+    pub mode: OutputMode,
+    /// The GROUP BY, when the query has one; `logical` is then unused.
+    pub aggregate: Option<AggregateConfig>,
+    /// The session state epochs are planned with.
+    pub state: SessionState,
 }
 
-/// Checks that `plan` can run incrementally in `mode`, and binds it.
+/// Optimizer rules that would take an aggregation apart in ways the
+/// incremental operator cannot follow: rewriting `count(DISTINCT x)` into
+/// two nested aggregations would keep only the inner one's state.
+const UNSUPPORTED_RULES: &[&str] = &["single_distinct_aggregation_to_group_by"];
+
+/// Checks that `plan` can run incrementally in `mode` (derived when
+/// `None`), and binds it.
 pub(crate) fn plan_query(
     state: &SessionState,
     registry: &ConnectorRegistry,
     plan: &LogicalPlan,
-    mode: OutputMode,
+    mode: Option<OutputMode>,
 ) -> Result<IncrementalPlan> {
-    check_incremental(plan, mode)?;
+    let mode = check_incremental(plan, mode)?;
+    let rules = state
+        .optimizers()
+        .iter()
+        .filter(|r| !UNSUPPORTED_RULES.contains(&r.name()))
+        .cloned()
+        .collect();
+    let state = SessionStateBuilder::new_from_existing(state.clone())
+        .with_optimizer_rules(rules)
+        .build();
     let default_partitions = state.config().target_partitions();
     let mut inputs = Vec::new();
     let bound = plan
@@ -96,11 +118,65 @@ pub(crate) fn plan_query(
     }
     let logical = state.optimize(&bound)?;
     let output_schema = Arc::new(logical.schema().as_arrow().clone());
+    let aggregate = split_aggregate(&logical, mode)?;
     Ok(IncrementalPlan {
         logical,
         inputs,
         output_schema,
+        mode,
+        aggregate,
+        state,
     })
+}
+
+/// Splits `plan` at its `Aggregate`: the aggregate itself, and the tail
+/// after it reading the aggregate's values from an [`OperatorOutput`].
+fn split_aggregate(plan: &LogicalPlan, mode: OutputMode) -> Result<Option<AggregateConfig>> {
+    let mut found = None;
+    plan.apply(|node| {
+        if let LogicalPlan::Aggregate(_) = node {
+            found = Some(node.clone());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let Some(aggregate) = found else {
+        return Ok(None);
+    };
+    let schema = aggregate.schema();
+    let output = Arc::new(OperatorOutput::new(Arc::new(schema.as_arrow().clone())));
+    let scan = LogicalPlanBuilder::scan(
+        "__sluice_aggregate",
+        provider_as_source(Arc::clone(&output) as Arc<dyn datafusion::catalog::TableProvider>),
+        None,
+    )?
+    .build()?;
+    // Give the columns back their original qualifiers, so the tail's
+    // expressions resolve as they did against the Aggregate.
+    let exprs: Vec<Expr> = schema
+        .iter()
+        .zip(scan.schema().columns())
+        .map(|((qualifier, field), column)| {
+            Expr::Column(column).alias_qualified(qualifier.cloned(), field.name())
+        })
+        .collect();
+    let replacement = LogicalPlanBuilder::from(scan).project(exprs)?.build()?;
+    let tail = plan
+        .clone()
+        .transform_up(|node| {
+            if matches!(node, LogicalPlan::Aggregate(_)) {
+                Ok(Transformed::yes(replacement.clone()))
+            } else {
+                Ok(Transformed::no(node))
+            }
+        })?
+        .data;
+    Ok(Some(AggregateConfig {
+        aggregate,
+        tail,
+        output,
+        mode,
+    }))
 }
 
 /// Our own errors travel through DataFusion's tree walk wrapped as
@@ -119,9 +195,11 @@ fn unwrap_external(e: datafusion::error::DataFusionError) -> SluiceError {
     }
 }
 
-/// Rejects what cannot run incrementally, saying why and what would work.
-fn check_incremental(plan: &LogicalPlan, mode: OutputMode) -> Result<()> {
+/// Rejects what cannot run incrementally, saying why and what would work;
+/// returns the output mode (the one asked for, else the one derived).
+fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<OutputMode> {
     let mut problem = None;
+    let mut aggregates = 0;
     plan.apply(|node| {
         let what = match node {
             LogicalPlan::Projection(_)
@@ -142,10 +220,28 @@ fn check_incremental(plan: &LogicalPlan, mode: OutputMode) -> Result<()> {
                     )
                 })
             }
-            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some(
-                "aggregates across epochs (GROUP BY / DISTINCT / aggregate functions), which needs \
-                 the stateful aggregation operator; this version runs stateless queries only \
-                 (projection, filter, scalar functions, UDFs, unnest, UNION ALL)"
+            LogicalPlan::Aggregate(agg) => {
+                aggregates += 1;
+                if aggregates > 1 {
+                    Some(
+                        "aggregates an aggregation (or counts DISTINCT next to other \
+                         aggregates); one GROUP BY per query is supported: write the inner one \
+                         to a stream and aggregate that"
+                            .to_string(),
+                    )
+                } else if agg
+                    .group_expr
+                    .iter()
+                    .any(|e| matches!(e, Expr::GroupingSet(_)))
+                {
+                    Some("uses GROUPING SETS / CUBE / ROLLUP, which is not supported".to_string())
+                } else {
+                    None
+                }
+            }
+            LogicalPlan::Distinct(_) => Some(
+                "uses SELECT DISTINCT, which needs the deduplication operator, not available yet; \
+                 GROUP BY the columns instead to get one row per distinct value (update mode)"
                     .to_string(),
             ),
             LogicalPlan::Join(_) => Some(
@@ -170,7 +266,12 @@ fn check_incremental(plan: &LogicalPlan, mode: OutputMode) -> Result<()> {
             ),
             other => Some(format!(
                 "uses {}, which cannot run incrementally",
-                other.display().to_string().split(':').next().unwrap_or("this operator")
+                other
+                    .display()
+                    .to_string()
+                    .split(':')
+                    .next()
+                    .unwrap_or("this operator")
             )),
         };
         if let Some(w) = what {
@@ -184,30 +285,57 @@ fn check_incremental(plan: &LogicalPlan, mode: OutputMode) -> Result<()> {
             "this query cannot run on a stream: it {p}"
         )));
     }
-    if mode == OutputMode::Complete {
-        return Err(SluiceError::plan(
+    match (aggregates, mode) {
+        (0, Some(OutputMode::Complete)) => Err(SluiceError::plan(
             "output mode 'complete' needs an aggregation (it re-emits the whole result table); \
              this query is stateless: use 'append'",
-        ));
+        )),
+        (0, m) => Ok(m.unwrap_or(OutputMode::Append)),
+        (_, Some(OutputMode::Append)) => Err(SluiceError::plan(
+            "output mode 'append' emits only rows that never change, but a GROUP BY without an \
+             event-time window changes its rows every epoch: use 'update' (emit the groups that \
+             changed; the default) or 'complete' (emit the whole result every epoch)",
+        )),
+        (_, m) => Ok(m.unwrap_or(OutputMode::Update)),
     }
-    Ok(())
 }
 
 /// The incremental plan as text, for `EXPLAIN` and `sluice explain`.
-pub(crate) fn explain(plan: &IncrementalPlan, mode: OutputMode, sink: &str) -> String {
+pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
     let mut out = String::new();
-    out.push_str(&format!("output mode: {mode}\n"));
+    out.push_str(&format!("output mode: {}\n", plan.mode));
     out.push_str(&format!("sink: {sink}\n"));
     out.push_str("sources:\n");
     for i in &plan.inputs {
         out.push_str(&format!("  {}\n", i.description));
     }
-    out.push_str("stateful operators: none\n");
-    out.push_str("stateless segment (runs over each epoch's batches):\n");
-    for line in plan.logical.display_indent().to_string().lines() {
-        out.push_str("  ");
-        out.push_str(line);
-        out.push('\n');
+    let indent = |out: &mut String, p: &LogicalPlan| {
+        for line in p.display_indent().to_string().lines() {
+            out.push_str("    ");
+            out.push_str(line);
+            out.push('\n');
+        }
+    };
+    match &plan.aggregate {
+        None => {
+            out.push_str("stateful operators: none\n");
+            out.push_str("stateless segment (runs over each epoch's batches):\n");
+            indent(&mut out, &plan.logical);
+        }
+        Some(agg) => {
+            if let LogicalPlan::Aggregate(a) = &agg.aggregate {
+                let keys: Vec<String> = a.group_expr.iter().map(|e| e.to_string()).collect();
+                out.push_str(&format!(
+                    "stateful operators:\n  aggregate (Partial -> PartialReduce with stored \
+                     states -> Final), state keyed by [{}]\n",
+                    keys.join(", ")
+                ));
+            }
+            out.push_str("aggregate and the stateless segment under it (per epoch):\n");
+            indent(&mut out, &agg.aggregate);
+            out.push_str("stateless segment after it:\n");
+            indent(&mut out, &agg.tail);
+        }
     }
     out
 }

@@ -143,13 +143,66 @@ impl TableProvider for StreamTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let input = Arc::clone(&self.input.lock().unwrap_or_else(|p| p.into_inner()));
-        let partitions: &[Vec<_>] = if input.is_empty() { &[vec![]] } else { &input };
-        Ok(MemorySourceConfig::try_new_exec(
-            partitions,
-            Arc::clone(&self.schema),
-            projection.cloned(),
-        )?)
+        scan_slot(&self.input, &self.schema, projection)
+    }
+}
+
+/// Scans the batches in `slot`: what every per-epoch table returns.
+fn scan_slot(
+    slot: &Mutex<Arc<Partitions>>,
+    schema: &SchemaRef,
+    projection: Option<&Vec<usize>>,
+) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+    let input = Arc::clone(&slot.lock().unwrap_or_else(|p| p.into_inner()));
+    let partitions: &[Vec<_>] = if input.is_empty() { &[vec![]] } else { &input };
+    Ok(MemorySourceConfig::try_new_exec(
+        partitions,
+        Arc::clone(schema),
+        projection.cloned(),
+    )?)
+}
+
+/// A stateful operator's output as a table, so the stateless part of the
+/// query after the operator (projection, HAVING) is planned by DataFusion
+/// like the part before it.
+#[derive(Debug)]
+pub(crate) struct OperatorOutput {
+    schema: SchemaRef,
+    input: Mutex<Arc<Partitions>>,
+}
+
+impl OperatorOutput {
+    pub(crate) fn new(schema: SchemaRef) -> Self {
+        Self {
+            schema,
+            input: Mutex::default(),
+        }
+    }
+
+    /// Sets the batches the next physical plan over this table reads.
+    pub(crate) fn set_input(&self, partitions: Partitions) {
+        *self.input.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(partitions);
+    }
+}
+
+#[async_trait]
+impl TableProvider for OperatorOutput {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Temporary
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn DfSession,
+        projection: Option<&Vec<usize>>,
+        _filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        scan_slot(&self.input, &self.schema, projection)
     }
 }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 use rdkafka::producer::{Producer, ThreadedProducer};
-use sluice_engine::{OffsetRecord, Result, Sink, SluiceError};
+use sluice_engine::{EpochCommit, Result, Sink, SluiceError};
 
 use crate::produce::{create_producer, flush, DeliveryTracker, SinkConfig};
 
@@ -67,12 +67,12 @@ impl Sink for AtLeastOnceSink {
         .map_err(|e| SluiceError::Internal(format!("metadata task: {e}")))?
     }
 
-    async fn write_epoch(&self, epoch: &OffsetRecord, batches: &[RecordBatch]) -> Result<()> {
+    async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
         if batches.is_empty() {
             return Ok(());
         }
         let inner = Arc::clone(&self.0);
-        let (epoch, batches) = (epoch.epoch, batches.to_vec());
+        let (epoch, batches) = (epoch.plan.epoch, batches.to_vec());
         // Producing and flushing block; keep them off the async reactor.
         tokio::task::spawn_blocking(move || inner.write(epoch, &batches))
             .await

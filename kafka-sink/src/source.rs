@@ -522,18 +522,20 @@ impl SourceInner {
                         OnError::Skip => {
                             tracing::warn!(topic = %self.config.topic, partition, offset = r.offset, %problem, "skipping a malformed record");
                         }
-                        OnError::Fail => return Err(SluiceError::External {
-                            what: format!(
+                        OnError::Fail => {
+                            return Err(SluiceError::External {
+                                what: format!(
                                 "kafka source '{}': topic '{}', partition {partition}, offset {}",
                                 self.config.stream, self.config.topic, r.offset
                             ),
-                            message: format!("malformed record: {problem}"),
-                            hint: Some(
-                                "fix the producer, or set 'format.on-error' = 'skip' to drop \
+                                message: format!("malformed record: {problem}"),
+                                hint: Some(
+                                    "fix the producer, or set 'format.on-error' = 'skip' to drop \
                                      such records"
-                                    .into(),
-                            ),
-                        }),
+                                        .into(),
+                                ),
+                            })
+                        }
                     }
                 }
             }

@@ -47,7 +47,9 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
-use sluice_engine::{fail_point, CommittedEpoch, OffsetRecord, Result, Sink, SluiceError};
+use sluice_engine::{
+    fail_point, CommittedEpoch, EpochCommit, OffsetRecord, Result, Sink, SluiceError,
+};
 
 use crate::produce::{create_producer, send, DeliveryTracker, SinkConfig};
 use crate::progress_topic::{self, ProgressRecord};
@@ -178,13 +180,13 @@ impl Inner {
 
     /// Produces epoch `record.epoch` and its progress record in one
     /// transaction and commits it.
-    fn commit_epoch(&self, record: &OffsetRecord, batches: &[RecordBatch]) -> Result<()> {
-        let epoch = record.epoch;
+    fn commit_epoch(&self, commit: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
+        let epoch = commit.plan.epoch;
         let progress = ProgressRecord {
             query_id: self.config.query_id.clone(),
             epoch,
-            sources: record.sources.clone(),
-            state_files: Vec::new(),
+            sources: commit.plan.sources.clone(),
+            state_files: commit.state_files.clone(),
             watermark: None,
             committed_at_ms: now_ms(),
         };
@@ -303,16 +305,19 @@ impl Sink for TransactionalSink {
         })
         .await
         .map_err(|e| SluiceError::Internal(format!("recovery task: {e}")))??;
-        Ok(CommittedEpoch::Recorded(last.map(|r| OffsetRecord {
-            epoch: r.epoch,
-            planned_at_ms: r.committed_at_ms,
-            sources: r.sources,
+        Ok(CommittedEpoch::Recorded(last.map(|r| EpochCommit {
+            plan: OffsetRecord {
+                epoch: r.epoch,
+                planned_at_ms: r.committed_at_ms,
+                sources: r.sources,
+            },
+            state_files: r.state_files,
         })))
     }
 
-    async fn write_epoch(&self, record: &OffsetRecord, batches: &[RecordBatch]) -> Result<()> {
+    async fn write_epoch(&self, commit: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
         let inner = Arc::clone(&self.0);
-        let (record, batches) = (record.clone(), batches.to_vec());
+        let (record, batches) = (commit.clone(), batches.to_vec());
         // An epoch without output still commits its progress record, so the
         // next restart does not redo it.
         tokio::task::spawn_blocking(move || inner.commit_epoch(&record, &batches))

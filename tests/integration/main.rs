@@ -1,6 +1,7 @@
 //! End-to-end tests: one binary, one module per area, so the build stays
 //! small. Kafka tests run against a real broker started by `scripts/kafka`.
 
+mod aggregate;
 mod cli;
 mod engine;
 mod exactly_once;

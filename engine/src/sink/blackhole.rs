@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::Sink;
-use crate::checkpoint::OffsetRecord;
+use crate::checkpoint::EpochCommit;
 use crate::connector::{Connector, SinkArgs};
 use crate::error::Result;
 
@@ -34,7 +34,7 @@ struct Blackhole;
 
 #[async_trait]
 impl Sink for Blackhole {
-    async fn write_epoch(&self, _epoch: &OffsetRecord, _batches: &[RecordBatch]) -> Result<()> {
+    async fn write_epoch(&self, _epoch: &EpochCommit, _batches: &[RecordBatch]) -> Result<()> {
         Ok(())
     }
 

@@ -8,7 +8,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 
 use super::Sink;
-use crate::checkpoint::OffsetRecord;
+use crate::checkpoint::EpochCommit;
 use crate::connector::{Connector, SinkArgs};
 use crate::error::{Result, SluiceError};
 
@@ -45,8 +45,8 @@ struct Console {
 
 #[async_trait]
 impl Sink for Console {
-    async fn write_epoch(&self, epoch: &OffsetRecord, batches: &[RecordBatch]) -> Result<()> {
-        let epoch = epoch.epoch;
+    async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
+        let epoch = epoch.plan.epoch;
         let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
         let mut shown = Vec::new();
         let mut left = self.num_rows;

@@ -9,7 +9,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
 use super::Sink;
-use crate::checkpoint::OffsetRecord;
+use crate::checkpoint::EpochCommit;
 use crate::error::Result;
 
 /// Output collected per epoch. An epoch written twice (replayed after a
@@ -70,8 +70,8 @@ impl MemorySink {
 
 #[async_trait]
 impl Sink for MemorySink {
-    async fn write_epoch(&self, epoch: &OffsetRecord, batches: &[RecordBatch]) -> Result<()> {
-        let epoch = epoch.epoch;
+    async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
+        let epoch = epoch.plan.epoch;
         self.lock().entry(epoch).or_insert_with(|| batches.to_vec());
         Ok(())
     }

@@ -12,7 +12,7 @@ use std::fmt::Debug;
 use async_trait::async_trait;
 use datafusion::arrow::record_batch::RecordBatch;
 
-use crate::checkpoint::OffsetRecord;
+use crate::checkpoint::EpochCommit;
 use crate::error::Result;
 
 mod blackhole;
@@ -32,7 +32,7 @@ pub enum CommittedEpoch {
     /// progress topic): the plan (number and source ranges) of the last
     /// epoch it committed, `None` if none. The engine trusts it over
     /// `commits/` and `offsets/`.
-    Recorded(Option<OffsetRecord>),
+    Recorded(Option<EpochCommit>),
 }
 
 /// A running query's output.
@@ -55,7 +55,7 @@ pub trait Sink: Send + Sync + Debug {
     /// source ranges) and returns once it is durable in the sink (for
     /// Kafka: acknowledged or committed). MUST NOT return `Ok` before that:
     /// the engine marks the epoch committed right after.
-    async fn write_epoch(&self, epoch: &OffsetRecord, batches: &[RecordBatch]) -> Result<()>;
+    async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()>;
 
     /// Whether the query needs a checkpoint location to run with this sink.
     /// Default `true`; sinks whose output does not outlive the process
