@@ -1,11 +1,14 @@
--- The seed pipeline: Spark's rate source (5 rows/s) → a projection → the
--- Kafka topic `updates`, one epoch per second.
+-- The seed pipeline: Spark's rate source (5 rows/s) → a GROUP BY in update
+-- mode → the Kafka topic `updates`, exactly once, one epoch per second.
+-- Each epoch emits the buckets that changed, keyed by bucket: the topic is
+-- an upsert stream a read_committed consumer sees each update of once.
 --
 --   sluice run examples/seed.sql      (Ctrl-C stops it cleanly)
 --   sluice demo                       (starts Kafka, runs this, shows the output)
 
 SET 'checkpoint.location' = './checkpoints/seed';
 SET 'trigger.interval' = '1 second';
+SET 'output.mode' = 'update';
 
 CREATE STREAM ticks WITH (connector = 'rate', 'rows_per_second' = '5');
 
@@ -13,10 +16,11 @@ CREATE STREAM updates WITH (
     connector = 'kafka',
     topic = 'updates',
     'bootstrap.servers' = 'localhost:9092',
-    format = 'json'
+    format = 'json',
+    'key.fields' = 'bucket'
 );
 
 INSERT INTO updates
-SELECT value, timestamp, value % 10 AS bucket, value * 2 AS doubled
+SELECT value % 4 AS bucket, count(*) AS ticks, sum(value) AS total, max(timestamp) AS last_tick
 FROM ticks
-WHERE value % 3 <> 0;
+GROUP BY value % 4;

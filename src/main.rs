@@ -360,8 +360,13 @@ async fn demo(duration: Duration) -> Result<(), Failure> {
         new.len()
     );
     for r in &new {
+        let key = r
+            .key
+            .as_deref()
+            .map(String::from_utf8_lossy)
+            .unwrap_or_default();
         println!(
-            "  partition {} offset {:>6}  {}",
+            "  partition {} offset {:>6}  key {key:<14} {}",
             r.partition,
             r.offset,
             r.value_str()
