@@ -16,8 +16,7 @@ CREATE STREAM updates WITH (
     connector = 'kafka',
     topic = 'updates',
     'bootstrap.servers' = 'localhost:9092',
-    format = 'json',
-    'key.fields' = 'bucket'
+    format = 'json'          -- update mode: messages are keyed by the group key, bucket
 );
 
 INSERT INTO updates

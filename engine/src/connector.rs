@@ -44,6 +44,9 @@ pub struct SinkArgs {
     pub query_id: String,
     /// The query's name.
     pub query_name: String,
+    /// Output columns that carry the GROUP BY key unchanged, when all of
+    /// them do: an upsert sink's natural key. Empty otherwise.
+    pub key_columns: Vec<String>,
 }
 
 /// A named kind of source and/or sink.

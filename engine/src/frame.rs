@@ -268,6 +268,7 @@ impl DataStreamWriter {
                 output_mode: mode,
                 query_id: query_id.clone(),
                 query_name: name.clone(),
+                key_columns: plan.key_columns.clone(),
             })?,
         };
         let (checkpoint, temp_dir) = match checkpoint {

@@ -54,6 +54,9 @@ pub(crate) struct IncrementalPlan {
     pub aggregate: Option<AggregateConfig>,
     /// The session state epochs are planned with.
     pub state: SessionState,
+    /// Output columns carrying the whole GROUP BY key (see
+    /// [`crate::SinkArgs::key_columns`]).
+    pub key_columns: Vec<String>,
 }
 
 /// Optimizer rules that would take an aggregation apart in ways the
@@ -119,7 +122,12 @@ pub(crate) fn plan_query(
     let logical = state.optimize(&bound)?;
     let output_schema = Arc::new(logical.schema().as_arrow().clone());
     let aggregate = split_aggregate(&logical, mode)?;
+    let key_columns = aggregate
+        .as_ref()
+        .map(group_key_columns)
+        .unwrap_or_default();
     Ok(IncrementalPlan {
+        key_columns,
         logical,
         inputs,
         output_schema,
@@ -127,6 +135,40 @@ pub(crate) fn plan_query(
         aggregate,
         state,
     })
+}
+
+/// The output columns that pass the group key through unchanged, if every
+/// key column is among them.
+fn group_key_columns(agg: &AggregateConfig) -> Vec<String> {
+    let LogicalPlan::Aggregate(a) = &agg.aggregate else {
+        return Vec::new();
+    };
+    let keys: Vec<String> = a
+        .schema
+        .fields()
+        .iter()
+        .take(a.group_expr.len())
+        .map(|f| f.name().clone())
+        .collect();
+    let LogicalPlan::Projection(top) = &agg.tail else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for (expr, field) in top.expr.iter().zip(top.schema.fields()) {
+        // The tail reads the aggregate through an aliasing projection, so a
+        // passed-through key is a column (maybe aliased) named like a key.
+        if let Expr::Column(c) = expr.clone().unalias_nested().data {
+            if keys.contains(&c.name) {
+                found.push((c.name, field.name().clone()));
+            }
+        }
+    }
+    let covered: std::collections::BTreeSet<&String> = found.iter().map(|(k, _)| k).collect();
+    if covered.len() == keys.len() {
+        found.into_iter().map(|(_, out)| out).collect()
+    } else {
+        Vec::new()
+    }
 }
 
 /// Splits `plan` at its `Aggregate`: the aggregate itself, and the tail

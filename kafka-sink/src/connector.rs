@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::arrow::datatypes::SchemaRef;
-use sluice_engine::{Connector, Result, Sink, SinkArgs, SluiceError, SourceArgs, SourceFactory};
+use sluice_engine::{
+    Connector, OutputMode, Result, Sink, SinkArgs, SluiceError, SourceArgs, SourceFactory,
+};
 
 use crate::at_least_once::AtLeastOnceSink;
 use crate::encode::{columns, Format};
@@ -77,9 +79,14 @@ impl Connector for KafkaConnector {
         let progress_topic = o
             .take("progress.topic")
             .unwrap_or_else(|| format!("sluice-progress.{}", args.query_id));
+        // An update stream is keyed by its group key unless told otherwise,
+        // so the topic is a valid compacted upsert stream.
         let key_fields = match o.take("key.fields") {
-            None => Vec::new(),
             Some(list) => key_indices(&list, &args.schema)?,
+            None if args.output_mode != OutputMode::Append && !args.key_columns.is_empty() => {
+                key_indices(&args.key_columns.join(","), &args.schema)?
+            }
+            None => Vec::new(),
         };
         let passthrough = o.take_prefixed("kafka.");
         o.finish("kafka", SINK_OPTIONS)?;

@@ -352,3 +352,64 @@ async fn a_malformed_record_is_named_by_topic_partition_offset_or_skipped() {
     result.unwrap();
     assert_eq!(crate::util::ints(&out.batches(), "id"), vec![0, 1, 2, 3, 4]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_stream_is_keyed_by_its_group_key_by_default() {
+    use sluice::datafusion::functions_aggregate::expr_fn::count;
+    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
+        .await
+        .unwrap()
+        .unwrap();
+    let topic = fresh_topic("upsert");
+    let dir = tempfile::tempdir().unwrap();
+    let input = MemoryStream::new(schema());
+    input.add_batch(batch(0..10)).unwrap();
+    input.add_batch(batch(10..13)).unwrap();
+    let query = Session::new()
+        .read_stream()
+        .memory(&input)
+        .unwrap()
+        .aggregate(
+            vec![(col("id") % lit(3)).alias("bucket")],
+            vec![count(lit(1)).alias("n")],
+        )
+        .unwrap()
+        .write_stream()
+        .format("kafka")
+        .option("topic", &topic)
+        .option("bootstrap.servers", &bootstrap)
+        .checkpoint_location(dir.path())
+        .trigger(Trigger::AvailableNow)
+        .start()
+        .await
+        .unwrap();
+    query.await_termination().await.unwrap();
+    let records = read(&bootstrap, &topic).await;
+    let got: Vec<(String, String)> = records
+        .iter()
+        .map(|r| {
+            (
+                String::from_utf8_lossy(r.key.as_deref().unwrap()).into_owned(),
+                r.value_str(),
+            )
+        })
+        .collect();
+    // Available-now reads both batches in one epoch: one update per bucket.
+    assert_eq!(got.len(), 3, "{got:?}");
+    for (key, value) in &got {
+        let v: serde_json::Value = serde_json::from_str(value).unwrap();
+        assert_eq!(key, &format!("{{\"bucket\":{}}}", v["bucket"]));
+    }
+    let last: std::collections::BTreeMap<String, i64> = got
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                serde_json::from_str::<serde_json::Value>(v).unwrap()["n"]
+                    .as_i64()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(last.values().copied().collect::<Vec<_>>(), vec![5, 4, 4]);
+}

@@ -1,0 +1,150 @@
+//! What the benchmarks share: arguments, collecting progress, statistics.
+
+#![allow(dead_code)] // each bench uses its own subset
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sluice::{QueryProgress, Session, StreamFrame, StreamingQueryListener, Trigger};
+
+/// `--rows-per-second R --epochs N --warmup W --partitions P --keys K`.
+pub struct Args {
+    pub rows_per_second: u64,
+    pub epochs: usize,
+    pub warmup: usize,
+    pub partitions: usize,
+    pub keys: u64,
+}
+
+pub fn args() -> Args {
+    let mut a = Args {
+        rows_per_second: 4_000_000,
+        epochs: 20,
+        warmup: 3,
+        partitions: 2,
+        keys: 100_000,
+    };
+    let argv: Vec<String> = std::env::args().collect();
+    let mut i = 1;
+    while i < argv.len() {
+        let value = argv.get(i + 1).and_then(|v| v.parse::<u64>().ok());
+        match (argv[i].as_str(), value) {
+            ("--rows-per-second", Some(v)) => a.rows_per_second = v,
+            ("--epochs", Some(v)) => a.epochs = v as usize,
+            ("--warmup", Some(v)) => a.warmup = v as usize,
+            ("--partitions", Some(v)) => a.partitions = v as usize,
+            ("--keys", Some(v)) => a.keys = v,
+            _ => {
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    a
+}
+
+#[derive(Default)]
+struct Collect(Mutex<Vec<QueryProgress>>);
+
+impl StreamingQueryListener for Collect {
+    fn on_query_progress(&self, p: &QueryProgress) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(p.clone());
+    }
+}
+
+/// A session planning with `partitions` partitions.
+pub fn session(partitions: usize) -> Session {
+    use sluice::datafusion::prelude::{SessionConfig, SessionContext};
+    Session::with_context(SessionContext::new_with_config(
+        SessionConfig::new().with_target_partitions(partitions),
+    ))
+}
+
+/// The rate source the benchmarks read.
+pub fn rate(session: &Session, a: &Args) -> sluice::Result<StreamFrame> {
+    session
+        .read_stream()
+        .format("rate")
+        .option("rows_per_second", a.rows_per_second.to_string())
+        .option("num_partitions", a.partitions.to_string())
+        .load()
+}
+
+/// Runs `frame` into the blackhole with 1 s epochs for warm-up + measured
+/// epochs; returns the measured epochs' progress.
+pub async fn run(
+    session: &Session,
+    frame: StreamFrame,
+    a: &Args,
+    configure: impl FnOnce(sluice::DataStreamWriter) -> sluice::DataStreamWriter,
+) -> Result<Vec<QueryProgress>, Box<dyn std::error::Error>> {
+    let collect = Arc::new(Collect::default());
+    session.add_listener(collect.clone());
+    let writer = frame
+        .write_stream()
+        .format("blackhole")
+        .trigger(Trigger::ProcessingTime(Duration::from_secs(1)));
+    let query = configure(writer).start().await?;
+    let wanted = a.warmup + a.epochs;
+    let count = || collect.0.lock().unwrap_or_else(|e| e.into_inner()).len();
+    let mut last = 0;
+    while count() < wanted {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let n = count();
+        if n != last {
+            eprint!("\rsluice: epoch {n}/{wanted}");
+            last = n;
+        }
+        if !query.is_active() {
+            return Err(format!("query stopped: {:?}", query.exception()).into());
+        }
+    }
+    eprintln!();
+    query.stop().await?;
+    let all = collect.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    Ok(all.into_iter().skip(a.warmup).take(a.epochs).collect())
+}
+
+pub fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// The `p` quantile (0..=1) of sorted values, nearest rank.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The fields every benchmark reports, from the measured epochs.
+pub fn report(progress: &[QueryProgress]) -> serde_json::Value {
+    let of = |f: fn(&QueryProgress) -> f64| sorted(progress.iter().map(f).collect());
+    let rates = of(|p| p.processed_rows_per_second);
+    let totals = of(|p| p.duration_ms.total);
+    serde_json::json!({
+        "engine": "sluice",
+        "sluice_version": env!("CARGO_PKG_VERSION"),
+        "epochs": progress.len(),
+        "median_rows_per_s": percentile(&rates, 0.5),
+        "p10": percentile(&rates, 0.1),
+        "p90": percentile(&rates, 0.9),
+        "median_epoch_ms": percentile(&totals, 0.5),
+        "p99_epoch_ms": percentile(&totals, 0.99),
+        "median_input_rows": percentile(&of(|p| p.num_input_rows as f64), 0.5),
+        "median_phase_ms": {
+            "plan": percentile(&of(|p| p.duration_ms.plan), 0.5),
+            "read": percentile(&of(|p| p.duration_ms.read), 0.5),
+            "compute": percentile(&of(|p| p.duration_ms.compute), 0.5),
+            "state": percentile(&of(|p| p.duration_ms.state), 0.5),
+            "commit": percentile(&of(|p| p.duration_ms.commit), 0.5),
+        },
+        "median_state_rows": percentile(&of(|p| p.state_rows as f64), 0.5),
+        "median_state_bytes": percentile(&of(|p| p.state_bytes as f64), 0.5),
+    })
+}

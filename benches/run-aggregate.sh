@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Side-by-side stateful aggregation benchmark: Sluice vs Spark Structured Streaming.
+#
+# Pipeline on both sides: rate source (R rows/s, 2 partitions)
+#   -> GROUP BY value % K AS k: count(*) AS n, max(timestamp) AS last
+#   -> update output mode, discarding sink, 1 s processing-time trigger.
+# State: one row per key (K rows); Spark uses its default HDFS-backed state
+# store with a checkpoint under /tmp, 2 shuffle partitions.
+# Metric: median over N measured epochs of numInputRows / epoch execution time,
+# plus median and p99 epoch execution time.
+#
+# Env:
+#   R       target rows per second                 (default 4000000)
+#   N       measured epochs per run                (default 20)
+#   K       distinct grouping keys                 (default 100000)
+#   WARMUP  Spark warm-up epochs discarded         (default 5)
+#   ROUNDS  alternating sluice/spark rounds        (default 2)
+#   OUT     directory for raw JSON + logs          (default target/bench-results/aggregate-<time>)
+#   SLUICE_CACHE  where the Spark venv lives       (default ~/.cache/sluice)
+#
+# Each side prints a JSON object as the last line of stdout with
+# "engine", "median_rows_per_s", "median_epoch_ms" and "p99_epoch_ms"; this
+# script collects them and prints a Markdown table to stdout (progress goes to
+# stderr).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+R="${R:-4000000}"
+N="${N:-20}"
+K="${K:-100000}"
+WARMUP="${WARMUP:-5}"
+ROUNDS="${ROUNDS:-2}"
+OUT="${OUT:-$ROOT/target/bench-results/aggregate-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+
+log() { echo "[run-aggregate] $*" >&2; }
+
+# Last line of a file that parses as a JSON object, or fail loudly.
+last_json() {
+  python3 - "$1" <<'PY'
+import json, sys
+lines = [l for l in open(sys.argv[1]).read().splitlines() if l.strip()]
+if not lines:
+    sys.exit(f"{sys.argv[1]}: no output")
+obj = json.loads(lines[-1])
+assert isinstance(obj, dict) and "median_rows_per_s" in obj, obj
+print(json.dumps(obj))
+PY
+}
+
+log "setting up Spark"
+SPARK_PY="$(bash "$ROOT/benches/spark/setup.sh" | tail -n 1)"
+
+log "building the Sluice bench (not timed)"
+cargo bench --bench aggregate --no-run >&2
+
+run_sluice() {
+  local i="$1" f="$OUT/sluice-$1"
+  log "round $i: sluice (R=$R N=$N K=$K)"
+  cargo bench --bench aggregate -- --rows-per-second "$R" --epochs "$N" --keys "$K" \
+      >"$f.out" 2>"$f.err" \
+    || { tail -n 30 "$f.err" >&2; log "sluice run $i failed"; exit 1; }
+  last_json "$f.out" >"$f.json"
+}
+
+run_spark() {
+  local i="$1" f="$OUT/spark-$1"
+  log "round $i: spark (R=$R N=$N K=$K warmup=$WARMUP)"
+  "$SPARK_PY" "$ROOT/benches/spark/aggregate.py" \
+      --rows-per-second "$R" --epochs "$N" --warmup "$WARMUP" --keys "$K" \
+      >"$f.out" 2>"$f.err" \
+    || { tail -n 30 "$f.err" >&2; log "spark run $i failed"; exit 1; }
+  last_json "$f.out" >"$f.json"
+}
+
+# Alternate so that background noise on this shared machine hits both sides.
+for i in $(seq 1 "$ROUNDS"); do
+  run_sluice "$i"
+  run_spark "$i"
+done
+
+python3 - "$OUT" "$ROUNDS" "$R" "$N" "$K" <<'PY'
+import json, os, statistics, sys
+out, rounds, r, n, k = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+load = lambda name: json.load(open(os.path.join(out, name)))
+rows = []
+for i in range(1, rounds + 1):
+    rows.append((i, load(f"sluice-{i}.json"), load(f"spark-{i}.json")))
+
+def fmt(x):
+    return f"{x / 1e6:,.2f} M" if x is not None else "n/a"
+
+def ms(d, key="median_epoch_ms"):
+    v = d.get(key)
+    return f"{v:,.0f}" if v is not None else "n/a"
+
+def num(d, key):
+    v = d.get(key)
+    return f"{v:,.0f}" if v is not None else "n/a"
+
+spark_ver = rows[0][2].get("spark_version", "?")
+print(f"### Stateful aggregation (GROUP BY value % {k:,}: count, max(timestamp)), "
+      f"R = {r:,} rows/s, {n} measured epochs, Spark {spark_ver}\n")
+print("| round | Sluice rows/s | Sluice epoch ms | Sluice p99 ms "
+      "| Spark rows/s | Spark epoch ms | Spark p99 ms | Sluice / Spark |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for i, s, sp in rows:
+    a, b = s["median_rows_per_s"], sp["median_rows_per_s"]
+    print(f"| {i} | {fmt(a)} | {ms(s)} | {ms(s, 'p99_epoch_ms')} "
+          f"| {fmt(b)} | {ms(sp)} | {ms(sp, 'p99_epoch_ms')} | {a / b:.2f}x |")
+sa = statistics.median(s["median_rows_per_s"] for _, s, _ in rows)
+sb = statistics.median(sp["median_rows_per_s"] for _, _, sp in rows)
+print(f"| **median** | **{fmt(sa)}** | | | **{fmt(sb)}** | | | **{sa / sb:.2f}x** |")
+print()
+for i, s, sp in rows:
+    print(f"- round {i}: rows/epoch sluice {num(s, 'median_input_rows')}, "
+          f"spark {num(sp, 'median_input_rows')}; "
+          f"state rows sluice {num(s, 'median_state_rows')}, "
+          f"spark {num(sp, 'median_state_rows')}")
+print(f"\nrows/s = numInputRows / epoch execution time, median over epochs; "
+      f"p99 = 99th percentile of epoch execution time; raw JSON in {out}")
+PY
