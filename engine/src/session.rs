@@ -324,9 +324,10 @@ impl DataStreamReader {
                 self.session.connectors().names().join(", ")
             ))
         })?;
-        let n = self.session.next_number();
+        // Named after its connector: the name keys the source's offsets in
+        // the checkpoint, so it must be the same when the query restarts.
         let def = StreamDefinition {
-            name: format!("{connector_name}_{n}"),
+            name: connector_name.clone(),
             connector: connector_name.clone(),
             options: self.options,
             schema: self.schema,
@@ -338,9 +339,8 @@ impl DataStreamReader {
 
     /// Reads a [`MemoryStream`] (tests).
     pub fn memory(self, stream: &MemoryStream) -> Result<StreamFrame> {
-        let n = self.session.next_number();
         let def = StreamDefinition {
-            name: format!("memory_{n}"),
+            name: "memory".into(),
             connector: "memory".into(),
             options: Options::new(),
             schema: Some(stream.schema()),
