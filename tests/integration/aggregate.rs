@@ -12,17 +12,7 @@ use sluice::datafusion::functions_aggregate::expr_fn::{
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session};
 
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % below
-    }
-}
+use crate::util::Lcg;
 
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![

@@ -8,20 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::util::Lcg;
 use sluice::broker::{create_topic, ensure_broker, fresh_topic, read_topic, ReadRecord};
-
-/// A small deterministic generator (no dependency, fixed seed in CI).
-struct Lcg(u64);
-
-impl Lcg {
-    fn next(&mut self, below: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % below
-    }
-}
 
 /// `files` JSON files of `rows` rows each: ids `file * rows ..`.
 fn write_input(dir: &Path, files: usize, rows: usize) {
@@ -136,6 +124,34 @@ impl Pipeline {
     }
 }
 
+/// Starts the pipeline and SIGKILLs it at a random moment, 25 times, then
+/// lets it run to the end of its input.
+fn kill_until_done(p: &Pipeline, seed: u64) {
+    let mut rng = Lcg(seed);
+    let mut kills = 0;
+    loop {
+        let mut child = p.spawn("available-now", None);
+        if kills < 25 {
+            std::thread::sleep(Duration::from_millis(150 + rng.next(400)));
+            if child.try_wait().unwrap().is_none() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+                continue;
+            }
+        }
+        let status = wait(&mut child, Duration::from_secs(120));
+        assert!(
+            status.success(),
+            "the pipeline failed: {}",
+            stderr_of(&mut child)
+        );
+        if kills >= 25 {
+            return;
+        }
+    }
+}
+
 fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let deadline = Instant::now() + limit;
     loop {
@@ -185,26 +201,7 @@ async fn stateless_output_is_exact_after_kill_9_at_random_moments() {
 
     // Then SIGKILL at random moments, restarting each time, until the run
     // ends by itself.
-    let mut rng = Lcg(0x5eed);
-    let mut kills = 0;
-    loop {
-        let mut child = p.spawn("available-now", None);
-        if kills < 25 {
-            std::thread::sleep(Duration::from_millis(150 + rng.next(400)));
-            if child.try_wait().unwrap().is_none() {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
-                kills += 1;
-                continue;
-            }
-        }
-        let status = wait(&mut child, Duration::from_secs(120));
-        let err = stderr_of(&mut child);
-        assert!(status.success(), "the pipeline failed: {err}");
-        if kills >= 25 {
-            break;
-        }
-    }
+    kill_until_done(&p, 0x5eed);
 
     let committed: Vec<String> = p
         .read(true)
@@ -312,29 +309,7 @@ async fn group_by_update_output_is_exact_after_kill_9_at_random_moments() {
             stderr_of(&mut child)
         );
     }
-    let mut rng = Lcg(0xa66);
-    let mut kills = 0;
-    loop {
-        let mut child = p.spawn("available-now", None);
-        if kills < 25 {
-            std::thread::sleep(Duration::from_millis(150 + rng.next(400)));
-            if child.try_wait().unwrap().is_none() {
-                child.kill().unwrap();
-                child.wait().unwrap();
-                kills += 1;
-                continue;
-            }
-        }
-        let status = wait(&mut child, Duration::from_secs(120));
-        assert!(
-            status.success(),
-            "the pipeline failed: {}",
-            stderr_of(&mut child)
-        );
-        if kills >= 25 {
-            break;
-        }
-    }
+    kill_until_done(&p, 0xa66);
     let committed: Vec<String> = p
         .read(true)
         .await

@@ -42,3 +42,17 @@ pub fn ints(batches: &[RecordBatch], name: &str) -> Vec<i64> {
         })
         .collect()
 }
+
+/// A small deterministic generator: no dependency, a fixed seed in CI.
+pub struct Lcg(pub u64);
+
+impl Lcg {
+    /// A number in `0..below`.
+    pub fn next(&mut self, below: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % below
+    }
+}
