@@ -27,7 +27,7 @@ use datafusion::physical_plan::{collect, ExecutionPlan};
 
 use crate::error::{Result, SluiceError};
 use crate::state::KeyedState;
-use crate::table::OperatorOutput;
+use crate::table::EpochBatches;
 use crate::trigger::OutputMode;
 
 /// What does not change while the query runs.
@@ -38,7 +38,7 @@ pub(crate) struct AggregateConfig {
     /// The rest of the query, reading `output`.
     pub tail: LogicalPlan,
     /// Where the aggregate's final values are put for `tail`.
-    pub output: Arc<OperatorOutput>,
+    pub output: Arc<EpochBatches>,
     /// Update: emit changed keys; complete: emit all.
     pub mode: OutputMode,
 }

@@ -23,7 +23,7 @@ use crate::aggregate::AggregateConfig;
 use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
 use crate::source::Source;
-use crate::table::{as_stream_table, OperatorOutput, StreamTable};
+use crate::table::{as_stream_table, EpochBatches, StreamTable};
 use crate::trigger::OutputMode;
 
 /// One stream scan of a running query.
@@ -172,7 +172,7 @@ fn group_key_columns(agg: &AggregateConfig) -> Vec<String> {
 }
 
 /// Splits `plan` at its `Aggregate`: the aggregate itself, and the tail
-/// after it reading the aggregate's values from an [`OperatorOutput`].
+/// after it reading the aggregate's values from an [`EpochBatches`].
 fn split_aggregate(plan: &LogicalPlan, mode: OutputMode) -> Result<Option<AggregateConfig>> {
     let mut found = None;
     plan.apply(|node| {
@@ -186,7 +186,7 @@ fn split_aggregate(plan: &LogicalPlan, mode: OutputMode) -> Result<Option<Aggreg
         return Ok(None);
     };
     let schema = aggregate.schema();
-    let output = Arc::new(OperatorOutput::new(Arc::new(schema.as_arrow().clone())));
+    let output = Arc::new(EpochBatches::new(Arc::new(schema.as_arrow().clone())));
     let scan = LogicalPlanBuilder::scan(
         "__sluice_aggregate",
         provider_as_source(Arc::clone(&output) as Arc<dyn datafusion::catalog::TableProvider>),

@@ -40,12 +40,12 @@ pub struct StreamDefinition {
 #[derive(Debug)]
 pub struct StreamTable {
     definition: Arc<StreamDefinition>,
-    schema: SchemaRef,
     /// Built on first read, so a stream used only as a sink never needs
     /// source options.
     factory: Arc<OnceLock<Arc<dyn SourceFactory>>>,
-    /// The current epoch's batches; set only on a running query's instance.
-    input: Mutex<Arc<Partitions>>,
+    /// The schema and the current epoch's batches; batches are set only on
+    /// a running query's instance.
+    batches: EpochBatches,
 }
 
 impl StreamTable {
@@ -56,9 +56,8 @@ impl StreamTable {
         let _ = cell.set(factory);
         Self {
             definition: Arc::new(definition),
-            schema,
             factory: Arc::new(cell),
-            input: Mutex::default(),
+            batches: EpochBatches::new(schema),
         }
     }
 
@@ -66,9 +65,8 @@ impl StreamTable {
     pub fn declared(definition: StreamDefinition, schema: SchemaRef) -> Self {
         Self {
             definition: Arc::new(definition),
-            schema,
             factory: Arc::default(),
-            input: Mutex::default(),
+            batches: EpochBatches::new(schema),
         }
     }
 
@@ -92,7 +90,7 @@ impl StreamTable {
             .source(SourceArgs {
                 stream: def.name.clone(),
                 options: def.options.clone(),
-                schema: Some(Arc::clone(&self.schema)),
+                schema: Some(Arc::clone(&self.batches.schema)),
                 default_partitions,
             })
             .map_err(|e| match e {
@@ -101,7 +99,7 @@ impl StreamTable {
                 }
                 other => other,
             })?;
-        if factory.schema().fields() != self.schema.fields() {
+        if factory.schema().fields() != self.batches.schema.fields() {
             return Err(SluiceError::config(format!(
                 "stream '{}' cannot be read: its connector yields other columns than declared",
                 def.name
@@ -114,22 +112,21 @@ impl StreamTable {
     pub(crate) fn for_query(&self) -> Arc<Self> {
         Arc::new(Self {
             definition: Arc::clone(&self.definition),
-            schema: Arc::clone(&self.schema),
             factory: Arc::clone(&self.factory),
-            input: Mutex::default(),
+            batches: EpochBatches::new(Arc::clone(&self.batches.schema)),
         })
     }
 
     /// Sets the batches the next physical plan over this table reads.
     pub(crate) fn set_input(&self, partitions: Partitions) {
-        *self.input.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(partitions);
+        self.batches.set_input(partitions);
     }
 }
 
 #[async_trait]
 impl TableProvider for StreamTable {
     fn schema(&self) -> SchemaRef {
-        Arc::clone(&self.schema)
+        Arc::clone(&self.batches.schema)
     }
 
     fn table_type(&self) -> TableType {
@@ -143,35 +140,20 @@ impl TableProvider for StreamTable {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        scan_slot(&self.input, &self.schema, projection)
+        self.batches.scan_batches(projection)
     }
 }
 
-/// Scans the batches in `slot`: what every per-epoch table returns.
-fn scan_slot(
-    slot: &Mutex<Arc<Partitions>>,
-    schema: &SchemaRef,
-    projection: Option<&Vec<usize>>,
-) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-    let input = Arc::clone(&slot.lock().unwrap_or_else(|p| p.into_inner()));
-    let partitions: &[Vec<_>] = if input.is_empty() { &[vec![]] } else { &input };
-    Ok(MemorySourceConfig::try_new_exec(
-        partitions,
-        Arc::clone(schema),
-        projection.cloned(),
-    )?)
-}
-
-/// A stateful operator's output as a table, so the stateless part of the
-/// query after the operator (projection, HAVING) is planned by DataFusion
-/// like the part before it.
+/// One epoch's batches as a table: what a stream scan reads (inside
+/// [`StreamTable`]), and what the query after a stateful operator reads
+/// (its output), so DataFusion plans both parts the same way.
 #[derive(Debug)]
-pub(crate) struct OperatorOutput {
+pub(crate) struct EpochBatches {
     schema: SchemaRef,
     input: Mutex<Arc<Partitions>>,
 }
 
-impl OperatorOutput {
+impl EpochBatches {
     pub(crate) fn new(schema: SchemaRef) -> Self {
         Self {
             schema,
@@ -183,10 +165,23 @@ impl OperatorOutput {
     pub(crate) fn set_input(&self, partitions: Partitions) {
         *self.input.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(partitions);
     }
+
+    fn scan_batches(
+        &self,
+        projection: Option<&Vec<usize>>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let input = Arc::clone(&self.input.lock().unwrap_or_else(|p| p.into_inner()));
+        let partitions: &[Vec<_>] = if input.is_empty() { &[vec![]] } else { &input };
+        Ok(MemorySourceConfig::try_new_exec(
+            partitions,
+            Arc::clone(&self.schema),
+            projection.cloned(),
+        )?)
+    }
 }
 
 #[async_trait]
-impl TableProvider for OperatorOutput {
+impl TableProvider for EpochBatches {
     fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
     }
@@ -202,7 +197,7 @@ impl TableProvider for OperatorOutput {
         _filters: &[Expr],
         _limit: Option<usize>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        scan_slot(&self.input, &self.schema, projection)
+        self.scan_batches(projection)
     }
 }
 
