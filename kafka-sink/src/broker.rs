@@ -199,20 +199,8 @@ pub fn read_topic(
         .assign(&assignment)
         .map_err(|e| kafka_error("assigning", bootstrap, e))?;
     loop {
-        let done = {
-            let positions = consumer
-                .position()
-                .map_err(|e| kafka_error("reading positions", bootstrap, e))?;
-            ends.iter().all(|(p, end)| {
-                positions
-                    .find_partition(topic, *p)
-                    .and_then(|tp| match tp.offset() {
-                        Offset::Offset(o) => Some(o >= *end),
-                        _ => None,
-                    })
-                    .unwrap_or(false)
-            })
-        };
+        let done = crate::position::reached(&consumer, topic, &ends)
+            .map_err(|e| kafka_error("reading positions", bootstrap, e))?;
         if done {
             break;
         }

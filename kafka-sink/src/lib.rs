@@ -44,6 +44,7 @@ mod at_least_once;
 pub mod broker;
 mod connector;
 mod encode;
+mod position;
 mod produce;
 mod progress_topic;
 mod source;

@@ -106,7 +106,7 @@ pub(crate) fn read_last(
             .map_err(|e| fail("assigning", &e))?;
         let mut last = None;
         let deadline = Instant::now() + config.connect_timeout;
-        while position(&consumer, topic) < high {
+        while !crate::position::reached(&consumer, topic, &[(0, high)]).unwrap_or(false) {
             if Instant::now() > deadline {
                 return Err(fail(
                     "timed out",
@@ -140,15 +140,5 @@ pub(crate) fn read_last(
             return Ok(last);
         }
         back *= 4;
-    }
-}
-
-fn position(consumer: &BaseConsumer, topic: &str) -> i64 {
-    let Ok(positions) = consumer.position() else {
-        return -1;
-    };
-    match positions.find_partition(topic, 0).map(|tp| tp.offset()) {
-        Some(Offset::Offset(o)) => o,
-        _ => -1,
     }
 }

@@ -392,12 +392,12 @@ impl SourceInner {
         consumer
             .assign(&assignment)
             .map_err(|e| self.unreachable("assigning partitions", e))?;
+        let ends: Vec<(i32, i64)> = wanted.iter().map(|(p, _, to)| (*p, *to)).collect();
         let mut messages: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
         let mut last_progress = Instant::now();
         loop {
-            let done = wanted
-                .iter()
-                .all(|(p, _, to)| position(&consumer, &self.config.topic, *p) >= *to);
+            let done =
+                crate::position::reached(&consumer, &self.config.topic, &ends).unwrap_or(false);
             if done {
                 break;
             }
@@ -550,19 +550,6 @@ struct Record {
     value: Vec<u8>,
     offset: i64,
     timestamp_ms: Option<i64>,
-}
-
-fn position(consumer: &BaseConsumer, topic: &str, partition: i32) -> i64 {
-    let Ok(positions) = consumer.position() else {
-        return -1;
-    };
-    match positions
-        .find_partition(topic, partition)
-        .map(|tp| tp.offset())
-    {
-        Some(KafkaOffset::Offset(o)) => o,
-        _ => -1,
-    }
 }
 
 #[async_trait]
