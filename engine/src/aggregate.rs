@@ -14,7 +14,11 @@
 //! and how to merge it. The operator's state is the [`KeyedState`] of
 //! partial states: flushed as a snapshot every epoch, before the commit.
 //!
-//! Per watermark: nothing yet (no event-time windows in this operator).
+//! Event-time windows (a group key carrying a window bound, see `window`):
+//! once the watermark reaches a window's end its groups are final. Append
+//! mode emits them then, once, and only then; update mode emits groups as
+//! they change. Either way the closed groups leave the state, which stays
+//! bounded by the windows still open. Complete mode keeps every group.
 
 use std::sync::Arc;
 
@@ -29,6 +33,7 @@ use crate::error::{Result, SluiceError};
 use crate::state::KeyedState;
 use crate::table::EpochBatches;
 use crate::trigger::OutputMode;
+use crate::window::WindowKey;
 
 /// What does not change while the query runs.
 #[derive(Debug)]
@@ -39,8 +44,12 @@ pub(crate) struct AggregateConfig {
     pub tail: LogicalPlan,
     /// Where the aggregate's final values are put for `tail`.
     pub output: Arc<EpochBatches>,
-    /// Update: emit changed keys; complete: emit all.
+    /// Update: emit changed keys; complete: emit all; append: emit each
+    /// window once, when it closes.
     pub mode: OutputMode,
+    /// The group key that is a window bound, for a windowed aggregation
+    /// in append or update mode: its groups close with the watermark.
+    pub window: Option<WindowKey>,
 }
 
 /// A running GROUP BY.
@@ -63,6 +72,11 @@ impl AggregateOperator {
             config,
             state: None,
         }
+    }
+
+    /// Whether its groups are event-time windows that close.
+    pub(crate) fn is_windowed(&self) -> bool {
+        self.config.window.is_some()
     }
 
     /// Rows and bytes held in state.
@@ -116,7 +130,12 @@ impl AggregateOperator {
 
     /// Runs one epoch over the input already set in the query's tables;
     /// returns the rows to emit.
-    pub(crate) async fn run_epoch(&mut self, session: &SessionState) -> Result<Vec<RecordBatch>> {
+    /// `watermark` is the query's watermark after this epoch's input.
+    pub(crate) async fn run_epoch(
+        &mut self,
+        session: &SessionState,
+        watermark: Option<i64>,
+    ) -> Result<Vec<RecordBatch>> {
         let phases = self.phases(session).await?;
         let task = session.task_ctx();
         let partial_schema = phases.partial.schema();
@@ -156,12 +175,17 @@ impl AggregateOperator {
             state.upsert(&new_states)?;
             new_states
         };
+        let closed = match (&self.config.window, watermark) {
+            (Some(w), Some(watermark)) => Some(state.take_closed(w, watermark)?),
+            _ => None,
+        };
         let to_emit = match self.config.mode {
             OutputMode::Complete => vec![RecordBatch::try_new(
                 Arc::clone(&partial_schema),
                 state.all().columns().to_vec(),
             )?],
-            _ => changed,
+            OutputMode::Append => closed.into_iter().collect(),
+            OutputMode::Update => changed,
         };
         if to_emit.iter().all(|b| b.num_rows() == 0) && self.config.mode != OutputMode::Complete {
             return Ok(Vec::new());

@@ -75,6 +75,10 @@ pub struct CommitRecord {
     /// checkpoint); recovery loads exactly these.
     #[serde(default)]
     pub state_files: Vec<String>,
+    /// Each input's event-time watermark after the epoch (ns since the Unix
+    /// epoch), keyed like the offsets; empty without watermarks.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub watermarks: BTreeMap<String, i64>,
 }
 
 /// An epoch as a sink commits it: its plan and the state files staged for
@@ -85,6 +89,17 @@ pub struct EpochCommit {
     pub plan: OffsetRecord,
     /// Operator state files staged for the epoch.
     pub state_files: Vec<String>,
+    /// Each input's event-time watermark after the epoch (ns since the Unix
+    /// epoch), keyed like the offsets.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub watermarks: BTreeMap<String, i64>,
+}
+
+impl EpochCommit {
+    /// The query's watermark after the epoch: the minimum over its inputs.
+    pub fn watermark(&self) -> Option<i64> {
+        self.watermarks.values().copied().min()
+    }
 }
 
 /// A query's checkpoint directory.
@@ -400,6 +415,7 @@ mod tests {
                 committed_at_ms: 0,
                 output_rows: epoch,
                 state_files: Vec::new(),
+                watermarks: BTreeMap::new(),
             })
             .unwrap();
         }
@@ -422,6 +438,7 @@ mod tests {
             committed_at_ms: 5,
             output_rows: 7,
             state_files: Vec::new(),
+            watermarks: BTreeMap::new(),
         })
         .unwrap();
         let path = dir.path().join("commits/1");

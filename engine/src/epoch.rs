@@ -17,11 +17,13 @@
 //! - A stop request is honoured between epochs, never inside one.
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect_partitioned;
+use futures::FutureExt;
 
 use crate::aggregate::AggregateOperator;
 use crate::checkpoint::{Checkpoint, CommitRecord, EpochCommit, OffsetRecord, SourceRange};
@@ -36,6 +38,7 @@ use crate::query::QueryShared;
 use crate::sink::{CommittedEpoch, Sink};
 use crate::source::Offset;
 use crate::trigger::Trigger;
+use crate::watermark::format_nanos;
 
 /// Offset and commit records kept in the checkpoint (Spark's default).
 const RETAIN_EPOCHS: u64 = 100;
@@ -72,7 +75,23 @@ impl EpochLoop {
         for l in &self.listeners {
             l.on_query_started(&started);
         }
-        let result = self.run_epochs(recovered).await;
+        // A bug that panics must still end the query, or its waiters would
+        // wait forever.
+        let result = AssertUnwindSafe(self.run_epochs(recovered))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                Err(SluiceError::Internal(format!(
+                    "the epoch loop panicked ({what}); this is a bug in Sluice, please report it \
+                     with the log above. The checkpoint is intact: restarting resumes from the \
+                     last committed epoch"
+                )))
+            });
         if let Err(e) = &result {
             tracing::error!(query = %self.shared.name, error = %e, "query failed");
         }
@@ -197,6 +216,7 @@ impl EpochLoop {
                     Some(EpochCommit {
                         plan: cp.read_offsets(c)?,
                         state_files: commit.state_files,
+                        watermarks: commit.watermarks,
                     })
                 }
                 None => None,
@@ -213,6 +233,9 @@ impl EpochLoop {
                     SluiceError::checkpoint(self.checkpoint.dir().join(file), e.to_string())
                 })?;
             }
+        }
+        if let Some(commit) = &committed_epoch {
+            self.plan.watermarks.restore(&commit.watermarks);
         }
         let cp = &self.checkpoint;
         let committed_plan = committed_epoch.map(|c| c.plan);
@@ -289,6 +312,11 @@ impl EpochLoop {
                     } else {
                         Vec::new()
                     },
+                    watermarks: if epoch == d {
+                        c.watermarks.clone()
+                    } else {
+                        BTreeMap::new()
+                    },
                 })?;
             }
         }
@@ -357,6 +385,7 @@ impl EpochLoop {
         let t = Instant::now();
         let mut sources = Vec::new();
         let mut input_rows = 0u64;
+        let mut read = Vec::with_capacity(self.plan.inputs.len());
         for input in &self.plan.inputs {
             let range = record.sources.get(&input.key).ok_or_else(|| {
                 SluiceError::Internal(format!("offsets/{epoch} has no range for {}", input.key))
@@ -373,7 +402,7 @@ impl EpochLoop {
                 .map(|b| b.num_rows() as u64)
                 .sum();
             input_rows += rows;
-            input.table.set_input(partitions);
+            read.push(partitions);
             sources.push(SourceProgress {
                 description: input.description.clone(),
                 start_offset: range.start.clone(),
@@ -381,11 +410,34 @@ impl EpochLoop {
                 num_input_rows: rows,
             });
         }
+        // Late rows are judged by the watermark the previous epoch left;
+        // only then does this epoch's input move it (see `watermark`).
+        let watermarks = &mut self.plan.watermarks;
+        let drops_late = self
+            .aggregate
+            .as_ref()
+            .is_some_and(AggregateOperator::is_windowed);
+        let previous = watermarks.current();
+        let mut late_rows = 0;
+        for (index, (input, partitions)) in self.plan.inputs.iter().zip(read).enumerate() {
+            watermarks.observe(index, &partitions)?;
+            let partitions = if drops_late {
+                let (kept, late) = watermarks.drop_late(index, partitions, previous)?;
+                late_rows += late;
+                kept
+            } else {
+                partitions
+            };
+            input.table.set_input(partitions);
+        }
         let read_ms = ms(t.elapsed());
 
         let t = Instant::now();
         let output: Vec<RecordBatch> = match &mut self.aggregate {
-            Some(op) => op.run_epoch(&self.plan.state).await?,
+            Some(op) => {
+                op.run_epoch(&self.plan.state, self.plan.watermarks.current())
+                    .await?
+            }
             None => {
                 let physical = self
                     .plan
@@ -428,6 +480,7 @@ impl EpochLoop {
         let commit = EpochCommit {
             plan: record.clone(),
             state_files,
+            watermarks: self.plan.watermarks.to_record(),
         };
         self.sink.write_epoch(&commit, &output).await?;
         fail_point("before-commit-record", epoch);
@@ -436,6 +489,7 @@ impl EpochLoop {
             committed_at_ms: chrono::Utc::now().timestamp_millis(),
             output_rows,
             state_files: commit.state_files,
+            watermarks: commit.watermarks,
         })?;
         self.checkpoint.purge(epoch, RETAIN_EPOCHS)?;
         self.checkpoint.purge_state(epoch)?;
@@ -472,8 +526,8 @@ impl EpochLoop {
             },
             state_rows,
             state_bytes,
-            watermark: None,
-            late_rows: 0,
+            watermark: self.plan.watermarks.current().map(format_nanos),
+            late_rows,
             sources,
             sink: self.sink_description.clone(),
         })

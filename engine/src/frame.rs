@@ -3,6 +3,12 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
+use datafusion::catalog::TableProvider;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::logical_expr::TableScan;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::dataframe::DataFrame;
@@ -19,7 +25,10 @@ use crate::planner::{self, IncrementalPlan};
 use crate::query::{QueryShared, StreamingQuery};
 use crate::session::Session;
 use crate::sink::{MemorySink, Sink};
+use crate::table::as_stream_table;
 use crate::trigger::{OutputMode, Trigger};
+use crate::watermark::WatermarkSpec;
+use crate::window::Window;
 
 /// An unbounded table: a stream and the transformations applied to it.
 /// Transformations take DataFusion [`Expr`]s and return a new frame;
@@ -99,6 +108,72 @@ impl StreamFrame {
     /// aggregate function works.
     pub fn aggregate(self, group_by: Vec<Expr>, aggregates: Vec<Expr>) -> Result<Self> {
         self.map(|df| df.aggregate(group_by, aggregates))
+    }
+
+    /// Declares `column` the event time of the streams this frame reads,
+    /// with rows arriving at most `delay` out of order (Spark's
+    /// `withWatermark`; SQL: `WATERMARK FOR ts AS ts - INTERVAL ...`). See
+    /// the `watermark` module for the rules.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice_engine::{Session, Window};
+    /// let frame = Session::new()
+    ///     .read_stream()
+    ///     .format("rate")
+    ///     .load()?
+    ///     .with_watermark("timestamp", Duration::from_secs(5))?
+    ///     .window(Window::tumble("timestamp", Duration::from_secs(10)))?;
+    /// assert_eq!(frame.schema().field(3).name(), "window_end");
+    /// # Ok::<(), sluice_engine::SluiceError>(())
+    /// ```
+    pub fn with_watermark(self, column: &str, delay: Duration) -> Result<Self> {
+        let spec = WatermarkSpec::new(column, delay);
+        let (state, plan) = self.df.into_parts();
+        let mut found = 0;
+        let plan = plan
+            .transform_up(|node| {
+                let LogicalPlan::TableScan(scan) = node else {
+                    return Ok(Transformed::no(node));
+                };
+                let provider = source_as_provider(&scan.source)?;
+                let Some(table) = as_stream_table(&provider) else {
+                    return Ok(Transformed::no(LogicalPlan::TableScan(scan)));
+                };
+                if table.schema().column_with_name(column).is_none() {
+                    return Ok(Transformed::no(LogicalPlan::TableScan(scan)));
+                }
+                found += 1;
+                let table = table
+                    .with_watermark(spec.clone())
+                    .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+                Ok(Transformed::yes(LogicalPlan::TableScan(TableScan {
+                    source: provider_as_source(Arc::new(table)),
+                    ..scan
+                })))
+            })
+            .map_err(planner::unwrap_external)?
+            .data;
+        if found == 0 {
+            return Err(SluiceError::plan(format!(
+                "with_watermark('{column}'): none of the streams this frame reads has a column                  '{column}'"
+            )));
+        }
+        Ok(Self {
+            df: DataFrame::new(state, plan),
+            session: self.session,
+        })
+    }
+
+    /// Adds `window_start` and `window_end` for each row's event-time
+    /// window (HOP: one row per window). Group by them to aggregate per
+    /// window; with a watermark, append mode emits each window once, when
+    /// the watermark passes its end.
+    pub fn window(self, window: Window) -> Result<Self> {
+        Ok(Self {
+            df: window.apply(self.df)?,
+            session: self.session,
+        })
     }
 
     /// Rows of both frames (UNION ALL).

@@ -58,6 +58,8 @@ mod source;
 mod state;
 mod table;
 mod trigger;
+mod watermark;
+mod window;
 
 pub use checkpoint::{
     Checkpoint, CommitRecord, EpochCommit, Metadata, OffsetRecord, SourceRange, FORMAT_VERSION,
@@ -80,6 +82,8 @@ pub use source::{
 };
 pub use table::{StreamDefinition, StreamTable};
 pub use trigger::{OutputMode, Trigger};
+pub use watermark::WatermarkSpec;
+pub use window::Window;
 
 pub use datafusion;
 pub use datafusion::arrow;

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
+use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableScan};
@@ -25,6 +26,8 @@ use crate::error::{Result, SluiceError};
 use crate::source::Source;
 use crate::table::{as_stream_table, EpochBatches, StreamTable};
 use crate::trigger::OutputMode;
+use crate::watermark::WatermarkTracker;
+use crate::window::{window_key, WindowKey};
 
 /// One stream scan of a running query.
 #[derive(Debug)]
@@ -57,6 +60,8 @@ pub(crate) struct IncrementalPlan {
     /// Output columns carrying the whole GROUP BY key (see
     /// [`crate::SinkArgs::key_columns`]).
     pub key_columns: Vec<String>,
+    /// The inputs' event-time watermarks.
+    pub watermarks: WatermarkTracker,
 }
 
 /// Optimizer rules that would take an aggregation apart in ways the
@@ -119,6 +124,15 @@ pub(crate) fn plan_query(
             "the query reads no stream: a continuous query needs at least one stream in FROM",
         ));
     }
+    let watermarks = WatermarkTracker::new(inputs.iter().map(|i| {
+        let def = i.table.definition();
+        (
+            i.key.as_str(),
+            def.name.as_str(),
+            i.table.schema(),
+            def.watermark.as_ref(),
+        )
+    }))?;
     let logical = state.optimize(&bound)?;
     let output_schema = Arc::new(logical.schema().as_arrow().clone());
     let aggregate = split_aggregate(&logical, mode)?;
@@ -134,6 +148,7 @@ pub(crate) fn plan_query(
         mode,
         aggregate,
         state,
+        watermarks,
     })
 }
 
@@ -213,17 +228,24 @@ fn split_aggregate(plan: &LogicalPlan, mode: OutputMode) -> Result<Option<Aggreg
             }
         })?
         .data;
+    // Complete mode re-emits every window, so it keeps them all.
+    let window = match (&aggregate, mode) {
+        (_, OutputMode::Complete) => None,
+        (LogicalPlan::Aggregate(a), _) => window_of(a),
+        _ => None,
+    };
     Ok(Some(AggregateConfig {
         aggregate,
         tail,
         output,
         mode,
+        window,
     }))
 }
 
 /// Our own errors travel through DataFusion's tree walk wrapped as
 /// `External`; give them back their type.
-fn unwrap_external(e: datafusion::error::DataFusionError) -> SluiceError {
+pub(crate) fn unwrap_external(e: datafusion::error::DataFusionError) -> SluiceError {
     match e {
         datafusion::error::DataFusionError::External(inner) => {
             match inner.downcast::<SluiceError>() {
@@ -242,6 +264,8 @@ fn unwrap_external(e: datafusion::error::DataFusionError) -> SluiceError {
 fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<OutputMode> {
     let mut problem = None;
     let mut aggregates = 0;
+    let mut window = None;
+    let mut watermarked = Vec::new();
     plan.apply(|node| {
         let what = match node {
             LogicalPlan::Projection(_)
@@ -251,10 +275,12 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Out
             | LogicalPlan::Union(_)
             | LogicalPlan::EmptyRelation(_) => None,
             LogicalPlan::TableScan(scan) => {
-                let is_stream = source_as_provider(&scan.source)
-                    .ok()
-                    .is_some_and(|p| as_stream_table(&p).is_some());
-                (!is_stream).then(|| {
+                let provider = source_as_provider(&scan.source).ok();
+                let stream = provider.as_ref().and_then(as_stream_table);
+                if let Some(spec) = stream.and_then(|s| s.definition().watermark.as_ref()) {
+                    watermarked.push(spec.column.clone());
+                }
+                stream.is_none().then(|| {
                     format!(
                         "reads '{}', which is a table, not a stream; joining a stream with a \
                          static table is not supported yet",
@@ -264,6 +290,7 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Out
             }
             LogicalPlan::Aggregate(agg) => {
                 aggregates += 1;
+                window = window_of(agg);
                 if aggregates > 1 {
                     Some(
                         "aggregates an aggregation (or counts DISTINCT next to other \
@@ -327,6 +354,20 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Out
             "this query cannot run on a stream: it {p}"
         )));
     }
+    if let Some(w) = &window {
+        let has_watermark = watermarked.contains(&w.time_column);
+        return match mode {
+            Some(OutputMode::Append) if !has_watermark => Err(SluiceError::plan(format!(
+                "output mode 'append' emits each window once, when the watermark passes its \
+                 end, but '{}' has no watermark: declare one (WATERMARK FOR {} AS {} - INTERVAL \
+                 '5' SECOND in CREATE STREAM, or with_watermark), or use 'update'",
+                w.time_column, w.time_column, w.time_column
+            ))),
+            Some(m) => Ok(m),
+            None if has_watermark => Ok(OutputMode::Append),
+            None => Ok(OutputMode::Update),
+        };
+    }
     match (aggregates, mode) {
         (0, Some(OutputMode::Complete)) => Err(SluiceError::plan(
             "output mode 'complete' needs an aggregation (it re-emits the whole result table); \
@@ -342,6 +383,17 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Out
     }
 }
 
+/// The group key that is a window bound, if the aggregation is windowed.
+pub(crate) fn window_of(agg: &datafusion::logical_expr::Aggregate) -> Option<WindowKey> {
+    window_key(
+        agg.schema
+            .fields()
+            .iter()
+            .take(agg.group_expr.len())
+            .map(|f| f.as_ref()),
+    )
+}
+
 /// The incremental plan as text, for `EXPLAIN` and `sluice explain`.
 pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
     let mut out = String::new();
@@ -351,6 +403,23 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
     for i in &plan.inputs {
         out.push_str(&format!("  {}\n", i.description));
     }
+    let marks: Vec<String> = plan
+        .inputs
+        .iter()
+        .filter_map(|i| {
+            let def = i.table.definition();
+            let spec = def.watermark.as_ref()?;
+            Some(format!("{}.{} - {:?}", def.name, spec.column, spec.delay))
+        })
+        .collect();
+    out.push_str(&format!(
+        "watermark: {}\n",
+        if marks.is_empty() {
+            "none".to_string()
+        } else {
+            format!("min({}) of the largest event time read", marks.join(", "))
+        }
+    ));
     let indent = |out: &mut String, p: &LogicalPlan| {
         for line in p.display_indent().to_string().lines() {
             out.push_str("    ");
@@ -372,6 +441,27 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
                      states -> Final), state keyed by [{}]\n",
                     keys.join(", ")
                 ));
+                if let Some(w) = &agg.window {
+                    let key = a.schema.field(w.column).name();
+                    out.push_str(&format!(
+                        "  event-time windows on '{}': a window's group is final when the \
+                         watermark reaches {key}{}; {} then evicted\n",
+                        w.time_column,
+                        if w.to_end_ns == 0 {
+                            String::new()
+                        } else {
+                            format!(
+                                " + {:?}",
+                                std::time::Duration::from_nanos(w.to_end_ns as u64)
+                            )
+                        },
+                        if plan.mode == OutputMode::Append {
+                            "emitted once and"
+                        } else {
+                            "its state is"
+                        }
+                    ));
+                }
             }
             out.push_str("aggregate and the stateless segment under it (per epoch):\n");
             indent(&mut out, &agg.aggregate);

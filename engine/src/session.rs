@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::TableProvider;
 use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -169,6 +170,9 @@ impl Session {
             )),
             (None, None) => None,
         };
+        if let (Some(table), Some(spec)) = (&table, &definition.watermark) {
+            spec.check(&name, &table.schema())?;
+        }
         if let Some(table) = table {
             self.inner.ctx.register_table(&name, Arc::new(table))?;
         }
@@ -331,6 +335,7 @@ impl DataStreamReader {
             connector: connector_name.clone(),
             options: self.options,
             schema: self.schema,
+            watermark: None,
         };
         let connector = self.session.connectors().get(&connector_name)?;
         let factory = connector.source(self.session.source_args(&def, None))?;
@@ -344,6 +349,7 @@ impl DataStreamReader {
             connector: "memory".into(),
             options: Options::new(),
             schema: Some(stream.schema()),
+            watermark: None,
         };
         let factory = Arc::new(MemorySourceFactory::new(stream.clone()));
         self.session.frame_over(def, factory)

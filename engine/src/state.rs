@@ -19,14 +19,19 @@ use std::collections::HashMap;
 use std::io::Cursor;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{BooleanArray, RecordBatch, UInt32Array};
-use datafusion::arrow::compute::{concat_batches, filter_record_batch, take_record_batch};
+use datafusion::arrow::array::{Array, BooleanArray, Int64Array, RecordBatch, Scalar, UInt32Array};
+use datafusion::arrow::compute::kernels::cmp::lt_eq;
+use datafusion::arrow::compute::{
+    concat_batches, filter_record_batch, not, prep_null_mask_filter, take_record_batch,
+};
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::arrow::row::{RowConverter, SortField};
 
 use crate::error::{Result, SluiceError};
+use crate::watermark::nanos;
+use crate::window::WindowKey;
 
 /// One operator's keyed state.
 #[derive(Debug)]
@@ -117,6 +122,27 @@ impl KeyedState {
         self.rows = rows;
         self.index = index;
         Ok(())
+    }
+
+    /// Removes and returns the rows whose window (`key`) has closed: its
+    /// end is at or before `watermark` (ns since the Unix epoch).
+    pub(crate) fn take_closed(&mut self, key: &WindowKey, watermark: i64) -> Result<RecordBatch> {
+        let bound = nanos(self.rows.column(key.column))?;
+        let last_open = watermark.saturating_sub(key.to_end_ns);
+        let closed = lt_eq(&bound, &Scalar::new(Int64Array::from(vec![last_open])))?;
+        // A null bound (no event time) never closes.
+        let closed = if closed.null_count() > 0 {
+            prep_null_mask_filter(&closed)
+        } else {
+            closed
+        };
+        if closed.true_count() == 0 {
+            return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
+        }
+        let taken = filter_record_batch(&self.rows, &closed)?;
+        let kept = filter_record_batch(&self.rows, &not(&closed)?)?;
+        self.set_rows(kept)?;
+        Ok(taken)
     }
 
     /// Every stored row.

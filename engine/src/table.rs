@@ -21,6 +21,7 @@ use crate::connector::{ConnectorRegistry, SourceArgs};
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
 use crate::source::{Partitions, SourceFactory};
+use crate::watermark::WatermarkSpec;
 
 /// A stream as declared: `CREATE STREAM name (cols) WITH (connector = ..)`
 /// or `read_stream().format(..)`.
@@ -34,6 +35,8 @@ pub struct StreamDefinition {
     pub options: Options,
     /// The declared columns, if any.
     pub schema: Option<SchemaRef>,
+    /// The declared event-time watermark, if any.
+    pub watermark: Option<WatermarkSpec>,
 }
 
 /// A stream registered as a DataFusion table.
@@ -106,6 +109,18 @@ impl StreamTable {
             )));
         }
         Ok(Arc::clone(self.factory.get_or_init(|| factory)))
+    }
+
+    /// The same stream with an event-time watermark (replacing any other).
+    pub(crate) fn with_watermark(&self, spec: WatermarkSpec) -> Result<Self> {
+        spec.check(&self.definition.name, &self.batches.schema)?;
+        let mut definition = (*self.definition).clone();
+        definition.watermark = Some(spec);
+        Ok(Self {
+            definition: Arc::new(definition),
+            factory: Arc::clone(&self.factory),
+            batches: EpochBatches::new(Arc::clone(&self.batches.schema)),
+        })
     }
 
     /// A new instance for one running query: same stream, own input slot.

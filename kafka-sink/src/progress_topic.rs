@@ -33,6 +33,10 @@ pub(crate) struct ProgressRecord {
     pub state_files: Vec<String>,
     /// The query's watermark after the epoch (ms since the Unix epoch).
     pub watermark: Option<i64>,
+    /// Each input's watermark (ns since the Unix epoch), what recovery
+    /// resumes from.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub watermarks: BTreeMap<String, i64>,
     pub committed_at_ms: i64,
 }
 

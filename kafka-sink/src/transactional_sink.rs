@@ -187,7 +187,8 @@ impl Inner {
             epoch,
             sources: commit.plan.sources.clone(),
             state_files: commit.state_files.clone(),
-            watermark: None,
+            watermark: commit.watermark().map(|ns| ns.div_euclid(1_000_000)),
+            watermarks: commit.watermarks.clone(),
             committed_at_ms: now_ms(),
         };
         let progress = serde_json::to_vec(&progress)
@@ -312,6 +313,7 @@ impl Sink for TransactionalSink {
                 sources: r.sources,
             },
             state_files: r.state_files,
+            watermarks: r.watermarks,
         })))
     }
 

@@ -30,9 +30,14 @@
 //! ```
 
 mod error;
+mod event_time;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::ControlFlow;
 use std::sync::Arc;
+
+use datafusion::catalog::view::ViewTable;
+use datafusion::sql::sqlparser::ast::visit_relations;
 
 use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::sql::parser::Statement as DfStatement;
@@ -40,7 +45,7 @@ use datafusion::sql::sqlparser::ast::{ColumnOption, Statement};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
-use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan};
+use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 use sluice_engine::{
     DataStreamWriter, Options, OutputMode, Session, SluiceError, StreamDefinition, StreamingQuery,
     Trigger,
@@ -48,6 +53,7 @@ use sluice_engine::{
 
 pub use error::SqlError;
 use error::{parser_location, strip_location};
+use event_time::{extract_windows, parse_watermark, Problem, WindowCall};
 
 /// Settings a `SET` may change, with what each means.
 const SETTINGS: &[&str] = &[
@@ -156,11 +162,14 @@ pub struct SqlRunner<'a> {
     file: String,
     settings: Settings,
     checkpoints: BTreeSet<String>,
+    /// Window table function calls of the text, by placeholder name.
+    windows: BTreeMap<String, WindowCall>,
+    next_window: usize,
 }
 
 /// Where a statement or token starts.
 #[derive(Debug, Clone, Copy)]
-struct Pos {
+pub(crate) struct Pos {
     line: u64,
     column: u64,
 }
@@ -182,6 +191,8 @@ impl<'a> SqlRunner<'a> {
             file: file.to_string(),
             settings: Settings::default(),
             checkpoints: BTreeSet::new(),
+            windows: BTreeMap::new(),
+            next_window: 0,
         }
     }
 
@@ -200,9 +211,13 @@ impl<'a> SqlRunner<'a> {
     /// Declares streams, applies settings and plans queries, starting none.
     pub async fn prepare(&mut self, text: &str) -> Result<Vec<Prepared>, SqlError> {
         let dialect = GenericDialect {};
-        let mut p = Parser::new(&dialect)
-            .try_with_sql(text)
-            .map_err(|e| self.parser_error(text, &e))?;
+        let tokens = Tokenizer::new(&dialect, text)
+            .tokenize_with_location()
+            .map_err(|e| self.parser_error(text, &ParserError::TokenizerError(e.to_string())))?;
+        let (tokens, windows) =
+            extract_windows(tokens, &mut self.next_window).map_err(|e| self.problem(text, e))?;
+        self.windows.extend(windows);
+        let mut p = Parser::new(&dialect).with_tokens_with_locations(tokens);
         let mut out = Vec::new();
         loop {
             while p.consume_token(&Token::SemiColon) {}
@@ -225,6 +240,13 @@ impl<'a> SqlRunner<'a> {
 
     fn err(&self, text: &str, pos: Pos, message: impl Into<String>) -> SqlError {
         SqlError::at(&self.file, text, pos.line, pos.column, message)
+    }
+
+    fn problem(&self, text: &str, problem: Problem) -> SqlError {
+        match problem {
+            Problem::At(pos, message) => self.err(text, pos, message),
+            Problem::Parser(e) => self.parser_error(text, &e),
+        }
     }
 
     fn parser_error(&self, text: &str, e: &ParserError) -> SqlError {
@@ -350,19 +372,26 @@ impl<'a> SqlRunner<'a> {
         let name_tok = p.peek_token();
         let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
         let mut columns = Vec::new();
+        let mut watermark = None;
+        let mut watermark_pos = Pos::from(&name_tok);
         if p.consume_token(&Token::LParen) {
             loop {
                 let t = p.peek_token();
                 if matches!(&t.token, Token::Word(w) if w.value.eq_ignore_ascii_case("WATERMARK")) {
-                    return Err(self.err(
-                        text,
-                        Pos::from(&t),
-                        "WATERMARK FOR is not supported in this version yet (event time comes with \
-                         the stateful operators); remove it for now",
-                    ));
+                    p.next_token();
+                    if watermark.is_some() {
+                        return Err(self.err(
+                            text,
+                            Pos::from(&t),
+                            "a stream has one WATERMARK; remove this one",
+                        ));
+                    }
+                    watermark = Some(parse_watermark(p).map_err(|e| self.problem(text, e))?);
+                    watermark_pos = Pos::from(&t);
+                } else {
+                    let col = p.parse_column_def().map_err(|e| pe(self, e))?;
+                    columns.push((col, Pos::from(&t)));
                 }
-                let col = p.parse_column_def().map_err(|e| pe(self, e))?;
-                columns.push((col, Pos::from(&t)));
                 if p.consume_token(&Token::Comma) {
                     continue;
                 }
@@ -393,6 +422,7 @@ impl<'a> SqlRunner<'a> {
             connector,
             options,
             schema,
+            watermark,
         };
         self.session.create_stream(definition).map_err(|e| {
             // Point at the option the message names, else at the stream.
@@ -400,7 +430,11 @@ impl<'a> SqlRunner<'a> {
                 .iter()
                 .find(|(k, _)| e.to_string().contains(&format!("'{k}'")))
                 .map(|(_, p)| *p)
-                .unwrap_or(Pos::from(&name_tok));
+                .unwrap_or(if e.to_string().contains("WATERMARK FOR") {
+                    watermark_pos
+                } else {
+                    Pos::from(&name_tok)
+                });
             self.engine_error(text, at, e)
         })?;
         Ok(StatementOutcome::Created { stream: name })
@@ -584,6 +618,52 @@ impl<'a> SqlRunner<'a> {
         Ok(StatementOutcome::Set { key, value })
     }
 
+    /// Registers a view per window call `query` uses (see `event_time`);
+    /// returns their names.
+    async fn register_windows(
+        &self,
+        query: &datafusion::sql::sqlparser::ast::Query,
+        text: &str,
+    ) -> Result<Vec<String>, SqlError> {
+        let mut used = Vec::new();
+        let _ = visit_relations(query, |name| {
+            let name = name.to_string();
+            if self.windows.contains_key(&name) && !used.contains(&name) {
+                used.push(name);
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        for placeholder in &used {
+            let call = &self.windows[placeholder];
+            if self.session.stream(&call.stream).is_none() {
+                let names: Vec<String> =
+                    self.session.streams().into_iter().map(|s| s.name).collect();
+                let hint = sluice_engine::closest(&call.stream, names.iter().map(String::as_str))
+                    .map(|c| format!(" (did you mean '{c}'?)"))
+                    .unwrap_or_default();
+                return Err(self.err(
+                    text,
+                    call.stream_pos,
+                    format!("unknown stream '{}'{hint}", call.stream),
+                ));
+            }
+            let frame = self
+                .session
+                .table(&call.stream)
+                .await
+                .map_err(|e| self.engine_error(text, call.stream_pos, e))?;
+            let windowed = frame
+                .window(call.window.clone())
+                .map_err(|e| self.engine_error(text, call.column_pos, e))?;
+            let view = ViewTable::new(windowed.logical_plan().clone(), None);
+            self.session
+                .context()
+                .register_table(placeholder.as_str(), Arc::new(view))
+                .map_err(|e| self.engine_error(text, call.stream_pos, e.into()))?;
+        }
+        Ok(used)
+    }
+
     async fn insert(
         &mut self,
         p: &mut Parser<'_>,
@@ -607,28 +687,33 @@ impl<'a> SqlRunner<'a> {
                 format!("unknown stream '{sink}'{hint}: declare it first with CREATE STREAM {sink} WITH (connector = '...')"),
             )
         })?;
+        let views = self.register_windows(&query, text).await?;
         let state = self.session.context().state();
-        let plan = state
+        let planned = state
             .statement_to_plan(DfStatement::Statement(Box::new(Statement::Query(query))))
-            .await
-            .map_err(|e| {
-                let e = SluiceError::DataFusion(e);
-                // A stream that exists but cannot be read says why.
-                let msg = e.to_string();
-                let unreadable = self
-                    .session
-                    .streams()
-                    .into_iter()
-                    .find(|s| {
-                        msg.contains(&format!("'{}'", s.name))
-                            || msg.contains(&format!("table '{}'", s.name))
-                    })
-                    .and_then(|s| self.session.unreadable_reason(&s.name));
-                match unreadable {
-                    Some(reason) => self.err(text, Pos::from(&query_tok), reason),
-                    None => self.engine_error(text, Pos::from(&query_tok), e),
-                }
-            })?;
+            .await;
+        for view in &views {
+            // Planning inlined the view; it is no longer needed.
+            let _ = self.session.context().deregister_table(view.as_str());
+        }
+        let plan = planned.map_err(|e| {
+            let e = SluiceError::DataFusion(e);
+            // A stream that exists but cannot be read says why.
+            let msg = e.to_string();
+            let unreadable = self
+                .session
+                .streams()
+                .into_iter()
+                .find(|s| {
+                    msg.contains(&format!("'{}'", s.name))
+                        || msg.contains(&format!("table '{}'", s.name))
+                })
+                .and_then(|s| self.session.unreadable_reason(&s.name));
+            match unreadable {
+                Some(reason) => self.err(text, Pos::from(&query_tok), reason),
+                None => self.engine_error(text, Pos::from(&query_tok), e),
+            }
+        })?;
         let frame = self.session.frame(plan);
         let mut writer = frame
             .write_stream()
@@ -715,7 +800,7 @@ fn locate_word(text: &str, from: Pos, word: &str) -> Option<Pos> {
 }
 
 /// Unquoted identifiers are case-insensitive (lower-cased), as in DataFusion.
-fn normalize(ident: &datafusion::sql::sqlparser::ast::Ident) -> String {
+pub(crate) fn normalize(ident: &datafusion::sql::sqlparser::ast::Ident) -> String {
     if ident.quote_style.is_some() {
         ident.value.clone()
     } else {

@@ -7,3 +7,4 @@ mod engine;
 mod exactly_once;
 mod kafka;
 mod util;
+mod windows;

@@ -1,0 +1,214 @@
+//! Event time: watermarks and late rows.
+//!
+//! A stream may declare `WATERMARK FOR ts AS ts - INTERVAL '5' SECOND`
+//! (API: [`StreamFrame::with_watermark`](crate::StreamFrame::with_watermark)):
+//! its rows are expected to arrive at most 5 seconds out of order. The rules,
+//! chosen to match Spark's and close windows one epoch sooner than Spark does:
+//!
+//! - An input's watermark is the largest event time it has read, minus the
+//!   delay; it never goes back. An input that has read no rows yet has none
+//!   and does not hold the query back (Spark's behaviour).
+//! - The query's watermark is the minimum over its inputs' watermarks.
+//! - Epoch N runs with the watermark left by epoch N-1: its rows older than
+//!   that are *late*. Stateful event-time operators drop them before they
+//!   touch state, and progress counts them (`late_rows`).
+//! - After epoch N's rows are read the watermark advances, and windows that
+//!   end at or before it are emitted and evicted in epoch N itself; no extra
+//!   empty epoch is needed to close them.
+//! - Each input's watermark is stored with the epoch's commit (and the Kafka
+//!   progress record), so a replayed epoch sees exactly the watermark it saw
+//!   the first time and drops exactly the same rows.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::arrow::array::{Array, AsArray, BooleanArray, Int64Array, Scalar};
+use datafusion::arrow::compute::kernels::cmp::gt_eq;
+use datafusion::arrow::compute::{cast, filter_record_batch, max};
+use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
+
+use crate::error::{Result, SluiceError};
+use crate::source::Partitions;
+
+/// A stream's declared event-time column and how late its rows may be.
+///
+/// ```
+/// use std::time::Duration;
+/// use sluice_engine::WatermarkSpec;
+/// let spec = WatermarkSpec::new("ts", Duration::from_secs(5));
+/// assert_eq!(spec.to_string(), "WATERMARK FOR ts AS ts - 5s");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatermarkSpec {
+    /// The event-time column (a TIMESTAMP).
+    pub column: String,
+    /// How far behind the latest event time the watermark trails.
+    pub delay: Duration,
+}
+
+impl WatermarkSpec {
+    /// A watermark on `column` trailing the latest event time by `delay`.
+    pub fn new(column: impl Into<String>, delay: Duration) -> Self {
+        Self {
+            column: column.into(),
+            delay,
+        }
+    }
+
+    /// Checks that the column exists in `schema` and holds timestamps.
+    pub(crate) fn check(&self, stream: &str, schema: &SchemaRef) -> Result<usize> {
+        let (index, field) = schema.column_with_name(&self.column).ok_or_else(|| {
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            let hint = crate::options::closest(&self.column, names.iter().copied())
+                .map(|c| format!(" (did you mean '{c}'?)"))
+                .unwrap_or_default();
+            SluiceError::plan(format!(
+                "WATERMARK FOR {}: stream '{stream}' has no column '{}'{hint}; its columns are {}",
+                self.column,
+                self.column,
+                names.join(", ")
+            ))
+        })?;
+        if !matches!(field.data_type(), DataType::Timestamp(..)) {
+            return Err(SluiceError::plan(format!(
+                "WATERMARK FOR {}: the column is {}, but event time must be a TIMESTAMP; convert \
+                 it first (for example with to_timestamp_millis) in a stream of its own",
+                self.column,
+                field.data_type()
+            )));
+        }
+        Ok(index)
+    }
+}
+
+impl std::fmt::Display for WatermarkSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "WATERMARK FOR {} AS {} - {:?}",
+            self.column, self.column, self.delay
+        )
+    }
+}
+
+/// One input's event-time column and watermark.
+#[derive(Debug)]
+struct Tracked {
+    key: String,
+    column: usize,
+    delay_ns: i64,
+    current: Option<i64>,
+}
+
+/// The watermarks of one query's inputs (nanoseconds since the Unix epoch).
+#[derive(Debug, Default)]
+pub(crate) struct WatermarkTracker {
+    /// Per input, in plan order; `None` for an input without a watermark.
+    inputs: Vec<Option<Tracked>>,
+}
+
+impl WatermarkTracker {
+    /// Tracks the inputs, each `(checkpoint key, schema, declared watermark)`.
+    pub(crate) fn new<'a>(
+        inputs: impl IntoIterator<Item = (&'a str, &'a str, SchemaRef, Option<&'a WatermarkSpec>)>,
+    ) -> Result<Self> {
+        let mut tracked = Vec::new();
+        for (key, stream, schema, spec) in inputs {
+            tracked.push(match spec {
+                None => None,
+                Some(spec) => Some(Tracked {
+                    key: key.to_string(),
+                    column: spec.check(stream, &schema)?,
+                    delay_ns: i64::try_from(spec.delay.as_nanos()).unwrap_or(i64::MAX),
+                    current: None,
+                }),
+            });
+        }
+        Ok(Self { inputs: tracked })
+    }
+
+    /// The query's watermark: the minimum over inputs that have one.
+    pub(crate) fn current(&self) -> Option<i64> {
+        self.inputs.iter().flatten().filter_map(|t| t.current).min()
+    }
+
+    /// Removes input `index`'s rows older than `watermark` (the query's,
+    /// before this epoch); returns the rows kept and how many were dropped.
+    /// Rows without an event time cannot be placed and count as late too.
+    pub(crate) fn drop_late(
+        &self,
+        index: usize,
+        partitions: Partitions,
+        watermark: Option<i64>,
+    ) -> Result<(Partitions, u64)> {
+        let (Some(Some(t)), Some(watermark)) = (self.inputs.get(index), watermark) else {
+            return Ok((partitions, 0));
+        };
+        let mut dropped = 0;
+        let mut kept = Vec::with_capacity(partitions.len());
+        for partition in partitions {
+            let mut out = Vec::with_capacity(partition.len());
+            for batch in partition {
+                let times = nanos(batch.column(t.column))?;
+                let keep = gt_eq(&times, &Scalar::new(Int64Array::from(vec![watermark])))?;
+                let keep = match keep.nulls() {
+                    // Null comparisons (null event time) do not keep the row.
+                    Some(_) => BooleanArray::from_iter(keep.iter().map(|v| Some(v == Some(true)))),
+                    None => keep,
+                };
+                let n = keep.true_count();
+                dropped += (batch.num_rows() - n) as u64;
+                out.push(if n == batch.num_rows() {
+                    batch
+                } else {
+                    filter_record_batch(&batch, &keep)?
+                });
+            }
+            kept.push(out);
+        }
+        Ok((kept, dropped))
+    }
+
+    /// Advances input `index`'s watermark past the rows it read.
+    pub(crate) fn observe(&mut self, index: usize, partitions: &Partitions) -> Result<()> {
+        let Some(Some(t)) = self.inputs.get_mut(index) else {
+            return Ok(());
+        };
+        for batch in partitions.iter().flatten() {
+            let times = nanos(batch.column(t.column))?;
+            if let Some(latest) = max(times.as_primitive::<Int64Type>()) {
+                let candidate = latest.saturating_sub(t.delay_ns);
+                t.current = Some(t.current.map_or(candidate, |c| c.max(candidate)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Each input's watermark, for the commit record.
+    pub(crate) fn to_record(&self) -> BTreeMap<String, i64> {
+        self.inputs
+            .iter()
+            .flatten()
+            .filter_map(|t| Some((t.key.clone(), t.current?)))
+            .collect()
+    }
+
+    /// Resumes from a commit record's watermarks.
+    pub(crate) fn restore(&mut self, record: &BTreeMap<String, i64>) {
+        for t in self.inputs.iter_mut().flatten() {
+            t.current = record.get(&t.key).copied();
+        }
+    }
+}
+
+/// A timestamp column as Int64 nanoseconds since the Unix epoch.
+pub(crate) fn nanos(column: &Arc<dyn Array>) -> Result<Arc<dyn Array>> {
+    let as_ns = cast(column, &DataType::Timestamp(TimeUnit::Nanosecond, None))?;
+    Ok(cast(&as_ns, &DataType::Int64)?)
+}
+
+/// Nanoseconds since the Unix epoch as RFC 3339, for progress reports.
+pub(crate) fn format_nanos(ns: i64) -> String {
+    chrono::DateTime::from_timestamp_nanos(ns).to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}

@@ -1,0 +1,335 @@
+//! Event-time windows: TUMBLE and HOP.
+//!
+//! A window table function adds `window_start` and `window_end` columns to
+//! a stream's rows (HOP repeats a row once per window holding it), so a
+//! windowed aggregation is an ordinary `GROUP BY window_start, window_end,
+//! ...` for DataFusion and for the incremental aggregate. Windows are
+//! aligned to the Unix epoch, as in Flink and Spark: `[k·size, (k+1)·size)`
+//! for TUMBLE, starts at multiples of the slide for HOP.
+//!
+//! The two columns carry Arrow field metadata saying they are window
+//! bounds and how far the bound is from the window's end. The metadata
+//! survives DataFusion's planning into the aggregate's group keys, which
+//! is how the aggregate learns, without tracing expressions, which key
+//! closes a group when the watermark passes it (see `aggregate`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::arrow::array::{Array, AsArray, Int64Array, ListArray};
+use datafusion::arrow::buffer::OffsetBuffer;
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, TimeUnit};
+use datafusion::common::metadata::FieldMetadata;
+use datafusion::common::{Column, DFSchema, ScalarValue};
+use datafusion::dataframe::DataFrame;
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
+};
+
+use crate::error::{Result, SluiceError};
+
+/// Field metadata key marking a window bound: `start` or `end`.
+const BOUND: &str = "sluice.window.bound";
+/// Field metadata key: nanoseconds from this bound to the window's end.
+const TO_END_NS: &str = "sluice.window.to_end_ns";
+/// Field metadata key: the event-time column the window is over.
+const TIME_COLUMN: &str = "sluice.window.time_column";
+
+/// An event-time window assignment.
+///
+/// ```
+/// use std::time::Duration;
+/// use sluice_engine::Window;
+/// let w = Window::hop("ts", Duration::from_secs(2), Duration::from_secs(10));
+/// assert_eq!(w.to_string(), "HOP(ts, slide 2s, size 10s)");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Window {
+    /// Fixed, non-overlapping windows of `size`.
+    Tumble {
+        /// The event-time column.
+        column: String,
+        /// The window length.
+        size: Duration,
+    },
+    /// Windows of `size` starting every `slide`; a row is in each window
+    /// that holds its time.
+    Hop {
+        /// The event-time column.
+        column: String,
+        /// How often a window starts.
+        slide: Duration,
+        /// The window length.
+        size: Duration,
+    },
+}
+
+impl Window {
+    /// `TUMBLE(TABLE s, DESCRIPTOR(column), size)`.
+    pub fn tumble(column: impl Into<String>, size: Duration) -> Self {
+        Self::Tumble {
+            column: column.into(),
+            size,
+        }
+    }
+
+    /// `HOP(TABLE s, DESCRIPTOR(column), slide, size)`.
+    pub fn hop(column: impl Into<String>, slide: Duration, size: Duration) -> Self {
+        Self::Hop {
+            column: column.into(),
+            slide,
+            size,
+        }
+    }
+
+    /// The event-time column.
+    pub fn column(&self) -> &str {
+        match self {
+            Self::Tumble { column, .. } | Self::Hop { column, .. } => column,
+        }
+    }
+
+    fn size(&self) -> Duration {
+        match self {
+            Self::Tumble { size, .. } | Self::Hop { size, .. } => *size,
+        }
+    }
+
+    /// Adds `window_start` and `window_end` to `df`'s columns.
+    pub(crate) fn apply(&self, df: DataFrame) -> Result<DataFrame> {
+        let time = self.column().to_string();
+        let schema = df.schema().clone();
+        let (qualifier, field) = find(&schema, &time)?;
+        let DataType::Timestamp(unit, _) = field.data_type() else {
+            return Err(SluiceError::plan(format!(
+                "{self}: column '{time}' is {}, but a window needs a TIMESTAMP column",
+                field.data_type()
+            )));
+        };
+        let size_ns = positive_nanos(self, "size", self.size())?;
+        let time_col = Expr::Column(Column::new(qualifier.cloned(), &time));
+        let (df, start) = match self {
+            Self::Tumble { .. } => {
+                let start = datafusion::functions::datetime::date_bin()
+                    .call(vec![interval(size_ns), time_col]);
+                (df, start)
+            }
+            Self::Hop { slide, .. } => {
+                let slide_ns = positive_nanos(self, "slide", *slide)?;
+                if slide_ns > size_ns {
+                    return Err(SluiceError::plan(format!(
+                        "{self}: the slide is longer than the window, so some rows would be in \
+                         no window; use a slide up to the size (equal is TUMBLE)"
+                    )));
+                }
+                let per_unit = nanos_per(*unit);
+                if slide_ns % per_unit != 0 || size_ns % per_unit != 0 {
+                    return Err(SluiceError::plan(format!(
+                        "{self}: column '{time}' has {unit:?} precision, finer than the slide \
+                         or size; use whole {unit:?}s"
+                    )));
+                }
+                let starts = ScalarUDF::from(HopStarts {
+                    slide: slide_ns / per_unit,
+                    size: size_ns / per_unit,
+                    signature: Signature::any(1, Volatility::Immutable),
+                });
+                const STARTS: &str = "__sluice_window_starts";
+                let df = df
+                    .with_column(STARTS, starts.call(vec![time_col]))?
+                    .unnest_columns(&[STARTS])?;
+                (df, Expr::Column(Column::from_name(STARTS)))
+            }
+        };
+        let bound = |which: &str, to_end_ns: i64| {
+            FieldMetadata::new(BTreeMap::from([
+                (BOUND.to_string(), which.to_string()),
+                (TO_END_NS.to_string(), to_end_ns.to_string()),
+                (TIME_COLUMN.to_string(), time.clone()),
+            ]))
+        };
+        let mut exprs: Vec<Expr> = df
+            .schema()
+            .columns()
+            .into_iter()
+            .filter(|c| !c.name.starts_with("__sluice_"))
+            .filter(|c| c.name != "window_start" && c.name != "window_end")
+            .map(Expr::Column)
+            .collect();
+        exprs.push(
+            start
+                .clone()
+                .alias_with_metadata("window_start", Some(bound("start", size_ns))),
+        );
+        exprs.push(
+            (start + interval(size_ns)).alias_with_metadata("window_end", Some(bound("end", 0))),
+        );
+        Ok(df.select(exprs)?)
+    }
+}
+
+impl std::fmt::Display for Window {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tumble { column, size } => write!(f, "TUMBLE({column}, size {size:?})"),
+            Self::Hop {
+                column,
+                slide,
+                size,
+            } => write!(f, "HOP({column}, slide {slide:?}, size {size:?})"),
+        }
+    }
+}
+
+/// A group key that is a window bound: the key's rows are final once the
+/// watermark reaches `key + to_end_ns`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WindowKey {
+    /// Index among the group keys.
+    pub column: usize,
+    /// Nanoseconds from the key's value to the window's end.
+    pub to_end_ns: i64,
+    /// The event-time column the window is over.
+    pub time_column: String,
+}
+
+/// The window bound among `fields` (group-key fields), preferring
+/// `window_end` when both are keys.
+pub(crate) fn window_key<'a>(fields: impl IntoIterator<Item = &'a Field>) -> Option<WindowKey> {
+    let mut found: Option<WindowKey> = None;
+    for (column, field) in fields.into_iter().enumerate() {
+        let md = field.metadata();
+        let (Some(bound), Some(to_end)) = (md.get(BOUND), md.get(TO_END_NS)) else {
+            continue;
+        };
+        let Ok(to_end_ns) = to_end.parse() else {
+            continue;
+        };
+        let key = WindowKey {
+            column,
+            to_end_ns,
+            time_column: md.get(TIME_COLUMN).cloned().unwrap_or_default(),
+        };
+        if bound == "end" || found.is_none() {
+            found = Some(key);
+        }
+    }
+    found
+}
+
+fn find<'a>(
+    schema: &'a DFSchema,
+    name: &str,
+) -> Result<(Option<&'a datafusion::common::TableReference>, &'a Field)> {
+    let mut hits = schema.iter().filter(|(_, f)| f.name() == name);
+    match (hits.next(), hits.next()) {
+        (Some((q, f)), None) => Ok((q, f.as_ref())),
+        (None, _) => {
+            let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+            let hint = crate::options::closest(name, names.iter().copied())
+                .map(|c| format!(" (did you mean '{c}'?)"))
+                .unwrap_or_default();
+            Err(SluiceError::plan(format!(
+                "DESCRIPTOR({name}): no column '{name}'{hint}; the columns are {}",
+                names.join(", ")
+            )))
+        }
+        (Some(_), Some(_)) => Err(SluiceError::plan(format!(
+            "DESCRIPTOR({name}): more than one column is named '{name}'"
+        ))),
+    }
+}
+
+fn positive_nanos(window: &Window, what: &str, d: Duration) -> Result<i64> {
+    match i64::try_from(d.as_nanos()) {
+        Ok(ns) if ns > 0 => Ok(ns),
+        _ => Err(SluiceError::plan(format!(
+            "{window}: the {what} must be positive (and under 292 years), got {d:?}"
+        ))),
+    }
+}
+
+fn interval(ns: i64) -> Expr {
+    Expr::Literal(
+        ScalarValue::IntervalMonthDayNano(Some(
+            datafusion::arrow::datatypes::IntervalMonthDayNano::new(0, 0, ns),
+        )),
+        None,
+    )
+}
+
+fn nanos_per(unit: TimeUnit) -> i64 {
+    match unit {
+        TimeUnit::Second => 1_000_000_000,
+        TimeUnit::Millisecond => 1_000_000,
+        TimeUnit::Microsecond => 1_000,
+        TimeUnit::Nanosecond => 1,
+    }
+}
+
+/// `HOP`'s window starts for each event time: a list per row, newest window
+/// first, computed in the column's own time unit.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct HopStarts {
+    slide: i64,
+    size: i64,
+    signature: Signature,
+}
+
+impl ScalarUDFImpl for HopStarts {
+    fn name(&self) -> &str {
+        "hop_window_starts"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> datafusion::error::Result<DataType> {
+        let item = args.first().cloned().unwrap_or(DataType::Null);
+        Ok(DataType::List(Arc::new(Field::new_list_field(item, true))))
+    }
+
+    fn invoke_with_args(
+        &self,
+        args: ScalarFunctionArgs,
+    ) -> datafusion::error::Result<ColumnarValue> {
+        let [time] = args.args.as_slice() else {
+            return Err(datafusion::error::DataFusionError::Internal(
+                "hop_window_starts takes one argument".into(),
+            ));
+        };
+        let time = time.to_array(args.number_rows)?;
+        let item_type = time.data_type().clone();
+        let values = cast(&time, &DataType::Int64)?;
+        let values = values.as_primitive::<Int64Type>();
+        let mut starts = Vec::with_capacity(values.len() * (self.size / self.slide) as usize);
+        let mut offsets = Vec::with_capacity(values.len() + 1);
+        offsets.push(0i32);
+        for (i, t) in values.values().iter().enumerate() {
+            if values.is_valid(i) {
+                let mut start = t - t.rem_euclid(self.slide);
+                while start > t - self.size {
+                    starts.push(start);
+                    start -= self.slide;
+                }
+            }
+            let end = i32::try_from(starts.len()).map_err(|_| {
+                datafusion::error::DataFusionError::Execution(
+                    "too many HOP windows in one batch".into(),
+                )
+            })?;
+            offsets.push(end);
+        }
+        let starts = cast(&Int64Array::from(starts), &item_type)?;
+        let list = ListArray::try_new(
+            Arc::new(Field::new_list_field(item_type, true)),
+            OffsetBuffer::new(offsets.into()),
+            starts,
+            time.nulls().cloned(),
+        )?;
+        Ok(ColumnarValue::Array(Arc::new(list)))
+    }
+}

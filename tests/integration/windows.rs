@@ -1,0 +1,395 @@
+//! Event-time windows and watermarks, checked against an independent
+//! answer: the test places rows in windows and judges lateness itself
+//! (plain loops over the rules in `watermark`), and DataFusion's batch
+//! execution aggregates the rows that were not late.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::arrow::array::{AsArray, Int64Array, RecordBatch, TimestampMillisecondArray};
+use sluice::arrow::compute::cast;
+use sluice::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
+use sluice::datafusion::functions_aggregate::expr_fn::{count, count_distinct, max, min, sum};
+use sluice::datafusion::prelude::*;
+use sluice::{MemorySink, MemoryStream, OutputMode, Session, Window};
+
+use crate::util::Lcg;
+
+const DELAY_MS: i64 = 2_000;
+
+/// One input row: (key, value, event time in ms).
+type Row = (i64, i64, i64);
+
+/// An aggregated window: (window start ms, key) → (n, total, lo, hi, distinct v % 3).
+type Answer = BTreeMap<(i64, i64), (i64, i64, i64, i64, i64)>;
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, false),
+        Field::new("ts", DataType::Timestamp(TimeUnit::Millisecond, None), true),
+    ]))
+}
+
+fn to_batch(rows: &[Row]) -> RecordBatch {
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(TimestampMillisecondArray::from_iter_values(
+                rows.iter().map(|r| r.2),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+/// Batches whose event time moves forward with jitter, so some rows are
+/// out of order and some are later than the watermark allows.
+fn input(rng: &mut Lcg, batches: usize) -> Vec<Vec<Row>> {
+    let mut clock = 1_700_000_000_000i64;
+    (0..batches)
+        .map(|_| {
+            clock += rng.next(4_000) as i64;
+            let n = 1 + rng.next(30) as usize;
+            (0..n)
+                .map(|_| {
+                    let ts = clock - rng.next(6_000) as i64 + rng.next(800) as i64;
+                    (rng.next(4) as i64, rng.next(100) as i64 - 20, ts)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Lateness by the documented rules: epoch N drops rows older than the
+/// watermark left by epoch N-1, then moves it to max(ts) - delay.
+/// Returns the kept rows, the late count, and the watermark after each epoch.
+fn judge(batches: &[Vec<Row>]) -> (Vec<Row>, u64, Vec<Option<i64>>) {
+    let mut watermark: Option<i64> = None;
+    let (mut kept, mut late, mut marks) = (Vec::new(), 0, Vec::new());
+    for batch in batches {
+        for r in batch {
+            if watermark.is_some_and(|w| r.2 < w) {
+                late += 1;
+            } else {
+                kept.push(*r);
+            }
+        }
+        let latest = batch.iter().map(|r| r.2).max().unwrap() - DELAY_MS;
+        watermark = Some(watermark.map_or(latest, |w| w.max(latest)));
+        marks.push(watermark);
+    }
+    (kept, late, marks)
+}
+
+/// The windows (start, ms) holding `ts`, aligned to the Unix epoch.
+fn windows_of(ts: i64, slide: i64, size: i64) -> Vec<i64> {
+    let mut out = Vec::new();
+    let mut start = ts - ts.rem_euclid(slide);
+    while start > ts - size {
+        out.push(start);
+        start -= slide;
+    }
+    out
+}
+
+/// DataFusion's batch answer over the rows placed in their windows.
+async fn batch_answer(rows: &[Row], slide: i64, size: i64) -> Answer {
+    let placed: Vec<(i64, Row)> = rows
+        .iter()
+        .flat_map(|r| {
+            windows_of(r.2, slide, size)
+                .into_iter()
+                .map(move |w| (w, *r))
+        })
+        .collect();
+    let batch = RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("ws", DataType::Int64, false),
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, false),
+        ])),
+        vec![
+            Arc::new(Int64Array::from_iter_values(placed.iter().map(|p| p.0))),
+            Arc::new(Int64Array::from_iter_values(placed.iter().map(|p| p.1 .0))),
+            Arc::new(Int64Array::from_iter_values(placed.iter().map(|p| p.1 .1))),
+        ],
+    )
+    .unwrap();
+    let ctx = SessionContext::new();
+    ctx.register_batch("placed", batch).unwrap();
+    let out = ctx
+        .sql(
+            "SELECT ws, k, count(*) AS n, sum(v) AS total, min(v) AS lo, max(v) AS hi, \
+             count(DISTINCT v % 3) AS d FROM placed GROUP BY ws, k",
+        )
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    fold(&out, "ws")
+}
+
+/// Rows of `batches` by (window start, key); later rows replace earlier.
+fn fold(batches: &[RecordBatch], start: &str) -> Answer {
+    let mut out = Answer::new();
+    for b in batches {
+        let ws = cast(b.column_by_name(start).unwrap(), &DataType::Int64).unwrap();
+        let ws = ws.as_primitive::<Int64Type>();
+        let get = |name: &str| {
+            cast(b.column_by_name(name).unwrap(), &DataType::Int64)
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .clone()
+        };
+        let (k, n, total, lo, hi, d) = (
+            get("k"),
+            get("n"),
+            get("total"),
+            get("lo"),
+            get("hi"),
+            get("d"),
+        );
+        for i in 0..b.num_rows() {
+            out.insert(
+                (ws.value(i), k.value(i)),
+                (
+                    n.value(i),
+                    total.value(i),
+                    lo.value(i),
+                    hi.value(i),
+                    d.value(i),
+                ),
+            );
+        }
+    }
+    out
+}
+
+struct Run {
+    /// Output batches per epoch, in epoch order.
+    epochs: Vec<Vec<RecordBatch>>,
+    late_rows: u64,
+    /// State rows after the last epoch.
+    state_rows: u64,
+    /// The query's watermark after each epoch, as progress reported it.
+    watermarks: Vec<Option<String>>,
+}
+
+/// Runs the windowed aggregation over `batches`, one epoch each, stopping
+/// and restarting from the checkpoint at random epochs.
+async fn run_streaming(
+    batches: &[Vec<Row>],
+    window: &Window,
+    mode: OutputMode,
+    rng: &mut Lcg,
+    dir: &std::path::Path,
+) -> Run {
+    let mut run = Run {
+        epochs: Vec::new(),
+        late_rows: 0,
+        state_rows: 0,
+        watermarks: Vec::new(),
+    };
+    let mut fed = 0;
+    while fed < batches.len() {
+        let input = MemoryStream::new(schema());
+        for b in &batches[..fed] {
+            input.add_batch(to_batch(b)).unwrap();
+        }
+        let out = MemorySink::new();
+        let query = Session::new()
+            .read_stream()
+            .memory(&input)
+            .unwrap()
+            .with_watermark("ts", Duration::from_millis(DELAY_MS as u64))
+            .unwrap()
+            .window(window.clone())
+            .unwrap()
+            .aggregate(
+                vec![col("window_start"), col("window_end"), col("k")],
+                vec![
+                    count(lit(1)).alias("n"),
+                    sum(col("v")).alias("total"),
+                    min(col("v")).alias("lo"),
+                    max(col("v")).alias("hi"),
+                    count_distinct(col("v") % lit(3)).alias("d"),
+                ],
+            )
+            .unwrap()
+            .write_stream()
+            .memory(&out)
+            .output_mode(mode)
+            .checkpoint_location(dir)
+            .start()
+            .await
+            .unwrap();
+        let run_for = 1 + rng.next(4) as usize;
+        for b in batches[fed..].iter().take(run_for) {
+            input.add_batch(to_batch(b)).unwrap();
+            query.process_all_available().await.unwrap();
+            fed += 1;
+        }
+        for p in query.recent_progress() {
+            run.late_rows += p.late_rows;
+            run.state_rows = p.state_rows;
+            run.watermarks.push(p.watermark.clone());
+        }
+        query.stop().await.unwrap();
+        for e in out.epochs() {
+            run.epochs.push(out.epoch_batches(e));
+        }
+    }
+    run
+}
+
+/// An RFC 3339 time from progress as ms since the Unix epoch.
+fn rfc3339_to_ms(text: &str) -> i64 {
+    sluice::arrow::compute::kernels::cast_utils::string_to_timestamp_nanos(text).unwrap()
+        / 1_000_000
+}
+
+async fn append_mode_emits_each_closed_window_once(window: Window, slide: i64, size: i64) {
+    for seed in [11u64, 12, 13] {
+        let mut rng = Lcg(seed);
+        let batches = input(&mut rng, 14);
+        let dir = tempfile::tempdir().unwrap();
+        let run = run_streaming(&batches, &window, OutputMode::Append, &mut rng, dir.path()).await;
+        assert_eq!(run.epochs.len(), batches.len(), "one epoch per batch");
+        let (kept, late, marks) = judge(&batches);
+        assert!(late > 0, "seed {seed}: the input should have late rows");
+        assert_eq!(run.late_rows, late, "seed {seed}: late rows counted");
+        let expected = batch_answer(&kept, slide, size).await;
+        // Each window is emitted exactly in the epoch whose watermark
+        // passed its end, never before, never twice.
+        let mut seen = BTreeSet::new();
+        let mut emitted = Answer::new();
+        for (epoch, out) in run.epochs.iter().enumerate() {
+            let before = if epoch == 0 { None } else { marks[epoch - 1] };
+            let now = marks[epoch].unwrap();
+            let rows = fold(out, "window_start");
+            for (key, value) in rows {
+                let end = key.0 + size;
+                assert!(
+                    end <= now && before.is_none_or(|b| end > b),
+                    "seed {seed}: window {key:?} emitted in epoch {epoch} (watermark {before:?} -> {now})"
+                );
+                assert!(
+                    seen.insert(key),
+                    "seed {seed}: window {key:?} emitted twice"
+                );
+                emitted.insert(key, value);
+            }
+        }
+        let final_mark = marks.last().unwrap().unwrap();
+        let closed: Answer = expected
+            .iter()
+            .filter(|((ws, _), _)| ws + size <= final_mark)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        assert!(!closed.is_empty(), "seed {seed}");
+        assert_eq!(emitted, closed, "seed {seed}");
+        let open = expected.len() - closed.len();
+        assert_eq!(
+            run.state_rows, open as u64,
+            "seed {seed}: only open windows stay in state"
+        );
+        let reported = run.watermarks.last().cloned().flatten().unwrap();
+        assert_eq!(
+            rfc3339_to_ms(&reported),
+            final_mark,
+            "seed {seed}: progress reports the watermark"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tumbling_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
+    append_mode_emits_each_closed_window_once(
+        Window::tumble("ts", Duration::from_secs(5)),
+        5_000,
+        5_000,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hopping_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
+    append_mode_emits_each_closed_window_once(
+        Window::hop("ts", Duration::from_secs(2), Duration::from_secs(5)),
+        2_000,
+        5_000,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_in_update_mode_fold_to_the_batch_answer_and_evict_closed_state() {
+    let (slide, size) = (3_000, 6_000);
+    let window = Window::hop(
+        "ts",
+        Duration::from_millis(3_000),
+        Duration::from_millis(6_000),
+    );
+    for seed in [21u64, 22] {
+        let mut rng = Lcg(seed);
+        let batches = input(&mut rng, 12);
+        let dir = tempfile::tempdir().unwrap();
+        let run = run_streaming(&batches, &window, OutputMode::Update, &mut rng, dir.path()).await;
+        let (kept, late, marks) = judge(&batches);
+        assert_eq!(run.late_rows, late, "seed {seed}");
+        let mut folded = Answer::new();
+        for out in &run.epochs {
+            folded.extend(fold(out, "window_start"));
+        }
+        assert_eq!(
+            folded,
+            batch_answer(&kept, slide, size).await,
+            "seed {seed}"
+        );
+        let final_mark = marks.last().unwrap().unwrap();
+        let open = folded
+            .keys()
+            .filter(|(ws, _)| ws + size > final_mark)
+            .count();
+        assert_eq!(
+            run.state_rows, open as u64,
+            "seed {seed}: closed windows evicted"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_mode_needs_a_watermark_on_the_window_column() {
+    let input = MemoryStream::new(schema());
+    let err = Session::new()
+        .read_stream()
+        .memory(&input)
+        .unwrap()
+        .window(Window::tumble("ts", Duration::from_secs(10)))
+        .unwrap()
+        .aggregate(vec![col("window_start"), col("k")], vec![count(lit(1))])
+        .unwrap()
+        .write_stream()
+        .memory(&MemorySink::new())
+        .output_mode(OutputMode::Append)
+        .start()
+        .await
+        .unwrap_err();
+    assert!(err.is_user_error());
+    let msg = err.to_string();
+    assert!(msg.contains("WATERMARK FOR ts"), "{msg}");
+    assert!(msg.contains("'update'"), "{msg}");
+
+    let err = Session::new()
+        .read_stream()
+        .memory(&input)
+        .unwrap()
+        .window(Window::tumble("k", Duration::from_secs(10)))
+        .unwrap_err();
+    assert!(err.to_string().contains("TIMESTAMP"), "{err}");
+}
