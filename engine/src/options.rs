@@ -73,11 +73,22 @@ impl Options {
 
     /// Removes and returns `key`, or an error saying it is required.
     pub fn take_required(&mut self, connector: &str, key: &str, example: &str) -> Result<String> {
-        self.take(key).ok_or_else(|| {
-            SluiceError::config(format!(
-                "connector '{connector}' needs option '{key}', e.g. '{key}' = '{example}'"
-            ))
-        })
+        self.take(key)
+            .ok_or_else(|| self.missing(connector, key, &format!("'{key}' = '{example}'")))
+    }
+
+    /// The error for a required `key` that is absent, pointing out a
+    /// remaining key that looks like a misspelling of it.
+    pub fn missing(&self, connector: &str, key: &str, example: &str) -> SluiceError {
+        let typo = self
+            .values
+            .keys()
+            .find(|k| closest(k, std::iter::once(key)).is_some())
+            .map(|t| format!(" ('{t}' looks like a misspelling of it)"))
+            .unwrap_or_default();
+        SluiceError::config(format!(
+            "connector '{connector}' needs option '{key}'{typo}, e.g. {example}"
+        ))
     }
 
     /// Removes `key` and parses it as `T`; `expected` describes the valid

@@ -618,6 +618,18 @@ impl<'a> SqlRunner<'a> {
         Ok(StatementOutcome::Set { key, value })
     }
 
+    /// "unknown stream", with the closest declared name and how to declare it.
+    fn unknown_stream(&self, name: &str) -> String {
+        let names: Vec<String> = self.session.streams().into_iter().map(|s| s.name).collect();
+        let hint = sluice_engine::closest(name, names.iter().map(String::as_str))
+            .map(|c| format!(" (did you mean '{c}'?)"))
+            .unwrap_or_default();
+        format!(
+            "unknown stream '{name}'{hint}: declare it first with CREATE STREAM {name} WITH \
+             (connector = '...')"
+        )
+    }
+
     /// Registers a view per window call `query` uses (see `event_time`);
     /// returns their names.
     async fn register_windows(
@@ -636,16 +648,7 @@ impl<'a> SqlRunner<'a> {
         for placeholder in &used {
             let call = &self.windows[placeholder];
             if self.session.stream(&call.stream).is_none() {
-                let names: Vec<String> =
-                    self.session.streams().into_iter().map(|s| s.name).collect();
-                let hint = sluice_engine::closest(&call.stream, names.iter().map(String::as_str))
-                    .map(|c| format!(" (did you mean '{c}'?)"))
-                    .unwrap_or_default();
-                return Err(self.err(
-                    text,
-                    call.stream_pos,
-                    format!("unknown stream '{}'{hint}", call.stream),
-                ));
+                return Err(self.err(text, call.stream_pos, self.unknown_stream(&call.stream)));
             }
             let frame = self
                 .session
@@ -676,17 +679,10 @@ impl<'a> SqlRunner<'a> {
         let sink = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
         let query_tok = p.peek_token();
         let query = p.parse_query().map_err(|e| pe(self, e))?;
-        let definition = self.session.stream(&sink).ok_or_else(|| {
-            let names: Vec<String> = self.session.streams().into_iter().map(|s| s.name).collect();
-            let hint = sluice_engine::closest(&sink, names.iter().map(String::as_str))
-                .map(|c| format!(" (did you mean '{c}'?)"))
-                .unwrap_or_default();
-            self.err(
-                text,
-                Pos::from(&sink_tok),
-                format!("unknown stream '{sink}'{hint}: declare it first with CREATE STREAM {sink} WITH (connector = '...')"),
-            )
-        })?;
+        let definition = self
+            .session
+            .stream(&sink)
+            .ok_or_else(|| self.err(text, Pos::from(&sink_tok), self.unknown_stream(&sink)))?;
         let views = self.register_windows(&query, text).await?;
         let state = self.session.context().state();
         let planned = state
@@ -709,9 +705,20 @@ impl<'a> SqlRunner<'a> {
                         || msg.contains(&format!("table '{}'", s.name))
                 })
                 .and_then(|s| self.session.unreadable_reason(&s.name));
-            match unreadable {
-                Some(reason) => self.err(text, Pos::from(&query_tok), reason),
-                None => self.engine_error(text, Pos::from(&query_tok), e),
+            let missing = table_not_found(&msg).filter(|t| self.session.stream(t).is_none());
+            match (unreadable, missing) {
+                (Some(reason), _) => self.err(text, Pos::from(&query_tok), reason),
+                (None, Some(table)) => {
+                    let located = self.engine_error(text, Pos::from(&query_tok), e);
+                    SqlError::at(
+                        &self.file,
+                        text,
+                        located.line,
+                        located.column,
+                        self.unknown_stream(&table),
+                    )
+                }
+                (None, None) => self.engine_error(text, Pos::from(&query_tok), e),
             }
         })?;
         let frame = self.session.frame(plan);
@@ -751,6 +758,19 @@ impl<'a> SqlRunner<'a> {
         pending.explain()?;
         Ok(pending)
     }
+}
+
+/// The table of DataFusion's "table 'catalog.schema.name' not found".
+fn table_not_found(message: &str) -> Option<String> {
+    let rest = message.split("table '").nth(1)?;
+    let (qualified, tail) = rest.split_once('\'')?;
+    tail.starts_with(" not found").then(|| {
+        qualified
+            .rsplit('.')
+            .next()
+            .unwrap_or(qualified)
+            .to_string()
+    })
 }
 
 /// The name a DataFusion "unknown name" message is about.

@@ -5,6 +5,7 @@ mod aggregate;
 mod cli;
 mod engine;
 mod exactly_once;
+mod golden;
 mod kafka;
 mod util;
 mod windows;

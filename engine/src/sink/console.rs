@@ -4,6 +4,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 
@@ -33,7 +34,10 @@ impl Connector for ConsoleConnector {
             .take_parsed::<usize>("num_rows", "a whole number of rows")?
             .unwrap_or(20);
         args.options.finish("console", OPTIONS)?;
-        Ok(Arc::new(Console { num_rows }))
+        Ok(Arc::new(Console {
+            num_rows,
+            schema: args.schema,
+        }))
     }
 }
 
@@ -41,6 +45,8 @@ impl Connector for ConsoleConnector {
 struct Console {
     /// Rows printed per epoch; the rest are counted.
     num_rows: usize,
+    /// The query's output columns, shown even for an epoch without rows.
+    schema: SchemaRef,
 }
 
 #[async_trait]
@@ -57,6 +63,9 @@ impl Sink for Console {
             let n = b.num_rows().min(left);
             shown.push(b.slice(0, n));
             left -= n;
+        }
+        if shown.is_empty() {
+            shown.push(RecordBatch::new_empty(Arc::clone(&self.schema)));
         }
         let table = pretty_format_batches(&shown)?;
         let mut out = std::io::stdout().lock();

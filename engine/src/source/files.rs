@@ -53,11 +53,12 @@ impl Connector for FilesConnector {
     fn source(&self, mut args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
         let o = &mut args.options;
         let path = PathBuf::from(o.take_required("files", "path", "./data/incoming")?);
-        let format = o.take_choice("format", FORMATS)?.ok_or_else(|| {
-            SluiceError::config(
-                "connector 'files' needs option 'format': one of 'json', 'csv', 'parquet'",
-            )
-        })?;
+        let format = match o.take_choice("format", FORMATS)? {
+            Some(f) => f,
+            None => {
+                return Err(o.missing("files", "format", "'format' = 'json' (or 'csv', 'parquet')"))
+            }
+        };
         let header = o
             .take_parsed::<bool>("header", "true or false")?
             .unwrap_or(true);

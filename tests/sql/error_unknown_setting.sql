@@ -1,0 +1,1 @@
+SET 'checkpoint.locaton' = '/tmp/x';

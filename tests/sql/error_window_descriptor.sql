@@ -1,0 +1,7 @@
+CREATE STREAM events (k BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts)
+    WITH (connector = 'files', path = 'data/events', format = 'json');
+CREATE STREAM out WITH (connector = 'console');
+INSERT INTO out
+SELECT window_start, count(*) AS n
+FROM TABLE(HOP(TABLE events, DESCRIPTOR(tz), INTERVAL '1' SECOND, INTERVAL '5' SECOND))
+GROUP BY window_start;
