@@ -127,3 +127,25 @@ fn explain_prints_the_incremental_plan() {
         "{stdout}"
     );
 }
+
+#[test]
+fn every_sql_example_plans() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "sql") {
+            let out = sluice().arg("explain").arg(&path).output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                path.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(stdout.contains("output mode:"), "{stdout}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "examples/*.sql: {checked} files");
+}
