@@ -14,6 +14,9 @@
 //! and how to merge it. The operator's state is the [`KeyedState`] of
 //! partial states: flushed as a snapshot every epoch, before the commit.
 //!
+//! Deduplication is the same operator keyed by the distinct columns: a
+//! key's row is emitted the first time the key is seen, never again.
+//!
 //! Event-time windows (a group key carrying a window bound, see `window`):
 //! once the watermark reaches a window's end its groups are final. Append
 //! mode emits them then, once, and only then; update mode emits groups as
@@ -22,6 +25,7 @@
 
 use std::sync::Arc;
 
+use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::execution::SessionState;
@@ -50,6 +54,10 @@ pub(crate) struct AggregateConfig {
     /// The group key that is a window bound, for a windowed aggregation
     /// in append or update mode: its groups close with the watermark.
     pub window: Option<WindowKey>,
+    /// Deduplication (`SELECT DISTINCT`, `drop_duplicates`): a key's row
+    /// is emitted once, the first time the key is seen, in append and
+    /// update modes alike.
+    pub dedup: bool,
 }
 
 /// A running GROUP BY.
@@ -151,6 +159,7 @@ impl AggregateOperator {
                 .state
                 .insert(KeyedState::new(Arc::clone(&partial_schema), group_columns)?),
         };
+        let mut first_seen = Vec::new();
         let changed = if partials.is_empty() {
             Vec::new()
         } else {
@@ -172,6 +181,11 @@ impl AggregateOperator {
                 .filter(|b| b.num_rows() > 0)
                 .map(|b| RecordBatch::try_new(Arc::clone(&partial_schema), b.columns().to_vec()))
                 .collect::<std::result::Result<_, _>>()?;
+            if self.config.dedup {
+                for b in &new_states {
+                    first_seen.push(filter_record_batch(b, &state.unseen(b)?)?);
+                }
+            }
             state.upsert(&new_states)?;
             new_states
         };
@@ -184,6 +198,7 @@ impl AggregateOperator {
                 Arc::clone(&partial_schema),
                 state.all().columns().to_vec(),
             )?],
+            _ if self.config.dedup => first_seen,
             OutputMode::Append => closed.into_iter().collect(),
             OutputMode::Update => changed,
         };

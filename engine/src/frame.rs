@@ -13,7 +13,7 @@ use datafusion::logical_expr::TableScan;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::prelude::Expr;
+use datafusion::prelude::{ident, Expr};
 
 use crate::aggregate::AggregateOperator;
 use crate::checkpoint::Checkpoint;
@@ -174,6 +174,29 @@ impl StreamFrame {
             df: window.apply(self.df)?,
             session: self.session,
         })
+    }
+
+    /// Each distinct row once, the first time it is seen (SQL `SELECT
+    /// DISTINCT`). The state holds every distinct row; when the rows carry
+    /// a watermarked event-time column (or a window), rows behind the
+    /// watermark leave it.
+    pub fn distinct(self) -> Result<Self> {
+        self.map(|df| df.distinct())
+    }
+
+    /// The first row seen for each distinct value of `columns` (Spark's
+    /// `dropDuplicates(cols)`); bounded by the watermark like
+    /// [`distinct`](Self::distinct) when `columns` include the event time.
+    pub fn drop_duplicates(self, columns: &[&str]) -> Result<Self> {
+        let on: Vec<Expr> = columns.iter().map(|c| ident(*c)).collect();
+        let all: Vec<Expr> = self
+            .df
+            .schema()
+            .columns()
+            .into_iter()
+            .map(Expr::Column)
+            .collect();
+        self.map(|df| df.distinct_on(on, all, None))
     }
 
     /// Rows of both frames (UNION ALL).

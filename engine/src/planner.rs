@@ -77,7 +77,11 @@ pub(crate) fn plan_query(
     plan: &LogicalPlan,
     mode: Option<OutputMode>,
 ) -> Result<IncrementalPlan> {
-    let mode = check_incremental(plan, mode)?;
+    let Checked {
+        mode,
+        dedup,
+        watermarked,
+    } = check_incremental(plan, mode)?;
     let rules = state
         .optimizers()
         .iter()
@@ -135,7 +139,7 @@ pub(crate) fn plan_query(
     }))?;
     let logical = state.optimize(&bound)?;
     let output_schema = Arc::new(logical.schema().as_arrow().clone());
-    let aggregate = split_aggregate(&logical, mode)?;
+    let aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
     let key_columns = aggregate
         .as_ref()
         .map(group_key_columns)
@@ -188,7 +192,12 @@ fn group_key_columns(agg: &AggregateConfig) -> Vec<String> {
 
 /// Splits `plan` at its `Aggregate`: the aggregate itself, and the tail
 /// after it reading the aggregate's values from an [`EpochBatches`].
-fn split_aggregate(plan: &LogicalPlan, mode: OutputMode) -> Result<Option<AggregateConfig>> {
+fn split_aggregate(
+    plan: &LogicalPlan,
+    mode: OutputMode,
+    dedup: bool,
+    watermarked: &[String],
+) -> Result<Option<AggregateConfig>> {
     let mut found = None;
     plan.apply(|node| {
         if let LogicalPlan::Aggregate(_) = node {
@@ -231,7 +240,7 @@ fn split_aggregate(plan: &LogicalPlan, mode: OutputMode) -> Result<Option<Aggreg
     // Complete mode re-emits every window, so it keeps them all.
     let window = match (&aggregate, mode) {
         (_, OutputMode::Complete) => None,
-        (LogicalPlan::Aggregate(a), _) => window_of(a),
+        (LogicalPlan::Aggregate(a), _) => event_time_key(a, watermarked),
         _ => None,
     };
     Ok(Some(AggregateConfig {
@@ -240,6 +249,7 @@ fn split_aggregate(plan: &LogicalPlan, mode: OutputMode) -> Result<Option<Aggreg
         output,
         mode,
         window,
+        dedup,
     }))
 }
 
@@ -261,11 +271,35 @@ pub(crate) fn unwrap_external(e: datafusion::error::DataFusionError) -> SluiceEr
 
 /// Rejects what cannot run incrementally, saying why and what would work;
 /// returns the output mode (the one asked for, else the one derived).
-fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<OutputMode> {
+/// What [`check_incremental`] found.
+struct Checked {
+    mode: OutputMode,
+    /// The query deduplicates (`SELECT DISTINCT`, `drop_duplicates`).
+    dedup: bool,
+    /// The watermarked event-time columns of the streams read.
+    watermarked: Vec<String>,
+}
+
+fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Checked> {
     let mut problem = None;
     let mut aggregates = 0;
     let mut window = None;
+    let mut dedup = false;
+    // Scans come first: a plan is visited top-down, so collect them before.
     let mut watermarked = Vec::new();
+    plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            let provider = source_as_provider(&scan.source).ok();
+            if let Some(spec) = provider
+                .as_ref()
+                .and_then(as_stream_table)
+                .and_then(|s| s.definition().watermark.as_ref())
+            {
+                watermarked.push(spec.column.clone());
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
     plan.apply(|node| {
         let what = match node {
             LogicalPlan::Projection(_)
@@ -277,9 +311,6 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Out
             LogicalPlan::TableScan(scan) => {
                 let provider = source_as_provider(&scan.source).ok();
                 let stream = provider.as_ref().and_then(as_stream_table);
-                if let Some(spec) = stream.and_then(|s| s.definition().watermark.as_ref()) {
-                    watermarked.push(spec.column.clone());
-                }
                 stream.is_none().then(|| {
                     format!(
                         "reads '{}', which is a table, not a stream; joining a stream with a \
@@ -290,7 +321,7 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Out
             }
             LogicalPlan::Aggregate(agg) => {
                 aggregates += 1;
-                window = window_of(agg);
+                window = event_time_key(agg, &watermarked);
                 if aggregates > 1 {
                     Some(
                         "aggregates an aggregation (or counts DISTINCT next to other \
@@ -308,11 +339,18 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Out
                     None
                 }
             }
-            LogicalPlan::Distinct(_) => Some(
-                "uses SELECT DISTINCT, which needs the deduplication operator, not available yet; \
-                 GROUP BY the columns instead to get one row per distinct value (update mode)"
-                    .to_string(),
-            ),
+            // Deduplication: DataFusion turns it into an aggregation keyed by
+            // the distinct columns, which emits each key once (see
+            // `aggregate`).
+            LogicalPlan::Distinct(_) => {
+                aggregates += 1;
+                dedup = true;
+                (aggregates > 1).then(|| {
+                    "deduplicates an aggregation; one DISTINCT or GROUP BY per query is \
+                     supported"
+                        .to_string()
+                })
+            }
             LogicalPlan::Join(_) => Some(
                 "joins streams, which needs the stateful join operator; this version runs \
                  stateless queries only"
@@ -354,44 +392,73 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Out
             "this query cannot run on a stream: it {p}"
         )));
     }
+    let checked = |mode| {
+        Ok(Checked {
+            mode,
+            dedup,
+            watermarked: watermarked.clone(),
+        })
+    };
+    if dedup {
+        // A distinct row never changes once emitted: append by default.
+        return checked(mode.unwrap_or(OutputMode::Append));
+    }
     if let Some(w) = &window {
         let has_watermark = watermarked.contains(&w.time_column);
-        return match mode {
-            Some(OutputMode::Append) if !has_watermark => Err(SluiceError::plan(format!(
-                "output mode 'append' emits each window once, when the watermark passes its \
+        return checked(match mode {
+            Some(OutputMode::Append) if !has_watermark => {
+                return Err(SluiceError::plan(format!(
+                    "output mode 'append' emits each window once, when the watermark passes its \
                  end, but '{}' has no watermark: declare one (WATERMARK FOR {} AS {} - INTERVAL \
                  '5' SECOND in CREATE STREAM, or with_watermark), or use 'update'",
-                w.time_column, w.time_column, w.time_column
-            ))),
-            Some(m) => Ok(m),
-            None if has_watermark => Ok(OutputMode::Append),
-            None => Ok(OutputMode::Update),
-        };
+                    w.time_column, w.time_column, w.time_column
+                )))
+            }
+            Some(m) => m,
+            None if has_watermark => OutputMode::Append,
+            None => OutputMode::Update,
+        });
     }
-    match (aggregates, mode) {
-        (0, Some(OutputMode::Complete)) => Err(SluiceError::plan(
-            "output mode 'complete' needs an aggregation (it re-emits the whole result table); \
-             this query is stateless: use 'append'",
-        )),
-        (0, m) => Ok(m.unwrap_or(OutputMode::Append)),
-        (_, Some(OutputMode::Append)) => Err(SluiceError::plan(
-            "output mode 'append' emits only rows that never change, but a GROUP BY without an \
-             event-time window changes its rows every epoch: use 'update' (emit the groups that \
-             changed; the default) or 'complete' (emit the whole result every epoch)",
-        )),
-        (_, m) => Ok(m.unwrap_or(OutputMode::Update)),
-    }
+    checked(match (aggregates, mode) {
+        (0, Some(OutputMode::Complete)) => {
+            return Err(SluiceError::plan(
+                "output mode 'complete' needs an aggregation (it re-emits the whole result \
+                 table); this query is stateless: use 'append'",
+            ))
+        }
+        (0, m) => m.unwrap_or(OutputMode::Append),
+        (_, Some(OutputMode::Append)) => {
+            return Err(SluiceError::plan(
+                "output mode 'append' emits only rows that never change, but a GROUP BY without \
+                 an event-time window changes its rows every epoch: use 'update' (emit the groups \
+                 that changed; the default) or 'complete' (emit the whole result every epoch)",
+            ))
+        }
+        (_, m) => m.unwrap_or(OutputMode::Update),
+    })
 }
 
-/// The group key that is a window bound, if the aggregation is windowed.
-pub(crate) fn window_of(agg: &datafusion::logical_expr::Aggregate) -> Option<WindowKey> {
-    window_key(
-        agg.schema
-            .fields()
+/// The group key that carries event time, if any: a window bound (see
+/// `window`), else a watermarked column itself, whose groups are final once
+/// the watermark has passed the key (rows older than it are late).
+pub(crate) fn event_time_key(
+    agg: &datafusion::logical_expr::Aggregate,
+    watermarked: &[String],
+) -> Option<WindowKey> {
+    let keys = &agg.schema.fields()[..agg.group_expr.len()];
+    window_key(keys.iter().map(|f| f.as_ref())).or_else(|| {
+        agg.group_expr
             .iter()
-            .take(agg.group_expr.len())
-            .map(|f| f.as_ref()),
-    )
+            .enumerate()
+            .find_map(|(column, e)| match e {
+                Expr::Column(c) if watermarked.contains(&c.name) => Some(WindowKey {
+                    column,
+                    to_end_ns: 1,
+                    time_column: c.name.clone(),
+                }),
+                _ => None,
+            })
+    })
 }
 
 /// The incremental plan as text, for `EXPLAIN` and `sluice explain`.

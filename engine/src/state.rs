@@ -91,6 +91,15 @@ impl KeyedState {
         Ok(take_record_batch(&self.rows, &UInt32Array::from(wanted))?)
     }
 
+    /// True for each row of `batch` whose key is not stored.
+    pub(crate) fn unseen(&self, batch: &RecordBatch) -> Result<BooleanArray> {
+        Ok(self
+            .keys(batch)?
+            .iter()
+            .map(|k| Some(!self.index.contains_key(k)))
+            .collect())
+    }
+
     /// Replaces the rows of the keys in `new` (one row per key) and adds
     /// the keys not yet stored.
     pub(crate) fn upsert(&mut self, new: &[RecordBatch]) -> Result<()> {

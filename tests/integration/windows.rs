@@ -1,7 +1,7 @@
-//! Event-time windows and watermarks, checked against an independent
-//! answer: the test places rows in windows and judges lateness itself
-//! (plain loops over the rules in `watermark`), and DataFusion's batch
-//! execution aggregates the rows that were not late.
+//! Event-time windows, watermarks and deduplication, checked against an
+//! independent answer: the test places rows in windows and judges lateness
+//! itself (plain loops over the rules in `watermark`), and DataFusion's
+//! batch execution aggregates (or deduplicates) the rows that were not late.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use sluice::arrow::compute::cast;
 use sluice::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
 use sluice::datafusion::functions_aggregate::expr_fn::{count, count_distinct, max, min, sum};
 use sluice::datafusion::prelude::*;
-use sluice::{MemorySink, MemoryStream, OutputMode, Session, Window};
+use sluice::{MemorySink, MemoryStream, OutputMode, Session, StreamFrame, Window};
 
 use crate::util::Lcg;
 
@@ -180,11 +180,32 @@ struct Run {
     watermarks: Vec<Option<String>>,
 }
 
-/// Runs the windowed aggregation over `batches`, one epoch each, stopping
-/// and restarting from the checkpoint at random epochs.
+/// The windowed aggregation the tests run.
+fn windowed(window: &Window) -> impl Fn(StreamFrame) -> StreamFrame + '_ {
+    move |frame| {
+        frame
+            .window(window.clone())
+            .unwrap()
+            .aggregate(
+                vec![col("window_start"), col("window_end"), col("k")],
+                vec![
+                    count(lit(1)).alias("n"),
+                    sum(col("v")).alias("total"),
+                    min(col("v")).alias("lo"),
+                    max(col("v")).alias("hi"),
+                    count_distinct(col("v") % lit(3)).alias("d"),
+                ],
+            )
+            .unwrap()
+    }
+}
+
+/// Runs `query` (over a stream with a watermark on `ts`) over `batches`,
+/// one epoch each, stopping and restarting from the checkpoint at random
+/// epochs.
 async fn run_streaming(
     batches: &[Vec<Row>],
-    window: &Window,
+    query: impl Fn(StreamFrame) -> StreamFrame,
     mode: OutputMode,
     rng: &mut Lcg,
     dir: &std::path::Path,
@@ -202,25 +223,13 @@ async fn run_streaming(
             input.add_batch(to_batch(b)).unwrap();
         }
         let out = MemorySink::new();
-        let query = Session::new()
+        let frame = Session::new()
             .read_stream()
             .memory(&input)
             .unwrap()
             .with_watermark("ts", Duration::from_millis(DELAY_MS as u64))
-            .unwrap()
-            .window(window.clone())
-            .unwrap()
-            .aggregate(
-                vec![col("window_start"), col("window_end"), col("k")],
-                vec![
-                    count(lit(1)).alias("n"),
-                    sum(col("v")).alias("total"),
-                    min(col("v")).alias("lo"),
-                    max(col("v")).alias("hi"),
-                    count_distinct(col("v") % lit(3)).alias("d"),
-                ],
-            )
-            .unwrap()
+            .unwrap();
+        let query = query(frame)
             .write_stream()
             .memory(&out)
             .output_mode(mode)
@@ -258,7 +267,14 @@ async fn append_mode_emits_each_closed_window_once(window: Window, slide: i64, s
         let mut rng = Lcg(seed);
         let batches = input(&mut rng, 14);
         let dir = tempfile::tempdir().unwrap();
-        let run = run_streaming(&batches, &window, OutputMode::Append, &mut rng, dir.path()).await;
+        let run = run_streaming(
+            &batches,
+            windowed(&window),
+            OutputMode::Append,
+            &mut rng,
+            dir.path(),
+        )
+        .await;
         assert_eq!(run.epochs.len(), batches.len(), "one epoch per batch");
         let (kept, late, marks) = judge(&batches);
         assert!(late > 0, "seed {seed}: the input should have late rows");
@@ -339,7 +355,14 @@ async fn windows_in_update_mode_fold_to_the_batch_answer_and_evict_closed_state(
         let mut rng = Lcg(seed);
         let batches = input(&mut rng, 12);
         let dir = tempfile::tempdir().unwrap();
-        let run = run_streaming(&batches, &window, OutputMode::Update, &mut rng, dir.path()).await;
+        let run = run_streaming(
+            &batches,
+            windowed(&window),
+            OutputMode::Update,
+            &mut rng,
+            dir.path(),
+        )
+        .await;
         let (kept, late, marks) = judge(&batches);
         assert_eq!(run.late_rows, late, "seed {seed}");
         let mut folded = Answer::new();
@@ -392,4 +415,94 @@ async fn append_mode_needs_a_watermark_on_the_window_column() {
         .window(Window::tumble("k", Duration::from_secs(10)))
         .unwrap_err();
     assert!(err.to_string().contains("TIMESTAMP"), "{err}");
+}
+
+/// Every emitted row as (k, second column as i64), in emission order.
+fn pairs(epochs: &[Vec<RecordBatch>], second: &str) -> Vec<(i64, i64)> {
+    let mut out = Vec::new();
+    for b in epochs.iter().flatten() {
+        let k = cast(b.column_by_name("k").unwrap(), &DataType::Int64).unwrap();
+        let x = cast(b.column_by_name(second).unwrap(), &DataType::Int64).unwrap();
+        let (k, x) = (k.as_primitive::<Int64Type>(), x.as_primitive::<Int64Type>());
+        out.extend((0..b.num_rows()).map(|i| (k.value(i), x.value(i))));
+    }
+    out
+}
+
+/// DataFusion's batch `SELECT DISTINCT k, <second> FROM rows`.
+async fn batch_distinct(rows: &[Row], second: &str) -> BTreeSet<(i64, i64)> {
+    let ctx = SessionContext::new();
+    ctx.register_batch("t", to_batch(rows)).unwrap();
+    let out = ctx
+        .sql(&format!("SELECT DISTINCT k, {second} AS x FROM t"))
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    pairs(&[out], "x").into_iter().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distinct_emits_each_row_once_equal_to_the_batch_answer_across_restarts() {
+    for seed in [31u64, 32] {
+        let mut rng = Lcg(seed);
+        let batches = input(&mut rng, 12);
+        let dir = tempfile::tempdir().unwrap();
+        let query = |f: StreamFrame| {
+            f.select(vec![col("k"), (col("v") % lit(5)).alias("m")])
+                .unwrap()
+                .distinct()
+                .unwrap()
+        };
+        // Without event time in the rows, nothing is late and nothing leaves
+        // the state.
+        let run = run_streaming(&batches, query, OutputMode::Append, &mut rng, dir.path()).await;
+        let emitted = pairs(&run.epochs, "m");
+        let unique: BTreeSet<(i64, i64)> = emitted.iter().copied().collect();
+        assert_eq!(
+            unique.len(),
+            emitted.len(),
+            "seed {seed}: a row emitted twice"
+        );
+        let all: Vec<Row> = batches.concat();
+        assert_eq!(unique, batch_distinct(&all, "v % 5").await, "seed {seed}");
+        assert_eq!(run.late_rows, 0);
+        assert_eq!(run.state_rows, unique.len() as u64);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_duplicates_on_event_time_is_bounded_by_the_watermark() {
+    for seed in [41u64, 42] {
+        let mut rng = Lcg(seed);
+        // Coarse times so that duplicates of (k, ts) are common.
+        let batches: Vec<Vec<Row>> = input(&mut rng, 12)
+            .into_iter()
+            .map(|b| {
+                b.into_iter()
+                    .map(|(k, v, ts)| (k, v, ts - ts % 1_000))
+                    .collect()
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let query = |f: StreamFrame| f.drop_duplicates(&["k", "ts"]).unwrap();
+        let run = run_streaming(&batches, query, OutputMode::Append, &mut rng, dir.path()).await;
+        let (kept, late, marks) = judge(&batches);
+        assert!(late > 0, "seed {seed}");
+        assert_eq!(run.late_rows, late, "seed {seed}");
+        let emitted = pairs(&run.epochs, "ts");
+        let unique: BTreeSet<(i64, i64)> = emitted.iter().copied().collect();
+        assert_eq!(
+            unique.len(),
+            emitted.len(),
+            "seed {seed}: a row emitted twice"
+        );
+        assert_eq!(unique, batch_distinct(&kept, "ts").await, "seed {seed}");
+        // Keys behind the watermark left the state: their rows would be late.
+        let final_mark = marks.last().unwrap().unwrap();
+        let live = unique.iter().filter(|(_, ts)| *ts >= final_mark).count();
+        assert_eq!(run.state_rows, live as u64, "seed {seed}");
+        assert!(live < unique.len(), "seed {seed}: something was evicted");
+    }
 }
