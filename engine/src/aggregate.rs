@@ -211,7 +211,7 @@ impl AggregateOperator {
         )
         .await?;
         // The tail reads the final values under the Aggregate's own schema.
-        let out_schema = Arc::new(self.config.aggregate.schema().as_arrow().clone());
+        let out_schema = self.config.output.schema_ref();
         let finals = finals
             .into_iter()
             .map(|b| RecordBatch::try_new(Arc::clone(&out_schema), b.columns().to_vec()))

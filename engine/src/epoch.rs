@@ -25,10 +25,10 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect_partitioned;
 use futures::FutureExt;
 
-use crate::aggregate::AggregateOperator;
 use crate::checkpoint::{Checkpoint, CommitRecord, EpochCommit, OffsetRecord, SourceRange};
 use crate::error::{Result, SluiceError};
 use crate::fail_point::fail_point;
+use crate::operator::Operator;
 use crate::planner::IncrementalPlan;
 use crate::progress::{
     PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
@@ -58,8 +58,8 @@ pub(crate) struct EpochLoop {
     pub temp_dir: Option<tempfile::TempDir>,
     pub trigger: Trigger,
     pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
-    /// The query's GROUP BY, when it has one.
-    pub aggregate: Option<AggregateOperator>,
+    /// The query's stateful operator, when it has one.
+    pub operator: Option<Operator>,
 }
 
 impl EpochLoop {
@@ -169,9 +169,7 @@ impl EpochLoop {
             let progress = self
                 .run_epoch(&record, plan_ms, epoch_start, last_epoch_start)
                 .await?;
-            for (key, range) in record.sources {
-                positions.insert(key, range.end);
-            }
+            advance(&mut positions, record);
             tracing::info!(
                 target: "sluice::progress",
                 query = %progress.name,
@@ -226,7 +224,7 @@ impl EpochLoop {
                 commit
             }
         };
-        if let (Some(op), Some(commit)) = (&mut self.aggregate, &committed_epoch) {
+        if let (Some(op), Some(commit)) = (&mut self.operator, &committed_epoch) {
             if let Some(file) = commit.state_files.first() {
                 let bytes = self.checkpoint.read_state(file)?;
                 op.restore(&self.plan.state, &bytes).await.map_err(|e| {
@@ -244,9 +242,7 @@ impl EpochLoop {
         let mut positions = BTreeMap::new();
         if let Some(record) = committed_plan {
             self.check_sources(&record)?;
-            for (key, range) in record.sources {
-                positions.insert(key, range.end);
-            }
+            advance(&mut positions, record);
         }
         let next = committed.unwrap_or(0) + 1;
         let replay = match planned {
@@ -413,10 +409,7 @@ impl EpochLoop {
         // Late rows are judged by the watermark the previous epoch left;
         // only then does this epoch's input move it (see `watermark`).
         let watermarks = &mut self.plan.watermarks;
-        let drops_late = self
-            .aggregate
-            .as_ref()
-            .is_some_and(AggregateOperator::is_windowed);
+        let drops_late = self.operator.as_ref().is_some_and(Operator::drops_late);
         let previous = watermarks.current();
         let mut late_rows = 0;
         for (index, (input, partitions)) in self.plan.inputs.iter().zip(read).enumerate() {
@@ -433,7 +426,7 @@ impl EpochLoop {
         let read_ms = ms(t.elapsed());
 
         let t = Instant::now();
-        let output: Vec<RecordBatch> = match &mut self.aggregate {
+        let output: Vec<RecordBatch> = match &mut self.operator {
             Some(op) => {
                 op.run_epoch(&self.plan.state, self.plan.watermarks.current())
                     .await?
@@ -462,10 +455,10 @@ impl EpochLoop {
         let t = Instant::now();
         let mut state_files = Vec::new();
         let (mut state_rows, mut state_bytes) = (0, 0);
-        if let Some(op) = &self.aggregate {
+        if let Some(op) = &self.operator {
             if let Some(bytes) = op.snapshot()? {
                 state_files.push(self.checkpoint.write_state(
-                    "aggregate",
+                    op.name(),
                     epoch,
                     &self.shared.run_id,
                     &bytes,
@@ -539,6 +532,17 @@ pub(crate) struct Recovered {
     epoch: u64,
     positions: BTreeMap<String, Offset>,
     replay: Option<OffsetRecord>,
+}
+
+/// Moves each source's position to the end of its range in `record`. A
+/// source that has had no data yet (end `null`) keeps no position, so it is
+/// next asked from its beginning.
+fn advance(positions: &mut BTreeMap<String, Offset>, record: OffsetRecord) {
+    for (key, range) in record.sources {
+        if !range.end.is_null() {
+            positions.insert(key, range.end);
+        }
+    }
 }
 
 fn ms(d: Duration) -> f64 {

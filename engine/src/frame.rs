@@ -8,6 +8,7 @@ use std::time::Duration;
 use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::JoinType;
 use datafusion::logical_expr::TableScan;
 
 use datafusion::arrow::datatypes::SchemaRef;
@@ -20,6 +21,8 @@ use crate::checkpoint::Checkpoint;
 use crate::connector::SinkArgs;
 use crate::epoch::EpochLoop;
 use crate::error::{Result, SluiceError};
+use crate::join::JoinOperator;
+use crate::operator::Operator;
 use crate::options::Options;
 use crate::planner::{self, IncrementalPlan};
 use crate::query::{QueryShared, StreamingQuery};
@@ -199,6 +202,40 @@ impl StreamFrame {
         self.map(|df| df.distinct_on(on, all, None))
     }
 
+    /// Qualifies the frame's columns with `name` (SQL's `FROM s AS name`),
+    /// to tell the two sides of a join apart.
+    pub fn alias(self, name: &str) -> Result<Self> {
+        self.map(|df| df.alias(name))
+    }
+
+    /// Joins `right` on `on` (equalities and an event-time bound), as an
+    /// interval join: `JoinType::Inner` or `JoinType::Left`. The bound keeps
+    /// the state finite; both time columns need a watermark.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use sluice_engine::datafusion::prelude::*;
+    /// # use sluice_engine::datafusion::common::{JoinType, ScalarValue};
+    /// # use sluice_engine::arrow::datatypes::IntervalMonthDayNano;
+    /// # fn demo(bids: sluice_engine::StreamFrame, auctions: sluice_engine::StreamFrame)
+    /// #     -> sluice_engine::Result<sluice_engine::StreamFrame> {
+    /// let hour = lit(ScalarValue::IntervalMonthDayNano(Some(IntervalMonthDayNano::new(
+    ///     0, 0, 3_600_000_000_000,
+    /// ))));
+    /// bids.alias("b")?.join(
+    ///     auctions.alias("a")?,
+    ///     JoinType::Inner,
+    ///     vec![
+    ///         col("b.auction").eq(col("a.id")),
+    ///         col("b.ts").between(col("a.ts"), col("a.ts") + hour),
+    ///     ],
+    /// )
+    /// # }
+    /// ```
+    pub fn join(self, right: StreamFrame, join_type: JoinType, on: Vec<Expr>) -> Result<Self> {
+        self.map(|df| df.join_on(right.df, join_type, on))
+    }
+
     /// Rows of both frames (UNION ALL).
     pub fn union(self, other: StreamFrame) -> Result<Self> {
         self.map(|df| df.union(other.df))
@@ -335,7 +372,11 @@ impl DataStreamWriter {
         let plan = self.plan()?;
         let mut plan = plan;
         let mode = plan.mode;
-        let aggregate = plan.aggregate.take().map(AggregateOperator::new);
+        let operator = match (plan.aggregate.take(), plan.join.take()) {
+            (Some(a), _) => Some(Operator::Aggregate(Box::new(AggregateOperator::new(a)))),
+            (None, Some(j)) => Some(Operator::Join(Box::new(JoinOperator::new(j)?))),
+            (None, None) => None,
+        };
         let name = self
             .name
             .clone()
@@ -392,7 +433,7 @@ impl DataStreamWriter {
         let epochs = EpochLoop {
             shared: Arc::clone(&shared),
             plan,
-            aggregate,
+            operator,
             sink_description: sink.describe(),
             sink,
             checkpoint,

@@ -48,6 +48,8 @@ mod epoch;
 mod error;
 mod fail_point;
 mod frame;
+mod join;
+mod operator;
 mod options;
 mod planner;
 mod progress;

@@ -13,16 +13,18 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DFSchema, JoinType};
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableScan};
 
 use crate::aggregate::AggregateConfig;
 use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
+use crate::join::{left_state_fields, time_bounds, JoinConfig};
 use crate::source::Source;
 use crate::table::{as_stream_table, EpochBatches, StreamTable};
 use crate::trigger::OutputMode;
@@ -55,6 +57,8 @@ pub(crate) struct IncrementalPlan {
     pub mode: OutputMode,
     /// The GROUP BY, when the query has one; `logical` is then unused.
     pub aggregate: Option<AggregateConfig>,
+    /// The interval join, when the query has one; `logical` is then unused.
+    pub join: Option<JoinConfig>,
     /// The session state epochs are planned with.
     pub state: SessionState,
     /// Output columns carrying the whole GROUP BY key (see
@@ -140,6 +144,10 @@ pub(crate) fn plan_query(
     let logical = state.optimize(&bound)?;
     let output_schema = Arc::new(logical.schema().as_arrow().clone());
     let aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
+    let join = match aggregate {
+        Some(_) => None,
+        None => split_join(&logical, &watermarked)?,
+    };
     let key_columns = aggregate
         .as_ref()
         .map(group_key_columns)
@@ -151,6 +159,7 @@ pub(crate) fn plan_query(
         output_schema,
         mode,
         aggregate,
+        join,
         state,
         watermarks,
     })
@@ -177,7 +186,17 @@ fn group_key_columns(agg: &AggregateConfig) -> Vec<String> {
         // The tail reads the aggregate through an aliasing projection, so a
         // passed-through key is a column (maybe aliased) named like a key.
         if let Expr::Column(c) = expr.clone().unalias_nested().data {
-            if keys.contains(&c.name) {
+            // Read straight from the aggregate's output batches, columns
+            // have positional names (see `batches_scan`).
+            let positional = c
+                .relation
+                .as_ref()
+                .filter(|r| r.table() == AGGREGATE_OUTPUT)
+                .and_then(|_| c.name.strip_prefix('c')?.parse::<usize>().ok())
+                .and_then(|i| keys.get(i).cloned());
+            if let Some(key) = positional {
+                found.push((key, field.name().clone()));
+            } else if keys.contains(&c.name) {
                 found.push((c.name, field.name().clone()));
             }
         }
@@ -189,6 +208,9 @@ fn group_key_columns(agg: &AggregateConfig) -> Vec<String> {
         Vec::new()
     }
 }
+
+/// The table name the query after an aggregate reads its output under.
+const AGGREGATE_OUTPUT: &str = "__sluice_aggregate";
 
 /// Splits `plan` at its `Aggregate`: the aggregate itself, and the tail
 /// after it reading the aggregate's values from an [`EpochBatches`].
@@ -209,34 +231,7 @@ fn split_aggregate(
     let Some(aggregate) = found else {
         return Ok(None);
     };
-    let schema = aggregate.schema();
-    let output = Arc::new(EpochBatches::new(Arc::new(schema.as_arrow().clone())));
-    let scan = LogicalPlanBuilder::scan(
-        "__sluice_aggregate",
-        provider_as_source(Arc::clone(&output) as Arc<dyn datafusion::catalog::TableProvider>),
-        None,
-    )?
-    .build()?;
-    // Give the columns back their original qualifiers, so the tail's
-    // expressions resolve as they did against the Aggregate.
-    let exprs: Vec<Expr> = schema
-        .iter()
-        .zip(scan.schema().columns())
-        .map(|((qualifier, field), column)| {
-            Expr::Column(column).alias_qualified(qualifier.cloned(), field.name())
-        })
-        .collect();
-    let replacement = LogicalPlanBuilder::from(scan).project(exprs)?.build()?;
-    let tail = plan
-        .clone()
-        .transform_up(|node| {
-            if matches!(node, LogicalPlan::Aggregate(_)) {
-                Ok(Transformed::yes(replacement.clone()))
-            } else {
-                Ok(Transformed::no(node))
-            }
-        })?
-        .data;
+    let (tail, output) = cut_at(plan, &aggregate, AGGREGATE_OUTPUT)?;
     // Complete mode re-emits every window, so it keeps them all.
     let window = match (&aggregate, mode) {
         (_, OutputMode::Complete) => None,
@@ -250,6 +245,142 @@ fn split_aggregate(
         mode,
         window,
         dedup,
+    }))
+}
+
+/// A scan of a fresh [`EpochBatches`] with `schema`'s columns, under their
+/// original qualifiers (so expressions written against `schema` resolve),
+/// plus `extra` unqualified columns.
+fn batches_scan(
+    name: &str,
+    schema: &DFSchema,
+    extra: &[Field],
+) -> Result<(LogicalPlan, Arc<EpochBatches>)> {
+    // Positional names: a join's output may repeat a name (`l.k`, `r.k`),
+    // which one unqualified table cannot; the projection restores them.
+    let mut fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| f.as_ref().clone().with_name(format!("c{i}")))
+        .collect();
+    fields.extend(extra.iter().cloned());
+    let batches = Arc::new(EpochBatches::new(Arc::new(Schema::new(fields))));
+    let scan = LogicalPlanBuilder::scan(
+        name,
+        provider_as_source(Arc::clone(&batches) as Arc<dyn TableProvider>),
+        None,
+    )?
+    .build()?;
+    let exprs: Vec<Expr> = scan
+        .schema()
+        .columns()
+        .into_iter()
+        .enumerate()
+        .map(|(i, column)| match schema.iter().nth(i) {
+            Some((qualifier, field)) => {
+                Expr::Column(column).alias_qualified(qualifier.cloned(), field.name())
+            }
+            None => {
+                let name = column.name.clone();
+                Expr::Column(column).alias(name)
+            }
+        })
+        .collect();
+    let plan = LogicalPlanBuilder::from(scan).project(exprs)?.build()?;
+    Ok((plan, batches))
+}
+
+/// `plan` with `node` replaced by a scan of its output, which the returned
+/// [`EpochBatches`] holds each epoch: what runs after a stateful operator.
+fn cut_at(
+    plan: &LogicalPlan,
+    node: &LogicalPlan,
+    name: &str,
+) -> Result<(LogicalPlan, Arc<EpochBatches>)> {
+    let (replacement, output) = batches_scan(name, node.schema(), &[])?;
+    let tail = plan
+        .clone()
+        .transform_up(|n| {
+            if &n == node {
+                Ok(Transformed::yes(replacement.clone()))
+            } else {
+                Ok(Transformed::no(n))
+            }
+        })?
+        .data;
+    Ok((tail, output))
+}
+
+/// Splits `plan` at its `Join`: the two sides, the join over their
+/// buffers, and the tail after it.
+fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<Option<JoinConfig>> {
+    let mut found = None;
+    plan.apply(|node| {
+        if let LogicalPlan::Join(j) = node {
+            found = Some((node.clone(), j.clone()));
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let Some((node, join)) = found else {
+        return Ok(None);
+    };
+    if !matches!(join.join_type, JoinType::Inner | JoinType::Left) {
+        return Err(SluiceError::plan(format!(
+            "this query cannot run on a stream: it uses a {} join; streams support inner and \
+             LEFT (outer) interval joins",
+            join.join_type
+        )));
+    }
+    let bounds = time_bounds(
+        join.filter.as_ref(),
+        join.left.schema(),
+        join.right.schema(),
+    )
+    .ok_or_else(|| {
+        SluiceError::plan(
+            "a join of two streams needs a time bound on both sides, so that its state \
+                 stays finite: add e.g. AND b.ts BETWEEN a.ts AND a.ts + INTERVAL '1' HOUR \
+                 to the ON condition (both columns with a WATERMARK)",
+        )
+    })?;
+    for ts in [&bounds.left_ts, &bounds.right_ts] {
+        if !watermarked.contains(&ts.name) {
+            return Err(SluiceError::plan(format!(
+                "the join's time bound uses '{ts}', which has no watermark, so the join could \
+                 never forget a row: declare WATERMARK FOR {} AS {} - INTERVAL '...' on its \
+                 stream",
+                ts.name, ts.name
+            )));
+        }
+    }
+    let (left_scan, left_in) = batches_scan(
+        "__sluice_join_left",
+        join.left.schema(),
+        &left_state_fields(),
+    )?;
+    let (right_scan, right_in) = batches_scan("__sluice_join_right", join.right.schema(), &[])?;
+    let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = join.on.iter().cloned().unzip();
+    let inner = LogicalPlanBuilder::from(left_scan)
+        .join_with_expr_keys(
+            right_scan,
+            JoinType::Inner,
+            (left_keys, right_keys),
+            join.filter.clone(),
+        )?
+        .build()?;
+    let (tail, output) = cut_at(plan, &node, "__sluice_join")?;
+    Ok(Some(JoinConfig {
+        left: (*join.left).clone(),
+        right: (*join.right).clone(),
+        join: inner,
+        left_in,
+        right_in,
+        tail,
+        output,
+        join_type: join.join_type,
+        bounds,
     }))
 }
 
@@ -285,6 +416,7 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
     let mut aggregates = 0;
     let mut window = None;
     let mut dedup = false;
+    let mut joins = 0;
     // Scans come first: a plan is visited top-down, so collect them before.
     let mut watermarked = Vec::new();
     plan.apply(|node| {
@@ -351,11 +483,14 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
                         .to_string()
                 })
             }
-            LogicalPlan::Join(_) => Some(
-                "joins streams, which needs the stateful join operator; this version runs \
-                 stateless queries only"
-                    .to_string(),
-            ),
+            LogicalPlan::Join(_) => {
+                joins += 1;
+                (joins > 1).then(|| {
+                    "joins more than two streams; one join per query is supported: write the \
+                     first join to a stream and join that"
+                        .to_string()
+                })
+            }
             LogicalPlan::Sort(_) => Some(
                 "sorts an unbounded stream (ORDER BY), which never finishes; remove the ORDER BY \
                  and sort where the output is read"
@@ -399,6 +534,22 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
             watermarked: watermarked.clone(),
         })
     };
+    if joins > 0 {
+        if aggregates > 0 {
+            return Err(SluiceError::plan(
+                "this query cannot run on a stream: it aggregates (or deduplicates) a join, \
+                 which is not supported yet; write the join to a stream and aggregate that",
+            ));
+        }
+        // A joined pair never changes once emitted.
+        return match mode {
+            Some(OutputMode::Complete) => Err(SluiceError::plan(
+                "output mode 'complete' needs an aggregation; a join emits each matched pair \
+                 once: use 'append'",
+            )),
+            m => checked(m.unwrap_or(OutputMode::Append)),
+        };
+    }
     if dedup {
         // A distinct row never changes once emitted: append by default.
         return checked(mode.unwrap_or(OutputMode::Append));
@@ -494,6 +645,37 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
             out.push('\n');
         }
     };
+    if let Some(j) = &plan.join {
+        let b = &j.bounds;
+        let d = |ns: i64| {
+            let sign = if ns < 0 { "-" } else { "+" };
+            format!(
+                "{sign} {:?}",
+                std::time::Duration::from_nanos(ns.unsigned_abs())
+            )
+        };
+        out.push_str(&format!(
+            "stateful operators:\n  interval join ({}), {} - {} within [{}, {}]; each side's \
+             rows are kept until the watermark rules out a partner{}\n",
+            j.join_type,
+            b.left_ts,
+            b.right_ts,
+            d(b.lo_ns),
+            d(b.hi_ns),
+            if j.join_type == JoinType::Left {
+                ", then unmatched left rows are emitted with nulls"
+            } else {
+                ""
+            }
+        ));
+        out.push_str("left side (per epoch):\n");
+        indent(&mut out, &j.left);
+        out.push_str("right side (per epoch):\n");
+        indent(&mut out, &j.right);
+        out.push_str("stateless segment after the join:\n");
+        indent(&mut out, &j.tail);
+        return out;
+    }
     match &plan.aggregate {
         None => {
             out.push_str("stateful operators: none\n");

@@ -176,6 +176,11 @@ impl EpochBatches {
         }
     }
 
+    /// The table's columns.
+    pub(crate) fn schema_ref(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
     /// Sets the batches the next physical plan over this table reads.
     pub(crate) fn set_input(&self, partitions: Partitions) {
         *self.input.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(partitions);

@@ -6,6 +6,7 @@ mod cli;
 mod engine;
 mod exactly_once;
 mod golden;
+mod joins;
 mod kafka;
 mod util;
 mod windows;

@@ -1,0 +1,440 @@
+//! Stream–stream interval joins: inner and left outer, bounded by event
+//! time.
+//!
+//! ```sql
+//! SELECT b.auction, b.price, a.seller
+//! FROM bids b JOIN auctions a
+//!   ON b.auction = a.id AND b.ts BETWEEN a.ts AND a.ts + INTERVAL '1' HOUR
+//! ```
+//!
+//! Each side keeps the rows it has read in a buffer. Per epoch, with ΔL and
+//! ΔR the epoch's new rows of each side (the stateless segments under the
+//! join, run by DataFusion):
+//!
+//! 1. output `ΔL ⋈ (L's partners: R ∪ ΔR)` and `L ⋈ ΔR`, each computed by
+//!    DataFusion's own join over the buffers, so every pair is produced
+//!    exactly once;
+//! 2. append ΔL and ΔR to the buffers;
+//! 3. evict what the watermark W rules out: the time condition bounds
+//!    `left.ts - right.ts` to `[lo, hi]`, and every future row of either
+//!    side has `ts ≥ W` (older rows are late and dropped), so a left row
+//!    with `ts - lo < W` and a right row with `ts + hi < W` can meet no
+//!    future partner. A left outer join emits its evicted left rows that
+//!    never matched, padded with nulls — once, when no match can come.
+//!
+//! Left rows carry a row id and a matched flag, so matches found in any
+//! epoch are remembered across restarts (the buffers are the operator's
+//! snapshot).
+
+use std::collections::HashSet;
+use std::io::Cursor;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    new_null_array, Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, Scalar,
+    UInt64Array,
+};
+use datafusion::arrow::compute::kernels::cmp::lt;
+use datafusion::arrow::compute::{concat_batches, filter_record_batch, not};
+use datafusion::arrow::datatypes::{DataType, Field, SchemaRef, UInt64Type};
+use datafusion::arrow::ipc::reader::FileReader;
+use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::common::{Column, DFSchema, JoinType, ScalarValue};
+use datafusion::execution::SessionState;
+use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
+use datafusion::physical_plan::collect;
+
+use crate::error::{Result, SluiceError};
+use crate::table::EpochBatches;
+use crate::watermark::nanos;
+
+/// Name of the row id column added to left rows.
+pub(crate) const ROW_ID: &str = "__sluice_row";
+/// Name of the matched flag column added to left rows.
+pub(crate) const MATCHED: &str = "__sluice_matched";
+
+/// The time condition of an interval join: `left.ts - right.ts` lies in
+/// `[lo_ns, hi_ns]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TimeBounds {
+    pub left_ts: Column,
+    pub right_ts: Column,
+    pub lo_ns: i64,
+    pub hi_ns: i64,
+}
+
+/// What does not change while the query runs.
+#[derive(Debug)]
+pub(crate) struct JoinConfig {
+    /// The stateless segment under the join's left side.
+    pub left: LogicalPlan,
+    /// The same for the right side.
+    pub right: LogicalPlan,
+    /// The join (inner, whatever the query's type) over `left_in`/`right_in`.
+    pub join: LogicalPlan,
+    pub left_in: Arc<EpochBatches>,
+    pub right_in: Arc<EpochBatches>,
+    /// The rest of the query, reading `output`.
+    pub tail: LogicalPlan,
+    pub output: Arc<EpochBatches>,
+    pub join_type: JoinType,
+    pub bounds: TimeBounds,
+}
+
+/// A running interval join.
+#[derive(Debug)]
+pub(crate) struct JoinOperator {
+    config: JoinConfig,
+    /// Left rows read so far and still able to match, with row id and
+    /// matched flag.
+    left: RecordBatch,
+    /// Right rows read so far and still able to match.
+    right: RecordBatch,
+    next_row_id: u64,
+    left_ts: usize,
+    right_ts: usize,
+}
+
+impl JoinOperator {
+    pub(crate) fn new(config: JoinConfig) -> Result<Self> {
+        let left_ts = config
+            .left
+            .schema()
+            .index_of_column(&config.bounds.left_ts)?;
+        let right_ts = config
+            .right
+            .schema()
+            .index_of_column(&config.bounds.right_ts)?;
+        Ok(Self {
+            left: RecordBatch::new_empty(config.left_in.schema_ref()),
+            right: RecordBatch::new_empty(config.right_in.schema_ref()),
+            next_row_id: 0,
+            left_ts,
+            right_ts,
+            config,
+        })
+    }
+
+    /// Rows and bytes held in the buffers.
+    pub(crate) fn state_size(&self) -> (u64, u64) {
+        (
+            (self.left.num_rows() + self.right.num_rows()) as u64,
+            (self.left.get_array_memory_size() + self.right.get_array_memory_size()) as u64,
+        )
+    }
+
+    /// Both buffers as one blob: the left buffer's length (8 bytes, little
+    /// endian), then the two Arrow IPC files.
+    pub(crate) fn snapshot(&self) -> Result<Vec<u8>> {
+        let left = ipc(&self.left)?;
+        let right = ipc(&self.right)?;
+        let mut out = Vec::with_capacity(8 + left.len() + right.len());
+        out.extend_from_slice(&(left.len() as u64).to_le_bytes());
+        out.extend(left);
+        out.extend(right);
+        Ok(out)
+    }
+
+    /// Replaces the buffers with a snapshot's.
+    pub(crate) fn restore(&mut self, bytes: &[u8]) -> Result<()> {
+        let damaged = || SluiceError::Internal("the join snapshot is truncated".into());
+        let len = bytes.get(..8).ok_or_else(damaged)?;
+        let len = u64::from_le_bytes(len.try_into().map_err(|_| damaged())?) as usize;
+        let left = bytes.get(8..8 + len).ok_or_else(damaged)?;
+        let right = bytes.get(8 + len..).ok_or_else(damaged)?;
+        self.left = read_ipc(left, self.config.left_in.schema_ref())?;
+        self.right = read_ipc(right, self.config.right_in.schema_ref())?;
+        let ids = self.left.column(self.left.num_columns() - 2);
+        self.next_row_id =
+            datafusion::arrow::compute::max(ids.as_primitive::<UInt64Type>()).map_or(0, |m| m + 1);
+        Ok(())
+    }
+
+    /// Runs one epoch over the input already set in the query's tables;
+    /// `watermark` is the query's watermark after this epoch's input.
+    pub(crate) async fn run_epoch(
+        &mut self,
+        session: &SessionState,
+        watermark: Option<i64>,
+    ) -> Result<Vec<RecordBatch>> {
+        let task = session.task_ctx();
+        let run = |plan: &LogicalPlan| {
+            let plan = plan.clone();
+            let task = Arc::clone(&task);
+            async move {
+                let physical = session.create_physical_plan(&plan).await?;
+                Ok::<_, SluiceError>(collect(physical, task).await?)
+            }
+        };
+        let left_schema = self.config.left_in.schema_ref();
+        let new_left = run(&self.config.left).await?;
+        let new_left = self.with_row_ids(&new_left)?;
+        let new_right = concat_rebound(
+            &self.config.right_in.schema_ref(),
+            &run(&self.config.right).await?,
+        )?;
+
+        // ΔL against everything on the right, then the old left against ΔR.
+        let all_right = concat_batches(&self.right.schema(), [&self.right, &new_right])?;
+        let mut joined = Vec::new();
+        for (l, r) in [(&new_left, &all_right), (&self.left, &new_right)] {
+            if l.num_rows() == 0 || r.num_rows() == 0 {
+                continue;
+            }
+            self.config.left_in.set_input(vec![vec![l.clone()]]);
+            self.config.right_in.set_input(vec![vec![r.clone()]]);
+            let out = run(&self.config.join).await;
+            self.config.left_in.set_input(Vec::new());
+            self.config.right_in.set_input(Vec::new());
+            joined.extend(out?);
+        }
+        let left_width = left_schema.fields().len();
+        let mut matched = HashSet::new();
+        for b in &joined {
+            let ids = b.column(left_width - 2).as_primitive::<UInt64Type>();
+            matched.extend(ids.values().iter().copied());
+        }
+        let mut left = concat_batches(&left_schema, [&self.left, &new_left])?;
+        if !matched.is_empty() {
+            left = mark_matched(&left, &matched)?;
+        }
+        let mut right = all_right;
+
+        let mut outer = None;
+        if let Some(w) = watermark {
+            let b = &self.config.bounds;
+            let (gone, kept) = split_before(&left, self.left_ts, w.saturating_add(b.lo_ns))?;
+            left = kept;
+            right = split_before(&right, self.right_ts, w.saturating_sub(b.hi_ns))?.1;
+            if self.config.join_type == JoinType::Left && gone.num_rows() > 0 {
+                let unmatched = not(gone.column(left_width - 1).as_boolean())?;
+                outer = Some(filter_record_batch(&gone, &unmatched)?);
+            }
+        }
+        self.left = left;
+        self.right = right;
+
+        // Drop the bookkeeping columns; pad unmatched left rows with nulls.
+        let schema = &self.config.output.schema_ref();
+        let mut output = Vec::new();
+        for b in &joined {
+            let mut columns: Vec<ArrayRef> = b.columns()[..left_width - 2].to_vec();
+            columns.extend(b.columns()[left_width..].iter().cloned());
+            output.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
+        }
+        if let Some(o) = outer.filter(|o| o.num_rows() > 0) {
+            let mut columns: Vec<ArrayRef> = o.columns()[..left_width - 2].to_vec();
+            for f in &schema.fields()[left_width - 2..] {
+                columns.push(new_null_array(f.data_type(), o.num_rows()));
+            }
+            output.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
+        }
+        if output.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.config.output.set_input(vec![output]);
+        let tail = session.create_physical_plan(&self.config.tail).await;
+        let out = match tail {
+            Ok(t) => collect(t, session.task_ctx()).await,
+            Err(e) => Err(e),
+        };
+        self.config.output.set_input(Vec::new());
+        Ok(out?.into_iter().filter(|b| b.num_rows() > 0).collect())
+    }
+
+    /// The epoch's left rows with fresh row ids and `matched = false`.
+    fn with_row_ids(&mut self, batches: &[RecordBatch]) -> Result<RecordBatch> {
+        let schema = self.config.left_in.schema_ref();
+        let mut out = Vec::with_capacity(batches.len());
+        for b in batches.iter().filter(|b| b.num_rows() > 0) {
+            let n = b.num_rows() as u64;
+            let mut columns = b.columns().to_vec();
+            columns.push(Arc::new(UInt64Array::from_iter_values(
+                self.next_row_id..self.next_row_id + n,
+            )));
+            columns.push(Arc::new(BooleanArray::from(vec![false; n as usize])));
+            self.next_row_id += n;
+            out.push(RecordBatch::try_new(Arc::clone(&schema), columns)?);
+        }
+        Ok(concat_batches(&schema, &out)?)
+    }
+}
+
+/// `batches` as one batch of `schema` (same columns; DataFusion's output
+/// may differ in field metadata or nullability).
+fn concat_rebound(schema: &SchemaRef, batches: &[RecordBatch]) -> Result<RecordBatch> {
+    let rebound = batches
+        .iter()
+        .map(|b| RecordBatch::try_new(Arc::clone(schema), b.columns().to_vec()))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(concat_batches(schema, &rebound)?)
+}
+
+/// Sets the matched flag (the last column) of the rows whose id (the one
+/// before it) is in `ids`.
+fn mark_matched(batch: &RecordBatch, ids: &HashSet<u64>) -> Result<RecordBatch> {
+    let n = batch.num_columns();
+    let row_ids = batch.column(n - 2).as_primitive::<UInt64Type>();
+    let was = batch.column(n - 1).as_boolean();
+    let now: BooleanArray = row_ids
+        .values()
+        .iter()
+        .enumerate()
+        .map(|(i, id)| Some(was.value(i) || ids.contains(id)))
+        .collect();
+    let mut columns = batch.columns().to_vec();
+    columns[n - 1] = Arc::new(now);
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
+/// Splits `batch` into the rows whose time column is before `limit` (ns)
+/// and the rest.
+fn split_before(
+    batch: &RecordBatch,
+    column: usize,
+    limit: i64,
+) -> Result<(RecordBatch, RecordBatch)> {
+    let times = nanos(batch.column(column))?;
+    let before = lt(&times, &Scalar::new(Int64Array::from(vec![limit])))?;
+    let before = if before.null_count() > 0 {
+        datafusion::arrow::compute::prep_null_mask_filter(&before)
+    } else {
+        before
+    };
+    Ok((
+        filter_record_batch(batch, &before)?,
+        filter_record_batch(batch, &not(&before)?)?,
+    ))
+}
+
+fn ipc(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut w = FileWriter::try_new(&mut out, &batch.schema())?;
+    w.write(batch)?;
+    w.finish()?;
+    drop(w);
+    Ok(out)
+}
+
+fn read_ipc(bytes: &[u8], schema: SchemaRef) -> Result<RecordBatch> {
+    let reader = FileReader::try_new(Cursor::new(bytes), None)?;
+    let batches = reader.collect::<std::result::Result<Vec<_>, _>>()?;
+    concat_rebound(&schema, &batches)
+}
+
+/// The left side's columns plus the row id and matched flag.
+pub(crate) fn left_state_fields() -> [Field; 2] {
+    [
+        Field::new(ROW_ID, DataType::UInt64, false),
+        Field::new(MATCHED, DataType::Boolean, false),
+    ]
+}
+
+/// Finds the time condition in an interval join's filter: conjuncts like
+/// `l.ts >= r.ts`, `l.ts <= r.ts + INTERVAL '1' HOUR` or
+/// `l.ts BETWEEN r.ts - ... AND r.ts + ...` that bound `l.ts - r.ts` both
+/// ways, on one pair of columns.
+pub(crate) fn time_bounds(
+    filter: Option<&Expr>,
+    left: &DFSchema,
+    right: &DFSchema,
+) -> Option<TimeBounds> {
+    let mut conjuncts = Vec::new();
+    if let Some(f) = filter {
+        split_conjuncts(f, &mut conjuncts);
+    }
+    let mut found: Option<(Column, Column)> = None;
+    let (mut lo, mut hi) = (None::<i64>, None::<i64>);
+    for (l, op, r) in conjuncts {
+        let (Some((cl, al)), Some((cr, ar))) = (term(&l), term(&r)) else {
+            continue;
+        };
+        // Normalise to `left.ts - right.ts <op> c`.
+        let (lt_col, rt_col, op, c) = if left.has_column(&cl) && right.has_column(&cr) {
+            (cl, cr, op, ar - al)
+        } else if right.has_column(&cl) && left.has_column(&cr) {
+            (cr, cl, flip(op), al - ar)
+        } else {
+            continue;
+        };
+        if found
+            .as_ref()
+            .is_some_and(|(a, b)| *a != lt_col || *b != rt_col)
+        {
+            continue;
+        }
+        found = Some((lt_col, rt_col));
+        match op {
+            Operator::GtEq | Operator::Gt => lo = Some(lo.map_or(c, |x| x.max(c))),
+            Operator::LtEq | Operator::Lt => hi = Some(hi.map_or(c, |x| x.min(c))),
+            _ => {}
+        }
+    }
+    let ((left_ts, right_ts), lo_ns, hi_ns) = (found?, lo?, hi?);
+    Some(TimeBounds {
+        left_ts,
+        right_ts,
+        lo_ns,
+        hi_ns,
+    })
+}
+
+fn split_conjuncts(e: &Expr, out: &mut Vec<(Expr, Operator, Expr)>) {
+    match e {
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) => match op {
+            Operator::And => {
+                split_conjuncts(left, out);
+                split_conjuncts(right, out);
+            }
+            Operator::Gt | Operator::GtEq | Operator::Lt | Operator::LtEq => {
+                out.push(((**left).clone(), *op, (**right).clone()))
+            }
+            _ => {}
+        },
+        Expr::Between(b) if !b.negated => {
+            out.push(((*b.expr).clone(), Operator::GtEq, (*b.low).clone()));
+            out.push(((*b.expr).clone(), Operator::LtEq, (*b.high).clone()));
+        }
+        _ => {}
+    }
+}
+
+fn flip(op: Operator) -> Operator {
+    match op {
+        Operator::Gt => Operator::Lt,
+        Operator::GtEq => Operator::LtEq,
+        Operator::Lt => Operator::Gt,
+        Operator::LtEq => Operator::GtEq,
+        other => other,
+    }
+}
+
+/// `col`, `col + interval` or `col - interval` as (column, offset ns).
+fn term(e: &Expr) -> Option<(Column, i64)> {
+    match e {
+        Expr::Column(c) => Some((c.clone(), 0)),
+        Expr::Cast(c) => term(&c.expr),
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+            let (c, base) = term(left)?;
+            let d = interval_ns(right)?;
+            match op {
+                Operator::Plus => Some((c, base + d)),
+                Operator::Minus => Some((c, base - d)),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+fn interval_ns(e: &Expr) -> Option<i64> {
+    match e {
+        Expr::Literal(ScalarValue::IntervalMonthDayNano(Some(v)), _) if v.months == 0 => {
+            Some(v.days as i64 * 86_400_000_000_000 + v.nanoseconds)
+        }
+        Expr::Literal(ScalarValue::IntervalDayTime(Some(v)), _) => {
+            Some(v.days as i64 * 86_400_000_000_000 + v.milliseconds as i64 * 1_000_000)
+        }
+        _ => None,
+    }
+}

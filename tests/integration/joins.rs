@@ -1,0 +1,348 @@
+//! Stream–stream interval joins, checked against an independent answer:
+//! the test judges lateness itself (plain loops over the rules in
+//! `watermark`, two inputs), and DataFusion's batch join over the rows
+//! that were not late gives the pairs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::arrow::array::{AsArray, Int64Array, RecordBatch, TimestampMillisecondArray};
+use sluice::arrow::compute::cast;
+use sluice::arrow::datatypes::{
+    DataType, Field, Int64Type, IntervalMonthDayNano, Schema, SchemaRef, TimeUnit,
+};
+use sluice::datafusion::common::{JoinType, ScalarValue};
+use sluice::datafusion::prelude::*;
+use sluice::{MemorySink, MemoryStream, OutputMode, Session, Trigger};
+
+use crate::util::Lcg;
+
+const DELAY_MS: i64 = 1_000;
+/// `l.ts - r.ts` must lie in `[LO_MS, HI_MS]`.
+const LO_MS: i64 = -1_000;
+const HI_MS: i64 = 3_000;
+
+/// (key, value, event time ms).
+type Row = (i64, i64, i64);
+/// One joined row: left (k, v, ts), right (v, ts) or nulls.
+type Joined = (i64, i64, i64, Option<i64>, Option<i64>);
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, false),
+        Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            false,
+        ),
+    ]))
+}
+
+fn to_batch(rows: &[Row]) -> RecordBatch {
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(TimestampMillisecondArray::from_iter_values(
+                rows.iter().map(|r| r.2),
+            )),
+        ],
+    )
+    .unwrap()
+}
+
+/// Per epoch, a batch for each side. With `both`, either may be empty but
+/// not both; without, exactly one side has rows.
+fn input(rng: &mut Lcg, epochs: usize, both: bool) -> Vec<[Vec<Row>; 2]> {
+    let mut clock = 1_700_000_000_000i64;
+    let mut id = 0;
+    (0..epochs)
+        .map(|e| {
+            clock += 200 + rng.next(1_500) as i64;
+            let mut side = |present: bool, rng: &mut Lcg| -> Vec<Row> {
+                if !present {
+                    return Vec::new();
+                }
+                (0..1 + rng.next(8))
+                    .map(|_| {
+                        id += 1;
+                        let ts = clock - rng.next(4_000) as i64 + rng.next(300) as i64;
+                        (rng.next(6) as i64, id, ts)
+                    })
+                    .collect()
+            };
+            let (left_present, right_present) = if both {
+                (e % 5 != 3, e % 5 != 1)
+            } else {
+                let left = rng.next(2) == 0;
+                (left, !left)
+            };
+            [side(left_present, rng), side(right_present, rng)]
+        })
+        .collect()
+}
+
+/// The rows that are not late, per side, and the final query watermark.
+fn judge(epochs: &[[Vec<Row>; 2]]) -> ([Vec<Row>; 2], u64, Option<i64>) {
+    let mut marks: [Option<i64>; 2] = [None, None];
+    let mut kept: [Vec<Row>; 2] = [Vec::new(), Vec::new()];
+    let mut late = 0;
+    let query = |m: &[Option<i64>; 2]| m.iter().flatten().copied().min();
+    for epoch in epochs {
+        let before = query(&marks);
+        for (side, rows) in epoch.iter().enumerate() {
+            for r in rows {
+                if before.is_some_and(|w| r.2 < w) {
+                    late += 1;
+                } else {
+                    kept[side].push(*r);
+                }
+            }
+            if let Some(latest) = rows.iter().map(|r| r.2).max() {
+                let w = latest - DELAY_MS;
+                marks[side] = Some(marks[side].map_or(w, |m| m.max(w)));
+            }
+        }
+    }
+    (kept, late, query(&marks))
+}
+
+fn interval(ms: i64) -> Expr {
+    lit(ScalarValue::IntervalMonthDayNano(Some(
+        IntervalMonthDayNano::new(0, 0, ms * 1_000_000),
+    )))
+}
+
+fn condition() -> Vec<Expr> {
+    vec![
+        col("l.k").eq(col("r.k")),
+        col("l.ts").between(col("r.ts") + interval(LO_MS), col("r.ts") + interval(HI_MS)),
+    ]
+}
+
+fn output_columns() -> Vec<Expr> {
+    vec![
+        col("l.k").alias("k"),
+        col("l.v").alias("lv"),
+        col("l.ts").alias("lts"),
+        col("r.v").alias("rv"),
+        col("r.ts").alias("rts"),
+    ]
+}
+
+fn rows_of(batches: &[RecordBatch]) -> Vec<Joined> {
+    let mut out = Vec::new();
+    for b in batches {
+        let get = |name: &str| {
+            cast(b.column_by_name(name).unwrap(), &DataType::Int64)
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .clone()
+        };
+        let (k, lv, lts, rv, rts) = (get("k"), get("lv"), get("lts"), get("rv"), get("rts"));
+        for i in 0..b.num_rows() {
+            let opt = |a: &Int64Array| (!a.is_null(i)).then(|| a.value(i));
+            out.push((k.value(i), lv.value(i), lts.value(i), opt(&rv), opt(&rts)));
+        }
+    }
+    out.sort();
+    out
+}
+
+use sluice::arrow::array::Array;
+
+/// DataFusion's batch join over the rows that were not late.
+async fn batch_answer(kept: &[Vec<Row>; 2], join_type: JoinType) -> Vec<Joined> {
+    let ctx = SessionContext::new();
+    let l = ctx
+        .read_batch(to_batch(&kept[0]))
+        .unwrap()
+        .alias("l")
+        .unwrap();
+    let r = ctx
+        .read_batch(to_batch(&kept[1]))
+        .unwrap()
+        .alias("r")
+        .unwrap();
+    let out = l
+        .join_on(r, join_type, condition())
+        .unwrap()
+        .select(output_columns())
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    rows_of(&out)
+}
+
+struct Run {
+    rows: Vec<Joined>,
+    late_rows: u64,
+    state_rows: u64,
+}
+
+/// Runs the join epoch by epoch. Continuous runs (one side per epoch, so
+/// adding rows never races the epoch loop) restart from the checkpoint at
+/// random; step runs start a fresh available-now run per epoch, so both
+/// sides can bring rows to one epoch.
+async fn run_streaming(
+    epochs: &[[Vec<Row>; 2]],
+    join_type: JoinType,
+    step: bool,
+    rng: &mut Lcg,
+    dir: &std::path::Path,
+) -> Run {
+    let mut run = Run {
+        rows: Vec::new(),
+        late_rows: 0,
+        state_rows: 0,
+    };
+    let mut fed = 0;
+    while fed < epochs.len() {
+        let inputs = [MemoryStream::new(schema()), MemoryStream::new(schema())];
+        let feed = |epoch: &[Vec<Row>; 2]| {
+            for (side, rows) in epoch.iter().enumerate() {
+                if !rows.is_empty() {
+                    inputs[side].add_batch(to_batch(rows)).unwrap();
+                }
+            }
+        };
+        epochs[..fed].iter().for_each(feed);
+        if step {
+            feed(&epochs[fed]);
+        }
+        let session = Session::new();
+        let side = |i: usize, name: &str| {
+            session
+                .read_stream()
+                .memory(&inputs[i])
+                .unwrap()
+                .with_watermark("ts", Duration::from_millis(DELAY_MS as u64))
+                .unwrap()
+                .alias(name)
+                .unwrap()
+        };
+        let out = MemorySink::new();
+        let query = side(0, "l")
+            .join(side(1, "r"), join_type, condition())
+            .unwrap()
+            .select(output_columns())
+            .unwrap()
+            .write_stream()
+            .memory(&out)
+            .output_mode(OutputMode::Append)
+            .trigger(if step {
+                Trigger::AvailableNow
+            } else {
+                Trigger::ProcessingTime(Duration::ZERO)
+            })
+            .checkpoint_location(dir)
+            .start()
+            .await
+            .unwrap();
+        if step {
+            query.await_termination().await.unwrap();
+            fed += 1;
+        } else {
+            for epoch in epochs[fed..].iter().take(1 + rng.next(4) as usize) {
+                feed(epoch);
+                query.process_all_available().await.unwrap();
+                fed += 1;
+            }
+        }
+        for p in query.recent_progress() {
+            run.late_rows += p.late_rows;
+            run.state_rows = p.state_rows;
+        }
+        query.stop().await.unwrap();
+        for e in out.epochs() {
+            run.rows.extend(rows_of(&out.epoch_batches(e)));
+        }
+    }
+    run.rows.sort();
+    run
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inner_interval_join_equals_the_batch_join_across_restarts() {
+    for (seed, step) in [(51u64, false), (52, false), (53, true), (54, true)] {
+        let mut rng = Lcg(seed);
+        let epochs = input(&mut rng, 16, step);
+        let dir = tempfile::tempdir().unwrap();
+        let run = run_streaming(&epochs, JoinType::Inner, step, &mut rng, dir.path()).await;
+        let (kept, late, _) = judge(&epochs);
+        assert!(late > 0, "seed {seed}: the input should have late rows");
+        assert_eq!(run.late_rows, late, "seed {seed}");
+        let expected = batch_answer(&kept, JoinType::Inner).await;
+        assert!(expected.len() > 10, "seed {seed}: {} pairs", expected.len());
+        assert_eq!(run.rows, expected, "seed {seed}");
+        let total: usize = kept.iter().map(Vec::len).sum();
+        assert!(
+            (run.state_rows as usize) < total,
+            "seed {seed}: rows no partner can reach leave the state"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn left_interval_join_emits_unmatched_rows_once_the_watermark_passes() {
+    for (seed, step) in [(61u64, false), (62, false), (63, true), (64, true)] {
+        let mut rng = Lcg(seed);
+        let epochs = input(&mut rng, 16, step);
+        let dir = tempfile::tempdir().unwrap();
+        let run = run_streaming(&epochs, JoinType::Left, step, &mut rng, dir.path()).await;
+        let (kept, late, watermark) = judge(&epochs);
+        assert_eq!(run.late_rows, late, "seed {seed}");
+        let watermark = watermark.unwrap();
+        // Matched pairs all appear; an unmatched left row appears once no
+        // right row can match it any more: l.ts - LO < watermark.
+        let expected: Vec<Joined> = batch_answer(&kept, JoinType::Left)
+            .await
+            .into_iter()
+            .filter(|j| j.3.is_some() || j.2 - LO_MS < watermark)
+            .collect();
+        assert!(
+            expected.iter().any(|j| j.3.is_none()),
+            "seed {seed}: some left rows are unmatched"
+        );
+        assert_eq!(run.rows, expected, "seed {seed}");
+        let mut per_left: BTreeMap<i64, usize> = BTreeMap::new();
+        for j in run.rows.iter().filter(|j| j.3.is_none()) {
+            *per_left.entry(j.1).or_default() += 1;
+        }
+        assert!(per_left.values().all(|n| *n == 1), "seed {seed}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_without_a_time_bound_is_refused_with_what_to_add() {
+    let inputs = [MemoryStream::new(schema()), MemoryStream::new(schema())];
+    let session = Session::new();
+    let side = |i: usize, name: &str| {
+        session
+            .read_stream()
+            .memory(&inputs[i])
+            .unwrap()
+            .with_watermark("ts", Duration::from_secs(1))
+            .unwrap()
+            .alias(name)
+            .unwrap()
+    };
+    let err = side(0, "l")
+        .join(
+            side(1, "r"),
+            JoinType::Inner,
+            vec![col("l.k").eq(col("r.k"))],
+        )
+        .unwrap()
+        .write_stream()
+        .memory(&MemorySink::new())
+        .start()
+        .await
+        .unwrap_err();
+    assert!(err.is_user_error());
+    assert!(err.to_string().contains("BETWEEN"), "{err}");
+}
