@@ -721,6 +721,10 @@ impl<'a> SqlRunner<'a> {
                 (None, None) => self.engine_error(text, Pos::from(&query_tok), e),
             }
         })?;
+        if let Some(declared) = &definition.schema {
+            check_sink_columns(&sink, declared, plan.schema().as_arrow())
+                .map_err(|m| self.err(text, Pos::from(&query_tok), m))?;
+        }
         let frame = self.session.frame(plan);
         let mut writer = frame
             .write_stream()
@@ -758,6 +762,51 @@ impl<'a> SqlRunner<'a> {
         pending.explain()?;
         Ok(pending)
     }
+}
+
+/// A sink with declared columns takes a query whose output has exactly
+/// those columns, by name, with the same types.
+fn check_sink_columns(sink: &str, declared: &Schema, output: &Schema) -> Result<(), String> {
+    for field in declared.fields() {
+        let Some((_, got)) = output.column_with_name(field.name()) else {
+            let names: Vec<&str> = output.fields().iter().map(|f| f.name().as_str()).collect();
+            return Err(format!(
+                "stream '{sink}' declares column '{}' ({}), but the query has no column of that \
+                 name; its columns are {} (name them with AS)",
+                field.name(),
+                field.data_type(),
+                names.join(", ")
+            ));
+        };
+        if got.data_type() != field.data_type() {
+            return Err(format!(
+                "column '{}': the query gives {}, but stream '{sink}' declares {}; convert it \
+                 with CAST({} AS ...)",
+                field.name(),
+                got.data_type(),
+                field.data_type(),
+                field.name()
+            ));
+        }
+    }
+    if let Some(extra) = output
+        .fields()
+        .iter()
+        .find(|f| declared.column_with_name(f.name()).is_none())
+    {
+        return Err(format!(
+            "the query's column '{}' ({}) is not among the columns stream '{sink}' declares: {}",
+            extra.name(),
+            extra.data_type(),
+            declared
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// The table of DataFusion's "table 'catalog.schema.name' not found".

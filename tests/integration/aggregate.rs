@@ -12,7 +12,7 @@ use sluice::datafusion::functions_aggregate::expr_fn::{
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session};
 
-use crate::util::Lcg;
+use crate::util::{block_on, property, Lcg};
 
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -139,72 +139,76 @@ async fn run_streaming(
     per_epoch
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn complete_mode_equals_the_batch_answer_across_restarts() {
-    for seed in [1u64, 2, 3] {
-        let mut rng = Lcg(seed);
-        let batches = input(&mut rng, 12);
-        let dir = tempfile::tempdir().unwrap();
-        let epochs = run_streaming(&batches, OutputMode::Complete, &mut rng, dir.path()).await;
-        assert_eq!(epochs.len(), batches.len(), "one epoch per batch");
-        let last = epochs.last().unwrap().clone();
-        assert_eq!(
-            sorted(last).await,
-            batch_answer(&batches).await,
-            "seed {seed}"
-        );
-    }
+#[test]
+fn complete_mode_equals_the_batch_answer_across_restarts() {
+    property(3, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let batches = input(&mut rng, 12);
+            let dir = tempfile::tempdir().unwrap();
+            let epochs = run_streaming(&batches, OutputMode::Complete, &mut rng, dir.path()).await;
+            assert_eq!(epochs.len(), batches.len(), "one epoch per batch");
+            let last = epochs.last().unwrap().clone();
+            assert_eq!(
+                sorted(last).await,
+                batch_answer(&batches).await,
+                "seed {seed}"
+            );
+        })
+    });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn update_mode_folded_by_key_equals_the_batch_answer_across_restarts() {
-    for seed in [7u64, 8, 9] {
-        let mut rng = Lcg(seed);
-        let batches = input(&mut rng, 12);
-        let dir = tempfile::tempdir().unwrap();
-        let epochs = run_streaming(&batches, OutputMode::Update, &mut rng, dir.path()).await;
-        // Fold: the last value emitted per key.
-        let mut latest: std::collections::BTreeMap<i64, RecordBatch> = Default::default();
-        for epoch in &epochs {
-            for b in epoch {
-                let keys = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
-                for (i, k) in keys.values().iter().enumerate() {
-                    latest.insert(*k, b.slice(i, 1));
+#[test]
+fn update_mode_folded_by_key_equals_the_batch_answer_across_restarts() {
+    property(3, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let batches = input(&mut rng, 12);
+            let dir = tempfile::tempdir().unwrap();
+            let epochs = run_streaming(&batches, OutputMode::Update, &mut rng, dir.path()).await;
+            // Fold: the last value emitted per key.
+            let mut latest: std::collections::BTreeMap<i64, RecordBatch> = Default::default();
+            for epoch in &epochs {
+                for b in epoch {
+                    let keys = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                    for (i, k) in keys.values().iter().enumerate() {
+                        latest.insert(*k, b.slice(i, 1));
+                    }
                 }
             }
-        }
-        // Each epoch emits exactly the keys its batch touched.
-        for (epoch, batch) in epochs.iter().zip(&batches) {
-            let mut emitted: Vec<i64> = epoch
-                .iter()
-                .flat_map(|b| {
-                    b.column(0)
-                        .as_any()
-                        .downcast_ref::<Int64Array>()
-                        .unwrap()
-                        .values()
-                        .to_vec()
-                })
-                .collect();
-            emitted.sort_unstable();
-            let mut touched: Vec<i64> = batch
-                .column(0)
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .values()
-                .to_vec();
-            touched.sort_unstable();
-            touched.dedup();
-            assert_eq!(emitted, touched);
-        }
-        let folded: Vec<RecordBatch> = latest.into_values().collect();
-        assert_eq!(
-            sorted(folded).await,
-            batch_answer(&batches).await,
-            "seed {seed}"
-        );
-    }
+            // Each epoch emits exactly the keys its batch touched.
+            for (epoch, batch) in epochs.iter().zip(&batches) {
+                let mut emitted: Vec<i64> = epoch
+                    .iter()
+                    .flat_map(|b| {
+                        b.column(0)
+                            .as_any()
+                            .downcast_ref::<Int64Array>()
+                            .unwrap()
+                            .values()
+                            .to_vec()
+                    })
+                    .collect();
+                emitted.sort_unstable();
+                let mut touched: Vec<i64> = batch
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec();
+                touched.sort_unstable();
+                touched.dedup();
+                assert_eq!(emitted, touched);
+            }
+            let folded: Vec<RecordBatch> = latest.into_values().collect();
+            assert_eq!(
+                sorted(folded).await,
+                batch_answer(&batches).await,
+                "seed {seed}"
+            );
+        })
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,6 +5,7 @@ mod aggregate;
 mod cli;
 mod engine;
 mod exactly_once;
+mod fuzz;
 mod golden;
 mod joins;
 mod kafka;

@@ -56,3 +56,38 @@ impl Lcg {
         (self.0 >> 33) % below
     }
 }
+
+/// Checks `check` over random seeds with proptest: a fixed seed and
+/// `default_cases` cases in CI; a longer run locally with
+/// `SLUICE_ORACLE_CASES=200 SLUICE_ORACLE_SEED=<any number>`. A failure
+/// names the failing seed; no shrinking, since every case runs queries.
+pub fn property(default_cases: u32, check: impl Fn(u64)) {
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let number = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+    let mut seed = [0u8; 32];
+    seed[..8].copy_from_slice(&number("SLUICE_ORACLE_SEED").unwrap_or(0).to_le_bytes());
+    let config = Config {
+        cases: number("SLUICE_ORACLE_CASES").map_or(default_cases, |c| c as u32),
+        failure_persistence: None,
+        max_shrink_iters: 0,
+        ..Config::default()
+    };
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
+    runner
+        .run(&proptest::prelude::any::<u64>(), |seed| {
+            check(seed);
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// Runs `f` on a fresh two-thread runtime.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(f)
+}

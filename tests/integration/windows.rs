@@ -14,7 +14,7 @@ use sluice::datafusion::functions_aggregate::expr_fn::{count, count_distinct, ma
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session, StreamFrame, Window};
 
-use crate::util::Lcg;
+use crate::util::{block_on, property, Lcg};
 
 const DELAY_MS: i64 = 2_000;
 
@@ -49,17 +49,23 @@ fn to_batch(rows: &[Row]) -> RecordBatch {
 /// Batches whose event time moves forward with jitter, so some rows are
 /// out of order and some are later than the watermark allows.
 fn input(rng: &mut Lcg, batches: usize) -> Vec<Vec<Row>> {
-    let mut clock = 1_700_000_000_000i64;
+    let start = 1_700_000_000_000i64;
+    let mut clock = start;
     (0..batches)
-        .map(|_| {
+        .map(|b| {
             clock += rng.next(4_000) as i64;
             let n = 1 + rng.next(30) as usize;
-            (0..n)
+            let mut rows: Vec<Row> = (0..n)
                 .map(|_| {
                     let ts = clock - rng.next(6_000) as i64 + rng.next(800) as i64;
                     (rng.next(4) as i64, rng.next(100) as i64 - 20, ts)
                 })
-                .collect()
+                .collect();
+            if b > 0 {
+                // A minute behind anything read: surely late.
+                rows.push((rng.next(4) as i64, 7, start - 60_000));
+            }
+            rows
         })
         .collect()
 }
@@ -262,8 +268,13 @@ fn rfc3339_to_ms(text: &str) -> i64 {
         / 1_000_000
 }
 
-async fn append_mode_emits_each_closed_window_once(window: Window, slide: i64, size: i64) {
-    for seed in [11u64, 12, 13] {
+async fn append_mode_emits_each_closed_window_once(
+    seed: u64,
+    window: Window,
+    slide: i64,
+    size: i64,
+) {
+    {
         let mut rng = Lcg(seed);
         let batches = input(&mut rng, 14);
         let dir = tempfile::tempdir().unwrap();
@@ -323,67 +334,74 @@ async fn append_mode_emits_each_closed_window_once(window: Window, slide: i64, s
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tumbling_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
-    append_mode_emits_each_closed_window_once(
-        Window::tumble("ts", Duration::from_secs(5)),
-        5_000,
-        5_000,
-    )
-    .await;
+#[test]
+fn tumbling_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
+    property(3, |seed| {
+        block_on(append_mode_emits_each_closed_window_once(
+            seed,
+            Window::tumble("ts", Duration::from_secs(5)),
+            5_000,
+            5_000,
+        ))
+    });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hopping_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
-    append_mode_emits_each_closed_window_once(
-        Window::hop("ts", Duration::from_secs(2), Duration::from_secs(5)),
-        2_000,
-        5_000,
-    )
-    .await;
+#[test]
+fn hopping_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
+    property(3, |seed| {
+        block_on(append_mode_emits_each_closed_window_once(
+            seed,
+            Window::hop("ts", Duration::from_secs(2), Duration::from_secs(5)),
+            2_000,
+            5_000,
+        ))
+    });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn windows_in_update_mode_fold_to_the_batch_answer_and_evict_closed_state() {
+#[test]
+fn windows_in_update_mode_fold_to_the_batch_answer_and_evict_closed_state() {
     let (slide, size) = (3_000, 6_000);
     let window = Window::hop(
         "ts",
         Duration::from_millis(3_000),
         Duration::from_millis(6_000),
     );
-    for seed in [21u64, 22] {
-        let mut rng = Lcg(seed);
-        let batches = input(&mut rng, 12);
-        let dir = tempfile::tempdir().unwrap();
-        let run = run_streaming(
-            &batches,
-            windowed(&window),
-            OutputMode::Update,
-            &mut rng,
-            dir.path(),
-        )
-        .await;
-        let (kept, late, marks) = judge(&batches);
-        assert_eq!(run.late_rows, late, "seed {seed}");
-        let mut folded = Answer::new();
-        for out in &run.epochs {
-            folded.extend(fold(out, "window_start"));
-        }
-        assert_eq!(
-            folded,
-            batch_answer(&kept, slide, size).await,
-            "seed {seed}"
-        );
-        let final_mark = marks.last().unwrap().unwrap();
-        let open = folded
-            .keys()
-            .filter(|(ws, _)| ws + size > final_mark)
-            .count();
-        assert_eq!(
-            run.state_rows, open as u64,
-            "seed {seed}: closed windows evicted"
-        );
-    }
+    property(3, |seed| {
+        let window = window.clone();
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let batches = input(&mut rng, 12);
+            let dir = tempfile::tempdir().unwrap();
+            let run = run_streaming(
+                &batches,
+                windowed(&window),
+                OutputMode::Update,
+                &mut rng,
+                dir.path(),
+            )
+            .await;
+            let (kept, late, marks) = judge(&batches);
+            assert_eq!(run.late_rows, late, "seed {seed}");
+            let mut folded = Answer::new();
+            for out in &run.epochs {
+                folded.extend(fold(out, "window_start"));
+            }
+            assert_eq!(
+                folded,
+                batch_answer(&kept, slide, size).await,
+                "seed {seed}"
+            );
+            let final_mark = marks.last().unwrap().unwrap();
+            let open = folded
+                .keys()
+                .filter(|(ws, _)| ws + size > final_mark)
+                .count();
+            assert_eq!(
+                run.state_rows, open as u64,
+                "seed {seed}: closed windows evicted"
+            );
+        })
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -443,66 +461,72 @@ async fn batch_distinct(rows: &[Row], second: &str) -> BTreeSet<(i64, i64)> {
     pairs(&[out], "x").into_iter().collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn distinct_emits_each_row_once_equal_to_the_batch_answer_across_restarts() {
-    for seed in [31u64, 32] {
-        let mut rng = Lcg(seed);
-        let batches = input(&mut rng, 12);
-        let dir = tempfile::tempdir().unwrap();
-        let query = |f: StreamFrame| {
-            f.select(vec![col("k"), (col("v") % lit(5)).alias("m")])
-                .unwrap()
-                .distinct()
-                .unwrap()
-        };
-        // Without event time in the rows, nothing is late and nothing leaves
-        // the state.
-        let run = run_streaming(&batches, query, OutputMode::Append, &mut rng, dir.path()).await;
-        let emitted = pairs(&run.epochs, "m");
-        let unique: BTreeSet<(i64, i64)> = emitted.iter().copied().collect();
-        assert_eq!(
-            unique.len(),
-            emitted.len(),
-            "seed {seed}: a row emitted twice"
-        );
-        let all: Vec<Row> = batches.concat();
-        assert_eq!(unique, batch_distinct(&all, "v % 5").await, "seed {seed}");
-        assert_eq!(run.late_rows, 0);
-        assert_eq!(run.state_rows, unique.len() as u64);
-    }
+#[test]
+fn distinct_emits_each_row_once_equal_to_the_batch_answer_across_restarts() {
+    property(3, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let batches = input(&mut rng, 12);
+            let dir = tempfile::tempdir().unwrap();
+            let query = |f: StreamFrame| {
+                f.select(vec![col("k"), (col("v") % lit(5)).alias("m")])
+                    .unwrap()
+                    .distinct()
+                    .unwrap()
+            };
+            // Without event time in the rows, nothing is late and nothing leaves
+            // the state.
+            let run =
+                run_streaming(&batches, query, OutputMode::Append, &mut rng, dir.path()).await;
+            let emitted = pairs(&run.epochs, "m");
+            let unique: BTreeSet<(i64, i64)> = emitted.iter().copied().collect();
+            assert_eq!(
+                unique.len(),
+                emitted.len(),
+                "seed {seed}: a row emitted twice"
+            );
+            let all: Vec<Row> = batches.concat();
+            assert_eq!(unique, batch_distinct(&all, "v % 5").await, "seed {seed}");
+            assert_eq!(run.late_rows, 0);
+            assert_eq!(run.state_rows, unique.len() as u64);
+        })
+    });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn drop_duplicates_on_event_time_is_bounded_by_the_watermark() {
-    for seed in [41u64, 42] {
-        let mut rng = Lcg(seed);
-        // Coarse times so that duplicates of (k, ts) are common.
-        let batches: Vec<Vec<Row>> = input(&mut rng, 12)
-            .into_iter()
-            .map(|b| {
-                b.into_iter()
-                    .map(|(k, v, ts)| (k, v, ts - ts % 1_000))
-                    .collect()
-            })
-            .collect();
-        let dir = tempfile::tempdir().unwrap();
-        let query = |f: StreamFrame| f.drop_duplicates(&["k", "ts"]).unwrap();
-        let run = run_streaming(&batches, query, OutputMode::Append, &mut rng, dir.path()).await;
-        let (kept, late, marks) = judge(&batches);
-        assert!(late > 0, "seed {seed}");
-        assert_eq!(run.late_rows, late, "seed {seed}");
-        let emitted = pairs(&run.epochs, "ts");
-        let unique: BTreeSet<(i64, i64)> = emitted.iter().copied().collect();
-        assert_eq!(
-            unique.len(),
-            emitted.len(),
-            "seed {seed}: a row emitted twice"
-        );
-        assert_eq!(unique, batch_distinct(&kept, "ts").await, "seed {seed}");
-        // Keys behind the watermark left the state: their rows would be late.
-        let final_mark = marks.last().unwrap().unwrap();
-        let live = unique.iter().filter(|(_, ts)| *ts >= final_mark).count();
-        assert_eq!(run.state_rows, live as u64, "seed {seed}");
-        assert!(live < unique.len(), "seed {seed}: something was evicted");
-    }
+#[test]
+fn drop_duplicates_on_event_time_is_bounded_by_the_watermark() {
+    property(3, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            // Coarse times so that duplicates of (k, ts) are common.
+            let batches: Vec<Vec<Row>> = input(&mut rng, 12)
+                .into_iter()
+                .map(|b| {
+                    b.into_iter()
+                        .map(|(k, v, ts)| (k, v, ts - ts % 1_000))
+                        .collect()
+                })
+                .collect();
+            let dir = tempfile::tempdir().unwrap();
+            let query = |f: StreamFrame| f.drop_duplicates(&["k", "ts"]).unwrap();
+            let run =
+                run_streaming(&batches, query, OutputMode::Append, &mut rng, dir.path()).await;
+            let (kept, late, marks) = judge(&batches);
+            assert!(late > 0, "seed {seed}");
+            assert_eq!(run.late_rows, late, "seed {seed}");
+            let emitted = pairs(&run.epochs, "ts");
+            let unique: BTreeSet<(i64, i64)> = emitted.iter().copied().collect();
+            assert_eq!(
+                unique.len(),
+                emitted.len(),
+                "seed {seed}: a row emitted twice"
+            );
+            assert_eq!(unique, batch_distinct(&kept, "ts").await, "seed {seed}");
+            // Keys behind the watermark left the state: their rows would be late.
+            let final_mark = marks.last().unwrap().unwrap();
+            let live = unique.iter().filter(|(_, ts)| *ts >= final_mark).count();
+            assert_eq!(run.state_rows, live as u64, "seed {seed}");
+            assert!(live < unique.len(), "seed {seed}: something was evicted");
+        })
+    });
 }
