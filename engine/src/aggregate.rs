@@ -25,8 +25,13 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::compute::filter_record_batch;
+use std::collections::HashMap;
+
+use datafusion::arrow::array::{ArrayRef, AsArray, TimestampNanosecondArray};
+use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch};
+use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
@@ -37,7 +42,8 @@ use crate::error::{Result, SluiceError};
 use crate::state::KeyedState;
 use crate::table::EpochBatches;
 use crate::trigger::OutputMode;
-use crate::window::WindowKey;
+use crate::watermark::nanos;
+use crate::window::{SessionKey, WindowKey};
 
 /// What does not change while the query runs.
 #[derive(Debug)]
@@ -164,7 +170,18 @@ impl AggregateOperator {
             Vec::new()
         } else {
             let mut merge_input = partials.clone();
-            let stored = state.lookup(&partials)?;
+            let session = self.config.window.as_ref().and_then(|w| w.session.as_ref());
+            let stored = match session {
+                // The sessions of the same partitions may merge with the new
+                // rows: take them out, they come back merged.
+                Some(s) => {
+                    let partition: Vec<usize> = (0..group_columns)
+                        .filter(|&c| c != s.start && c != s.end)
+                        .collect();
+                    state.take_matching(&partials, &partition)?
+                }
+                None => state.lookup(&partials)?,
+            };
             if stored.num_rows() > 0 {
                 // Stored states come from an earlier epoch's plan: same
                 // columns, possibly other field metadata; rebind them.
@@ -172,6 +189,10 @@ impl AggregateOperator {
                     Arc::clone(&partial_schema),
                     stored.columns().to_vec(),
                 )?);
+            }
+            if let Some(s) = session {
+                let all = concat_batches(&partial_schema, &merge_input)?;
+                merge_input = vec![merge_sessions(&all, s, group_columns)?];
             }
             let reduce =
                 Self::merge_exec(&phases.partial, AggregateMode::PartialReduce, merge_input)?;
@@ -235,6 +256,82 @@ impl AggregateOperator {
         self.state = Some(state);
         Ok(())
     }
+}
+
+/// Gives the rows of touching sessions of one partition the bounds of
+/// their union: sorted by start, a session that starts at or before the
+/// running end extends it (as Flink merges session windows).
+fn merge_sessions(
+    batch: &RecordBatch,
+    key: &SessionKey,
+    group_columns: usize,
+) -> Result<RecordBatch> {
+    let starts = nanos(batch.column(key.start))?;
+    let ends = nanos(batch.column(key.end))?;
+    let (starts, ends) = (
+        starts.as_primitive::<Int64Type>(),
+        ends.as_primitive::<Int64Type>(),
+    );
+    let partition: Vec<usize> = (0..group_columns)
+        .filter(|&c| c != key.start && c != key.end)
+        .collect();
+    let converter = RowConverter::new(
+        partition
+            .iter()
+            .map(|&c| SortField::new(batch.schema().field(c).data_type().clone()))
+            .collect(),
+    )?;
+    let rows = converter.convert_columns(
+        &partition
+            .iter()
+            .map(|&c| Arc::clone(batch.column(c)))
+            .collect::<Vec<_>>(),
+    )?;
+    let mut groups: HashMap<Vec<u8>, Vec<usize>> = HashMap::new();
+    for i in 0..batch.num_rows() {
+        let k = if partition.is_empty() {
+            Vec::new()
+        } else {
+            rows.row(i).as_ref().to_vec()
+        };
+        groups.entry(k).or_default().push(i);
+    }
+    let mut new_start = starts.values().to_vec();
+    let mut new_end = ends.values().to_vec();
+    for members in groups.values_mut() {
+        members.sort_by_key(|&i| (starts.value(i), ends.value(i)));
+        let mut run: Vec<usize> = Vec::new();
+        let (mut lo, mut hi) = (0i64, i64::MIN);
+        for &i in members.iter() {
+            if !run.is_empty() && starts.value(i) > hi {
+                for &j in &run {
+                    (new_start[j], new_end[j]) = (lo, hi);
+                }
+                run.clear();
+            }
+            if run.is_empty() {
+                (lo, hi) = (starts.value(i), ends.value(i));
+            }
+            hi = hi.max(ends.value(i));
+            run.push(i);
+        }
+        for &j in &run {
+            (new_start[j], new_end[j]) = (lo, hi);
+        }
+    }
+    let as_type = |values: Vec<i64>, like: &ArrayRef| -> Result<ArrayRef> {
+        let DataType::Timestamp(_, tz) = like.data_type() else {
+            return Err(SluiceError::Internal(
+                "a session bound is not a timestamp".into(),
+            ));
+        };
+        let ns = TimestampNanosecondArray::from(values).with_timezone_opt(tz.clone());
+        Ok(cast(&ns, like.data_type())?)
+    };
+    let mut columns = batch.columns().to_vec();
+    columns[key.start] = as_type(new_start, batch.column(key.start))?;
+    columns[key.end] = as_type(new_end, batch.column(key.end))?;
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 /// The aggregation nearest the input: DataFusion's `Partial` (or `Single`)

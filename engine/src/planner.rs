@@ -11,6 +11,7 @@
 //! only on the epoch's input. Operators that need state across epochs are
 //! rejected here, before anything runs, with what would work instead.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
@@ -29,7 +30,7 @@ use crate::source::Source;
 use crate::table::{as_stream_table, EpochBatches, StreamTable};
 use crate::trigger::OutputMode;
 use crate::watermark::WatermarkTracker;
-use crate::window::{window_key, WindowKey};
+use crate::window::{is_session_bound, window_key, WindowKey};
 
 /// One stream scan of a running query.
 #[derive(Debug)]
@@ -554,6 +555,9 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
         // A distinct row never changes once emitted: append by default.
         return checked(mode.unwrap_or(OutputMode::Append));
     }
+    if let Some(problem) = session_problem(plan, window.as_ref(), mode) {
+        return Err(SluiceError::plan(problem));
+    }
     if let Some(w) = &window {
         let has_watermark = watermarked.contains(&w.time_column);
         return checked(match mode {
@@ -589,6 +593,57 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
     })
 }
 
+/// What is wrong with a GROUP BY over SESSION windows, if anything.
+fn session_problem(
+    plan: &LogicalPlan,
+    window: Option<&WindowKey>,
+    mode: Option<OutputMode>,
+) -> Option<String> {
+    let mut agg = None;
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Aggregate(a) = node {
+            agg = Some(a.clone());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    let agg = agg?;
+    let keys = &agg.schema.fields()[..agg.group_expr.len()];
+    if !keys.iter().any(|f| is_session_bound(f)) {
+        return None;
+    }
+    let Some(session) = window.and_then(|w| w.session.as_ref()) else {
+        return Some(
+            "a GROUP BY over SESSION windows needs both window_start and window_end among its \
+             keys: a session is known by both bounds"
+                .into(),
+        );
+    };
+    if matches!(mode, Some(OutputMode::Update | OutputMode::Complete)) {
+        return Some(
+            "SESSION windows run in append mode: a session's bounds change as it grows, so each \
+             session is emitted once, when the watermark passes its end"
+                .into(),
+        );
+    }
+    let others: BTreeSet<String> = keys
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != session.start && *i != session.end)
+        .map(|(_, f)| f.name().clone())
+        .collect();
+    let partition: BTreeSet<String> = session.partition_by.iter().cloned().collect();
+    (others != partition).then(|| {
+        format!(
+            "sessions are formed per PARTITION BY key, so the GROUP BY columns besides \
+             window_start and window_end must be exactly those: PARTITION BY [{}], but they \
+             are [{}]",
+            session.partition_by.join(", "),
+            others.into_iter().collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
 /// The group key that carries event time, if any: a window bound (see
 /// `window`), else a watermarked column itself, whose groups are final once
 /// the watermark has passed the key (rows older than it are late).
@@ -605,6 +660,7 @@ pub(crate) fn event_time_key(
                 Expr::Column(c) if watermarked.contains(&c.name) => Some(WindowKey {
                     column,
                     to_end_ns: 1,
+                    session: None,
                     time_column: c.name.clone(),
                 }),
                 _ => None,

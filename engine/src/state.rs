@@ -91,6 +91,47 @@ impl KeyedState {
         Ok(take_record_batch(&self.rows, &UInt32Array::from(wanted))?)
     }
 
+    /// Removes and returns the stored rows whose `columns` (a part of the
+    /// key) equal those of some row in `probe`.
+    pub(crate) fn take_matching(
+        &mut self,
+        probe: &[RecordBatch],
+        columns: &[usize],
+    ) -> Result<RecordBatch> {
+        let converter = RowConverter::new(
+            columns
+                .iter()
+                .map(|&c| SortField::new(self.schema.field(c).data_type().clone()))
+                .collect(),
+        )?;
+        let encode = |b: &RecordBatch| -> Result<Vec<Box<[u8]>>> {
+            if columns.is_empty() {
+                return Ok(vec![Box::from(&[][..]); b.num_rows()]);
+            }
+            let cols: Vec<_> = columns.iter().map(|&c| Arc::clone(b.column(c))).collect();
+            Ok(converter
+                .convert_columns(&cols)?
+                .iter()
+                .map(|r| Box::from(r.as_ref()))
+                .collect())
+        };
+        let mut wanted = std::collections::HashSet::new();
+        for b in probe {
+            wanted.extend(encode(b)?);
+        }
+        let hit: BooleanArray = encode(&self.rows)?
+            .iter()
+            .map(|k| Some(wanted.contains(k)))
+            .collect();
+        if hit.true_count() == 0 {
+            return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
+        }
+        let taken = filter_record_batch(&self.rows, &hit)?;
+        let kept = filter_record_batch(&self.rows, &not(&hit)?)?;
+        self.set_rows(kept)?;
+        Ok(taken)
+    }
+
     /// True for each row of `batch` whose key is not stored.
     pub(crate) fn unseen(&self, batch: &RecordBatch) -> Result<BooleanArray> {
         Ok(self

@@ -36,6 +36,8 @@ const BOUND: &str = "sluice.window.bound";
 const TO_END_NS: &str = "sluice.window.to_end_ns";
 /// Field metadata key: the event-time column the window is over.
 const TIME_COLUMN: &str = "sluice.window.time_column";
+/// Field metadata key on session bounds: the PARTITION BY columns.
+const SESSION_BY: &str = "sluice.window.session_by";
 
 /// An event-time window assignment.
 ///
@@ -64,6 +66,16 @@ pub enum Window {
         /// The window length.
         size: Duration,
     },
+    /// Per value of the `partition_by` columns, rows closer than `gap` to
+    /// each other form one session `[first ts, last ts + gap)`.
+    Session {
+        /// The event-time column.
+        column: String,
+        /// The columns sessions are formed per (the other GROUP BY keys).
+        partition_by: Vec<String>,
+        /// The inactivity that ends a session.
+        gap: Duration,
+    },
 }
 
 impl Window {
@@ -84,16 +96,30 @@ impl Window {
         }
     }
 
-    /// The event-time column.
-    pub fn column(&self) -> &str {
-        match self {
-            Self::Tumble { column, .. } | Self::Hop { column, .. } => column,
+    /// `SESSION(TABLE s PARTITION BY keys, DESCRIPTOR(column), gap)`.
+    pub fn session(column: impl Into<String>, partition_by: &[&str], gap: Duration) -> Self {
+        Self::Session {
+            column: column.into(),
+            partition_by: partition_by.iter().map(|c| c.to_string()).collect(),
+            gap,
         }
     }
 
+    /// The event-time column.
+    pub fn column(&self) -> &str {
+        match self {
+            Self::Tumble { column, .. }
+            | Self::Hop { column, .. }
+            | Self::Session { column, .. } => column,
+        }
+    }
+
+    /// TUMBLE and HOP: the window length; SESSION: the gap, the length of
+    /// a one-row session.
     fn size(&self) -> Duration {
         match self {
             Self::Tumble { size, .. } | Self::Hop { size, .. } => *size,
+            Self::Session { gap, .. } => *gap,
         }
     }
 
@@ -111,6 +137,9 @@ impl Window {
         let size_ns = positive_nanos(self, "size", self.size())?;
         let time_col = Expr::Column(Column::new(qualifier.cloned(), &time));
         let (df, start) = match self {
+            // Each row starts as its own session `[ts, ts + gap)`; the
+            // aggregate merges sessions that touch (see `aggregate`).
+            Self::Session { .. } => (df, time_col),
             Self::Tumble { .. } => {
                 let start = datafusion::functions::datetime::date_bin()
                     .call(vec![interval(size_ns), time_col]);
@@ -143,12 +172,20 @@ impl Window {
                 (df, Expr::Column(Column::from_name(STARTS)))
             }
         };
+        let session = match self {
+            Self::Session { partition_by, .. } => Some(partition_by.join(",")),
+            _ => None,
+        };
         let bound = |which: &str, to_end_ns: i64| {
-            FieldMetadata::new(BTreeMap::from([
+            let mut md = BTreeMap::from([
                 (BOUND.to_string(), which.to_string()),
                 (TO_END_NS.to_string(), to_end_ns.to_string()),
                 (TIME_COLUMN.to_string(), time.clone()),
-            ]))
+            ]);
+            if let Some(keys) = &session {
+                md.insert(SESSION_BY.to_string(), keys.clone());
+            }
+            FieldMetadata::new(md)
         };
         let mut exprs: Vec<Expr> = df
             .schema()
@@ -179,6 +216,15 @@ impl std::fmt::Display for Window {
                 slide,
                 size,
             } => write!(f, "HOP({column}, slide {slide:?}, size {size:?})"),
+            Self::Session {
+                column,
+                partition_by,
+                gap,
+            } => write!(
+                f,
+                "SESSION({column} PARTITION BY {}, gap {gap:?})",
+                partition_by.join(", ")
+            ),
         }
     }
 }
@@ -193,12 +239,24 @@ pub(crate) struct WindowKey {
     pub to_end_ns: i64,
     /// The event-time column the window is over.
     pub time_column: String,
+    /// For SESSION windows: the group-key indexes of `window_start` and
+    /// `window_end`, and the PARTITION BY columns.
+    pub session: Option<SessionKey>,
+}
+
+/// Where a session's bounds are among the group keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SessionKey {
+    pub start: usize,
+    pub end: usize,
+    pub partition_by: Vec<String>,
 }
 
 /// The window bound among `fields` (group-key fields), preferring
 /// `window_end` when both are keys.
 pub(crate) fn window_key<'a>(fields: impl IntoIterator<Item = &'a Field>) -> Option<WindowKey> {
     let mut found: Option<WindowKey> = None;
+    let (mut start, mut end, mut session_by) = (None, None, None);
     for (column, field) in fields.into_iter().enumerate() {
         let md = field.metadata();
         let (Some(bound), Some(to_end)) = (md.get(BOUND), md.get(TO_END_NS)) else {
@@ -207,16 +265,45 @@ pub(crate) fn window_key<'a>(fields: impl IntoIterator<Item = &'a Field>) -> Opt
         let Ok(to_end_ns) = to_end.parse() else {
             continue;
         };
+        if let Some(by) = md.get(SESSION_BY) {
+            session_by = Some(by.clone());
+            match bound.as_str() {
+                "start" => start = Some(column),
+                _ => end = Some(column),
+            }
+        }
         let key = WindowKey {
             column,
             to_end_ns,
             time_column: md.get(TIME_COLUMN).cloned().unwrap_or_default(),
+            session: None,
         };
         if bound == "end" || found.is_none() {
             found = Some(key);
         }
     }
-    found
+    let mut key = found?;
+    if let Some(by) = session_by {
+        key.session = Some(SessionKey {
+            start: start?,
+            end: end?,
+            partition_by: by
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+        });
+        // A row at exactly the end would still join the session, so a
+        // session is final only once the watermark is past its end.
+        key.column = end?;
+        key.to_end_ns = 1;
+    }
+    Some(key)
+}
+
+/// Whether `field` is a SESSION window bound.
+pub(crate) fn is_session_bound(field: &Field) -> bool {
+    field.metadata().contains_key(SESSION_BY)
 }
 
 fn find<'a>(

@@ -1,6 +1,7 @@
 //! Event time in SQL: `WATERMARK FOR` inside `CREATE STREAM`, and the
-//! window table functions `TABLE(TUMBLE(TABLE s, DESCRIPTOR(ts), size))`
-//! and `TABLE(HOP(TABLE s, DESCRIPTOR(ts), slide, size))`.
+//! window table functions `TABLE(TUMBLE(TABLE s, DESCRIPTOR(ts), size))`,
+//! `TABLE(HOP(TABLE s, DESCRIPTOR(ts), slide, size))` and
+//! `TABLE(SESSION(TABLE s PARTITION BY key, DESCRIPTOR(ts), gap))`.
 //!
 //! Stock sqlparser cannot parse the window functions' `TABLE s` and
 //! `DESCRIPTOR(ts)` arguments, so before the statements are parsed each
@@ -163,12 +164,6 @@ fn parse_window_call(p: &mut Parser<'_>) -> Result<WindowCall, Problem> {
     p.expect_token(&Token::LParen)?;
     let function = p.next_token();
     let name = function.token.to_string().to_ascii_uppercase();
-    if name == "SESSION" {
-        return Err(Problem::At(
-            Pos::from(&function),
-            "SESSION windows are not supported yet; use TUMBLE or HOP".into(),
-        ));
-    }
     p.expect_token(&Token::LParen)?;
     let t = p.peek_token();
     if !p.parse_keyword(Keyword::TABLE) {
@@ -182,6 +177,18 @@ fn parse_window_call(p: &mut Parser<'_>) -> Result<WindowCall, Problem> {
     }
     let stream_pos = Pos::from(&p.peek_token());
     let stream = normalize(&p.parse_identifier()?);
+    let mut partition_by = Vec::new();
+    // SESSION's PARTITION BY is optional: without it, one run of sessions.
+    if name == "SESSION" && p.parse_keywords(&[Keyword::PARTITION, Keyword::BY]) {
+        loop {
+            partition_by.push(normalize(&p.parse_identifier()?));
+            let descriptor_next = matches!(&p.peek_nth_token(1).token,
+                Token::Word(w) if w.value.eq_ignore_ascii_case("DESCRIPTOR"));
+            if descriptor_next || !p.consume_token(&Token::Comma) {
+                break;
+            }
+        }
+    }
     p.expect_token(&Token::Comma)?;
     let t = p.next_token();
     if !matches!(&t.token, Token::Word(w) if w.value.eq_ignore_ascii_case("DESCRIPTOR")) {
@@ -208,11 +215,16 @@ fn parse_window_call(p: &mut Parser<'_>) -> Result<WindowCall, Problem> {
     let window = match (name.as_str(), durations.as_slice()) {
         ("TUMBLE", [size]) => Window::tumble(column, *size),
         ("HOP", [slide, size]) => Window::hop(column, *slide, *size),
+        ("SESSION", [gap]) => Window::Session {
+            column,
+            partition_by,
+            gap: *gap,
+        },
         _ => {
-            let usage = if name == "HOP" {
-                "HOP(TABLE s, DESCRIPTOR(ts), slide, size)"
-            } else {
-                "TUMBLE(TABLE s, DESCRIPTOR(ts), size)"
+            let usage = match name.as_str() {
+                "HOP" => "HOP(TABLE s, DESCRIPTOR(ts), slide, size)",
+                "SESSION" => "SESSION(TABLE s PARTITION BY key, DESCRIPTOR(ts), gap)",
+                _ => "TUMBLE(TABLE s, DESCRIPTOR(ts), size)",
             };
             return Err(Problem::At(
                 Pos::from(&function),

@@ -112,6 +112,39 @@ async fn batch_answer(rows: &[Row], slide: i64, size: i64) -> Answer {
                 .map(move |w| (w, *r))
         })
         .collect();
+    aggregate_placed(&placed).await
+}
+
+/// Per key, rows whose `[ts, ts + gap)` touch form one session: returns
+/// each row with its session's (start, end).
+fn sessions_of(rows: &[Row], gap: i64) -> Vec<(i64, i64, Row)> {
+    let mut by_key: BTreeMap<i64, Vec<Row>> = BTreeMap::new();
+    for r in rows {
+        by_key.entry(r.0).or_default().push(*r);
+    }
+    let mut out = Vec::new();
+    for (_, mut rows) in by_key {
+        rows.sort_by_key(|r| r.2);
+        let mut run: Vec<Row> = Vec::new();
+        let (mut start, mut end) = (0, 0);
+        for r in rows {
+            if !run.is_empty() && r.2 > end {
+                out.extend(run.drain(..).map(|x| (start, end, x)));
+            }
+            if run.is_empty() {
+                start = r.2;
+                end = r.2 + gap;
+            }
+            end = end.max(r.2 + gap);
+            run.push(r);
+        }
+        out.extend(run.drain(..).map(|x| (start, end, x)));
+    }
+    out
+}
+
+/// DataFusion's GROUP BY (window start, key) over placed rows.
+async fn aggregate_placed(placed: &[(i64, Row)]) -> Answer {
     let batch = RecordBatch::try_new(
         Arc::new(Schema::new(vec![
             Field::new("ws", DataType::Int64, false),
@@ -527,6 +560,67 @@ fn drop_duplicates_on_event_time_is_bounded_by_the_watermark() {
             let live = unique.iter().filter(|(_, ts)| *ts >= final_mark).count();
             assert_eq!(run.state_rows, live as u64, "seed {seed}");
             assert!(live < unique.len(), "seed {seed}: something was evicted");
+        })
+    });
+}
+
+#[test]
+fn session_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
+    const GAP: i64 = 1_500;
+    property(3, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let batches = input(&mut rng, 14);
+            let dir = tempfile::tempdir().unwrap();
+            let window = Window::session("ts", &["k"], Duration::from_millis(GAP as u64));
+            let run = run_streaming(
+                &batches,
+                windowed(&window),
+                OutputMode::Append,
+                &mut rng,
+                dir.path(),
+            )
+            .await;
+            let (kept, late, marks) = judge(&batches);
+            assert_eq!(run.late_rows, late, "seed {seed}");
+            let sessions = sessions_of(&kept, GAP);
+            let ends: BTreeMap<(i64, i64), i64> =
+                sessions.iter().map(|(s, e, r)| ((*s, r.0), *e)).collect();
+            let placed: Vec<(i64, Row)> = sessions.iter().map(|(s, _, r)| (*s, *r)).collect();
+            let expected = aggregate_placed(&placed).await;
+            // A session is final once the watermark is past its end.
+            let mut seen = BTreeSet::new();
+            let mut emitted = Answer::new();
+            for (epoch, out) in run.epochs.iter().enumerate() {
+                let before = if epoch == 0 { None } else { marks[epoch - 1] };
+                let now = marks[epoch].unwrap();
+                for (key, value) in fold(out, "window_start") {
+                    let end = ends.get(&key).copied().unwrap_or(i64::MAX);
+                    assert!(
+                        end < now && before.is_none_or(|b| end >= b),
+                        "seed {seed}: session {key:?} (end {end}) emitted in epoch {epoch} \
+                         (watermark {before:?} -> {now})"
+                    );
+                    assert!(
+                        seen.insert(key),
+                        "seed {seed}: session {key:?} emitted twice"
+                    );
+                    emitted.insert(key, value);
+                }
+            }
+            let final_mark = marks.last().unwrap().unwrap();
+            let closed: Answer = expected
+                .iter()
+                .filter(|(key, _)| ends[key] < final_mark)
+                .map(|(k, v)| (*k, *v))
+                .collect();
+            assert!(!closed.is_empty(), "seed {seed}");
+            assert_eq!(emitted, closed, "seed {seed}");
+            let open = expected.len() - closed.len();
+            assert_eq!(
+                run.state_rows, open as u64,
+                "seed {seed}: open sessions stay"
+            );
         })
     });
 }

@@ -1,0 +1,7 @@
+CREATE STREAM events (k BIGINT, v BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts)
+    WITH (connector = 'files', path = 'data/events', format = 'json');
+CREATE STREAM out WITH (connector = 'console');
+INSERT INTO out
+SELECT window_start, window_end, k, v, count(*) AS n
+FROM TABLE(SESSION(TABLE events PARTITION BY k, DESCRIPTOR(ts), INTERVAL '5' SECOND))
+GROUP BY window_start, window_end, k, v;
