@@ -73,22 +73,26 @@ impl Options {
 
     /// Removes and returns `key`, or an error saying it is required.
     pub fn take_required(&mut self, connector: &str, key: &str, example: &str) -> Result<String> {
-        self.take(key)
-            .ok_or_else(|| self.missing(connector, key, &format!("'{key}' = '{example}'")))
+        self.take(key).ok_or_else(|| {
+            self.missing(
+                &format!("connector '{connector}'"),
+                key,
+                &format!("'{key}' = '{example}'"),
+            )
+        })
     }
 
-    /// The error for a required `key` that is absent, pointing out a
-    /// remaining key that looks like a misspelling of it.
-    pub fn missing(&self, connector: &str, key: &str, example: &str) -> SluiceError {
+    /// The error for a required `key` of `what` (e.g. "connector 'files'")
+    /// that is absent, pointing out a remaining key that looks like a
+    /// misspelling of it.
+    pub fn missing(&self, what: &str, key: &str, example: &str) -> SluiceError {
         let typo = self
             .values
             .keys()
             .find(|k| closest(k, std::iter::once(key)).is_some())
             .map(|t| format!(" ('{t}' looks like a misspelling of it)"))
             .unwrap_or_default();
-        SluiceError::config(format!(
-            "connector '{connector}' needs option '{key}'{typo}, e.g. {example}"
-        ))
+        SluiceError::config(format!("{what} needs option '{key}'{typo}, e.g. {example}"))
     }
 
     /// Removes `key` and parses it as `T`; `expected` describes the valid
@@ -153,12 +157,17 @@ impl Options {
 
     /// Fails when keys are left, naming them and listing the `valid` ones.
     pub fn finish(&self, connector: &str, valid: &[&str]) -> Result<()> {
+        self.finish_for(&format!("connector '{connector}'"), valid)
+    }
+
+    /// [`finish`](Self::finish) for options of `what` (e.g. "table 'names'").
+    pub fn finish_for(&self, what: &str, valid: &[&str]) -> Result<()> {
         if let Some(key) = self.values.keys().next() {
             let hint = closest(key, valid.iter().copied())
                 .map(|c| format!(" (did you mean '{c}'?)"))
                 .unwrap_or_default();
             return Err(SluiceError::config(format!(
-                "unknown option '{key}' for connector '{connector}'{hint}; valid options: {}",
+                "unknown option '{key}' for {what}{hint}; valid options: {}",
                 quoted_list(valid)
             )));
         }

@@ -221,15 +221,12 @@ fn split_aggregate(
     dedup: bool,
     watermarked: &[String],
 ) -> Result<Option<AggregateConfig>> {
-    let mut found = None;
-    plan.apply(|node| {
-        if let LogicalPlan::Aggregate(_) = node {
-            found = Some(node.clone());
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    let Some(aggregate) = found else {
+    // An aggregation inside a static table's side is the table's business.
+    let Some(aggregate) = streaming_nodes(plan)
+        .into_iter()
+        .find(|n| matches!(n, LogicalPlan::Aggregate(_)))
+        .cloned()
+    else {
         return Ok(None);
     };
     let (tail, output) = cut_at(plan, &aggregate, AGGREGATE_OUTPUT)?;
@@ -319,8 +316,10 @@ fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<Option<JoinC
     let mut found = None;
     plan.apply(|node| {
         if let LogicalPlan::Join(j) = node {
-            found = Some((node.clone(), j.clone()));
-            return Ok(TreeNodeRecursion::Stop);
+            if reads_stream(&j.left) && reads_stream(&j.right) {
+                found = Some((node.clone(), j.clone()));
+                return Ok(TreeNodeRecursion::Stop);
+            }
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
@@ -403,6 +402,39 @@ pub(crate) fn unwrap_external(e: datafusion::error::DataFusionError) -> SluiceEr
 
 /// Rejects what cannot run incrementally, saying why and what would work;
 /// returns the output mode (the one asked for, else the one derived).
+/// The nodes that run over streams: all of them but the static side of a
+/// stream–static join, which DataFusion reads as a plain table.
+fn streaming_nodes(plan: &LogicalPlan) -> Vec<&LogicalPlan> {
+    let mut out = vec![plan];
+    match plan {
+        LogicalPlan::Join(j) if reads_stream(&j.left) != reads_stream(&j.right) => {
+            let side = if reads_stream(&j.left) {
+                &j.left
+            } else {
+                &j.right
+            };
+            out.extend(streaming_nodes(side));
+        }
+        _ => {
+            for input in plan.inputs() {
+                out.extend(streaming_nodes(input));
+            }
+        }
+    }
+    out
+}
+
+/// Whether `plan` scans a stream.
+fn reads_stream(plan: &LogicalPlan) -> bool {
+    plan.exists(|n| {
+        Ok(matches!(n, LogicalPlan::TableScan(scan)
+            if source_as_provider(&scan.source)
+                .ok()
+                .is_some_and(|p| as_stream_table(&p).is_some())))
+    })
+    .unwrap_or(false)
+}
+
 /// What [`check_incremental`] found.
 struct Checked {
     mode: OutputMode,
@@ -433,7 +465,7 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    plan.apply(|node| {
+    for node in streaming_nodes(plan) {
         let what = match node {
             LogicalPlan::Projection(_)
             | LogicalPlan::Filter(_)
@@ -446,8 +478,8 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
                 let stream = provider.as_ref().and_then(as_stream_table);
                 stream.is_none().then(|| {
                     format!(
-                        "reads '{}', which is a table, not a stream; joining a stream with a \
-                         static table is not supported yet",
+                        "reads '{}', which is a table, not a stream, on its own; a static table \
+                         can only be joined with a stream (FROM stream JOIN table ON ...)",
                         scan.table_name
                     )
                 })
@@ -484,14 +516,36 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
                         .to_string()
                 })
             }
-            LogicalPlan::Join(_) => {
-                joins += 1;
-                (joins > 1).then(|| {
-                    "joins more than two streams; one join per query is supported: write the \
-                     first join to a stream and join that"
-                        .to_string()
-                })
-            }
+            LogicalPlan::Join(j) => match (reads_stream(&j.left), reads_stream(&j.right)) {
+                (true, true) => {
+                    joins += 1;
+                    (joins > 1).then(|| {
+                        "joins more than two streams; one join per query is supported: write \
+                         the first join to a stream and join that"
+                            .to_string()
+                    })
+                }
+                // A stream against a static table: stateless, each epoch's
+                // rows join the table, unless the table's unmatched rows
+                // would have to wait for the whole stream.
+                (stream_left, _) => {
+                    use JoinType::*;
+                    let keeps_stream_side = match j.join_type {
+                        Inner => true,
+                        Left | LeftSemi | LeftAnti | LeftMark => stream_left,
+                        Right | RightSemi | RightAnti | RightMark => !stream_left,
+                        Full => false,
+                    };
+                    (!keeps_stream_side).then(|| {
+                        format!(
+                            "joins a stream with a static table as a {} join, which would emit \
+                             the table's unmatched rows only after the endless stream ends; use \
+                             an inner join, or an outer join that keeps the stream's rows",
+                            j.join_type
+                        )
+                    })
+                }
+            },
             LogicalPlan::Sort(_) => Some(
                 "sorts an unbounded stream (ORDER BY), which never finishes; remove the ORDER BY \
                  and sort where the output is read"
@@ -519,10 +573,9 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
         };
         if let Some(w) = what {
             problem = Some(w);
-            return Ok(TreeNodeRecursion::Stop);
+            break;
         }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
+    }
     if let Some(p) = problem {
         return Err(SluiceError::plan(format!(
             "this query cannot run on a stream: it {p}"
@@ -599,15 +652,10 @@ fn session_problem(
     window: Option<&WindowKey>,
     mode: Option<OutputMode>,
 ) -> Option<String> {
-    let mut agg = None;
-    let _ = plan.apply(|node| {
-        if let LogicalPlan::Aggregate(a) = node {
-            agg = Some(a.clone());
-            return Ok(TreeNodeRecursion::Stop);
-        }
-        Ok(TreeNodeRecursion::Continue)
-    });
-    let agg = agg?;
+    let agg = streaming_nodes(plan).into_iter().find_map(|n| match n {
+        LogicalPlan::Aggregate(a) => Some(a),
+        _ => None,
+    })?;
     let keys = &agg.schema.fields()[..agg.group_expr.len()];
     if !keys.iter().any(|f| is_session_bound(f)) {
         return None;

@@ -37,6 +37,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use datafusion::catalog::view::ViewTable;
+use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
 use datafusion::sql::sqlparser::ast::visit_relations;
 
 use datafusion::arrow::datatypes::{Field, Schema};
@@ -70,6 +71,11 @@ pub enum StatementOutcome {
     Created {
         /// Its name.
         stream: String,
+    },
+    /// `CREATE TABLE` declared a static table.
+    TableCreated {
+        /// Its name.
+        table: String,
     },
     /// `DROP STREAM` removed one.
     Dropped {
@@ -286,14 +292,18 @@ impl<'a> SqlRunner<'a> {
     ) -> Result<Prepared, SqlError> {
         let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
         if p.parse_keyword(Keyword::CREATE) {
+            if p.parse_keyword(Keyword::TABLE) {
+                return self.create_table(p, text).await.map(Prepared::Done);
+            }
             if !p.parse_keyword(Keyword::STREAM) {
                 let t = p.peek_token();
                 return Err(self.err(
                     text,
                     Pos::from(&t),
                     format!(
-                        "expected STREAM after CREATE, found '{}': declare sources and sinks with \
-                         CREATE STREAM name (columns) WITH (connector = '...')",
+                        "expected STREAM or TABLE after CREATE, found '{}': declare sources and \
+                         sinks with CREATE STREAM name (columns) WITH (connector = '...'), static \
+                         tables with CREATE TABLE name WITH (path = '...', format = '...')",
                         t.token
                     ),
                 ));
@@ -438,6 +448,125 @@ impl<'a> SqlRunner<'a> {
             self.engine_error(text, at, e)
         })?;
         Ok(StatementOutcome::Created { stream: name })
+    }
+
+    /// `CREATE TABLE name [(columns)] WITH (path = '...', format = '...')`:
+    /// a static table (files read by DataFusion when a query runs) that
+    /// streams can be joined with.
+    async fn create_table(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+    ) -> Result<StatementOutcome, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        let name_tok = p.peek_token();
+        let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+        let mut columns = Vec::new();
+        if p.consume_token(&Token::LParen) {
+            loop {
+                let t = p.peek_token();
+                columns.push((
+                    p.parse_column_def().map_err(|e| pe(self, e))?,
+                    Pos::from(&t),
+                ));
+                if !p.consume_token(&Token::Comma) {
+                    p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
+                    break;
+                }
+            }
+        }
+        let with_tok = p.peek_token();
+        p.expect_keyword(Keyword::WITH).map_err(|e| pe(self, e))?;
+        let (mut options, positions) = self.options(p, text)?;
+        let at = |key: &str| positions.get(key).copied().unwrap_or(Pos::from(&with_tok));
+        // Point at the option the message names (a misspelling), else `key`.
+        let config = |e: SluiceError, key: &str| {
+            let message = e.to_string();
+            let named = positions
+                .iter()
+                .find(|(k, _)| k.as_str() != key && message.contains(&format!("'{k}'")))
+                .map(|(_, p)| *p);
+            self.err(text, named.unwrap_or(at(key)), message)
+        };
+        let what = format!("table '{name}'");
+        let path = match options.take("path") {
+            Some(p) => p,
+            None => {
+                let e = options.missing(&what, "path", "'path' = './dimensions/names.csv'");
+                return Err(config(e, "path"));
+            }
+        };
+        let format = match options
+            .take_choice("format", &["csv", "json", "parquet"])
+            .map_err(|e| config(e, "format"))?
+        {
+            Some(f) => f,
+            None => {
+                let e = options.missing(&what, "format", "'format' = 'csv' (or 'json', 'parquet')");
+                return Err(config(e, "format"));
+            }
+        };
+        let header = options
+            .take_parsed::<bool>("header", "true or false")
+            .map_err(|e| config(e, "header"))?
+            .unwrap_or(true);
+        options
+            .finish_for(&what, &["path", "format", "header"])
+            .map_err(|e| {
+                let key = options
+                    .iter()
+                    .next()
+                    .map(|(k, _)| k.to_string())
+                    .unwrap_or_default();
+                config(e, &key)
+            })?;
+        let schema = if columns.is_empty() {
+            None
+        } else {
+            Some(self.schema(text, &columns).await?)
+        };
+        if self.session.stream(&name).is_some()
+            || self
+                .session
+                .context()
+                .table_exist(name.as_str())
+                .unwrap_or(false)
+        {
+            return Err(self.err(
+                text,
+                Pos::from(&name_tok),
+                format!("'{name}' already exists; DROP it or pick another name"),
+            ));
+        }
+        let ctx = self.session.context();
+        let registered = match format.as_str() {
+            "csv" => {
+                let mut o = CsvReadOptions::new().has_header(header).file_extension("");
+                if let Some(s) = &schema {
+                    o = o.schema(s);
+                }
+                ctx.register_csv(name.as_str(), &path, o).await
+            }
+            "json" => {
+                let mut o = JsonReadOptions::default().file_extension("");
+                if let Some(s) = &schema {
+                    o = o.schema(s);
+                }
+                ctx.register_json(name.as_str(), &path, o).await
+            }
+            _ => {
+                let o = ParquetReadOptions::default().file_extension("");
+                ctx.register_parquet(name.as_str(), &path, o).await
+            }
+        };
+        registered.map_err(|e| {
+            self.err(
+                text,
+                at("path"),
+                format!("table '{name}' cannot be read from '{path}': {e}"),
+            )
+        })?;
+        Ok(StatementOutcome::TableCreated { table: name })
     }
 
     /// `( key = value, ... )`; keys quoted or bare (dotted), values strings,

@@ -366,3 +366,103 @@ async fn a_join_without_a_time_bound_is_refused_with_what_to_add() {
     assert!(err.is_user_error());
     assert!(err.to_string().contains("BETWEEN"), "{err}");
 }
+
+#[test]
+fn a_stream_joined_with_a_static_table_equals_the_batch_join() {
+    property(3, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            // Stream rows keyed 0..6; the table names keys 0..4 only, so a
+            // LEFT join keeps some rows without a name.
+            let epochs: Vec<Vec<Row>> = input(&mut rng, 10, true)
+                .into_iter()
+                .map(|[l, r]| [l, r].concat())
+                .filter(|b| !b.is_empty())
+                .collect();
+            let dims = RecordBatch::try_new(
+                Arc::new(Schema::new(vec![
+                    Field::new("id", DataType::Int64, false),
+                    Field::new("w", DataType::Int64, false),
+                ])),
+                vec![
+                    Arc::new(Int64Array::from(vec![0, 1, 2, 3])),
+                    Arc::new(Int64Array::from(vec![100, 101, 102, 103])),
+                ],
+            )
+            .unwrap();
+            let columns = || {
+                vec![
+                    col("s.k").alias("k"),
+                    col("s.v").alias("lv"),
+                    col("s.ts").alias("lts"),
+                    col("d.w").alias("rv"),
+                    col("d.id").alias("rts"),
+                ]
+            };
+            let on = || vec![col("s.k").eq(col("d.id"))];
+            let dir = tempfile::tempdir().unwrap();
+            let mut got = Vec::new();
+            let mut fed = 0;
+            while fed < epochs.len() {
+                let input = MemoryStream::new(schema());
+                for b in &epochs[..fed] {
+                    input.add_batch(to_batch(b)).unwrap();
+                }
+                let session = Session::new();
+                session
+                    .context()
+                    .register_batch("dims", dims.clone())
+                    .unwrap();
+                let out = MemorySink::new();
+                let query = session
+                    .read_stream()
+                    .memory(&input)
+                    .unwrap()
+                    .alias("s")
+                    .unwrap()
+                    .join(
+                        session.table("dims").await.unwrap().alias("d").unwrap(),
+                        JoinType::Left,
+                        on(),
+                    )
+                    .unwrap()
+                    .select(columns())
+                    .unwrap()
+                    .write_stream()
+                    .memory(&out)
+                    .checkpoint_location(dir.path())
+                    .start()
+                    .await
+                    .unwrap();
+                for b in epochs[fed..].iter().take(1 + rng.next(4) as usize) {
+                    input.add_batch(to_batch(b)).unwrap();
+                    query.process_all_available().await.unwrap();
+                    fed += 1;
+                }
+                query.stop().await.unwrap();
+                for e in out.epochs() {
+                    got.extend(rows_of(&out.epoch_batches(e)));
+                }
+            }
+            got.sort();
+            let ctx = SessionContext::new();
+            let all = ctx
+                .read_batch(to_batch(&epochs.concat()))
+                .unwrap()
+                .alias("s")
+                .unwrap();
+            let d = ctx.read_batch(dims.clone()).unwrap().alias("d").unwrap();
+            let expected = rows_of(
+                &all.join_on(d, JoinType::Left, on())
+                    .unwrap()
+                    .select(columns())
+                    .unwrap()
+                    .collect()
+                    .await
+                    .unwrap(),
+            );
+            assert!(expected.iter().any(|j| j.3.is_none()), "seed {seed}");
+            assert_eq!(got, expected, "seed {seed}");
+        })
+    });
+}

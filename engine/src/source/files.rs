@@ -56,7 +56,11 @@ impl Connector for FilesConnector {
         let format = match o.take_choice("format", FORMATS)? {
             Some(f) => f,
             None => {
-                return Err(o.missing("files", "format", "'format' = 'json' (or 'csv', 'parquet')"))
+                return Err(o.missing(
+                    "connector 'files'",
+                    "format",
+                    "'format' = 'json' (or 'csv', 'parquet')",
+                ))
             }
         };
         let header = o

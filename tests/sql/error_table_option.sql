@@ -1,0 +1,1 @@
+CREATE TABLE names (id BIGINT, name VARCHAR) WITH (path = 'data/names.csv', fromat = 'csv');
