@@ -12,7 +12,8 @@
 //! count(DISTINCT), approx_distinct, stddev, array_agg, UDAFs — works
 //! without a line of its own: DataFusion's accumulators define the state
 //! and how to merge it. The operator's state is the [`KeyedState`] of
-//! partial states: flushed as a snapshot every epoch, before the commit.
+//! partial states, staged as a delta (or every k epochs a snapshot) before
+//! each commit.
 //!
 //! Deduplication is the same operator keyed by the distinct columns: a
 //! key's row is emitted the first time the key is seen, never again.
@@ -39,6 +40,7 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{collect, ExecutionPlan};
 
 use crate::error::{Result, SluiceError};
+use crate::operator::Staged;
 use crate::state::KeyedState;
 use crate::table::EpochBatches;
 use crate::trigger::OutputMode;
@@ -100,9 +102,21 @@ impl AggregateOperator {
             .map_or((0, 0), |s| (s.num_rows(), s.num_bytes()))
     }
 
-    /// The state as snapshot bytes, if any state exists yet.
-    pub(crate) fn snapshot(&self) -> Result<Option<Vec<u8>>> {
-        self.state.as_ref().map(KeyedState::snapshot).transpose()
+    /// Stages the state for the checkpoint: everything (`full`), or what
+    /// changed since the last time.
+    pub(crate) fn stage(&mut self, full: bool) -> Result<Staged> {
+        let Some(state) = &mut self.state else {
+            return Ok(Staged::Nothing);
+        };
+        if full {
+            let bytes = state.snapshot()?;
+            state.clear_changes();
+            Ok(Staged::Snapshot(bytes))
+        } else if state.has_changes() {
+            Ok(Staged::Delta(state.delta()?))
+        } else {
+            Ok(Staged::Unchanged)
+        }
     }
 
     /// Plans the phases for this epoch's input and finds DataFusion's own
@@ -244,15 +258,25 @@ impl AggregateOperator {
         Ok(out.into_iter().filter(|b| b.num_rows() > 0).collect())
     }
 
-    /// Replaces the state with a snapshot (recovery). The schema is taken
-    /// from DataFusion's plan, so it is known before the first epoch.
-    pub(crate) async fn restore(&mut self, session: &SessionState, bytes: &[u8]) -> Result<()> {
+    /// Replaces the state with a snapshot and the deltas after it
+    /// (recovery). The schema is taken from DataFusion's plan, so it is
+    /// known before the first epoch.
+    pub(crate) async fn restore(
+        &mut self,
+        session: &SessionState,
+        chain: &[Vec<u8>],
+    ) -> Result<()> {
         let phases = self.phases(session).await?;
         let mut state = KeyedState::new(
             phases.partial.schema(),
             phases.partial.group_expr().expr().len(),
         )?;
-        state.restore(bytes)?;
+        if let Some((snapshot, deltas)) = chain.split_first() {
+            state.restore(snapshot)?;
+            for d in deltas {
+                state.apply_delta(d)?;
+            }
+        }
         self.state = Some(state);
         Ok(())
     }

@@ -102,6 +102,15 @@ impl EpochCommit {
     }
 }
 
+/// The two kinds of operator state files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StateFile {
+    /// The whole state: starts a chain.
+    Snapshot,
+    /// The changes of one epoch, applied after the chain's earlier files.
+    Delta,
+}
+
 /// A query's checkpoint directory.
 ///
 /// After [`Checkpoint::open`] returns, the directory and its `offsets/` and
@@ -215,9 +224,14 @@ impl Checkpoint {
         op: &str,
         epoch: u64,
         run: &str,
+        kind: StateFile,
         bytes: &[u8],
     ) -> Result<String> {
-        let relative = format!("state/{op}/{epoch}.{run}.snapshot");
+        let suffix = match kind {
+            StateFile::Snapshot => "snapshot",
+            StateFile::Delta => "delta",
+        };
+        let relative = format!("state/{op}/{epoch}.{run}.{suffix}");
         let path = self.dir.join(&relative);
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent)
@@ -232,24 +246,46 @@ impl Checkpoint {
         read_bytes(&self.dir.join(relative))
     }
 
-    /// Deletes state files of epochs before `keep_from` (any run).
-    pub(crate) fn purge_state(&self, keep_from: u64) -> Result<()> {
-        let root = self.dir.join("state");
-        let Ok(ops) = fs::read_dir(&root) else {
+    /// Deletes operator `op`'s state files older than the chains of the
+    /// `retain` newest snapshots up to `chain_start` (the committed chain's
+    /// first file): those chains stay restorable, older ones go.
+    pub(crate) fn purge_state(&self, op: &str, chain_start: &str, retain: usize) -> Result<()> {
+        let epoch_of = |name: &str| {
+            let file = name.rsplit('/').next().unwrap_or(name);
+            file.split('.').next().and_then(|e| e.parse::<u64>().ok())
+        };
+        let Some(start) = epoch_of(chain_start) else {
             return Ok(());
         };
-        for op in ops.flatten() {
-            let Ok(files) = fs::read_dir(op.path()) else {
-                continue;
-            };
-            for f in files.flatten() {
+        let dir = self.dir.join("state").join(op);
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        let files: Vec<(String, u64)> = entries
+            .flatten()
+            .filter_map(|f| {
                 let name = f.file_name().to_string_lossy().into_owned();
-                let epoch = name.split('.').next().and_then(|e| e.parse::<u64>().ok());
-                if epoch.is_some_and(|e| e < keep_from) {
-                    let p = f.path();
-                    fs::remove_file(&p)
-                        .map_err(|e| SluiceError::io(format!("removing {}", p.display()), e))?;
-                }
+                let epoch = epoch_of(&name)?;
+                Some((name, epoch))
+            })
+            .collect();
+        let mut snapshots: Vec<u64> = files
+            .iter()
+            .filter(|(n, e)| n.ends_with(".snapshot") && *e <= start)
+            .map(|(_, e)| *e)
+            .collect();
+        snapshots.sort_unstable_by(|a, b| b.cmp(a));
+        snapshots.dedup();
+        let keep_from = snapshots
+            .get(retain.max(1) - 1)
+            .or(snapshots.last())
+            .copied()
+            .unwrap_or(start);
+        for (name, epoch) in files {
+            if epoch < keep_from {
+                let p = dir.join(&name);
+                fs::remove_file(&p)
+                    .map_err(|e| SluiceError::io(format!("removing {}", p.display()), e))?;
             }
         }
         Ok(())

@@ -25,10 +25,12 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect_partitioned;
 use futures::FutureExt;
 
-use crate::checkpoint::{Checkpoint, CommitRecord, EpochCommit, OffsetRecord, SourceRange};
+use crate::checkpoint::{
+    Checkpoint, CommitRecord, EpochCommit, OffsetRecord, SourceRange, StateFile,
+};
 use crate::error::{Result, SluiceError};
 use crate::fail_point::fail_point;
-use crate::operator::Operator;
+use crate::operator::{Operator, Staged};
 use crate::planner::IncrementalPlan;
 use crate::progress::{
     PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
@@ -60,6 +62,13 @@ pub(crate) struct EpochLoop {
     pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
     /// The query's stateful operator, when it has one.
     pub operator: Option<Operator>,
+    /// The state files of the last committed epoch: a snapshot and the
+    /// deltas after it.
+    pub state_chain: Vec<String>,
+    /// State files per chain before a new snapshot starts one.
+    pub snapshot_every: u64,
+    /// Snapshots (with their deltas) kept in the checkpoint.
+    pub retained_snapshots: usize,
 }
 
 impl EpochLoop {
@@ -225,12 +234,19 @@ impl EpochLoop {
             }
         };
         if let (Some(op), Some(commit)) = (&mut self.operator, &committed_epoch) {
-            if let Some(file) = commit.state_files.first() {
-                let bytes = self.checkpoint.read_state(file)?;
-                op.restore(&self.plan.state, &bytes).await.map_err(|e| {
-                    SluiceError::checkpoint(self.checkpoint.dir().join(file), e.to_string())
-                })?;
-            }
+            let chain = commit
+                .state_files
+                .iter()
+                .map(|f| self.checkpoint.read_state(f))
+                .collect::<Result<Vec<_>>>()?;
+            op.restore(&self.plan.state, &chain).await.map_err(|e| {
+                let files = commit.state_files.join(", ");
+                SluiceError::checkpoint(
+                    self.checkpoint.dir().join("state"),
+                    format!("{files}: {e}"),
+                )
+            })?;
+            self.state_chain = commit.state_files.clone();
         }
         if let Some(commit) = &committed_epoch {
             self.plan.watermarks.restore(&commit.watermarks);
@@ -453,16 +469,30 @@ impl EpochLoop {
         // Stage the state durably before the commit, so the commit can name
         // it (DESIGN §6 step 3).
         let t = Instant::now();
-        let mut state_files = Vec::new();
+        let mut state_files = self.state_chain.clone();
         let (mut state_rows, mut state_bytes) = (0, 0);
-        if let Some(op) = &self.operator {
-            if let Some(bytes) = op.snapshot()? {
-                state_files.push(self.checkpoint.write_state(
+        if let Some(op) = &mut self.operator {
+            // A new chain every `snapshot_every` files (and at the start).
+            let full = state_files.is_empty() || state_files.len() as u64 >= self.snapshot_every;
+            let run = &self.shared.run_id;
+            match op.stage(full)? {
+                Staged::Nothing | Staged::Unchanged => {}
+                Staged::Delta(bytes) => state_files.push(self.checkpoint.write_state(
                     op.name(),
                     epoch,
-                    &self.shared.run_id,
+                    run,
+                    StateFile::Delta,
                     &bytes,
-                )?);
+                )?),
+                Staged::Snapshot(bytes) => {
+                    state_files = vec![self.checkpoint.write_state(
+                        op.name(),
+                        epoch,
+                        run,
+                        StateFile::Snapshot,
+                        &bytes,
+                    )?]
+                }
             }
             (state_rows, state_bytes) = op.state_size();
         }
@@ -481,11 +511,15 @@ impl EpochLoop {
             epoch,
             committed_at_ms: chrono::Utc::now().timestamp_millis(),
             output_rows,
-            state_files: commit.state_files,
+            state_files: commit.state_files.clone(),
             watermarks: commit.watermarks,
         })?;
         self.checkpoint.purge(epoch, RETAIN_EPOCHS)?;
-        self.checkpoint.purge_state(epoch)?;
+        if let (Some(op), Some(start)) = (&self.operator, commit.state_files.first()) {
+            self.checkpoint
+                .purge_state(op.name(), start, self.retained_snapshots)?;
+        }
+        self.state_chain = commit.state_files;
         let commit_ms = ms(t.elapsed());
 
         let total = epoch_start.elapsed();

@@ -261,9 +261,16 @@ impl StreamFrame {
             checkpoint: None,
             trigger: Trigger::default(),
             name: None,
+            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
+            retained_snapshots: DEFAULT_RETAINED_SNAPSHOTS,
         }
     }
 }
+
+/// State files per chain (a snapshot and its deltas) before a new snapshot.
+const DEFAULT_SNAPSHOT_EVERY: u64 = 10;
+/// Snapshots, with their deltas, kept in the checkpoint.
+const DEFAULT_RETAINED_SNAPSHOTS: usize = 2;
 
 #[derive(Debug)]
 enum SinkChoice {
@@ -282,6 +289,8 @@ pub struct DataStreamWriter {
     checkpoint: Option<PathBuf>,
     trigger: Trigger,
     name: Option<String>,
+    snapshot_every: u64,
+    retained_snapshots: usize,
 }
 
 impl DataStreamWriter {
@@ -335,6 +344,23 @@ impl DataStreamWriter {
     /// When epochs run.
     pub fn trigger(mut self, trigger: Trigger) -> Self {
         self.trigger = trigger;
+        self
+    }
+
+    /// How often operator state is written whole: every `epochs` state
+    /// files, the others being deltas of one epoch's changes (default 10;
+    /// 1 writes a snapshot every epoch). Restoring reads the last snapshot
+    /// and at most `epochs - 1` deltas.
+    pub fn state_snapshot_interval(mut self, epochs: u64) -> Self {
+        self.snapshot_every = epochs.max(1);
+        self
+    }
+
+    /// How many snapshots (each with its deltas) stay in the checkpoint
+    /// (default 2); older state files are deleted once a newer snapshot is
+    /// committed.
+    pub fn state_retained_snapshots(mut self, snapshots: usize) -> Self {
+        self.retained_snapshots = snapshots.max(1);
         self
     }
 
@@ -434,6 +460,9 @@ impl DataStreamWriter {
             shared: Arc::clone(&shared),
             plan,
             operator,
+            state_chain: Vec::new(),
+            snapshot_every: self.snapshot_every,
+            retained_snapshots: self.retained_snapshots,
             sink_description: sink.describe(),
             sink,
             checkpoint,

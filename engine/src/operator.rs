@@ -8,6 +8,19 @@ use crate::aggregate::AggregateOperator;
 use crate::error::Result;
 use crate::join::JoinOperator;
 
+/// What an operator stages for one epoch's commit.
+#[derive(Debug)]
+pub(crate) enum Staged {
+    /// No state exists yet.
+    Nothing,
+    /// Nothing changed since the last stage: the committed chain stands.
+    Unchanged,
+    /// The changes since the last stage, to append to the chain.
+    Delta(Vec<u8>),
+    /// The whole state: a new chain starts.
+    Snapshot(Vec<u8>),
+}
+
 /// A running stateful operator.
 #[derive(Debug)]
 pub(crate) enum Operator {
@@ -48,19 +61,33 @@ impl Operator {
         }
     }
 
-    /// The state as snapshot bytes, if there is any state yet.
-    pub(crate) fn snapshot(&self) -> Result<Option<Vec<u8>>> {
+    /// Stages the state for this epoch's commit: all of it when `full`,
+    /// else (if the operator keeps deltas) what changed since the last
+    /// stage.
+    pub(crate) fn stage(&mut self, full: bool) -> Result<Staged> {
         match self {
-            Self::Aggregate(a) => a.snapshot(),
-            Self::Join(j) => j.snapshot().map(Some),
+            Self::Aggregate(a) => a.stage(full),
+            // The join's buffers are bounded by the watermark: always whole.
+            Self::Join(j) => j.snapshot().map(Staged::Snapshot),
         }
     }
 
-    /// Replaces the state with a snapshot (recovery).
-    pub(crate) async fn restore(&mut self, session: &SessionState, bytes: &[u8]) -> Result<()> {
+    /// Replaces the state with a committed chain: a snapshot, then the
+    /// deltas after it, in order (recovery).
+    pub(crate) async fn restore(
+        &mut self,
+        session: &SessionState,
+        chain: &[Vec<u8>],
+    ) -> Result<()> {
         match self {
-            Self::Aggregate(a) => a.restore(session, bytes).await,
-            Self::Join(j) => j.restore(bytes),
+            Self::Aggregate(a) => a.restore(session, chain).await,
+            Self::Join(j) => match chain {
+                [] => Ok(()),
+                [snapshot] => j.restore(snapshot),
+                _ => Err(crate::error::SluiceError::Internal(
+                    "the join's state is committed as one snapshot, not a chain".into(),
+                )),
+            },
         }
     }
 

@@ -7,19 +7,24 @@
 //! keys it saw ([`KeyedState::lookup`]) and replaces their rows
 //! ([`KeyedState::upsert`]).
 //!
-//! Durability: after every epoch the whole state is written to the
-//! checkpoint as an Arrow IPC snapshot, `state/<operator>/<epoch>.<run>.snapshot`,
-//! *before* the epoch commits; the commit record (and the Kafka progress
-//! record) names the file, and recovery loads only a file a committed record
-//! names. Files carry the writing run's id, so a zombie and its replacement
-//! never write the same file. Snapshots of older epochs are deleted once
-//! a newer one is committed.
+//! Durability: every epoch that changes the state writes, *before* the epoch
+//! commits, either a delta (`state/<operator>/<epoch>.<run>.delta`: the
+//! current rows of the keys it changed and the keys it removed) or, every
+//! k epochs, a full snapshot (`<epoch>.<run>.snapshot`), both Arrow IPC in
+//! checksummed checkpoint files. The commit record (and the Kafka progress
+//! record) names the chain — the last snapshot and the deltas after it —
+//! and recovery loads exactly that chain, in order. Files carry the writing
+//! run's id, so a zombie and its replacement never write the same file.
+//! Files older than the retained snapshots' chains are deleted once a newer
+//! chain is committed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Cursor;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, BooleanArray, Int64Array, RecordBatch, Scalar, UInt32Array};
+use datafusion::arrow::array::{
+    Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, Scalar, UInt32Array,
+};
 use datafusion::arrow::compute::kernels::cmp::lt_eq;
 use datafusion::arrow::compute::{
     concat_batches, filter_record_batch, not, prep_null_mask_filter, take_record_batch,
@@ -43,6 +48,10 @@ pub(crate) struct KeyedState {
     rows: RecordBatch,
     /// Key (row-encoded) → row of `rows`.
     index: HashMap<Box<[u8]>, u32>,
+    /// Keys upserted or removed since the last flush (snapshot or delta).
+    touched: HashSet<Box<[u8]>>,
+    /// Rows removed since the last flush (for their keys).
+    removed: Vec<RecordBatch>,
 }
 
 impl KeyedState {
@@ -60,6 +69,8 @@ impl KeyedState {
             key_columns,
             converter,
             index: HashMap::new(),
+            touched: HashSet::new(),
+            removed: Vec::new(),
         })
     }
 
@@ -129,6 +140,7 @@ impl KeyedState {
         let taken = filter_record_batch(&self.rows, &hit)?;
         let kept = filter_record_batch(&self.rows, &not(&hit)?)?;
         self.set_rows(kept)?;
+        self.note_removed(&taken)?;
         Ok(taken)
     }
 
@@ -150,6 +162,7 @@ impl KeyedState {
                 if let Some(&row) = self.index.get(&key) {
                     replaced[row as usize] = false;
                 }
+                self.touched.insert(key);
             }
         }
         let kept = filter_record_batch(&self.rows, &BooleanArray::from(replaced))?;
@@ -192,7 +205,98 @@ impl KeyedState {
         let taken = filter_record_batch(&self.rows, &closed)?;
         let kept = filter_record_batch(&self.rows, &not(&closed)?)?;
         self.set_rows(kept)?;
+        self.note_removed(&taken)?;
         Ok(taken)
+    }
+
+    fn note_removed(&mut self, rows: &RecordBatch) -> Result<()> {
+        self.touched.extend(self.keys(rows)?);
+        self.removed.push(rows.clone());
+        Ok(())
+    }
+
+    /// Whether anything changed since the last flush.
+    pub(crate) fn has_changes(&self) -> bool {
+        !self.touched.is_empty()
+    }
+
+    /// Forgets the changes since the last flush (after a snapshot).
+    pub(crate) fn clear_changes(&mut self) {
+        self.touched.clear();
+        self.removed.clear();
+    }
+
+    /// The changes since the last flush, then forgets them: the current
+    /// rows of the keys upserted, and the keys removed (and not back). As
+    /// bytes: the first part's length (8 bytes, little endian), then two
+    /// Arrow IPC files, upserted rows and removed keys.
+    pub(crate) fn delta(&mut self) -> Result<Vec<u8>> {
+        let present: Vec<u32> = self
+            .touched
+            .iter()
+            .filter_map(|k| self.index.get(k).copied())
+            .collect();
+        let upserts = take_record_batch(&self.rows, &UInt32Array::from(present))?;
+        let mut gone = Vec::new();
+        let mut seen = HashSet::new();
+        for batch in &self.removed {
+            let keys = self.keys(batch)?;
+            let mask: BooleanArray = keys
+                .into_iter()
+                .map(|k| Some(!self.index.contains_key(&k) && seen.insert(k)))
+                .collect();
+            let rows = filter_record_batch(batch, &mask)?;
+            gone.push(rows.project(&(0..self.key_columns).collect::<Vec<_>>())?);
+        }
+        let key_schema = Arc::new(
+            self.schema
+                .project(&(0..self.key_columns).collect::<Vec<_>>())?,
+        );
+        let gone = concat_batches(&key_schema, &gone)?;
+        let first = ipc_bytes(&upserts)?;
+        let mut out = Vec::with_capacity(8 + first.len());
+        out.extend_from_slice(&(first.len() as u64).to_le_bytes());
+        out.extend(first);
+        out.extend(ipc_bytes(&gone)?);
+        self.clear_changes();
+        Ok(out)
+    }
+
+    /// Applies a [`delta`](Self::delta): removes its keys, then upserts
+    /// its rows.
+    pub(crate) fn apply_delta(&mut self, bytes: &[u8]) -> Result<()> {
+        let damaged = || SluiceError::Internal("the state delta is truncated".into());
+        let len = bytes.get(..8).ok_or_else(damaged)?;
+        let len = u64::from_le_bytes(len.try_into().map_err(|_| damaged())?) as usize;
+        let upserts = read_ipc(bytes.get(8..8 + len).ok_or_else(damaged)?, &self.schema)?;
+        let key_schema = Arc::new(
+            self.schema
+                .project(&(0..self.key_columns).collect::<Vec<_>>())?,
+        );
+        let gone = read_ipc(bytes.get(8 + len..).ok_or_else(damaged)?, &key_schema)?;
+        if gone.num_rows() > 0 {
+            let dead: HashSet<Box<[u8]>> =
+                self.keys_of_columns(gone.columns())?.into_iter().collect();
+            let keep: BooleanArray = self
+                .keys(&self.rows)?
+                .into_iter()
+                .map(|k| Some(!dead.contains(&k)))
+                .collect();
+            let kept = filter_record_batch(&self.rows, &keep)?;
+            self.set_rows(kept)?;
+        }
+        self.upsert(&[upserts])?;
+        self.clear_changes();
+        Ok(())
+    }
+
+    fn keys_of_columns(&self, columns: &[ArrayRef]) -> Result<Vec<Box<[u8]>>> {
+        if self.key_columns == 0 {
+            let n = columns.first().map_or(0, |c| c.len());
+            return Ok(vec![Box::from(&[][..]); n]);
+        }
+        let rows = self.converter.convert_columns(columns)?;
+        Ok(rows.iter().map(|r| Box::from(r.as_ref())).collect())
     }
 
     /// Every stored row.
@@ -217,21 +321,38 @@ impl KeyedState {
 
     /// The whole state as Arrow IPC file bytes.
     pub(crate) fn snapshot(&self) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        let mut w = FileWriter::try_new(&mut out, &self.schema)?;
-        w.write(&self.rows)?;
-        w.finish()?;
-        drop(w);
-        Ok(out)
+        ipc_bytes(&self.rows)
     }
 
     /// Replaces the state with a snapshot's.
     pub(crate) fn restore(&mut self, bytes: &[u8]) -> Result<()> {
-        let reader = FileReader::try_new(Cursor::new(bytes), None)?;
-        let batches = reader.collect::<std::result::Result<Vec<_>, _>>()?;
-        let rows = concat_batches(&self.schema, &batches)?;
+        let rows = read_ipc(bytes, &self.schema)?;
+        self.clear_changes();
         self.set_rows(rows)
     }
+}
+
+/// `batch` as Arrow IPC file bytes.
+fn ipc_bytes(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut w = FileWriter::try_new(&mut out, &batch.schema())?;
+    w.write(batch)?;
+    w.finish()?;
+    drop(w);
+    Ok(out)
+}
+
+/// Arrow IPC file bytes as one batch of `schema` (the stored schema may
+/// differ in field metadata from the current plan's; the columns match).
+fn read_ipc(bytes: &[u8], schema: &SchemaRef) -> Result<RecordBatch> {
+    let reader = FileReader::try_new(Cursor::new(bytes), None)?;
+    let batches = reader
+        .map(|b| {
+            let b = b?;
+            RecordBatch::try_new(Arc::clone(schema), b.columns().to_vec())
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(concat_batches(schema, &batches)?)
 }
 
 #[cfg(test)]
@@ -278,5 +399,36 @@ mod tests {
             .unwrap();
         let n = all.column(1).as_primitive::<Int64Type>().values().to_vec();
         assert_eq!(n, vec![1, 20, 30]);
+    }
+
+    #[test]
+    fn a_snapshot_and_deltas_rebuild_the_state() {
+        let mut s = KeyedState::new(batch(&["a"], &[0]).schema(), 1).unwrap();
+        s.upsert(&[batch(&["a", "b", "c"], &[1, 2, 3])]).unwrap();
+        let snapshot = s.snapshot().unwrap();
+        s.clear_changes();
+
+        // Epoch 1: b changes, c leaves, d arrives. Epoch 2: c comes back,
+        // a leaves, nothing else.
+        s.upsert(&[batch(&["b", "d"], &[20, 4])]).unwrap();
+        s.take_matching(&[batch(&["c"], &[0])], &[0]).unwrap();
+        let d1 = s.delta().unwrap();
+        s.upsert(&[batch(&["c"], &[30])]).unwrap();
+        s.take_matching(&[batch(&["a"], &[0])], &[0]).unwrap();
+        assert!(s.has_changes());
+        let d2 = s.delta().unwrap();
+        assert!(!s.has_changes());
+
+        let mut r = KeyedState::new(s.all().schema(), 1).unwrap();
+        r.restore(&snapshot).unwrap();
+        r.apply_delta(&d1).unwrap();
+        r.apply_delta(&d2).unwrap();
+        let probe = [batch(&["a", "b", "c", "d"], &[0, 0, 0, 0])];
+        let got = r.lookup(&probe).unwrap();
+        let want = s.lookup(&probe).unwrap();
+        assert_eq!(r.num_rows(), 3);
+        assert_eq!(got, want);
+        let n = got.column(1).as_primitive::<Int64Type>().values().to_vec();
+        assert_eq!(n, vec![20, 30, 4]);
     }
 }

@@ -62,6 +62,8 @@ const SETTINGS: &[&str] = &[
     "trigger.interval",
     "trigger",
     "output.mode",
+    "state.snapshot.interval",
+    "state.retained.snapshots",
 ];
 
 /// What one statement did.
@@ -159,6 +161,8 @@ struct Settings {
     checkpoint: Option<String>,
     trigger: Option<Trigger>,
     output_mode: Option<OutputMode>,
+    snapshot_every: Option<u64>,
+    retained_snapshots: Option<usize>,
 }
 
 /// Runs SQL text against a session, statement by statement.
@@ -730,6 +734,25 @@ impl<'a> SqlRunner<'a> {
             "output.mode" => {
                 self.settings.output_mode = Some(value.parse::<OutputMode>().map_err(at_value)?)
             }
+            "state.snapshot.interval" | "state.retained.snapshots" => {
+                let n = value
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| {
+                        self.err(
+                            text,
+                            Pos::from(&value_tok),
+                            format!("'{key}' takes a whole number from 1, found '{value}'"),
+                        )
+                    })?;
+                if key == "state.snapshot.interval" {
+                    self.settings.snapshot_every = Some(n);
+                } else {
+                    self.settings.retained_snapshots = Some(n as usize);
+                }
+            }
             other => {
                 let hint = sluice_engine::closest(other, SETTINGS.iter().copied())
                     .map(|c| format!(" (did you mean '{c}'?)"))
@@ -878,6 +901,12 @@ impl<'a> SqlRunner<'a> {
         }
         if let Some(m) = self.settings.output_mode {
             writer = writer.output_mode(m);
+        }
+        if let Some(n) = self.settings.snapshot_every {
+            writer = writer.state_snapshot_interval(n);
+        }
+        if let Some(n) = self.settings.retained_snapshots {
+            writer = writer.state_retained_snapshots(n);
         }
         let pending = PendingQuery {
             name: sink,

@@ -122,6 +122,9 @@ async fn run_streaming(
             .memory(&out)
             .output_mode(mode)
             .checkpoint_location(dir)
+            // Chains of every length: snapshots, deltas, retention.
+            .state_snapshot_interval(1 + rng.next(4))
+            .state_retained_snapshots(1 + rng.next(2) as usize)
             .start()
             .await
             .unwrap();
@@ -232,4 +235,54 @@ async fn append_mode_on_a_plain_group_by_is_refused_with_what_works() {
         msg.contains("'update'") && msg.contains("'complete'"),
         "{msg}"
     );
+}
+
+#[test]
+fn state_is_committed_as_a_snapshot_and_deltas_and_old_chains_are_deleted() {
+    block_on(async {
+        let mut rng = Lcg(5);
+        let batches = input(&mut rng, 14);
+        let dir = tempfile::tempdir().unwrap();
+        let stream = MemoryStream::new(schema());
+        let out = MemorySink::new();
+        let query = Session::new()
+            .read_stream()
+            .memory(&stream)
+            .unwrap()
+            .aggregate(vec![col("k")], aggregates())
+            .unwrap()
+            .write_stream()
+            .memory(&out)
+            .output_mode(OutputMode::Update)
+            .checkpoint_location(dir.path())
+            .state_snapshot_interval(4)
+            .state_retained_snapshots(2)
+            .start()
+            .await
+            .unwrap();
+        for b in &batches {
+            stream.add_batch(b.clone()).unwrap();
+            query.process_all_available().await.unwrap();
+        }
+        query.stop().await.unwrap();
+
+        let cp = sluice::Checkpoint::open(dir.path(), "unused").unwrap();
+        let last = cp.latest_commit_epoch().unwrap().unwrap();
+        assert_eq!(last, 14);
+        // Epochs 1, 5, 9, 13 start chains; 14 is 13's first delta.
+        let chain = cp.read_commit(last).unwrap().state_files;
+        assert_eq!(chain.len(), 2, "{chain:?}");
+        assert!(chain[0].starts_with("state/aggregate/13.") && chain[0].ends_with(".snapshot"));
+        assert!(chain[1].starts_with("state/aggregate/14.") && chain[1].ends_with(".delta"));
+        // Two snapshots' chains stay (9..=14); older files are gone.
+        let mut epochs: Vec<u64> = std::fs::read_dir(dir.path().join("state/aggregate"))
+            .unwrap()
+            .map(|e| {
+                let name = e.unwrap().file_name().to_string_lossy().into_owned();
+                name.split('.').next().unwrap().parse().unwrap()
+            })
+            .collect();
+        epochs.sort_unstable();
+        assert_eq!(epochs, (9..=14).collect::<Vec<_>>());
+    });
 }
