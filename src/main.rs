@@ -13,6 +13,8 @@ use clap::{Parser, Subcommand};
 use sluice::{QueryProgress, StreamingQuery, StreamingQueryListener};
 use sluice_sql::{Prepared, SqlError, SqlRunner, StatementOutcome};
 
+mod inspect;
+
 #[derive(Parser)]
 #[command(
     name = "sluice",
@@ -41,12 +43,34 @@ enum Command {
         /// The .sql file.
         file: PathBuf,
     },
+    /// Checkpoint tools.
+    Checkpoint {
+        #[command(subcommand)]
+        command: CheckpointCommand,
+    },
     /// Start a local Kafka broker if none listens, run the seed example for
     /// a few seconds, and show what it committed to Kafka.
     Demo {
         /// How long to run the seed pipeline.
         #[arg(long, default_value = "6")]
         seconds: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// What the checkpoint at DIR holds: query id, epochs, source offsets,
+    /// watermark, state files; with --bootstrap, whether the Kafka progress
+    /// topic agrees.
+    Inspect {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Kafka brokers to compare with the query's progress topic.
+        #[arg(long, value_name = "HOST:PORT")]
+        bootstrap: Option<String>,
+        /// The progress topic, if the query set 'progress.topic'.
+        #[arg(long, value_name = "TOPIC")]
+        progress_topic: Option<String>,
     },
 }
 
@@ -92,6 +116,22 @@ fn main() -> ExitCode {
             Command::Run { file, progress_log } => run(&file, progress_log.as_deref()).await,
             Command::Explain { file } => explain(&file).await,
             Command::Demo { seconds } => demo(Duration::from_secs(seconds)).await,
+            Command::Checkpoint {
+                command:
+                    CheckpointCommand::Inspect {
+                        dir,
+                        bootstrap,
+                        progress_topic,
+                    },
+            } => inspect::inspect(&dir, bootstrap.as_deref(), progress_topic.as_deref())
+                .map(|report| print!("{report}"))
+                .map_err(|e| {
+                    if e.is_user_error() {
+                        Failure::Usage(format!("sluice: {e}"))
+                    } else {
+                        Failure::Runtime(format!("sluice: {e}"))
+                    }
+                }),
         }
     });
     match result {

@@ -122,6 +122,38 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// Opens the checkpoint at `dir` without creating or changing anything
+    /// (for inspection); fails if there is none.
+    pub fn open_existing(dir: impl Into<PathBuf>) -> Result<Self> {
+        let dir = dir.into();
+        let meta_path = dir.join("metadata");
+        if !meta_path.exists() {
+            return Err(SluiceError::checkpoint(
+                &dir,
+                "no checkpoint here: it has no metadata file (a query writes one when it starts)",
+            ));
+        }
+        Self::open(dir, "")
+    }
+
+    /// The epochs with an `offsets/` record, oldest first.
+    pub fn offset_epochs(&self) -> Result<Vec<u64>> {
+        epochs_in(&self.dir.join("offsets"))
+    }
+
+    /// The epochs with a `commits/` record, oldest first.
+    pub fn commit_epochs(&self) -> Result<Vec<u64>> {
+        epochs_in(&self.dir.join("commits"))
+    }
+
+    /// The size in bytes of a state file a commit names.
+    pub fn state_file_len(&self, relative: &str) -> Result<u64> {
+        let path = self.dir.join(relative);
+        fs::metadata(&path)
+            .map(|m| m.len())
+            .map_err(|e| SluiceError::io(format!("reading {}", path.display()), e))
+    }
+
     /// Opens (or creates) the checkpoint at `dir`. A new checkpoint gets
     /// `new_query_id` as its query id; an existing one keeps its own.
     pub fn open(dir: impl Into<PathBuf>, new_query_id: &str) -> Result<Self> {

@@ -78,7 +78,7 @@ impl Connector for KafkaConnector {
             .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT);
         let progress_topic = o
             .take("progress.topic")
-            .unwrap_or_else(|| format!("sluice-progress.{}", args.query_id));
+            .unwrap_or_else(|| crate::progress_topic::default_topic(&args.query_id));
         // An update stream is keyed by its group key unless told otherwise,
         // so the topic is a valid compacted upsert stream.
         let key_fields = match o.take("key.fields") {

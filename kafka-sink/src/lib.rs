@@ -52,3 +52,4 @@ mod transactional_sink;
 
 pub use connector::KafkaConnector;
 pub use encode::Format;
+pub use progress_topic::last_committed;

@@ -40,6 +40,35 @@ pub(crate) struct ProgressRecord {
     pub committed_at_ms: i64,
 }
 
+/// The default progress topic of a query.
+pub(crate) fn default_topic(query_id: &str) -> String {
+    format!("sluice-progress.{query_id}")
+}
+
+/// What the progress topic says a query committed last: its epoch and
+/// source ranges (for `sluice checkpoint inspect`). `topic` defaults to
+/// the query's own. Blocking; reads `read_committed`, so an open
+/// transaction of a running query makes it wait up to `timeout`.
+pub fn last_committed(
+    bootstrap: &str,
+    topic: Option<&str>,
+    query_id: &str,
+    timeout: Duration,
+) -> Result<Option<(u64, BTreeMap<String, SourceRange>)>> {
+    let topic = topic.map_or_else(|| default_topic(query_id), str::to_string);
+    let config = SinkConfig {
+        topic: topic.clone(),
+        bootstrap: bootstrap.to_string(),
+        format: crate::Format::Json,
+        key_fields: Vec::new(),
+        schema: std::sync::Arc::new(datafusion::arrow::datatypes::Schema::empty()),
+        query_id: query_id.to_string(),
+        connect_timeout: timeout,
+        passthrough: Vec::new(),
+    };
+    Ok(read_last(&config, &topic, query_id)?.map(|r| (r.epoch, r.sources)))
+}
+
 /// Creates the progress topic unless it exists: one partition, compacted,
 /// the broker's default replication.
 pub(crate) async fn ensure_topic(config: &SinkConfig, topic: &str) -> Result<()> {

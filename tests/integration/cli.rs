@@ -149,3 +149,17 @@ fn every_sql_example_plans() {
     }
     assert!(checked >= 3, "examples/*.sql: {checked} files");
 }
+
+#[test]
+fn inspecting_a_directory_without_a_checkpoint_says_so_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = sluice()
+        .args(["checkpoint", "inspect"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("no checkpoint here"), "{stderr}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}

@@ -1,0 +1,147 @@
+//! `sluice checkpoint inspect DIR`: what a checkpoint holds, and whether the
+//! Kafka progress topic agrees with it.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use sluice::{Checkpoint, SluiceError};
+
+/// The report, as text; `bootstrap` adds the Kafka progress topic check.
+pub fn inspect(
+    dir: &Path,
+    bootstrap: Option<&str>,
+    topic: Option<&str>,
+) -> Result<String, SluiceError> {
+    let cp = Checkpoint::open_existing(dir)?;
+    let meta = cp.metadata();
+    let mut out = String::new();
+    let w = &mut out;
+    let _ = writeln!(w, "checkpoint {}", dir.display());
+    let _ = writeln!(w, "  query id: {}", meta.query_id);
+    let _ = writeln!(
+        w,
+        "  written by: sluice {} (checkpoint format {})",
+        meta.engine_version, meta.format_version
+    );
+    let offsets = cp.offset_epochs()?;
+    let commits = cp.commit_epochs()?;
+    let span = |e: &[u64]| match (e.first(), e.last()) {
+        (Some(a), Some(b)) => format!("{a}..={b} ({} kept)", e.len()),
+        _ => "none".to_string(),
+    };
+    let _ = writeln!(w, "  planned epochs (offsets/): {}", span(&offsets));
+    let _ = writeln!(w, "  committed epochs (commits/): {}", span(&commits));
+    let last = commits.last().copied();
+    match last {
+        None => {
+            let _ = writeln!(w, "  nothing committed yet");
+        }
+        Some(epoch) => {
+            let commit = cp.read_commit(epoch)?;
+            let plan = cp.read_offsets(epoch)?;
+            let when = chrono_like(commit.committed_at_ms);
+            let _ = writeln!(
+                w,
+                "  last committed epoch {epoch} at {when}, {} output rows",
+                commit.output_rows
+            );
+            let _ = writeln!(w, "    source offsets (end = where the next epoch starts):");
+            for (key, range) in &plan.sources {
+                let start = range
+                    .start
+                    .as_ref()
+                    .map_or("beginning".to_string(), |s| s.to_string());
+                let _ = writeln!(w, "      {key}: {start} -> {}", range.end);
+            }
+            if commit.watermarks.is_empty() {
+                let _ = writeln!(w, "    watermark: none");
+            } else {
+                for (key, ns) in &commit.watermarks {
+                    let _ = writeln!(
+                        w,
+                        "    watermark of {key}: {}",
+                        chrono_like(ns.div_euclid(1_000_000))
+                    );
+                }
+            }
+            if commit.state_files.is_empty() {
+                let _ = writeln!(w, "    state: none");
+            } else {
+                let mut total = 0;
+                let _ = writeln!(
+                    w,
+                    "    state (a snapshot and the deltas after it, loaded in order):"
+                );
+                for f in &commit.state_files {
+                    let len = cp.state_file_len(f)?;
+                    total += len;
+                    let _ = writeln!(w, "      {f}  {len} bytes");
+                }
+                let _ = writeln!(w, "      total {total} bytes");
+            }
+        }
+    }
+    if let Some(next) = offsets.last().filter(|o| Some(**o) > last) {
+        let _ = writeln!(
+            w,
+            "  epoch {next} was planned but not committed: a restart re-runs it over the same offsets"
+        );
+    }
+    if let Some(bootstrap) = bootstrap {
+        let (b, q, t) = (
+            bootstrap.to_string(),
+            meta.query_id.clone(),
+            topic.map(str::to_string),
+        );
+        let kafka = std::thread::spawn(move || {
+            sluice_kafka::last_committed(&b, t.as_deref(), &q, Duration::from_secs(10))
+        })
+        .join()
+        .map_err(|_| SluiceError::Internal("the Kafka check panicked".into()))?;
+        let _ = writeln!(w, "kafka progress topic on {bootstrap}:");
+        match kafka {
+            Err(e) => {
+                let _ = writeln!(w, "  cannot read it: {e}");
+            }
+            Ok(None) => {
+                let _ = writeln!(
+                    w,
+                    "  no record for this query: {}",
+                    if last.is_some() {
+                        "the checkpoint says epochs were committed, so either this query's sink is \
+                         not exactly-once Kafka, or the progress topic was lost (then the query \
+                         refuses to start: use a new checkpoint location)"
+                    } else {
+                        "consistent: nothing was committed"
+                    }
+                );
+            }
+            Ok(Some((epoch, _))) => {
+                let verdict = match last {
+                    Some(l) if l == epoch => "agrees with the checkpoint".to_string(),
+                    Some(l) if l < epoch => format!(
+                        "is ahead of the checkpoint ({l}): the process stopped right after a Kafka \
+                         commit; the next start records epochs {}..={epoch} and continues",
+                        l + 1
+                    ),
+                    Some(l) => format!(
+                        "is behind the checkpoint ({l}): the progress topic lost records or belongs \
+                         to another query; the query refuses to start: use a new checkpoint \
+                         location, or restore the topic"
+                    ),
+                    None => "but the checkpoint has no commit: the next start records it".into(),
+                };
+                let _ = writeln!(w, "  last committed epoch {epoch}: {verdict}");
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Milliseconds since the Unix epoch as RFC 3339.
+fn chrono_like(ms: i64) -> String {
+    sluice::arrow::temporal_conversions::timestamp_ms_to_datetime(ms)
+        .map(|t| t.format("%Y-%m-%dT%H:%M:%S%.3fZ").to_string())
+        .unwrap_or_else(|| ms.to_string())
+}
