@@ -37,6 +37,9 @@ enum Command {
         /// Append one JSON object per committed epoch to PATH.
         #[arg(long, value_name = "PATH")]
         progress_log: Option<PathBuf>,
+        /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+        #[arg(long, value_name = "HOST:PORT")]
+        metrics_addr: Option<String>,
     },
     /// Print the incremental plan of each query in FILE.
     Explain {
@@ -113,7 +116,11 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Run { file, progress_log } => run(&file, progress_log.as_deref()).await,
+            Command::Run {
+                file,
+                progress_log,
+                metrics_addr,
+            } => run(&file, progress_log.as_deref(), metrics_addr.as_deref()).await,
             Command::Explain { file } => explain(&file).await,
             Command::Demo { seconds } => demo(Duration::from_secs(seconds)).await,
             Command::Checkpoint {
@@ -204,9 +211,28 @@ impl StreamingQueryListener for ProgressReporter {
     }
 }
 
-async fn run(file: &Path, progress_log: Option<&Path>) -> Result<(), Failure> {
+async fn run(
+    file: &Path,
+    progress_log: Option<&Path>,
+    metrics_addr: Option<&str>,
+) -> Result<(), Failure> {
     let text = read_sql(file)?;
     let session = sluice::Session::new();
+    if let Some(addr) = metrics_addr {
+        use std::net::ToSocketAddrs;
+        let bad = |why: String| Failure::Usage(format!("sluice: --metrics-addr {addr}: {why}"));
+        let socket = addr
+            .to_socket_addrs()
+            .map_err(|e| bad(format!("expected HOST:PORT such as 127.0.0.1:9464 ({e})")))?
+            .next()
+            .ok_or_else(|| bad("the host has no address".into()))?;
+        let metrics = Arc::new(sluice::Metrics::default());
+        session.add_listener(metrics.clone());
+        let bound = metrics
+            .serve(socket)
+            .map_err(|e| Failure::Runtime(format!("sluice: {e}")))?;
+        eprintln!("sluice: metrics at http://{bound}/metrics");
+    }
     let log = progress_log
         .map(|p| {
             std::fs::OpenOptions::new()

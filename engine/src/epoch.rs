@@ -420,6 +420,7 @@ impl EpochLoop {
                 start_offset: range.start.clone(),
                 end_offset: range.end.clone(),
                 num_input_rows: rows,
+                lag: input.source.lag(),
             });
         }
         // Late rows are judged by the watermark the previous epoch left;

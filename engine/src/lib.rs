@@ -49,6 +49,7 @@ mod error;
 mod fail_point;
 mod frame;
 mod join;
+mod metrics;
 mod operator;
 mod options;
 mod planner;
@@ -70,6 +71,7 @@ pub use connector::{Connector, ConnectorRegistry, SinkArgs, SourceArgs};
 pub use error::{Result, SluiceError};
 pub use fail_point::fail_point;
 pub use frame::{DataStreamWriter, StreamFrame};
+pub use metrics::Metrics;
 pub use options::{closest, parse_duration, quoted_list, Options};
 pub use progress::{
     PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,

@@ -37,6 +37,9 @@ pub struct SourceProgress {
     pub end_offset: serde_json::Value,
     /// Rows read.
     pub num_input_rows: u64,
+    /// Records available beyond `end_offset` when the epoch was planned,
+    /// per partition (see [`crate::Source::lag`]); empty if unknown.
+    pub lag: std::collections::BTreeMap<String, i64>,
 }
 
 /// Progress of one committed epoch.

@@ -241,6 +241,7 @@ impl SourceFactory for KafkaSourceFactory {
             consumer: Mutex::new(consumer),
             initial: Mutex::new(BTreeMap::new()),
             cap: Mutex::new(None),
+            lag: Mutex::new(BTreeMap::new()),
         }))))
     }
 
@@ -271,6 +272,8 @@ struct SourceInner {
     initial: Mutex<BTreeMap<i32, i64>>,
     /// Per-partition end offsets when prepared for available-now.
     cap: Mutex<Option<BTreeMap<i32, i64>>>,
+    /// Per partition, the last stable offset minus the last planned end.
+    lag: Mutex<BTreeMap<String, i64>>,
 }
 
 impl std::fmt::Debug for SourceInner {
@@ -344,6 +347,7 @@ impl SourceInner {
             .max_records
             .map(|m| (m / with_data).max(1) as i64);
         let mut ranges = BTreeMap::new();
+        let mut lag = BTreeMap::new();
         let mut any = false;
         for (&p, &(low, high)) in &marks {
             let from =
@@ -367,7 +371,9 @@ impl SourceInner {
             }
             any |= to > from;
             ranges.insert(p, (from, to));
+            lag.insert(p.to_string(), (high - to).max(0));
         }
+        *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = lag;
         Ok(any.then_some(PlannedRanges { ranges }))
     }
 
@@ -570,6 +576,10 @@ impl Source for KafkaSource {
         tokio::task::spawn_blocking(move || inner.read(&plan))
             .await
             .map_err(|e| SluiceError::Internal(format!("kafka read task: {e}")))?
+    }
+
+    fn lag(&self) -> BTreeMap<String, i64> {
+        self.0.lag.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     async fn prepare_available_now(&self) -> Result<()> {

@@ -12,6 +12,8 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use std::collections::BTreeMap;
+
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -50,6 +52,14 @@ pub trait Source: Send + Sync + Debug {
     /// sources that never grow while a query runs.
     async fn prepare_available_now(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// Records available beyond the end of the last planned range, per
+    /// partition, as the last [`Source::latest_offset`] saw them (the
+    /// backlog; Kafka: last stable offset minus the planned end). Empty when
+    /// the source cannot tell.
+    fn lag(&self) -> BTreeMap<String, i64> {
+        BTreeMap::new()
     }
 }
 

@@ -1,0 +1,320 @@
+//! Prometheus metrics: a [`StreamingQueryListener`] that keeps per-query
+//! counters, gauges and phase histograms from progress events, and a small
+//! HTTP endpoint serving them in the Prometheus text format.
+//!
+//! ```no_run
+//! # async fn demo() -> sluice_engine::Result<()> {
+//! use std::sync::Arc;
+//! let session = sluice_engine::Session::new();
+//! let metrics = Arc::new(sluice_engine::Metrics::default());
+//! session.add_listener(metrics.clone());
+//! let addr = metrics.serve("127.0.0.1:9464".parse().unwrap())?;
+//! println!("scrape http://{addr}/metrics");
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::error::{Result, SluiceError};
+use crate::progress::{QueryProgress, QueryStartedEvent, StreamingQueryListener};
+
+/// Upper bounds of the epoch phase histogram buckets, in seconds.
+const BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// One histogram: cumulative bucket counts, sum and count.
+#[derive(Debug, Clone, Default)]
+struct Histogram {
+    buckets: Vec<u64>,
+    sum: f64,
+    count: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, seconds: f64) {
+        if self.buckets.is_empty() {
+            self.buckets = vec![0; BUCKETS.len()];
+        }
+        for (b, bound) in self.buckets.iter_mut().zip(BUCKETS) {
+            if seconds <= *bound {
+                *b += 1;
+            }
+        }
+        self.sum += seconds;
+        self.count += 1;
+    }
+}
+
+/// What is known about one query.
+#[derive(Debug, Clone, Default)]
+struct QueryMetrics {
+    starts: u64,
+    epochs: u64,
+    input_rows: u64,
+    output_rows: u64,
+    late_rows: u64,
+    state_rows: u64,
+    state_bytes: u64,
+    /// Seconds since the Unix epoch.
+    watermark: Option<f64>,
+    phases: BTreeMap<&'static str, Histogram>,
+    /// (source, partition) → records behind.
+    lag: BTreeMap<(String, String), i64>,
+}
+
+/// Per-query metrics from progress events; register it with
+/// [`Session::add_listener`](crate::Session::add_listener) and serve it
+/// with [`Metrics::serve`], or read [`Metrics::render`].
+#[derive(Debug, Default)]
+pub struct Metrics {
+    queries: Mutex<BTreeMap<String, QueryMetrics>>,
+}
+
+impl StreamingQueryListener for Metrics {
+    fn on_query_started(&self, event: &QueryStartedEvent) {
+        self.with(&event.name, |q| q.starts += 1);
+    }
+
+    fn on_query_progress(&self, p: &QueryProgress) {
+        self.with(&p.name, |q| {
+            q.epochs += 1;
+            q.input_rows += p.num_input_rows;
+            q.output_rows += p.num_output_rows;
+            q.late_rows += p.late_rows;
+            q.state_rows = p.state_rows;
+            q.state_bytes = p.state_bytes;
+            if let Some(w) = &p.watermark {
+                q.watermark =
+                    datafusion::arrow::compute::kernels::cast_utils::string_to_timestamp_nanos(w)
+                        .ok()
+                        .map(|ns| ns as f64 / 1e9);
+            }
+            let d = &p.duration_ms;
+            for (phase, ms) in [
+                ("plan", d.plan),
+                ("read", d.read),
+                ("compute", d.compute),
+                ("state", d.state),
+                ("commit", d.commit),
+                ("total", d.total),
+            ] {
+                q.phases.entry(phase).or_default().observe(ms / 1e3);
+            }
+            for s in &p.sources {
+                for (partition, lag) in &s.lag {
+                    q.lag
+                        .insert((s.description.clone(), partition.clone()), *lag);
+                }
+            }
+        });
+    }
+}
+
+impl Metrics {
+    fn with(&self, query: &str, f: impl FnOnce(&mut QueryMetrics)) {
+        let mut queries = self.queries.lock().unwrap_or_else(|p| p.into_inner());
+        f(queries.entry(query.to_string()).or_default());
+    }
+
+    /// All metrics in the Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let queries = self
+            .queries
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut out = String::new();
+        let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, value) in rows {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let per_query = |f: &dyn Fn(&QueryMetrics) -> Option<f64>| -> Vec<(String, f64)> {
+            queries
+                .iter()
+                .filter_map(|(name, q)| Some((format!("{{query=\"{}\"}}", escape(name)), f(q)?)))
+                .collect()
+        };
+        family(
+            "sluice_query_starts_total",
+            "counter",
+            "Times the query started (1 + restarts and recoveries in this process).",
+            per_query(&|q| Some(q.starts as f64)),
+        );
+        family(
+            "sluice_epochs_committed_total",
+            "counter",
+            "Epochs committed.",
+            per_query(&|q| Some(q.epochs as f64)),
+        );
+        family(
+            "sluice_input_rows_total",
+            "counter",
+            "Rows read by the query's sources.",
+            per_query(&|q| Some(q.input_rows as f64)),
+        );
+        family(
+            "sluice_output_rows_total",
+            "counter",
+            "Rows written to the sink.",
+            per_query(&|q| Some(q.output_rows as f64)),
+        );
+        family(
+            "sluice_late_rows_total",
+            "counter",
+            "Rows dropped for arriving behind the watermark.",
+            per_query(&|q| Some(q.late_rows as f64)),
+        );
+        family(
+            "sluice_state_rows",
+            "gauge",
+            "Rows held in operator state.",
+            per_query(&|q| Some(q.state_rows as f64)),
+        );
+        family(
+            "sluice_state_bytes",
+            "gauge",
+            "Bytes held in operator state.",
+            per_query(&|q| Some(q.state_bytes as f64)),
+        );
+        family(
+            "sluice_watermark_seconds",
+            "gauge",
+            "The query's event-time watermark, seconds since the Unix epoch.",
+            per_query(&|q| q.watermark),
+        );
+        let now = chrono::Utc::now().timestamp_millis() as f64 / 1e3;
+        family(
+            "sluice_watermark_lag_seconds",
+            "gauge",
+            "Wall-clock time minus the watermark.",
+            per_query(&|q| q.watermark.map(|w| now - w)),
+        );
+        let lag: Vec<(String, f64)> = queries
+            .iter()
+            .flat_map(|(name, q)| {
+                q.lag.iter().map(move |((source, partition), lag)| {
+                    (
+                        format!(
+                            "{{query=\"{}\",source=\"{}\",partition=\"{}\"}}",
+                            escape(name),
+                            escape(source),
+                            escape(partition)
+                        ),
+                        *lag as f64,
+                    )
+                })
+            })
+            .collect();
+        family(
+            "sluice_source_lag_records",
+            "gauge",
+            "Records available beyond the last planned epoch, per source partition.",
+            lag,
+        );
+        let mut histogram = Vec::new();
+        for (name, q) in &queries {
+            for (phase, h) in &q.phases {
+                let labels = format!("query=\"{}\",phase=\"{phase}\"", escape(name));
+                for (bound, count) in BUCKETS.iter().zip(&h.buckets) {
+                    histogram.push((format!("_bucket{{{labels},le=\"{bound}\"}}"), *count as f64));
+                }
+                histogram.push((format!("_bucket{{{labels},le=\"+Inf\"}}"), h.count as f64));
+                histogram.push((format!("_sum{{{labels}}}"), h.sum));
+                histogram.push((format!("_count{{{labels}}}"), h.count as f64));
+            }
+        }
+        family(
+            "sluice_epoch_duration_seconds",
+            "histogram",
+            "Epoch duration per phase (plan, read, compute, state, commit, total).",
+            histogram,
+        );
+        let (cpu, rss) = process_usage();
+        family(
+            "process_cpu_seconds_total",
+            "counter",
+            "CPU time of the process.",
+            cpu.map(|c| (String::new(), c)).into_iter().collect(),
+        );
+        family(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory of the process.",
+            rss.map(|r| (String::new(), r)).into_iter().collect(),
+        );
+        out
+    }
+
+    /// Serves [`render`](Self::render) at `http://addr/metrics` from a
+    /// thread of its own, until the process ends; returns the bound address
+    /// (port 0 picks one). Scrapes are rare and small: one at a time.
+    pub fn serve(self: Arc<Self>, addr: SocketAddr) -> Result<SocketAddr> {
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| SluiceError::io(format!("binding the metrics endpoint to {addr}"), e))?;
+        let bound = listener
+            .local_addr()
+            .map_err(|e| SluiceError::io("reading the metrics endpoint's address", e))?;
+        std::thread::Builder::new()
+            .name("sluice-metrics".into())
+            .spawn(move || {
+                for mut socket in listener.incoming().flatten() {
+                    let _ = socket.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut request = [0u8; 2048];
+                    let n = socket.read(&mut request).unwrap_or(0);
+                    let head = String::from_utf8_lossy(&request[..n]);
+                    let (status, body) = if head.starts_with("GET /metrics") {
+                        ("200 OK", self.render())
+                    } else {
+                        ("404 Not Found", "metrics are at /metrics\n".to_string())
+                    };
+                    let response = format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
+                         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    let _ = socket.write_all(response.as_bytes());
+                }
+            })
+            .map_err(|e| SluiceError::io("starting the metrics thread", e))?;
+        Ok(bound)
+    }
+}
+
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// CPU seconds and resident bytes of this process, from /proc (Linux).
+fn process_usage() -> (Option<f64>, Option<f64>) {
+    let ticks = 100.0; // USER_HZ on Linux
+    let cpu = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which may hold spaces).
+            let rest = s.rsplit(')').next()?;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let user: f64 = f.get(11)?.parse().ok()?;
+            let system: f64 = f.get(12)?.parse().ok()?;
+            Some((user + system) / ticks)
+        });
+    let rss = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            Some(kb * 1024.0)
+        });
+    (cpu, rss)
+}
