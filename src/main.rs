@@ -40,6 +40,11 @@ enum Command {
         /// Serve Prometheus metrics at http://HOST:PORT/metrics.
         #[arg(long, value_name = "HOST:PORT")]
         metrics_addr: Option<String>,
+        /// On SIGINT/SIGTERM, how long the open epoch may take to commit
+        /// before the process gives up on it (exit 1; the next start re-runs
+        /// it).
+        #[arg(long, value_name = "SECONDS", default_value = "30")]
+        shutdown_timeout: u64,
     },
     /// Print the incremental plan of each query in FILE.
     Explain {
@@ -120,7 +125,16 @@ fn main() -> ExitCode {
                 file,
                 progress_log,
                 metrics_addr,
-            } => run(&file, progress_log.as_deref(), metrics_addr.as_deref()).await,
+                shutdown_timeout,
+            } => {
+                run(
+                    &file,
+                    progress_log.as_deref(),
+                    metrics_addr.as_deref(),
+                    Duration::from_secs(shutdown_timeout),
+                )
+                .await
+            }
             Command::Explain { file } => explain(&file).await,
             Command::Demo { seconds } => demo(Duration::from_secs(seconds)).await,
             Command::Checkpoint {
@@ -215,6 +229,7 @@ async fn run(
     file: &Path,
     progress_log: Option<&Path>,
     metrics_addr: Option<&str>,
+    shutdown_timeout: Duration,
 ) -> Result<(), Failure> {
     let text = read_sql(file)?;
     let session = sluice::Session::new();
@@ -272,7 +287,7 @@ async fn run(
     if running.is_empty() {
         return Ok(());
     }
-    wait_or_signal(&running).await
+    wait_or_signal(&running, shutdown_timeout).await
 }
 
 async fn stop_all(queries: &[StreamingQuery]) {
@@ -283,7 +298,7 @@ async fn stop_all(queries: &[StreamingQuery]) {
 
 /// Waits until every query ends, or a signal asks them all to stop (each
 /// finishes its open epoch first).
-async fn wait_or_signal(queries: &[StreamingQuery]) -> Result<(), Failure> {
+async fn wait_or_signal(queries: &[StreamingQuery], timeout: Duration) -> Result<(), Failure> {
     let all_done = async {
         let mut failures = Vec::new();
         for q in queries {
@@ -298,8 +313,15 @@ async fn wait_or_signal(queries: &[StreamingQuery]) -> Result<(), Failure> {
         f = all_done => f,
         _ = shutdown_signal() => {
             eprintln!("\nsluice: stopping (finishing the open epoch)...");
-            stop_all(queries).await;
-            return Ok(());
+            return match tokio::time::timeout(timeout, stop_all(queries)).await {
+                Ok(()) => Ok(()),
+                Err(_) => Err(Failure::Runtime(format!(
+                    "sluice: the open epoch did not commit within {timeout:?} of the signal \
+                     (--shutdown-timeout); stopping without it. Nothing of it is visible to \
+                     read_committed readers: the next start aborts its transaction, if any, \
+                     and re-runs the epoch"
+                ))),
+            };
         }
     };
     if failures.is_empty() {

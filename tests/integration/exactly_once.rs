@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::util::Lcg;
 use sluice::broker::{create_topic, ensure_broker, fresh_topic, read_topic, ReadRecord};
+use sluice::Checkpoint;
 
 /// `files` JSON files of `rows` rows each: ids `file * rows ..`, event
 /// time `ts` 100 ms per id, except that every id ending in 3 is 2.5 s
@@ -412,4 +413,75 @@ async fn tumbling_window_append_output_is_exact_after_kill_9_at_random_moments()
         committed, reference,
         "the windows emitted are exactly those of the run without crashes"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_commits_the_open_epoch_leaves_no_transaction_and_the_restart_continues() {
+    const FILES: usize = 40;
+    const ROWS: usize = 20;
+    let p = Pipeline::new(FILES, ROWS).await;
+    let mut child = p.spawn("250 ms", None);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(child.try_wait().unwrap().is_none(), "ended early");
+    let signalled = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = wait(&mut child, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{}", stderr_of(&mut child));
+    assert!(signalled.elapsed() < Duration::from_secs(30));
+
+    // No transaction left open or aborted: a read_uncommitted reader sees
+    // exactly what a read_committed one sees.
+    let committed: Vec<String> = p
+        .read(true)
+        .await
+        .iter()
+        .map(ReadRecord::value_str)
+        .collect();
+    let uncommitted: Vec<String> = p
+        .read(false)
+        .await
+        .iter()
+        .map(ReadRecord::value_str)
+        .collect();
+    assert!(!committed.is_empty());
+    assert_eq!(uncommitted, committed);
+    let stopped_at = Checkpoint::open_existing(p.dir.join("checkpoint"))
+        .unwrap()
+        .latest_commit_epoch()
+        .unwrap()
+        .unwrap();
+
+    // The restart commits the next epoch first: nothing is re-run.
+    let log = p.dir.join("progress.jsonl");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .arg(p.sql("available-now"))
+        .arg("--progress-log")
+        .arg(&log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status = wait(&mut child, Duration::from_secs(120));
+    assert!(status.success(), "{}", stderr_of(&mut child));
+    let first: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(first["epoch"], stopped_at + 1);
+    let committed: Vec<String> = p
+        .read(true)
+        .await
+        .iter()
+        .map(ReadRecord::value_str)
+        .collect();
+    assert_eq!(committed, Pipeline::expected(FILES, ROWS));
 }
