@@ -146,5 +146,15 @@ pub fn report(progress: &[QueryProgress]) -> serde_json::Value {
         },
         "median_state_rows": percentile(&of(|p| p.state_rows as f64), 0.5),
         "median_state_bytes": percentile(&of(|p| p.state_bytes as f64), 0.5),
+        "final_state_rows": progress.last().map_or(0, |p| p.state_rows),
+        "peak_rss_bytes": peak_rss_bytes(),
     })
+}
+
+/// The process's peak resident memory (VmHWM), in bytes (Linux).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }

@@ -18,7 +18,8 @@
 //! Files older than the retained snapshots' chains are deleted once a newer
 //! chain is committed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::hash::{BuildHasher, RandomState};
 use std::io::Cursor;
 use std::sync::Arc;
 
@@ -27,72 +28,128 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::kernels::cmp::lt_eq;
 use datafusion::arrow::compute::{
-    concat_batches, filter_record_batch, not, prep_null_mask_filter, take_record_batch,
+    concat_batches, filter_record_batch, interleave, not, prep_null_mask_filter,
+    take_record_batch,
 };
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
-use datafusion::arrow::row::{RowConverter, SortField};
+use datafusion::arrow::row::{Row, RowConverter, Rows, SortField};
+use hashbrown::HashTable;
 
 use crate::error::{Result, SluiceError};
 use crate::watermark::nanos;
 use crate::window::WindowKey;
 
 /// One operator's keyed state.
-#[derive(Debug)]
+///
+/// Memory per key is the row itself plus its encoded key (arrow-row, in one
+/// buffer) and a 4-byte slot in a hash table of row positions: no
+/// allocation per key. Upserts keep existing keys at their positions and
+/// append new ones, so the index only grows; removals (closed windows,
+/// merged sessions, evictions) compact the rows and rebuild it.
 pub(crate) struct KeyedState {
     schema: SchemaRef,
     key_columns: usize,
     converter: RowConverter,
     /// Every key's row.
     rows: RecordBatch,
-    /// Key (row-encoded) → row of `rows`.
-    index: HashMap<Box<[u8]>, u32>,
-    /// Keys upserted or removed since the last flush (snapshot or delta).
-    touched: HashSet<Box<[u8]>>,
+    /// The encoded key of each row of `rows`, in order.
+    keys: Rows,
+    /// Positions in `rows`, found by the hash of the encoded key.
+    index: HashTable<u32>,
+    hasher: RandomState,
+    /// Per row: upserted since the last flush (snapshot or delta).
+    changed: Vec<bool>,
     /// Rows removed since the last flush (for their keys).
     removed: Vec<RecordBatch>,
+}
+
+impl std::fmt::Debug for KeyedState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedState")
+            .field("rows", &self.rows.num_rows())
+            .field("key_columns", &self.key_columns)
+            .finish_non_exhaustive()
+    }
 }
 
 impl KeyedState {
     /// Empty state with `schema`, keyed by its first `key_columns` columns.
     pub(crate) fn new(schema: SchemaRef, key_columns: usize) -> Result<Self> {
-        let converter = RowConverter::new(
+        // A global aggregate has one key, the empty one: encode a constant.
+        let fields = if key_columns == 0 {
+            vec![SortField::new(DataType::Boolean)]
+        } else {
             schema.fields()[..key_columns]
                 .iter()
                 .map(|f| SortField::new(f.data_type().clone()))
-                .collect(),
-        )?;
+                .collect()
+        };
+        let converter = RowConverter::new(fields)?;
         Ok(Self {
             rows: RecordBatch::new_empty(Arc::clone(&schema)),
+            keys: converter.empty_rows(0, 0),
             schema,
             key_columns,
             converter,
-            index: HashMap::new(),
-            touched: HashSet::new(),
+            index: HashTable::new(),
+            hasher: RandomState::new(),
+            changed: Vec::new(),
             removed: Vec::new(),
         })
     }
 
-    /// Encoded keys of `batch`.
-    fn keys(&self, batch: &RecordBatch) -> Result<Vec<Box<[u8]>>> {
+    /// The encoded keys of `batch`.
+    fn encode(&self, batch: &RecordBatch) -> Result<Rows> {
+        self.encode_columns(&batch.columns()[..self.key_columns], batch.num_rows())
+    }
+
+    fn encode_columns(&self, columns: &[ArrayRef], rows: usize) -> Result<Rows> {
         if self.key_columns == 0 {
-            // A global aggregate: one key, the empty one.
-            return Ok(vec![Box::from(&[][..]); batch.num_rows()]);
+            let constant: ArrayRef = Arc::new(BooleanArray::from(vec![true; rows]));
+            return Ok(self.converter.convert_columns(&[constant])?);
         }
-        let rows = self
-            .converter
-            .convert_columns(&batch.columns()[..self.key_columns])?;
-        Ok(rows.iter().map(|r| Box::from(r.as_ref())).collect())
+        Ok(self.converter.convert_columns(columns)?)
+    }
+
+    /// The position of the stored row with key `key`.
+    fn find(&self, key: Row<'_>) -> Option<u32> {
+        let hash = self.hasher.hash_one(key.as_ref());
+        self.index
+            .find(hash, |&i| self.keys.row(i as usize) == key)
+            .copied()
+    }
+
+    /// Rebuilds `keys` and `index` for `rows`.
+    fn set_rows(&mut self, rows: RecordBatch) -> Result<()> {
+        let keys = self.encode(&rows)?;
+        let mut index = HashTable::with_capacity(rows.num_rows());
+        for (i, key) in keys.iter().enumerate() {
+            let hash = self.hasher.hash_one(key.as_ref());
+            if index.find(hash, |&j: &u32| keys.row(j as usize) == key).is_some() {
+                return Err(SluiceError::Internal(
+                    "a key appears twice in operator state".into(),
+                ));
+            }
+            let hasher = &self.hasher;
+            index.insert_unique(hash, i as u32, |&j| {
+                hasher.hash_one(keys.row(j as usize).as_ref())
+            });
+        }
+        self.rows = rows;
+        self.keys = keys;
+        self.index = index;
+        Ok(())
     }
 
     /// The stored rows of the keys that appear in `probe`.
     pub(crate) fn lookup(&self, probe: &[RecordBatch]) -> Result<RecordBatch> {
         let mut wanted = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = HashSet::new();
         for batch in probe {
-            for key in self.keys(batch)? {
-                if let Some(&row) = self.index.get(&key) {
+            for key in self.encode(batch)?.iter() {
+                if let Some(row) = self.find(key) {
                     if seen.insert(row) {
                         wanted.push(row);
                     }
@@ -100,6 +157,75 @@ impl KeyedState {
             }
         }
         Ok(take_record_batch(&self.rows, &UInt32Array::from(wanted))?)
+    }
+
+    /// True for each row of `batch` whose key is not stored.
+    pub(crate) fn unseen(&self, batch: &RecordBatch) -> Result<BooleanArray> {
+        Ok(self
+            .encode(batch)?
+            .iter()
+            .map(|k| Some(self.find(k).is_none()))
+            .collect())
+    }
+
+    /// Replaces the rows of the keys in `new` (one row per key) and adds
+    /// the keys not yet stored: stored keys keep their positions, new keys
+    /// go to the end.
+    pub(crate) fn upsert(&mut self, new: &[RecordBatch]) -> Result<()> {
+        let new = concat_batches(&self.schema, new)?;
+        if new.num_rows() == 0 {
+            return Ok(());
+        }
+        let new_keys = self.encode(&new)?;
+        let old_len = self.rows.num_rows();
+        let mut from: Vec<(usize, usize)> = (0..old_len).map(|i| (0, i)).collect();
+        let mut appended = Vec::new();
+        for (j, key) in new_keys.iter().enumerate() {
+            match self.find(key) {
+                Some(i) => {
+                    from[i as usize] = (1, j);
+                    self.changed[i as usize] = true;
+                }
+                None => appended.push(j),
+            }
+        }
+        from.extend(appended.iter().map(|&j| (1, j)));
+        let columns = (0..self.schema.fields().len())
+            .map(|c| interleave(&[self.rows.column(c).as_ref(), new.column(c).as_ref()], &from))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        self.rows = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
+        for (k, &j) in appended.iter().enumerate() {
+            let key = new_keys.row(j);
+            let hash = self.hasher.hash_one(key.as_ref());
+            self.keys.push(key);
+            let (keys, hasher) = (&self.keys, &self.hasher);
+            self.index.insert_unique(hash, (old_len + k) as u32, |&i| {
+                hasher.hash_one(keys.row(i as usize).as_ref())
+            });
+            self.changed.push(true);
+        }
+        Ok(())
+    }
+
+    /// Removes and returns the rows where `mask` is true.
+    fn remove(&mut self, mask: &BooleanArray) -> Result<RecordBatch> {
+        if mask.true_count() == 0 {
+            return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
+        }
+        let taken = filter_record_batch(&self.rows, mask)?;
+        let kept = filter_record_batch(&self.rows, &not(mask)?)?;
+        self.changed = self
+            .changed
+            .iter()
+            .zip(mask.values().iter())
+            .filter(|(_, gone)| !gone)
+            .map(|(c, _)| *c)
+            .collect();
+        let changed = std::mem::take(&mut self.changed);
+        self.set_rows(kept)?;
+        self.changed = changed;
+        self.removed.push(taken.clone());
+        Ok(taken)
     }
 
     /// Removes and returns the stored rows whose `columns` (a part of the
@@ -126,7 +252,7 @@ impl KeyedState {
                 .map(|r| Box::from(r.as_ref()))
                 .collect())
         };
-        let mut wanted = std::collections::HashSet::new();
+        let mut wanted = HashSet::new();
         for b in probe {
             wanted.extend(encode(b)?);
         }
@@ -134,57 +260,7 @@ impl KeyedState {
             .iter()
             .map(|k| Some(wanted.contains(k)))
             .collect();
-        if hit.true_count() == 0 {
-            return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
-        }
-        let taken = filter_record_batch(&self.rows, &hit)?;
-        let kept = filter_record_batch(&self.rows, &not(&hit)?)?;
-        self.set_rows(kept)?;
-        self.note_removed(&taken)?;
-        Ok(taken)
-    }
-
-    /// True for each row of `batch` whose key is not stored.
-    pub(crate) fn unseen(&self, batch: &RecordBatch) -> Result<BooleanArray> {
-        Ok(self
-            .keys(batch)?
-            .iter()
-            .map(|k| Some(!self.index.contains_key(k)))
-            .collect())
-    }
-
-    /// Replaces the rows of the keys in `new` (one row per key) and adds
-    /// the keys not yet stored.
-    pub(crate) fn upsert(&mut self, new: &[RecordBatch]) -> Result<()> {
-        let mut replaced = vec![true; self.rows.num_rows()];
-        for batch in new {
-            for key in self.keys(batch)? {
-                if let Some(&row) = self.index.get(&key) {
-                    replaced[row as usize] = false;
-                }
-                self.touched.insert(key);
-            }
-        }
-        let kept = filter_record_batch(&self.rows, &BooleanArray::from(replaced))?;
-        let mut parts = vec![kept];
-        parts.extend(new.iter().cloned());
-        let rows = concat_batches(&self.schema, &parts)?;
-        self.set_rows(rows)
-    }
-
-    fn set_rows(&mut self, rows: RecordBatch) -> Result<()> {
-        let keys = self.keys(&rows)?;
-        let mut index = HashMap::with_capacity(keys.len());
-        for (i, key) in keys.into_iter().enumerate() {
-            if index.insert(key, i as u32).is_some() {
-                return Err(SluiceError::Internal(
-                    "a key appears twice in operator state".into(),
-                ));
-            }
-        }
-        self.rows = rows;
-        self.index = index;
-        Ok(())
+        self.remove(&hit)
     }
 
     /// Removes and returns the rows whose window (`key`) has closed: its
@@ -199,30 +275,17 @@ impl KeyedState {
         } else {
             closed
         };
-        if closed.true_count() == 0 {
-            return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
-        }
-        let taken = filter_record_batch(&self.rows, &closed)?;
-        let kept = filter_record_batch(&self.rows, &not(&closed)?)?;
-        self.set_rows(kept)?;
-        self.note_removed(&taken)?;
-        Ok(taken)
-    }
-
-    fn note_removed(&mut self, rows: &RecordBatch) -> Result<()> {
-        self.touched.extend(self.keys(rows)?);
-        self.removed.push(rows.clone());
-        Ok(())
+        self.remove(&closed)
     }
 
     /// Whether anything changed since the last flush.
     pub(crate) fn has_changes(&self) -> bool {
-        !self.touched.is_empty()
+        !self.removed.is_empty() || self.changed.iter().any(|c| *c)
     }
 
     /// Forgets the changes since the last flush (after a snapshot).
     pub(crate) fn clear_changes(&mut self) {
-        self.touched.clear();
+        self.changed = vec![false; self.rows.num_rows()];
         self.removed.clear();
     }
 
@@ -231,27 +294,19 @@ impl KeyedState {
     /// bytes: the first part's length (8 bytes, little endian), then two
     /// Arrow IPC files, upserted rows and removed keys.
     pub(crate) fn delta(&mut self) -> Result<Vec<u8>> {
-        let present: Vec<u32> = self
-            .touched
-            .iter()
-            .filter_map(|k| self.index.get(k).copied())
-            .collect();
-        let upserts = take_record_batch(&self.rows, &UInt32Array::from(present))?;
+        let upserts = filter_record_batch(&self.rows, &BooleanArray::from(self.changed.clone()))?;
+        let key_columns: Vec<usize> = (0..self.key_columns).collect();
         let mut gone = Vec::new();
         let mut seen = HashSet::new();
         for batch in &self.removed {
-            let keys = self.keys(batch)?;
+            let keys = self.encode(batch)?;
             let mask: BooleanArray = keys
-                .into_iter()
-                .map(|k| Some(!self.index.contains_key(&k) && seen.insert(k)))
+                .iter()
+                .map(|k| Some(self.find(k).is_none() && seen.insert(k.as_ref().to_vec())))
                 .collect();
-            let rows = filter_record_batch(batch, &mask)?;
-            gone.push(rows.project(&(0..self.key_columns).collect::<Vec<_>>())?);
+            gone.push(filter_record_batch(batch, &mask)?.project(&key_columns)?);
         }
-        let key_schema = Arc::new(
-            self.schema
-                .project(&(0..self.key_columns).collect::<Vec<_>>())?,
-        );
+        let key_schema = Arc::new(self.schema.project(&key_columns)?);
         let gone = concat_batches(&key_schema, &gone)?;
         let first = ipc_bytes(&upserts)?;
         let mut out = Vec::with_capacity(8 + first.len());
@@ -269,34 +324,21 @@ impl KeyedState {
         let len = bytes.get(..8).ok_or_else(damaged)?;
         let len = u64::from_le_bytes(len.try_into().map_err(|_| damaged())?) as usize;
         let upserts = read_ipc(bytes.get(8..8 + len).ok_or_else(damaged)?, &self.schema)?;
-        let key_schema = Arc::new(
-            self.schema
-                .project(&(0..self.key_columns).collect::<Vec<_>>())?,
-        );
+        let key_columns: Vec<usize> = (0..self.key_columns).collect();
+        let key_schema = Arc::new(self.schema.project(&key_columns)?);
         let gone = read_ipc(bytes.get(8 + len..).ok_or_else(damaged)?, &key_schema)?;
         if gone.num_rows() > 0 {
-            let dead: HashSet<Box<[u8]>> =
-                self.keys_of_columns(gone.columns())?.into_iter().collect();
-            let keep: BooleanArray = self
-                .keys(&self.rows)?
-                .into_iter()
-                .map(|k| Some(!dead.contains(&k)))
-                .collect();
-            let kept = filter_record_batch(&self.rows, &keep)?;
-            self.set_rows(kept)?;
+            let mut dead = vec![false; self.rows.num_rows()];
+            for key in self.encode_columns(gone.columns(), gone.num_rows())?.iter() {
+                if let Some(i) = self.find(key) {
+                    dead[i as usize] = true;
+                }
+            }
+            self.remove(&BooleanArray::from(dead))?;
         }
         self.upsert(&[upserts])?;
         self.clear_changes();
         Ok(())
-    }
-
-    fn keys_of_columns(&self, columns: &[ArrayRef]) -> Result<Vec<Box<[u8]>>> {
-        if self.key_columns == 0 {
-            let n = columns.first().map_or(0, |c| c.len());
-            return Ok(vec![Box::from(&[][..]); n]);
-        }
-        let rows = self.converter.convert_columns(columns)?;
-        Ok(rows.iter().map(|r| Box::from(r.as_ref())).collect())
     }
 
     /// Every stored row.
@@ -309,14 +351,10 @@ impl KeyedState {
         self.rows.num_rows() as u64
     }
 
-    /// Bytes held (Arrow buffers and the index).
+    /// Bytes held: the rows, the encoded keys and the index.
     pub(crate) fn num_bytes(&self) -> u64 {
-        let index: usize = self
-            .index
-            .keys()
-            .map(|k| k.len() + std::mem::size_of::<(Box<[u8]>, u32)>())
-            .sum();
-        (self.rows.get_array_memory_size() + index) as u64
+        let index = self.index.capacity() * (std::mem::size_of::<u32>() + 1);
+        (self.rows.get_array_memory_size() + self.keys.size() + index) as u64
     }
 
     /// The whole state as Arrow IPC file bytes.
@@ -327,8 +365,9 @@ impl KeyedState {
     /// Replaces the state with a snapshot's.
     pub(crate) fn restore(&mut self, bytes: &[u8]) -> Result<()> {
         let rows = read_ipc(bytes, &self.schema)?;
+        self.set_rows(rows)?;
         self.clear_changes();
-        self.set_rows(rows)
+        Ok(())
     }
 }
 
