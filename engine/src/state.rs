@@ -28,8 +28,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::kernels::cmp::lt_eq;
 use datafusion::arrow::compute::{
-    concat_batches, filter_record_batch, interleave, not, prep_null_mask_filter,
-    take_record_batch,
+    concat_batches, filter_record_batch, interleave, not, prep_null_mask_filter, take_record_batch,
 };
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::ipc::reader::FileReader;
@@ -127,7 +126,10 @@ impl KeyedState {
         let mut index = HashTable::with_capacity(rows.num_rows());
         for (i, key) in keys.iter().enumerate() {
             let hash = self.hasher.hash_one(key.as_ref());
-            if index.find(hash, |&j: &u32| keys.row(j as usize) == key).is_some() {
+            if index
+                .find(hash, |&j: &u32| keys.row(j as usize) == key)
+                .is_some()
+            {
                 return Err(SluiceError::Internal(
                     "a key appears twice in operator state".into(),
                 ));
@@ -191,7 +193,12 @@ impl KeyedState {
         }
         from.extend(appended.iter().map(|&j| (1, j)));
         let columns = (0..self.schema.fields().len())
-            .map(|c| interleave(&[self.rows.column(c).as_ref(), new.column(c).as_ref()], &from))
+            .map(|c| {
+                interleave(
+                    &[self.rows.column(c).as_ref(), new.column(c).as_ref()],
+                    &from,
+                )
+            })
             .collect::<std::result::Result<Vec<_>, _>>()?;
         self.rows = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
         for (k, &j) in appended.iter().enumerate() {

@@ -1,0 +1,102 @@
+//! State memory benchmark: a GROUP BY with K distinct BIGINT keys of
+//! (count, sum) — the 10M-key case — fed fixed-size epochs so the
+//! engine never falls behind a clock: epochs 1..=K/B each bring B new keys,
+//! the following ones B updates of existing keys. Update mode, discarding
+//! sink, state checkpointed (delta per epoch, snapshot every 10).
+//!
+//!     cargo bench --bench state_memory -- [--keys K] [--batch B] [--updates U]
+//!
+//! Reports per-epoch duration, the state's own size, and the process's peak
+//! resident memory (VmHWM) as the last line of stdout (JSON).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use sluice::arrow::array::{Int64Array, RecordBatch};
+use sluice::arrow::datatypes::{DataType, Field, Schema};
+use sluice::datafusion::functions_aggregate::expr_fn::{count, sum};
+use sluice::datafusion::prelude::*;
+use sluice::{MemoryStream, OutputMode};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let keys = arg("--keys", 10_000_000);
+    let batch = arg("--batch", 1_000_000);
+    let updates = arg("--updates", 5);
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, false),
+    ]));
+    let input = MemoryStream::new(schema.clone());
+    let session = common::session(2);
+    let checkpoint = tempfile::tempdir()?;
+    let query = session
+        .read_stream()
+        .memory(&input)?
+        .aggregate(
+            vec![col("k")],
+            vec![count(lit(1)).alias("n"), sum(col("v")).alias("total")],
+        )?
+        .write_stream()
+        .format("blackhole")
+        .output_mode(OutputMode::Update)
+        .checkpoint_location(checkpoint.path())
+        .start()
+        .await?;
+    let epochs = keys.div_ceil(batch) + updates;
+    let mut times = Vec::new();
+    for e in 0..epochs {
+        // New keys first; then updates spread over all keys.
+        let start = (e * batch) as i64;
+        let ks: Vec<i64> = (0..batch as i64)
+            .map(|i| {
+                if e * batch < keys {
+                    start + i
+                } else {
+                    (i * 7919 + start) % keys as i64
+                }
+            })
+            .collect();
+        let vs: Vec<i64> = (0..batch as i64).collect();
+        input.add_batch(RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from(ks)),
+                Arc::new(Int64Array::from(vs)),
+            ],
+        )?)?;
+        let t = Instant::now();
+        query.process_all_available().await?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        eprint!("\rsluice: epoch {}/{epochs}", e + 1);
+    }
+    eprintln!();
+    let last = query.last_progress().ok_or("no progress")?;
+    query.stop().await?;
+    let mut sorted = times.clone();
+    sorted.sort_by(f64::total_cmp);
+    let report = serde_json::json!({
+        "engine": "sluice",
+        "keys": keys,
+        "batch_rows": batch,
+        "epochs": epochs,
+        "epoch_ms_median": common::percentile(&sorted, 0.5),
+        "epoch_ms_max": sorted.last(),
+        "state_rows": last.state_rows,
+        "state_bytes": last.state_bytes,
+        "peak_rss_bytes": common::peak_rss_bytes(),
+    });
+    println!("{report}");
+    Ok(())
+}
