@@ -7,8 +7,9 @@ use sluice::arrow::array::{Int64Array, RecordBatch};
 use sluice::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use sluice::arrow::util::pretty::pretty_format_batches;
 use sluice::datafusion::functions_aggregate::expr_fn::{
-    avg, count, count_distinct, max, min, stddev, sum,
+    approx_distinct, array_agg, avg, count, count_distinct, max, min, stddev, sum,
 };
+use sluice::datafusion::functions_nested::expr_fn::array_sort;
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session};
 
@@ -47,6 +48,8 @@ fn aggregates() -> Vec<Expr> {
         avg(col("v")).alias("mean"),
         count_distinct(col("v") % lit(7)).alias("distinct_mod7"),
         stddev(col("v")).alias("sd"),
+        approx_distinct(col("v")).alias("approx"),
+        array_agg(col("v")).alias("vs"),
     ]
 }
 
@@ -61,6 +64,9 @@ fn tail() -> Vec<Expr> {
         round(vec![col("mean"), lit(6)]).alias("mean"),
         col("distinct_mod7"),
         round(vec![col("sd"), lit(6)]).alias("sd"),
+        col("approx"),
+        // Merge order decides the list's order; its contents must match.
+        array_sort(col("vs"), lit("ASC"), lit("NULLS FIRST")).alias("vs"),
     ]
 }
 

@@ -29,15 +29,22 @@ fn a_mistake_exits_2_fast_naming_file_line_and_column() {
             checkpoint.display()
         ),
     );
-    let started = Instant::now();
-    let out = sluice().arg("run").arg(&file).output().unwrap();
+    // Within 1 s: the fastest of up to three tries, since a shared machine
+    // only ever adds time.
+    let mut fastest = Duration::MAX;
+    let mut out = None;
+    for _ in 0..3 {
+        let started = Instant::now();
+        out = Some(sluice().arg("run").arg(&file).output().unwrap());
+        fastest = fastest.min(started.elapsed());
+        if fastest < Duration::from_secs(1) {
+            break;
+        }
+    }
+    let out = out.unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
+    assert!(fastest < Duration::from_secs(1), "took {fastest:?}");
     assert!(
         stderr.contains(&format!("{}:4:24:", file.display())),
         "{stderr}"
