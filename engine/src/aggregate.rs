@@ -105,18 +105,21 @@ impl AggregateOperator {
     /// Stages the state for the checkpoint: everything (`full`), or what
     /// changed since the last time.
     pub(crate) fn stage(&mut self, full: bool) -> Result<Staged> {
-        let Some(state) = &mut self.state else {
-            return Ok(Staged::Nothing);
-        };
-        if full {
-            let bytes = state.snapshot()?;
-            state.clear_changes();
-            Ok(Staged::Snapshot(bytes))
-        } else if state.has_changes() {
-            Ok(Staged::Delta(state.delta()?))
-        } else {
-            Ok(Staged::Unchanged)
+        match &mut self.state {
+            None => Ok(Staged::Nothing),
+            Some(_) if full => Ok(Staged::Snapshot),
+            Some(state) if state.has_changes() => Ok(Staged::Delta(state.delta()?)),
+            Some(_) => Ok(Staged::Unchanged),
         }
+    }
+
+    /// Writes the whole state into `w` and starts counting changes anew.
+    pub(crate) fn write_snapshot(&mut self, w: &mut dyn std::io::Write) -> Result<()> {
+        if let Some(state) = &mut self.state {
+            state.snapshot_to(w)?;
+            state.clear_changes();
+        }
+        Ok(())
     }
 
     /// Plans the phases for this epoch's input and finds DataFusion's own

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
+use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -257,7 +257,7 @@ impl Checkpoint {
         epoch: u64,
         run: &str,
         kind: StateFile,
-        bytes: &[u8],
+        write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
     ) -> Result<String> {
         let suffix = match kind {
             StateFile::Snapshot => "snapshot",
@@ -269,7 +269,7 @@ impl Checkpoint {
             fs::create_dir_all(parent)
                 .map_err(|e| SluiceError::io(format!("creating {}", parent.display()), e))?;
         }
-        write_bytes(&path, bytes)?;
+        write_streaming(&path, write)?;
         Ok(relative)
     }
 
@@ -367,11 +367,43 @@ pub(crate) fn write_file<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 
 /// Writes `payload` behind a checksummed header, atomically.
 fn write_bytes(path: &Path, payload: &[u8]) -> Result<()> {
-    let header = format!(
-        "{MAGIC} {FORMAT_VERSION} {:08x} {}\n",
-        crc32fast::hash(payload),
-        payload.len()
-    );
+    write_streaming(path, &mut |w| w.write_all(payload))
+}
+
+/// The header line: magic, format version, CRC-32 and length of the
+/// payload. Fixed width, so it can be written before the payload is known
+/// and rewritten in place after it.
+fn header(crc: u32, len: u64) -> String {
+    format!("{MAGIC} {FORMAT_VERSION} {crc:08x} {len:020}\n")
+}
+
+/// Counts and checksums what passes through to the file.
+struct Checksummed<W> {
+    inner: W,
+    crc: crc32fast::Hasher,
+    len: u64,
+}
+
+impl<W: Write> Write for Checksummed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Writes `path` atomically (temporary file, fsync, rename, fsync of the
+/// directory) with a payload `write` produces, streamed: a large state
+/// snapshot never has to be held in memory whole.
+fn write_streaming(
+    path: &Path,
+    write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| SluiceError::Internal(format!("{} has no parent", path.display())))?;
@@ -385,8 +417,19 @@ fn write_bytes(path: &Path, payload: &[u8]) -> Result<()> {
     ));
     let io = |e| SluiceError::io(format!("writing {}", tmp.display()), e);
     let mut f = fs::File::create(&tmp).map_err(io)?;
-    f.write_all(header.as_bytes()).map_err(io)?;
-    f.write_all(payload).map_err(io)?;
+    f.write_all(header(0, 0).as_bytes()).map_err(io)?;
+    let mut body = Checksummed {
+        inner: std::io::BufWriter::with_capacity(1 << 20, f),
+        crc: crc32fast::Hasher::new(),
+        len: 0,
+    };
+    write(&mut body).map_err(io)?;
+    body.flush().map_err(io)?;
+    let Checksummed { inner, crc, len } = body;
+    let mut f = inner.into_inner().map_err(|e| io(e.into_error()))?;
+    let crc = crc.finalize();
+    f.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
+    f.write_all(header(crc, len).as_bytes()).map_err(io)?;
     f.sync_all().map_err(io)?;
     drop(f);
     fs::rename(&tmp, path).map_err(|e| {

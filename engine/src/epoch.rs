@@ -476,22 +476,23 @@ impl EpochLoop {
             // A new chain every `snapshot_every` files (and at the start).
             let full = state_files.is_empty() || state_files.len() as u64 >= self.snapshot_every;
             let run = &self.shared.run_id;
+            let name = op.name();
             match op.stage(full)? {
                 Staged::Nothing | Staged::Unchanged => {}
                 Staged::Delta(bytes) => state_files.push(self.checkpoint.write_state(
-                    op.name(),
+                    name,
                     epoch,
                     run,
                     StateFile::Delta,
-                    &bytes,
+                    &mut |w| w.write_all(&bytes),
                 )?),
-                Staged::Snapshot(bytes) => {
+                Staged::Snapshot => {
                     state_files = vec![self.checkpoint.write_state(
-                        op.name(),
+                        name,
                         epoch,
                         run,
                         StateFile::Snapshot,
-                        &bytes,
+                        &mut |w| op.write_snapshot(w).map_err(std::io::Error::other),
                     )?]
                 }
             }

@@ -17,8 +17,9 @@ pub(crate) enum Staged {
     Unchanged,
     /// The changes since the last stage, to append to the chain.
     Delta(Vec<u8>),
-    /// The whole state: a new chain starts.
-    Snapshot(Vec<u8>),
+    /// The whole state is due: a new chain starts with what
+    /// [`Operator::write_snapshot`] writes.
+    Snapshot,
 }
 
 /// A running stateful operator.
@@ -68,7 +69,18 @@ impl Operator {
         match self {
             Self::Aggregate(a) => a.stage(full),
             // The join's buffers are bounded by the watermark: always whole.
-            Self::Join(j) => j.snapshot().map(Staged::Snapshot),
+            Self::Join(_) => Ok(Staged::Snapshot),
+        }
+    }
+
+    /// Writes the whole state into `w` (streamed: a large state is never
+    /// copied whole into memory first).
+    pub(crate) fn write_snapshot(&mut self, w: &mut dyn std::io::Write) -> Result<()> {
+        match self {
+            Self::Aggregate(a) => a.write_snapshot(w),
+            Self::Join(j) => w
+                .write_all(&j.snapshot()?)
+                .map_err(|e| crate::error::SluiceError::io("writing the join's state", e)),
         }
     }
 

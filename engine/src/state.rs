@@ -365,8 +365,17 @@ impl KeyedState {
     }
 
     /// The whole state as Arrow IPC file bytes.
+    #[cfg(test)]
     pub(crate) fn snapshot(&self) -> Result<Vec<u8>> {
         ipc_bytes(&self.rows)
+    }
+
+    /// Writes the whole state into `w` as an Arrow IPC file.
+    pub(crate) fn snapshot_to(&self, w: &mut dyn std::io::Write) -> Result<()> {
+        let mut writer = FileWriter::try_new(w, &self.schema)?;
+        writer.write(&self.rows)?;
+        writer.finish()?;
+        Ok(())
     }
 
     /// Replaces the state with a snapshot's.
