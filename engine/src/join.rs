@@ -27,7 +27,6 @@
 //! snapshot).
 
 use std::collections::HashSet;
-use std::io::Cursor;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
@@ -37,14 +36,13 @@ use datafusion::arrow::array::{
 use datafusion::arrow::compute::kernels::cmp::lt;
 use datafusion::arrow::compute::{concat_batches, filter_record_batch, not};
 use datafusion::arrow::datatypes::{DataType, Field, SchemaRef, UInt64Type};
-use datafusion::arrow::ipc::reader::FileReader;
-use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::common::{Column, DFSchema, JoinType, ScalarValue};
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 use datafusion::physical_plan::collect;
 
 use crate::error::{Result, SluiceError};
+use crate::state::{ipc_bytes, read_ipc, split_two_parts, two_parts};
 use crate::table::EpochBatches;
 use crate::watermark::nanos;
 
@@ -123,27 +121,16 @@ impl JoinOperator {
         )
     }
 
-    /// Both buffers as one blob: the left buffer's length (8 bytes, little
-    /// endian), then the two Arrow IPC files.
+    /// Both buffers as one blob (see [`two_parts`]).
     pub(crate) fn snapshot(&self) -> Result<Vec<u8>> {
-        let left = ipc(&self.left)?;
-        let right = ipc(&self.right)?;
-        let mut out = Vec::with_capacity(8 + left.len() + right.len());
-        out.extend_from_slice(&(left.len() as u64).to_le_bytes());
-        out.extend(left);
-        out.extend(right);
-        Ok(out)
+        Ok(two_parts(&ipc_bytes(&self.left)?, &ipc_bytes(&self.right)?))
     }
 
     /// Replaces the buffers with a snapshot's.
     pub(crate) fn restore(&mut self, bytes: &[u8]) -> Result<()> {
-        let damaged = || SluiceError::Internal("the join snapshot is truncated".into());
-        let len = bytes.get(..8).ok_or_else(damaged)?;
-        let len = u64::from_le_bytes(len.try_into().map_err(|_| damaged())?) as usize;
-        let left = bytes.get(8..8 + len).ok_or_else(damaged)?;
-        let right = bytes.get(8 + len..).ok_or_else(damaged)?;
-        self.left = read_ipc(left, self.config.left_in.schema_ref())?;
-        self.right = read_ipc(right, self.config.right_in.schema_ref())?;
+        let (left, right) = split_two_parts(bytes, "the join snapshot")?;
+        self.left = read_ipc(left, &self.config.left_in.schema_ref())?;
+        self.right = read_ipc(right, &self.config.right_in.schema_ref())?;
         let ids = self.left.column(self.left.num_columns() - 2);
         self.next_row_id =
             datafusion::arrow::compute::max(ids.as_primitive::<UInt64Type>()).map_or(0, |m| m + 1);
@@ -305,21 +292,6 @@ fn split_before(
         filter_record_batch(batch, &before)?,
         filter_record_batch(batch, &not(&before)?)?,
     ))
-}
-
-fn ipc(batch: &RecordBatch) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
-    let mut w = FileWriter::try_new(&mut out, &batch.schema())?;
-    w.write(batch)?;
-    w.finish()?;
-    drop(w);
-    Ok(out)
-}
-
-fn read_ipc(bytes: &[u8], schema: SchemaRef) -> Result<RecordBatch> {
-    let reader = FileReader::try_new(Cursor::new(bytes), None)?;
-    let batches = reader.collect::<std::result::Result<Vec<_>, _>>()?;
-    concat_rebound(&schema, &batches)
 }
 
 /// The left side's columns plus the row id and matched flag.

@@ -315,11 +315,7 @@ impl KeyedState {
         }
         let key_schema = Arc::new(self.schema.project(&key_columns)?);
         let gone = concat_batches(&key_schema, &gone)?;
-        let first = ipc_bytes(&upserts)?;
-        let mut out = Vec::with_capacity(8 + first.len());
-        out.extend_from_slice(&(first.len() as u64).to_le_bytes());
-        out.extend(first);
-        out.extend(ipc_bytes(&gone)?);
+        let out = two_parts(&ipc_bytes(&upserts)?, &ipc_bytes(&gone)?);
         self.clear_changes();
         Ok(out)
     }
@@ -327,13 +323,11 @@ impl KeyedState {
     /// Applies a [`delta`](Self::delta): removes its keys, then upserts
     /// its rows.
     pub(crate) fn apply_delta(&mut self, bytes: &[u8]) -> Result<()> {
-        let damaged = || SluiceError::Internal("the state delta is truncated".into());
-        let len = bytes.get(..8).ok_or_else(damaged)?;
-        let len = u64::from_le_bytes(len.try_into().map_err(|_| damaged())?) as usize;
-        let upserts = read_ipc(bytes.get(8..8 + len).ok_or_else(damaged)?, &self.schema)?;
+        let (upserts, gone) = split_two_parts(bytes, "the state delta")?;
+        let upserts = read_ipc(upserts, &self.schema)?;
         let key_columns: Vec<usize> = (0..self.key_columns).collect();
         let key_schema = Arc::new(self.schema.project(&key_columns)?);
-        let gone = read_ipc(bytes.get(8 + len..).ok_or_else(damaged)?, &key_schema)?;
+        let gone = read_ipc(gone, &key_schema)?;
         if gone.num_rows() > 0 {
             let mut dead = vec![false; self.rows.num_rows()];
             for key in self.encode_columns(gone.columns(), gone.num_rows())?.iter() {
@@ -387,8 +381,29 @@ impl KeyedState {
     }
 }
 
+/// Two byte strings as one: the first's length (8 bytes, little endian),
+/// the first, the second. (A delta's upserts and removals; a join's two
+/// buffers.)
+pub(crate) fn two_parts(first: &[u8], second: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + first.len() + second.len());
+    out.extend_from_slice(&(first.len() as u64).to_le_bytes());
+    out.extend_from_slice(first);
+    out.extend_from_slice(second);
+    out
+}
+
+/// The two parts of [`two_parts`]' bytes.
+pub(crate) fn split_two_parts<'a>(bytes: &'a [u8], what: &str) -> Result<(&'a [u8], &'a [u8])> {
+    let damaged = || SluiceError::Internal(format!("{what} is truncated"));
+    let len = bytes.get(..8).ok_or_else(damaged)?;
+    let len = u64::from_le_bytes(len.try_into().map_err(|_| damaged())?) as usize;
+    let first = bytes.get(8..8 + len).ok_or_else(damaged)?;
+    let second = bytes.get(8 + len..).ok_or_else(damaged)?;
+    Ok((first, second))
+}
+
 /// `batch` as Arrow IPC file bytes.
-fn ipc_bytes(batch: &RecordBatch) -> Result<Vec<u8>> {
+pub(crate) fn ipc_bytes(batch: &RecordBatch) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     let mut w = FileWriter::try_new(&mut out, &batch.schema())?;
     w.write(batch)?;
@@ -399,7 +414,7 @@ fn ipc_bytes(batch: &RecordBatch) -> Result<Vec<u8>> {
 
 /// Arrow IPC file bytes as one batch of `schema` (the stored schema may
 /// differ in field metadata from the current plan's; the columns match).
-fn read_ipc(bytes: &[u8], schema: &SchemaRef) -> Result<RecordBatch> {
+pub(crate) fn read_ipc(bytes: &[u8], schema: &SchemaRef) -> Result<RecordBatch> {
     let reader = FileReader::try_new(Cursor::new(bytes), None)?;
     let batches = reader
         .map(|b| {

@@ -184,6 +184,17 @@ fn kill_until_done(p: &Pipeline, seed: u64) {
     }
 }
 
+/// Runs the pipeline with fail point `point` at `epoch`: it must crash.
+fn crash_at(p: &Pipeline, point: &str, epoch: u64) {
+    let mut child = p.spawn("available-now", Some(&format!("{point}@{epoch}")));
+    let status = wait(&mut child, Duration::from_secs(120));
+    assert!(
+        !status.success(),
+        "fail point {point} did not fire: {}",
+        stderr_of(&mut child)
+    );
+}
+
 fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let deadline = Instant::now() + limit;
     loop {
@@ -222,13 +233,7 @@ async fn stateless_output_is_exact_after_kill_9_at_random_moments() {
         ("before-commit-record", 6),
         ("after-offsets", 8),
     ] {
-        let mut child = p.spawn("available-now", Some(&format!("{point}@{epoch}")));
-        let status = wait(&mut child, Duration::from_secs(120));
-        assert!(
-            !status.success(),
-            "fail point {point} did not fire: {}",
-            stderr_of(&mut child)
-        );
+        crash_at(&p, point, epoch);
         if point == "kafka-after-commit" {
             // Kafka has epoch 4, the checkpoint only 3: inspect says so.
             let report = p.inspect();
@@ -344,13 +349,7 @@ async fn group_by_update_output_is_exact_after_kill_9_at_random_moments() {
         ("kafka-after-commit", 5),
         ("before-commit-record", 7),
     ] {
-        let mut child = p.spawn("available-now", Some(&format!("{point}@{epoch}")));
-        let status = wait(&mut child, Duration::from_secs(120));
-        assert!(
-            !status.success(),
-            "fail point {point} did not fire: {}",
-            stderr_of(&mut child)
-        );
+        crash_at(&p, point, epoch);
     }
     kill_until_done(&p, 0xa66);
     let committed: Vec<String> = p
@@ -387,13 +386,7 @@ async fn tumbling_window_append_output_is_exact_after_kill_9_at_random_moments()
         ("kafka-after-commit", 5),
         ("before-commit-record", 7),
     ] {
-        let mut child = p.spawn("available-now", Some(&format!("{point}@{epoch}")));
-        let status = wait(&mut child, Duration::from_secs(120));
-        assert!(
-            !status.success(),
-            "fail point {point} did not fire: {}",
-            stderr_of(&mut child)
-        );
+        crash_at(&p, point, epoch);
     }
     kill_until_done(&p, 0x717e);
     let mut committed: Vec<String> = p

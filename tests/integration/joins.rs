@@ -7,52 +7,24 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice::arrow::array::{AsArray, Int64Array, RecordBatch, TimestampMillisecondArray};
+use sluice::arrow::array::{AsArray, Int64Array, RecordBatch};
 use sluice::arrow::compute::cast;
-use sluice::arrow::datatypes::{
-    DataType, Field, Int64Type, IntervalMonthDayNano, Schema, SchemaRef, TimeUnit,
-};
+use sluice::arrow::datatypes::{DataType, Field, Int64Type, IntervalMonthDayNano, Schema};
 use sluice::datafusion::common::{JoinType, ScalarValue};
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session, Trigger};
 
-use crate::util::{block_on, property, Lcg};
+use crate::util::{
+    block_on, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
+};
 
 const DELAY_MS: i64 = 1_000;
 /// `l.ts - r.ts` must lie in `[LO_MS, HI_MS]`.
 const LO_MS: i64 = -1_000;
 const HI_MS: i64 = 3_000;
 
-/// (key, value, event time ms).
-type Row = (i64, i64, i64);
 /// One joined row: left (k, v, ts), right (v, ts) or nulls.
 type Joined = (i64, i64, i64, Option<i64>, Option<i64>);
-
-fn schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("k", DataType::Int64, false),
-        Field::new("v", DataType::Int64, false),
-        Field::new(
-            "ts",
-            DataType::Timestamp(TimeUnit::Millisecond, None),
-            false,
-        ),
-    ]))
-}
-
-fn to_batch(rows: &[Row]) -> RecordBatch {
-    RecordBatch::try_new(
-        schema(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
-            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
-            Arc::new(TimestampMillisecondArray::from_iter_values(
-                rows.iter().map(|r| r.2),
-            )),
-        ],
-    )
-    .unwrap()
-}
 
 /// Per epoch, a batch for each side. With `both`, either may be empty but
 /// not both; without, exactly one side has rows.

@@ -109,17 +109,29 @@ async fn a_restarted_query_produces_each_epoch_once_when_nothing_crashes() {
                 .await
                 .unwrap();
             q.await_termination().await.unwrap();
+            q.recent_progress()
         }
     };
     run(2).await;
-    run(5).await;
-    let values: Vec<String> = read(&bootstrap, &topic)
-        .await
-        .iter()
-        .map(|r| r.value_str())
-        .collect();
+    let second = run(5).await;
     let want: Vec<String> = (0..50).map(|i| format!("{i},n{i}")).collect();
-    assert_eq!(values, want);
+    // A transaction's records become visible to read_committed readers a
+    // moment after its commit returns (the markers are written after it):
+    // read again until the second run's epoch shows, or give up.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let values = loop {
+        let values: Vec<String> = read(&bootstrap, &topic)
+            .await
+            .iter()
+            .map(|r| r.value_str())
+            .collect();
+        if values.len() >= want.len() || Instant::now() > deadline {
+            break values;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let epochs: Vec<(u64, u64)> = second.iter().map(|p| (p.epoch, p.num_input_rows)).collect();
+    assert_eq!(values, want, "second run's epochs: {epochs:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

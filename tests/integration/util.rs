@@ -91,3 +91,36 @@ pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
         .expect("a runtime")
         .block_on(f)
 }
+
+/// A row of the event-time tests: (key, value, event time in ms).
+pub type TimedRow = (i64, i64, i64);
+
+/// `(k BIGINT, v BIGINT, ts TIMESTAMP(ms))`.
+pub fn timed_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Int64, false),
+        Field::new("v", DataType::Int64, false),
+        Field::new(
+            "ts",
+            DataType::Timestamp(sluice::arrow::datatypes::TimeUnit::Millisecond, None),
+            true,
+        ),
+    ]))
+}
+
+/// `rows` as one batch of [`timed_schema`].
+pub fn timed_batch(rows: &[TimedRow]) -> RecordBatch {
+    RecordBatch::try_new(
+        timed_schema(),
+        vec![
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
+            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
+            Arc::new(
+                sluice::arrow::array::TimestampMillisecondArray::from_iter_values(
+                    rows.iter().map(|r| r.2),
+                ),
+            ),
+        ],
+    )
+    .expect("valid batch")
+}

@@ -7,44 +7,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice::arrow::array::{AsArray, Int64Array, RecordBatch, TimestampMillisecondArray};
+use sluice::arrow::array::{AsArray, Int64Array, RecordBatch};
 use sluice::arrow::compute::cast;
-use sluice::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
+use sluice::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use sluice::datafusion::functions_aggregate::expr_fn::{count, count_distinct, max, min, sum};
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session, StreamFrame, Window};
 
-use crate::util::{block_on, property, Lcg};
+use crate::util::{
+    block_on, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
+};
 
 const DELAY_MS: i64 = 2_000;
 
-/// One input row: (key, value, event time in ms).
-type Row = (i64, i64, i64);
-
 /// An aggregated window: (window start ms, key) → (n, total, lo, hi, distinct v % 3).
 type Answer = BTreeMap<(i64, i64), (i64, i64, i64, i64, i64)>;
-
-fn schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new("k", DataType::Int64, false),
-        Field::new("v", DataType::Int64, false),
-        Field::new("ts", DataType::Timestamp(TimeUnit::Millisecond, None), true),
-    ]))
-}
-
-fn to_batch(rows: &[Row]) -> RecordBatch {
-    RecordBatch::try_new(
-        schema(),
-        vec![
-            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.0))),
-            Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.1))),
-            Arc::new(TimestampMillisecondArray::from_iter_values(
-                rows.iter().map(|r| r.2),
-            )),
-        ],
-    )
-    .unwrap()
-}
 
 /// Batches whose event time moves forward with jitter, so some rows are
 /// out of order and some are later than the watermark allows.
