@@ -147,6 +147,15 @@ impl Pipeline {
         report
     }
 
+    /// The values in the output topic, in order.
+    async fn values(&self, committed: bool) -> Vec<String> {
+        self.read(committed)
+            .await
+            .iter()
+            .map(ReadRecord::value_str)
+            .collect()
+    }
+
     async fn read(&self, committed: bool) -> Vec<ReadRecord> {
         let (b, t) = (self.bootstrap.clone(), self.topic.clone());
         tokio::task::spawn_blocking(move || read_topic(&b, &t, committed, Duration::from_secs(60)))
@@ -251,12 +260,7 @@ async fn stateless_output_is_exact_after_kill_9_at_random_moments() {
     assert!(report.contains("agrees with the checkpoint"), "{report}");
     assert!(report.contains("source offsets"), "{report}");
 
-    let committed: Vec<String> = p
-        .read(true)
-        .await
-        .iter()
-        .map(ReadRecord::value_str)
-        .collect();
+    let committed: Vec<String> = p.values(true).await;
     assert_eq!(
         committed,
         Pipeline::expected(FILES, ROWS),
@@ -295,12 +299,7 @@ async fn a_zombie_is_fenced_and_says_another_instance_took_over() {
 
     let new_status = wait(&mut new, Duration::from_secs(120));
     assert!(new_status.success(), "{}", stderr_of(&mut new));
-    let committed: Vec<String> = p
-        .read(true)
-        .await
-        .iter()
-        .map(ReadRecord::value_str)
-        .collect();
+    let committed: Vec<String> = p.values(true).await;
     assert_eq!(committed, Pipeline::expected(FILES, ROWS));
 }
 
@@ -310,11 +309,7 @@ async fn failure_free(files: usize, rows: usize, query: &str) -> Vec<String> {
     let mut child = p.spawn("available-now", None);
     let status = wait(&mut child, Duration::from_secs(120));
     assert!(status.success(), "{}", stderr_of(&mut child));
-    p.read(true)
-        .await
-        .iter()
-        .map(ReadRecord::value_str)
-        .collect()
+    p.values(true).await
 }
 
 /// Groups JSON rows by `key`, keeping each key's values in order.
@@ -352,12 +347,7 @@ async fn group_by_update_output_is_exact_after_kill_9_at_random_moments() {
         crash_at(&p, point, epoch);
     }
     kill_until_done(&p, 0xa66);
-    let committed: Vec<String> = p
-        .read(true)
-        .await
-        .iter()
-        .map(ReadRecord::value_str)
-        .collect();
+    let committed: Vec<String> = p.values(true).await;
     assert_eq!(
         per_key(&committed, "bucket"),
         per_key(&reference, "bucket"),
@@ -389,12 +379,7 @@ async fn tumbling_window_append_output_is_exact_after_kill_9_at_random_moments()
         crash_at(&p, point, epoch);
     }
     kill_until_done(&p, 0x717e);
-    let mut committed: Vec<String> = p
-        .read(true)
-        .await
-        .iter()
-        .map(ReadRecord::value_str)
-        .collect();
+    let mut committed: Vec<String> = p.values(true).await;
     let windows = per_key(&committed, "window_start");
     assert!(
         windows.values().all(|v| v.len() == 1),
@@ -428,18 +413,8 @@ async fn sigterm_commits_the_open_epoch_leaves_no_transaction_and_the_restart_co
 
     // No transaction left open or aborted: a read_uncommitted reader sees
     // exactly what a read_committed one sees.
-    let committed: Vec<String> = p
-        .read(true)
-        .await
-        .iter()
-        .map(ReadRecord::value_str)
-        .collect();
-    let uncommitted: Vec<String> = p
-        .read(false)
-        .await
-        .iter()
-        .map(ReadRecord::value_str)
-        .collect();
+    let committed: Vec<String> = p.values(true).await;
+    let uncommitted: Vec<String> = p.values(false).await;
     assert!(!committed.is_empty());
     assert_eq!(uncommitted, committed);
     let stopped_at = Checkpoint::open_existing(p.dir.join("checkpoint"))
@@ -470,11 +445,6 @@ async fn sigterm_commits_the_open_epoch_leaves_no_transaction_and_the_restart_co
     )
     .unwrap();
     assert_eq!(first["epoch"], stopped_at + 1);
-    let committed: Vec<String> = p
-        .read(true)
-        .await
-        .iter()
-        .map(ReadRecord::value_str)
-        .collect();
+    let committed: Vec<String> = p.values(true).await;
     assert_eq!(committed, Pipeline::expected(FILES, ROWS));
 }
