@@ -1,4 +1,5 @@
-//! The `sluice` command line: `run`, `explain`, `demo`.
+//! The `sluice` command line: `run`, `explain`, `verify`, `checkpoint
+//! inspect`, `demo`.
 //!
 //! Exit status: 0 success; 2 a mistake in the SQL or the command line (the
 //! message names file:line:column); 1 a failure while running.
@@ -45,6 +46,13 @@ enum Command {
         /// it).
         #[arg(long, value_name = "SECONDS", default_value = "30")]
         shutdown_timeout: u64,
+    },
+    /// Check each query of FILE that ran with an exactly-once Kafka sink:
+    /// its committed output against DataFusion's batch answer to the same
+    /// SQL over the input it committed. Exit 0 when all agree, 1 when not.
+    Verify {
+        /// The .sql file the queries run from.
+        file: PathBuf,
     },
     /// Print the incremental plan of each query in FILE.
     Explain {
@@ -136,6 +144,7 @@ fn main() -> ExitCode {
                 .await
             }
             Command::Explain { file } => explain(&file).await,
+            Command::Verify { file } => verify(&file).await,
             Command::Demo { seconds } => demo(Duration::from_secs(seconds)).await,
             Command::Checkpoint {
                 command:
@@ -288,6 +297,46 @@ async fn run(
         return Ok(());
     }
     wait_or_signal(&running, shutdown_timeout).await
+}
+
+/// `sluice verify FILE`: prints each query's verdict. Exit 1 when a
+/// query's output differs from its batch answer, else 2 when a query could
+/// not be checked (its shape, its sink), else 0.
+async fn verify(file: &Path) -> Result<(), Failure> {
+    let text = read_sql(file)?;
+    let session = sluice::Session::new();
+    let mut runner = SqlRunner::new(session.engine(), &file.display().to_string());
+    let (mut differ, mut unchecked) = (Vec::new(), Vec::new());
+    for p in runner.prepare(&text).await? {
+        let Prepared::Query(q) = p else { continue };
+        let mut query = q.batch_query()?;
+        match sluice_kafka::verify(&mut query).await {
+            Ok(verdict) => {
+                print!("{verdict}");
+                if !verdict.ok {
+                    differ.push(q.name.clone());
+                }
+            }
+            Err(e) if e.is_user_error() => {
+                println!("query '{}'\nNOT CHECKED: {e}", q.name);
+                unchecked.push(q.name.clone());
+            }
+            Err(e) => return Err(Failure::Runtime(format!("sluice: query '{}': {e}", q.name))),
+        }
+    }
+    if !differ.is_empty() {
+        Err(Failure::Runtime(format!(
+            "sluice verify: the committed output of {} differs from the batch answer",
+            differ.join(", ")
+        )))
+    } else if !unchecked.is_empty() {
+        Err(Failure::Usage(format!(
+            "sluice verify: {} could not be checked (see above)",
+            unchecked.join(", ")
+        )))
+    } else {
+        Ok(())
+    }
 }
 
 async fn stop_all(queries: &[StreamingQuery]) {

@@ -81,8 +81,10 @@ pub struct CommitRecord {
     pub watermarks: BTreeMap<String, i64>,
 }
 
-/// An epoch as a sink commits it: its plan and the state files staged for
-/// it. The transactional Kafka sink puts this in its progress record.
+/// An epoch as a sink commits it: its plan, the state files staged for it,
+/// and what its sources hand over (dead letters, consumer-group offsets).
+/// The transactional Kafka sink puts the plan, state files and watermarks
+/// in its progress record, and the rest in the epoch's transaction too.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EpochCommit {
     /// The epoch's number and source ranges.
@@ -93,6 +95,12 @@ pub struct EpochCommit {
     /// epoch), keyed like the offsets.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub watermarks: BTreeMap<String, i64>,
+    /// Records the sources could not decode, for their dead-letter topics.
+    #[serde(skip)]
+    pub dead_letters: Vec<crate::source::DeadLetter>,
+    /// Consumer-group offsets the sources ask to record with the epoch.
+    #[serde(skip)]
+    pub group_offsets: Vec<crate::source::GroupOffsets>,
 }
 
 impl EpochCommit {

@@ -49,6 +49,14 @@ const RETAIN_EPOCHS: u64 = 100;
 /// sources again when they had nothing new.
 const IDLE_POLL: Duration = Duration::from_millis(10);
 
+/// The first wait before retrying after an external system failed; it
+/// doubles with each failure, up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// How long a query retries without committing an epoch before it fails.
+const OUTAGE_LIMIT: Duration = Duration::from_secs(300);
+
 /// Everything one running query needs.
 pub(crate) struct EpochLoop {
     pub shared: Arc<QueryShared>,
@@ -86,7 +94,7 @@ impl EpochLoop {
         }
         // A bug that panics must still end the query, or its waiters would
         // wait forever.
-        let result = AssertUnwindSafe(self.run_epochs(recovered))
+        let result = AssertUnwindSafe(self.run_with_retries(recovered))
             .catch_unwind()
             .await
             .unwrap_or_else(|panic| {
@@ -116,6 +124,55 @@ impl EpochLoop {
         }
         self.shared.finish(result);
         drop(self.temp_dir.take());
+    }
+
+    /// Runs epochs; when one fails because an external system (a broker)
+    /// is unreachable, waits with exponential backoff, recovers from the
+    /// checkpoint in-process as a restart would (state and positions of the
+    /// last committed epoch, the failed epoch re-run over the same
+    /// offsets), and goes on. Gives up after [`OUTAGE_LIMIT`] without a
+    /// committed epoch.
+    async fn run_with_retries(&mut self, mut recovered: Recovered) -> Result<()> {
+        let mut outage: Option<(Instant, Duration)> = None;
+        loop {
+            let committed_before = self.shared.last_epoch();
+            let failure = match self.run_epochs(recovered).await {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_transient() => e,
+                Err(e) => return Err(e),
+            };
+            // Loop until recovery itself succeeds.
+            loop {
+                let progressed = self.shared.last_epoch() > committed_before;
+                let (since, backoff) = match outage {
+                    Some((since, backoff)) if !progressed => {
+                        (since, (backoff * 2).min(MAX_BACKOFF))
+                    }
+                    _ => (Instant::now(), MIN_BACKOFF),
+                };
+                outage = Some((since, backoff));
+                if since.elapsed() > OUTAGE_LIMIT {
+                    return Err(failure);
+                }
+                tracing::warn!(query = %self.shared.name, error = %failure, ?backoff, "epoch failed; retrying after recovery");
+                self.shared.set_status(
+                    &format!("Waiting {backoff:?} to retry after: {failure}"),
+                    false,
+                    true,
+                );
+                if !self.sleep_until(Instant::now() + backoff).await {
+                    return Ok(());
+                }
+                match self.recover().await {
+                    Ok(r) => {
+                        recovered = r;
+                        break;
+                    }
+                    Err(e) if e.is_transient() => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+        }
     }
 
     async fn run_epochs(&mut self, recovered: Recovered) -> Result<()> {
@@ -224,6 +281,8 @@ impl EpochLoop {
                         plan: cp.read_offsets(c)?,
                         state_files: commit.state_files,
                         watermarks: commit.watermarks,
+                        dead_letters: Vec::new(),
+                        group_offsets: Vec::new(),
                     })
                 }
                 None => None,
@@ -233,24 +292,27 @@ impl EpochLoop {
                 commit
             }
         };
-        if let (Some(op), Some(commit)) = (&mut self.operator, &committed_epoch) {
-            let chain = commit
-                .state_files
+        // Everything in memory goes back to the committed epoch (nothing,
+        // before the first commit): recovery also runs in-process after a
+        // failed epoch (see `run`).
+        let (files, watermarks) = committed_epoch
+            .as_ref()
+            .map(|c| (c.state_files.clone(), c.watermarks.clone()))
+            .unwrap_or_default();
+        if let Some(op) = &mut self.operator {
+            let chain = files
                 .iter()
                 .map(|f| self.checkpoint.read_state(f))
                 .collect::<Result<Vec<_>>>()?;
             op.restore(&self.plan.state, &chain).await.map_err(|e| {
-                let files = commit.state_files.join(", ");
                 SluiceError::checkpoint(
                     self.checkpoint.dir().join("state"),
-                    format!("{files}: {e}"),
+                    format!("{}: {e}", files.join(", ")),
                 )
             })?;
-            self.state_chain = commit.state_files.clone();
         }
-        if let Some(commit) = &committed_epoch {
-            self.plan.watermarks.restore(&commit.watermarks);
-        }
+        self.state_chain = files;
+        self.plan.watermarks.restore(&watermarks);
         let cp = &self.checkpoint;
         let committed_plan = committed_epoch.map(|c| c.plan);
         let committed = committed_plan.as_ref().map(|p| p.epoch);
@@ -398,6 +460,8 @@ impl EpochLoop {
         let mut sources = Vec::new();
         let mut input_rows = 0u64;
         let mut read = Vec::with_capacity(self.plan.inputs.len());
+        let mut dead_letters = Vec::new();
+        let mut group_offsets = Vec::new();
         for input in &self.plan.inputs {
             let range = record.sources.get(&input.key).ok_or_else(|| {
                 SluiceError::Internal(format!("offsets/{epoch} has no range for {}", input.key))
@@ -415,13 +479,20 @@ impl EpochLoop {
                 .sum();
             input_rows += rows;
             read.push(partitions);
+            let rejected = input.source.take_rejected();
             sources.push(SourceProgress {
                 description: input.description.clone(),
                 start_offset: range.start.clone(),
                 end_offset: range.end.clone(),
                 num_input_rows: rows,
+                skipped_records: rejected.skipped,
+                dead_lettered_records: rejected.dead_letters.len() as u64,
                 lag: input.source.lag(),
             });
+            dead_letters.extend(rejected.dead_letters);
+            if !empty {
+                group_offsets.extend(input.source.group_offsets(&range.end));
+            }
         }
         // Late rows are judged by the watermark the previous epoch left;
         // only then does this epoch's input move it (see `watermark`).
@@ -506,6 +577,8 @@ impl EpochLoop {
             plan: record.clone(),
             state_files,
             watermarks: self.plan.watermarks.to_record(),
+            dead_letters,
+            group_offsets,
         };
         self.sink.write_epoch(&commit, &output).await?;
         fail_point("before-commit-record", epoch);

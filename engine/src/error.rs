@@ -60,6 +60,18 @@ pub enum SluiceError {
         hint: Option<String>,
     },
 
+    /// An external system could not be reached or did not answer in time.
+    /// A running query retries the epoch (see `epoch`); at start it fails.
+    #[error("{what}: {message}{}", hint.as_ref().map(|h| format!("\n  hint: {h}")).unwrap_or_default())]
+    Unreachable {
+        /// The system and operation, e.g. "kafka broker 127.0.0.1:9092".
+        what: String,
+        /// What happened.
+        message: String,
+        /// What the user can do about it.
+        hint: Option<String>,
+    },
+
     /// An error from DataFusion while planning or executing.
     #[error(transparent)]
     DataFusion(#[from] DataFusionError),
@@ -104,6 +116,11 @@ impl SluiceError {
             path: path.into(),
             reason: reason.into(),
         }
+    }
+
+    /// True when retrying may succeed: an external system was unreachable.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unreachable { .. })
     }
 
     /// True when the user must change the query, an option or a setting: the

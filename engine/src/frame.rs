@@ -17,6 +17,7 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{ident, Expr};
 
 use crate::aggregate::AggregateOperator;
+use crate::batch::BatchQuery;
 use crate::checkpoint::Checkpoint;
 use crate::connector::SinkArgs;
 use crate::epoch::EpochLoop;
@@ -390,6 +391,22 @@ impl DataStreamWriter {
         Ok(planner::explain(&plan, &sink))
     }
 
+    /// Plans the query for its batch answer over bounded input (what
+    /// `sluice verify` compares a running query's output with), opening
+    /// nothing: see [`BatchQuery`].
+    pub fn batch_query(&self) -> Result<BatchQuery> {
+        Ok(BatchQuery {
+            name: self.name.clone(),
+            sink: match &self.sink {
+                SinkChoice::Connector(c) => Some(c.clone()),
+                SinkChoice::None | SinkChoice::Instance(_) => None,
+            },
+            sink_options: self.options.clone(),
+            checkpoint: self.checkpoint.clone(),
+            plan: self.plan()?,
+        })
+    }
+
     /// Plans the query, opens its checkpoint and sink, and starts its epoch
     /// loop on the current tokio runtime. Mistakes in the query or options
     /// are reported here, before anything runs.
@@ -454,6 +471,19 @@ impl DataStreamWriter {
                 (Checkpoint::open(dir.path(), &query_id)?, Some(dir))
             }
         };
+        if !sink.accepts_source_commits() {
+            for input in &plan.inputs {
+                if let Some(option) = input.source.commits_through_sink() {
+                    return Err(SluiceError::config(format!(
+                        "query '{name}' reads {} with {option}, which needs a Kafka sink to \
+                         commit it with the epoch's output; {} cannot: write to Kafka, or \
+                         remove {option}",
+                        input.description,
+                        sink.describe()
+                    )));
+                }
+            }
+        }
         sink.open().await?;
         let shared = QueryShared::new(query_id, name);
         let epochs = EpochLoop {

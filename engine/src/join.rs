@@ -126,6 +126,13 @@ impl JoinOperator {
         Ok(two_parts(&ipc_bytes(&self.left)?, &ipc_bytes(&self.right)?))
     }
 
+    /// Empties the buffers (no state committed yet).
+    pub(crate) fn clear(&mut self) {
+        self.left = RecordBatch::new_empty(self.config.left_in.schema_ref());
+        self.right = RecordBatch::new_empty(self.config.right_in.schema_ref());
+        self.next_row_id = 0;
+    }
+
     /// Replaces the buffers with a snapshot's.
     pub(crate) fn restore(&mut self, bytes: &[u8]) -> Result<()> {
         let (left, right) = split_two_parts(bytes, "the join snapshot")?;

@@ -42,6 +42,7 @@
 //! ```
 
 mod aggregate;
+mod batch;
 mod checkpoint;
 mod connector;
 mod epoch;
@@ -64,6 +65,7 @@ mod trigger;
 mod watermark;
 mod window;
 
+pub use batch::BatchQuery;
 pub use checkpoint::{
     Checkpoint, CommitRecord, EpochCommit, Metadata, OffsetRecord, SourceRange, FORMAT_VERSION,
 };
@@ -81,8 +83,8 @@ pub use query::{QueryStatus, StreamingQuery};
 pub use session::{DataStreamReader, Session};
 pub use sink::{BlackholeConnector, CommittedEpoch, ConsoleConnector, MemorySink, Sink};
 pub use source::{
-    FilesConnector, MemorySourceFactory, MemoryStream, Offset, Partitions, RateConnector, Source,
-    SourceFactory,
+    DeadLetter, FilesConnector, GroupOffsets, MemorySourceFactory, MemoryStream, Offset,
+    Partitions, RateConnector, Rejected, Source, SourceFactory,
 };
 pub use table::{StreamDefinition, StreamTable};
 pub use trigger::{OutputMode, Trigger};

@@ -59,6 +59,8 @@ struct QueryMetrics {
     input_rows: u64,
     output_rows: u64,
     late_rows: u64,
+    skipped_records: u64,
+    dead_lettered_records: u64,
     state_rows: u64,
     state_bytes: u64,
     /// Seconds since the Unix epoch.
@@ -87,6 +89,10 @@ impl StreamingQueryListener for Metrics {
             q.input_rows += p.num_input_rows;
             q.output_rows += p.num_output_rows;
             q.late_rows += p.late_rows;
+            for s in &p.sources {
+                q.skipped_records += s.skipped_records;
+                q.dead_lettered_records += s.dead_lettered_records;
+            }
             q.state_rows = p.state_rows;
             q.state_bytes = p.state_bytes;
             if let Some(w) = &p.watermark {
@@ -172,6 +178,18 @@ impl Metrics {
             "counter",
             "Rows dropped for arriving behind the watermark.",
             per_query(&|q| Some(q.late_rows as f64)),
+        );
+        family(
+            "sluice_skipped_records_total",
+            "counter",
+            "Malformed input records dropped ('format.on-error' = 'skip').",
+            per_query(&|q| Some(q.skipped_records as f64)),
+        );
+        family(
+            "sluice_dead_lettered_records_total",
+            "counter",
+            "Malformed input records written to the dead-letter topic.",
+            per_query(&|q| Some(q.dead_lettered_records as f64)),
         );
         family(
             "sluice_state_rows",

@@ -94,7 +94,10 @@ impl Operator {
         match self {
             Self::Aggregate(a) => a.restore(session, chain).await,
             Self::Join(j) => match chain {
-                [] => Ok(()),
+                [] => {
+                    j.clear();
+                    Ok(())
+                }
                 [snapshot] => j.restore(snapshot),
                 _ => Err(crate::error::SluiceError::Internal(
                     "the join's state is committed as one snapshot, not a chain".into(),

@@ -37,6 +37,10 @@ pub struct SourceProgress {
     pub end_offset: serde_json::Value,
     /// Rows read.
     pub num_input_rows: u64,
+    /// Malformed records dropped (`'format.on-error' = 'skip'`).
+    pub skipped_records: u64,
+    /// Malformed records written to the dead-letter topic.
+    pub dead_lettered_records: u64,
     /// Records available beyond `end_offset` when the epoch was planned,
     /// per partition (see [`crate::Source::lag`]); empty if unknown.
     pub lag: std::collections::BTreeMap<String, i64>,
@@ -100,6 +104,8 @@ impl QueryProgress {
             "state_bytes": self.state_bytes,
             "watermark": self.watermark,
             "late_rows": self.late_rows,
+            "skipped_records": self.sources.iter().map(|s| s.skipped_records).sum::<u64>(),
+            "dead_lettered_records": self.sources.iter().map(|s| s.dead_lettered_records).sum::<u64>(),
         })
     }
 }

@@ -111,6 +111,11 @@ impl QueryShared {
         });
     }
 
+    /// The last committed epoch of this run, if any.
+    pub(crate) fn last_epoch(&self) -> Option<u64> {
+        self.lock().recent.back().map(|p| p.epoch)
+    }
+
     pub(crate) fn record_no_data(&self) {
         self.update(|s| {
             s.no_data_rounds += 1;

@@ -23,12 +23,9 @@ use std::hash::{BuildHasher, RandomState};
 use std::io::Cursor;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{
-    Array, ArrayRef, BooleanArray, Int64Array, RecordBatch, Scalar, UInt32Array,
-};
-use datafusion::arrow::compute::kernels::cmp::lt_eq;
+use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{
-    concat_batches, filter_record_batch, interleave, not, prep_null_mask_filter, take_record_batch,
+    concat_batches, filter_record_batch, interleave, not, take_record_batch,
 };
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::ipc::reader::FileReader;
@@ -37,7 +34,6 @@ use datafusion::arrow::row::{Row, RowConverter, Rows, SortField};
 use hashbrown::HashTable;
 
 use crate::error::{Result, SluiceError};
-use crate::watermark::nanos;
 use crate::window::WindowKey;
 
 /// One operator's keyed state.
@@ -273,15 +269,7 @@ impl KeyedState {
     /// Removes and returns the rows whose window (`key`) has closed: its
     /// end is at or before `watermark` (ns since the Unix epoch).
     pub(crate) fn take_closed(&mut self, key: &WindowKey, watermark: i64) -> Result<RecordBatch> {
-        let bound = nanos(self.rows.column(key.column))?;
-        let last_open = watermark.saturating_sub(key.to_end_ns);
-        let closed = lt_eq(&bound, &Scalar::new(Int64Array::from(vec![last_open])))?;
-        // A null bound (no event time) never closes.
-        let closed = if closed.null_count() > 0 {
-            prep_null_mask_filter(&closed)
-        } else {
-            closed
-        };
+        let closed = key.closed(self.rows.column(key.column), watermark)?;
         self.remove(&closed)
     }
 

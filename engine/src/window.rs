@@ -17,9 +17,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datafusion::arrow::array::{Array, AsArray, Int64Array, ListArray};
+use datafusion::arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Int64Array, ListArray, Scalar,
+};
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::cast;
+use datafusion::arrow::compute::kernels::cmp::lt_eq;
+use datafusion::arrow::compute::prep_null_mask_filter;
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, TimeUnit};
 use datafusion::common::metadata::FieldMetadata;
 use datafusion::common::{Column, DFSchema, ScalarValue};
@@ -242,6 +246,23 @@ pub(crate) struct WindowKey {
     /// For SESSION windows: the group-key indexes of `window_start` and
     /// `window_end`, and the PARTITION BY columns.
     pub session: Option<SessionKey>,
+}
+
+impl WindowKey {
+    /// Which of `bounds` (this key's column) are closed windows once the
+    /// watermark is `watermark`: the running aggregate emits and evicts
+    /// them, and `sluice verify` expects exactly them. A null bound (no
+    /// event time) never closes.
+    pub(crate) fn closed(&self, bounds: &ArrayRef, watermark: i64) -> Result<BooleanArray> {
+        let bound = crate::watermark::nanos(bounds)?;
+        let last_open = watermark.saturating_sub(self.to_end_ns);
+        let closed = lt_eq(&bound, &Scalar::new(Int64Array::from(vec![last_open])))?;
+        Ok(if closed.null_count() > 0 {
+            prep_null_mask_filter(&closed)
+        } else {
+            closed
+        })
+    }
 }
 
 /// Where a session's bounds are among the group keys.

@@ -14,7 +14,9 @@ use datafusion::arrow::record_batch::RecordBatch;
 use rdkafka::producer::{Producer, ThreadedProducer};
 use sluice_engine::{EpochCommit, Result, Sink, SluiceError};
 
-use crate::produce::{create_producer, flush, DeliveryTracker, SinkConfig};
+use crate::produce::{
+    create_producer, flush, send_dead_letters, DeliveryTracker, Groups, SinkConfig,
+};
 
 /// Cheap to move onto a blocking thread.
 pub(crate) struct AtLeastOnceSink(Arc<Inner>);
@@ -22,12 +24,17 @@ pub(crate) struct AtLeastOnceSink(Arc<Inner>);
 struct Inner {
     config: SinkConfig,
     producer: ThreadedProducer<DeliveryTracker>,
+    groups: Groups,
 }
 
 impl AtLeastOnceSink {
     pub(crate) fn new(config: SinkConfig) -> Result<Self> {
         let producer = create_producer(&config.producer_config())?;
-        Ok(Self(Arc::new(Inner { config, producer })))
+        Ok(Self(Arc::new(Inner {
+            config,
+            producer,
+            groups: Groups::default(),
+        })))
     }
 }
 
@@ -40,17 +47,19 @@ impl std::fmt::Debug for AtLeastOnceSink {
 }
 
 impl Inner {
-    fn write(&self, epoch: u64, batches: &[RecordBatch]) -> Result<()> {
+    fn write(&self, commit: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
+        let epoch = commit.plan.epoch;
         self.config.send_batches(&self.producer, epoch, batches)?;
+        send_dead_letters(&self.producer, &self.config, epoch, &commit.dead_letters)?;
         flush(&self.producer, &self.config, epoch)?;
-        match self.producer.context().take_error() {
-            Some(e) => Err(SluiceError::External {
+        if let Some(e) = self.producer.context().take_error() {
+            return Err(SluiceError::External {
                 what: format!("kafka sink, topic '{}'", self.config.topic),
                 message: format!("epoch {epoch}: a message was not delivered: {e}"),
                 hint: Some("the epoch is not committed and will be re-run on restart".into()),
-            }),
-            None => Ok(()),
+            });
         }
+        self.groups.commit(&self.config, &commit.group_offsets)
     }
 }
 
@@ -68,15 +77,19 @@ impl Sink for AtLeastOnceSink {
     }
 
     async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
-        if batches.is_empty() {
+        if batches.is_empty() && epoch.dead_letters.is_empty() && epoch.group_offsets.is_empty() {
             return Ok(());
         }
         let inner = Arc::clone(&self.0);
-        let (epoch, batches) = (epoch.plan.epoch, batches.to_vec());
+        let (commit, batches) = (epoch.clone(), batches.to_vec());
         // Producing and flushing block; keep them off the async reactor.
-        tokio::task::spawn_blocking(move || inner.write(epoch, &batches))
+        tokio::task::spawn_blocking(move || inner.write(&commit, &batches))
             .await
             .map_err(|e| SluiceError::Internal(format!("produce task: {e}")))?
+    }
+
+    fn accepts_source_commits(&self) -> bool {
+        true
     }
 
     fn describe(&self) -> String {

@@ -10,13 +10,13 @@
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use sluice_engine::{Result, SluiceError};
 
 const SCRIPT: &str = include_str!("../../scripts/kafka");
@@ -169,7 +169,6 @@ pub fn read_topic(
         )
         .create()
         .map_err(|e| kafka_error("creating consumer", bootstrap, e))?;
-    let deadline = Instant::now() + timeout;
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
         .map_err(|e| kafka_error("fetching metadata", bootstrap, e))?;
@@ -178,65 +177,38 @@ pub fn read_topic(
         .iter()
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect();
-    let mut ends = Vec::new();
-    let mut assignment = TopicPartitionList::new();
+    let mut ranges = Vec::new();
     for &p in &partitions {
         let (low, high) = consumer
             .fetch_watermarks(topic, p, timeout)
             .map_err(|e| kafka_error("fetching offsets", bootstrap, e))?;
-        if high > low {
-            assignment
-                .add_partition_offset(topic, p, Offset::Offset(low))
-                .map_err(|e| kafka_error("assigning", bootstrap, e))?;
-            ends.push((p, high));
-        }
+        ranges.push((p, low, high));
     }
     let mut records = Vec::new();
-    if ends.is_empty() {
-        return Ok(records);
-    }
-    consumer
-        .assign(&assignment)
-        .map_err(|e| kafka_error("assigning", bootstrap, e))?;
-    loop {
-        let done = crate::position::reached(&consumer, topic, &ends)
-            .map_err(|e| kafka_error("reading positions", bootstrap, e))?;
-        if done {
-            break;
-        }
-        if Instant::now() > deadline {
-            return Err(kafka_error(
-                &format!("reading {topic}"),
-                bootstrap,
-                format!("did not reach the end offsets {ends:?} within {timeout:?}"),
-            ));
-        }
-        match consumer.poll(Duration::from_millis(100)) {
-            None => {}
-            Some(Err(e)) => return Err(kafka_error(&format!("reading {topic}"), bootstrap, e)),
-            Some(Ok(m))
-                if ends
-                    .iter()
-                    .any(|(p, end)| *p == m.partition() && m.offset() < *end) =>
-            {
-                records.push(ReadRecord {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    value: m.payload().map(<[u8]>::to_vec),
-                    headers: m
-                        .headers()
-                        .map(|hs| {
-                            hs.iter()
-                                .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                })
-            }
-            Some(Ok(_)) => {}
-        }
-    }
+    crate::position::read_ranges(
+        &consumer,
+        topic,
+        &ranges,
+        timeout,
+        &|what, e| kafka_error(&format!("{what} {topic}"), bootstrap, e),
+        |m| {
+            records.push(ReadRecord {
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key().map(<[u8]>::to_vec),
+                value: m.payload().map(<[u8]>::to_vec),
+                headers: m
+                    .headers()
+                    .map(|hs| {
+                        hs.iter()
+                            .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            });
+            Ok(())
+        },
+    )?;
     records.sort_by_key(|r| (r.partition, r.offset));
     Ok(records)
 }

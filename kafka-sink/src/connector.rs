@@ -59,38 +59,74 @@ impl Connector for KafkaConnector {
     }
 
     fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
-        let mut o = args.options;
-        let topic = o.take_required("kafka", "topic", "updates")?;
-        let bootstrap = o.take_required("kafka", "bootstrap.servers", "localhost:9092")?;
-        let format = Format::parse(
-            &o.take_choice("format", &["json", "csv", "raw", "avro"])?
-                .unwrap_or_else(|| "json".into()),
-        )?;
-        format.check(&args.schema)?;
-        let exactly_once = o
-            .take_choice("sink.delivery", &["exactly-once", "at-least-once"])?
-            .is_none_or(|d| d == "exactly-once");
-        let connect_timeout = o
-            .take_duration("connect.timeout")?
-            .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
-        let transaction_timeout = o
-            .take_duration("transaction.timeout")?
-            .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT);
-        let progress_topic = o
-            .take("progress.topic")
-            .unwrap_or_else(|| crate::progress_topic::default_topic(&args.query_id));
-        // An update stream is keyed by its group key unless told otherwise,
-        // so the topic is a valid compacted upsert stream.
-        let key_fields = match o.take("key.fields") {
-            Some(list) => key_indices(&list, &args.schema)?,
-            None if args.output_mode != OutputMode::Append && !args.key_columns.is_empty() => {
-                key_indices(&args.key_columns.join(","), &args.schema)?
-            }
-            None => Vec::new(),
-        };
-        let passthrough = o.take_prefixed("kafka.");
-        o.finish("kafka", SINK_OPTIONS)?;
-        let config = SinkConfig {
+        let settings = sink_settings(args)?;
+        match settings.delivery {
+            Delivery::ExactlyOnce {
+                progress_topic,
+                transaction_timeout,
+            } => Ok(Arc::new(TransactionalSink::new(
+                settings.config,
+                progress_topic,
+                transaction_timeout,
+            )?)),
+            Delivery::AtLeastOnce => Ok(Arc::new(AtLeastOnceSink::new(settings.config)?)),
+        }
+    }
+}
+
+/// A Kafka sink's options, parsed: what the sink is built from, and what
+/// `sluice verify` reads the committed output with.
+#[derive(Debug)]
+pub(crate) struct SinkSettings {
+    pub config: SinkConfig,
+    pub delivery: Delivery,
+}
+
+/// `'sink.delivery'`.
+#[derive(Debug)]
+pub(crate) enum Delivery {
+    ExactlyOnce {
+        progress_topic: String,
+        transaction_timeout: Duration,
+    },
+    AtLeastOnce,
+}
+
+/// Parses a sink's options; every option must be known.
+pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
+    let mut o = args.options;
+    let topic = o.take_required("kafka", "topic", "updates")?;
+    let bootstrap = o.take_required("kafka", "bootstrap.servers", "localhost:9092")?;
+    let format = Format::parse(
+        &o.take_choice("format", &["json", "csv", "raw", "avro"])?
+            .unwrap_or_else(|| "json".into()),
+    )?;
+    format.check(&args.schema)?;
+    let exactly_once = o
+        .take_choice("sink.delivery", &["exactly-once", "at-least-once"])?
+        .is_none_or(|d| d == "exactly-once");
+    let connect_timeout = o
+        .take_duration("connect.timeout")?
+        .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+    let transaction_timeout = o
+        .take_duration("transaction.timeout")?
+        .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT);
+    let progress_topic = o
+        .take("progress.topic")
+        .unwrap_or_else(|| crate::progress_topic::default_topic(&args.query_id));
+    // An update stream is keyed by its group key unless told otherwise,
+    // so the topic is a valid compacted upsert stream.
+    let key_fields = match o.take("key.fields") {
+        Some(list) => key_indices(&list, &args.schema)?,
+        None if args.output_mode != OutputMode::Append && !args.key_columns.is_empty() => {
+            key_indices(&args.key_columns.join(","), &args.schema)?
+        }
+        None => Vec::new(),
+    };
+    let passthrough = o.take_prefixed("kafka.");
+    o.finish("kafka", SINK_OPTIONS)?;
+    Ok(SinkSettings {
+        config: SinkConfig {
             topic,
             bootstrap,
             format,
@@ -99,17 +135,16 @@ impl Connector for KafkaConnector {
             query_id: args.query_id,
             connect_timeout,
             passthrough,
-        };
-        if exactly_once {
-            Ok(Arc::new(TransactionalSink::new(
-                config,
+        },
+        delivery: if exactly_once {
+            Delivery::ExactlyOnce {
                 progress_topic,
                 transaction_timeout,
-            )?))
+            }
         } else {
-            Ok(Arc::new(AtLeastOnceSink::new(config)?))
-        }
-    }
+            Delivery::AtLeastOnce
+        },
+    })
 }
 
 fn key_indices(list: &str, schema: &SchemaRef) -> Result<Vec<usize>> {

@@ -49,7 +49,9 @@ mod produce;
 mod progress_topic;
 mod source;
 mod transactional_sink;
+mod verify;
 
 pub use connector::KafkaConnector;
 pub use encode::Format;
 pub use progress_topic::last_committed;
+pub use verify::{verify, Verdict};

@@ -1,18 +1,28 @@
 //! What both Kafka sinks share: their settings, the producer configuration,
 //! waiting for the topic, and producing an epoch's rows.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientConfig, ClientContext};
-use sluice_engine::{Result, SluiceError};
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use sluice_engine::{DeadLetter, GroupOffsets, Result, SluiceError};
 
 use crate::encode::{columns, Format};
+
+/// A message's key (if any) and value.
+pub(crate) type Message = (Option<Vec<u8>>, Vec<u8>);
+
+/// Header naming the query that wrote a record.
+pub(crate) const QUERY_ID_HEADER: &str = "sluice.query.id";
+/// Header naming the epoch whose transaction holds a record.
+pub(crate) const EPOCH_HEADER: &str = "sluice.epoch";
 
 /// A Kafka sink's settings, parsed from its options.
 #[derive(Debug, Clone)]
@@ -55,7 +65,7 @@ impl SinkConfig {
     }
 
     pub(crate) fn unreachable(&self, message: String) -> SluiceError {
-        SluiceError::External {
+        SluiceError::Unreachable {
             what: format!("kafka sink, brokers '{}'", self.bootstrap),
             message,
             hint: Some(format!(
@@ -113,6 +123,17 @@ impl SinkConfig {
         }
     }
 
+    /// Each row of `batch` as a message: its key (the key fields as a JSON
+    /// object, when there are key fields) and its value.
+    pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Vec<Message>> {
+        let values = self.format.encode(batch)?;
+        if self.key_fields.is_empty() {
+            return Ok(values.into_iter().map(|v| (None, v)).collect());
+        }
+        let keys = Format::Json.encode(&batch.project(&self.key_fields)?)?;
+        Ok(keys.into_iter().map(Some).zip(values).collect())
+    }
+
     /// Enqueues every row of `batches` (encoded, keyed, with the query id
     /// and epoch as headers). Returns once all are enqueued, not delivered.
     pub(crate) fn send_batches(
@@ -124,29 +145,137 @@ impl SinkConfig {
         let epoch_text = epoch.to_string();
         let headers = OwnedHeaders::new()
             .insert(Header {
-                key: "sluice.query.id",
+                key: QUERY_ID_HEADER,
                 value: Some(self.query_id.as_bytes()),
             })
             .insert(Header {
-                key: "sluice.epoch",
+                key: EPOCH_HEADER,
                 value: Some(epoch_text.as_bytes()),
             });
         for batch in batches {
-            let values = self.format.encode(batch)?;
-            let keys = if self.key_fields.is_empty() {
-                None
-            } else {
-                Some(Format::Json.encode(&batch.project(&self.key_fields)?)?)
-            };
-            for (i, value) in values.iter().enumerate() {
+            for (key, value) in self.encode(batch)? {
                 let mut record = BaseRecord::to(&self.topic)
                     .payload(value.as_slice())
                     .headers(headers.clone());
-                if let Some(keys) = &keys {
-                    record = record.key(keys[i].as_slice());
+                if let Some(key) = &key {
+                    record = record.key(key.as_slice());
                 }
                 send(producer, record).map_err(|e| self.external(e.to_string()))?;
             }
+        }
+        Ok(())
+    }
+}
+
+/// Enqueues the dead letters of an epoch, each to its own topic with the
+/// original key and bytes, its headers, and the query and epoch headers.
+pub(crate) fn send_dead_letters(
+    producer: &ThreadedProducer<DeliveryTracker>,
+    config: &SinkConfig,
+    epoch: u64,
+    letters: &[DeadLetter],
+) -> Result<()> {
+    let epoch_text = epoch.to_string();
+    for letter in letters {
+        let mut headers = OwnedHeaders::new()
+            .insert(Header {
+                key: QUERY_ID_HEADER,
+                value: Some(config.query_id.as_bytes()),
+            })
+            .insert(Header {
+                key: EPOCH_HEADER,
+                value: Some(epoch_text.as_bytes()),
+            });
+        for (k, v) in &letter.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        let mut record = BaseRecord::to(&letter.topic)
+            .payload(letter.value.as_slice())
+            .headers(headers);
+        if let Some(key) = &letter.key {
+            record = record.key(key.as_slice());
+        }
+        send(producer, record).map_err(|e| SluiceError::External {
+            what: format!("kafka dead-letter topic '{}'", letter.topic),
+            message: e.to_string(),
+            hint: Some("create the topic, or check the broker".into()),
+        })?;
+    }
+    Ok(())
+}
+
+/// Consumer-group offsets recorded with epochs (`'group.id'` on a Kafka
+/// source), so that `kafka-consumer-groups.sh --describe` shows a query's
+/// lag. One idle consumer per group, never subscribed: the exactly-once
+/// sink needs its group metadata to send the offsets in the epoch's
+/// transaction; the at-least-once sink commits through it after the
+/// epoch's output is acknowledged.
+#[derive(Default)]
+pub(crate) struct Groups {
+    consumers: Mutex<BTreeMap<String, BaseConsumer>>,
+}
+
+impl Groups {
+    fn list(offsets: &GroupOffsets) -> std::result::Result<TopicPartitionList, KafkaError> {
+        let mut tpl = TopicPartitionList::new();
+        for (p, o) in &offsets.offsets {
+            tpl.add_partition_offset(&offsets.topic, *p, Offset::Offset(*o))?;
+        }
+        Ok(tpl)
+    }
+
+    fn with_consumer<T>(
+        &self,
+        config: &SinkConfig,
+        group: &str,
+        f: impl FnOnce(&BaseConsumer) -> std::result::Result<T, KafkaError>,
+    ) -> Result<T> {
+        let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
+        if !consumers.contains_key(group) {
+            let consumer: BaseConsumer = ClientConfig::new()
+                .set("bootstrap.servers", &config.bootstrap)
+                .set("group.id", group)
+                .set("enable.auto.commit", "false")
+                .create()
+                .map_err(|e| config.external(format!("consumer for group '{group}': {e}")))?;
+            consumers.insert(group.to_string(), consumer);
+        }
+        let consumer = &consumers[group];
+        f(consumer).map_err(|e| {
+            config.external(format!(
+                "recording offsets of consumer group '{group}': {e}"
+            ))
+        })
+    }
+
+    /// Adds the offsets to `producer`'s open transaction.
+    pub(crate) fn send_in_transaction(
+        &self,
+        producer: &ThreadedProducer<DeliveryTracker>,
+        config: &SinkConfig,
+        offsets: &[GroupOffsets],
+        timeout: Duration,
+    ) -> Result<()> {
+        for o in offsets {
+            self.with_consumer(config, &o.group, |consumer| {
+                let metadata = consumer
+                    .group_metadata()
+                    .ok_or(KafkaError::MetadataFetch(RDKafkaErrorCode::InvalidGroupId))?;
+                producer.send_offsets_to_transaction(&Self::list(o)?, &metadata, timeout)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Commits the offsets (at-least-once).
+    pub(crate) fn commit(&self, config: &SinkConfig, offsets: &[GroupOffsets]) -> Result<()> {
+        for o in offsets {
+            self.with_consumer(config, &o.group, |consumer| {
+                consumer.commit(&Self::list(o)?, CommitMode::Sync)
+            })?;
         }
         Ok(())
     }

@@ -9,14 +9,14 @@
 //! its last stable offset while the query recovers.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::ClientConfig;
 use serde::{Deserialize, Serialize};
 use sluice_engine::{Result, SluiceError, SourceRange};
 
@@ -130,29 +130,15 @@ pub(crate) fn read_last(
     let mut back = 16;
     loop {
         let start = (high - back).max(low);
-        let mut assignment = TopicPartitionList::new();
-        assignment
-            .add_partition_offset(topic, 0, Offset::Offset(start))
-            .map_err(|e| fail("assigning", &e))?;
-        consumer
-            .assign(&assignment)
-            .map_err(|e| fail("assigning", &e))?;
         let mut last = None;
-        let deadline = Instant::now() + config.connect_timeout;
-        while !crate::position::reached(&consumer, topic, &[(0, high)]).unwrap_or(false) {
-            if Instant::now() > deadline {
-                return Err(fail(
-                    "timed out",
-                    &format!(
-                        "did not reach offset {high} within {:?}",
-                        config.connect_timeout
-                    ),
-                ));
-            }
-            match consumer.poll(Duration::from_millis(100)) {
-                None => {}
-                Some(Err(e)) => return Err(fail("polling", &e)),
-                Some(Ok(m)) if m.offset() < high && m.key() == Some(query_id.as_bytes()) => {
+        crate::position::read_ranges(
+            &consumer,
+            topic,
+            &[(0, start, high)],
+            config.connect_timeout,
+            &|what, e| fail(what, &e),
+            |m| {
+                if m.key() == Some(query_id.as_bytes()) {
                     let payload = m.payload().unwrap_or_default();
                     let record: ProgressRecord =
                         serde_json::from_slice(payload).map_err(|e| SluiceError::External {
@@ -166,9 +152,9 @@ pub(crate) fn read_last(
                         })?;
                     last = Some(record);
                 }
-                Some(Ok(_)) => {}
-            }
-        }
+                Ok(())
+            },
+        )?;
         if last.is_some() || start == low {
             return Ok(last);
         }

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
@@ -30,7 +30,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
 use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
-use sluice_engine::{Offset, Options, Partitions, Result, SluiceError, Source, SourceFactory};
+use sluice_engine::{
+    DeadLetter, GroupOffsets, Offset, Options, Partitions, Rejected, Result, SluiceError, Source,
+    SourceFactory,
+};
 
 /// Options of a Kafka source stream.
 pub(crate) const SOURCE_OPTIONS: &[&str] = &[
@@ -38,24 +41,35 @@ pub(crate) const SOURCE_OPTIONS: &[&str] = &[
     "bootstrap.servers",
     "format",
     "scan.startup.mode",
+    "scan.startup.timestamp-millis",
+    "scan.startup.specific-offsets",
     "max-records-per-epoch",
     "format.on-error",
+    "dead-letter.topic",
+    "group.id",
     "connect.timeout",
     "kafka.*",
 ];
 
 const VIRTUAL: &[&str] = &["_key", "_topic", "_partition", "_offset", "_timestamp"];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a query without a checkpoint starts reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum StartupMode {
     Earliest,
     Latest,
+    /// The first record at or after this time (ms since the Unix epoch).
+    Timestamp(i64),
+    /// Per partition; partitions not listed start at their beginning.
+    Offsets(BTreeMap<i32, i64>),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum OnError {
     Fail,
     Skip,
+    /// Written to this topic in the epoch's transaction.
+    DeadLetter(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +87,8 @@ struct SourceConfig {
     startup: StartupMode,
     max_records: Option<u64>,
     on_error: OnError,
+    /// A consumer group to record the query's offsets for (lag tools).
+    group: Option<String>,
     connect_timeout: Duration,
     passthrough: Vec<(String, String)>,
     /// The declared (decoded) columns.
@@ -112,27 +128,68 @@ pub(crate) fn factory(
     {
         None | Some("earliest") => StartupMode::Earliest,
         Some("latest") => StartupMode::Latest,
-        Some(other) => {
-            return Err(SluiceError::config(format!(
-                "stream '{stream}': 'scan.startup.mode' = '{other}' is not supported yet; use \
-                 'earliest' or 'latest'"
-            )))
+        Some("timestamp") => {
+            let what = format!("stream '{stream}' with 'scan.startup.mode' = 'timestamp'");
+            let ms = o
+                .take_parsed::<i64>(
+                    "scan.startup.timestamp-millis",
+                    "milliseconds since the Unix epoch",
+                )?
+                .ok_or_else(|| {
+                    o.missing(
+                        &what,
+                        "scan.startup.timestamp-millis",
+                        "'scan.startup.timestamp-millis' = '1767225600000'",
+                    )
+                })?;
+            StartupMode::Timestamp(ms)
+        }
+        Some(_) => {
+            let what = format!("stream '{stream}' with 'scan.startup.mode' = 'offsets'");
+            let list = o.take("scan.startup.specific-offsets").ok_or_else(|| {
+                o.missing(
+                    &what,
+                    "scan.startup.specific-offsets",
+                    "'scan.startup.specific-offsets' = 'partition:0,offset:42;partition:1,offset:300'",
+                )
+            })?;
+            StartupMode::Offsets(specific_offsets(stream, &list)?)
         }
     };
+    for (key, mode) in [
+        ("scan.startup.timestamp-millis", "timestamp"),
+        ("scan.startup.specific-offsets", "offsets"),
+    ] {
+        if o.take(key).is_some() {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': '{key}' applies only with 'scan.startup.mode' = '{mode}'"
+            )));
+        }
+    }
     let max_records = o.take_parsed::<u64>("max-records-per-epoch", "a whole number of records")?;
     let on_error = match o
         .take_choice("format.on-error", &["fail", "skip", "dead-letter"])?
         .as_deref()
     {
-        None | Some("fail") => OnError::Fail,
-        Some("skip") => OnError::Skip,
-        Some(_) => {
-            return Err(SluiceError::config(format!(
-                "stream '{stream}': 'format.on-error' = 'dead-letter' is not supported yet; use \
-                 'fail' or 'skip'"
-            )))
+        Some("dead-letter") => {
+            OnError::DeadLetter(o.take("dead-letter.topic").ok_or_else(|| {
+                o.missing(
+                    &format!("stream '{stream}' with 'format.on-error' = 'dead-letter'"),
+                    "dead-letter.topic",
+                    "'dead-letter.topic' = 'bids-dlq'",
+                )
+            })?)
         }
+        Some("skip") => OnError::Skip,
+        _ => OnError::Fail,
     };
+    if o.take("dead-letter.topic").is_some() {
+        return Err(SluiceError::config(format!(
+            "stream '{stream}': 'dead-letter.topic' applies only with 'format.on-error' = \
+             'dead-letter'"
+        )));
+    }
+    let group = o.take("group.id");
     let connect_timeout = o
         .take_duration("connect.timeout")?
         .unwrap_or(connect_timeout_default);
@@ -195,11 +252,45 @@ pub(crate) fn factory(
         startup,
         max_records,
         on_error,
+        group,
         connect_timeout,
         passthrough,
         value_schema,
         schema: Arc::new(Schema::new(fields)),
     })))
+}
+
+/// `partition:0,offset:42;partition:1,offset:300` (Flink's syntax).
+fn specific_offsets(stream: &str, list: &str) -> Result<BTreeMap<i32, i64>> {
+    let bad = |part: &str| {
+        SluiceError::config(format!(
+            "stream '{stream}': 'scan.startup.specific-offsets' has '{part}', expected \
+             'partition:<n>,offset:<n>' entries separated by ';', e.g. \
+             'partition:0,offset:42;partition:1,offset:300'"
+        ))
+    };
+    let mut out = BTreeMap::new();
+    for part in list.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let mut partition = None;
+        let mut offset = None;
+        for field in part.split(',') {
+            match field.trim().split_once(':') {
+                Some(("partition", v)) => partition = v.trim().parse::<i32>().ok(),
+                Some(("offset", v)) => offset = v.trim().parse::<i64>().ok(),
+                _ => return Err(bad(part)),
+            }
+        }
+        match (partition, offset) {
+            (Some(p), Some(o)) if p >= 0 && o >= 0 => {
+                out.insert(p, o);
+            }
+            _ => return Err(bad(part)),
+        }
+    }
+    if out.is_empty() {
+        return Err(bad(list));
+    }
+    Ok(out)
 }
 
 #[derive(Debug)]
@@ -242,6 +333,7 @@ impl SourceFactory for KafkaSourceFactory {
             initial: Mutex::new(BTreeMap::new()),
             cap: Mutex::new(None),
             lag: Mutex::new(BTreeMap::new()),
+            rejected: Mutex::default(),
         }))))
     }
 
@@ -268,12 +360,14 @@ struct SourceInner {
     config: SourceConfig,
     consumer: Mutex<BaseConsumer>,
     /// Where partitions without a position start, fixed on first sight so
-    /// that `latest` is resolved once per run.
+    /// that `latest` and `timestamp` are resolved once per run.
     initial: Mutex<BTreeMap<i32, i64>>,
     /// Per-partition end offsets when prepared for available-now.
     cap: Mutex<Option<BTreeMap<i32, i64>>>,
     /// Per partition, the last stable offset minus the last planned end.
     lag: Mutex<BTreeMap<String, i64>>,
+    /// What the last read could not decode and set aside.
+    rejected: Mutex<Rejected>,
 }
 
 impl std::fmt::Debug for SourceInner {
@@ -286,7 +380,7 @@ impl std::fmt::Debug for SourceInner {
 
 impl SourceInner {
     fn unreachable(&self, what: &str, e: impl std::fmt::Display) -> SluiceError {
-        SluiceError::External {
+        SluiceError::Unreachable {
             what: format!(
                 "kafka source '{}', brokers '{}'",
                 self.config.stream, self.config.bootstrap
@@ -334,13 +428,59 @@ impl SourceInner {
         Ok(out)
     }
 
+    /// Where each partition of `marks` (low watermark, last stable offset)
+    /// starts under the startup mode, within the partition's range.
+    fn startup_positions(&self, marks: &BTreeMap<i32, (i64, i64)>) -> Result<BTreeMap<i32, i64>> {
+        let topic = &self.config.topic;
+        Ok(match &self.config.startup {
+            StartupMode::Earliest => marks.iter().map(|(p, (low, _))| (*p, *low)).collect(),
+            StartupMode::Latest => marks.iter().map(|(p, (_, high))| (*p, *high)).collect(),
+            StartupMode::Offsets(given) => marks
+                .iter()
+                .map(|(p, (low, high))| {
+                    (*p, given.get(p).map_or(*low, |o| (*o).clamp(*low, *high)))
+                })
+                .collect(),
+            StartupMode::Timestamp(ms) => {
+                let mut query = TopicPartitionList::new();
+                for p in marks.keys() {
+                    query
+                        .add_partition_offset(topic, *p, KafkaOffset::Offset(*ms))
+                        .map_err(|e| self.unreachable("looking up offsets by time", e))?;
+                }
+                let found = self
+                    .consumer
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .offsets_for_times(query, self.config.connect_timeout)
+                    .map_err(|e| self.unreachable("looking up offsets by time", e))?;
+                marks
+                    .iter()
+                    .map(|(p, (low, high))| {
+                        let at = found.find_partition(topic, *p).map(|e| e.offset());
+                        // No record at or after the time: start at the end.
+                        let pos = match at {
+                            Some(KafkaOffset::Offset(o)) => o.clamp(*low, *high),
+                            _ => *high,
+                        };
+                        (*p, pos)
+                    })
+                    .collect()
+            }
+        })
+    }
+
     fn plan(&self, start: Option<PlannedRanges>) -> Result<Option<PlannedRanges>> {
         let marks = self.watermarks()?;
         let cap = self.cap.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut initial = self.initial.lock().unwrap_or_else(|p| p.into_inner());
         let positions: BTreeMap<i32, i64> = start
             .map(|s| s.ranges.into_iter().map(|(p, (_, to))| (p, to)).collect())
             .unwrap_or_default();
+        let mut initial = self.initial.lock().unwrap_or_else(|p| p.into_inner());
+        if positions.is_empty() && initial.is_empty() {
+            // Fixed at first sight, so 'latest' is resolved once per run.
+            *initial = self.startup_positions(&marks)?;
+        }
         let with_data = marks.len().max(1) as u64;
         let share = self
             .config
@@ -350,18 +490,12 @@ impl SourceInner {
         let mut lag = BTreeMap::new();
         let mut any = false;
         for (&p, &(low, high)) in &marks {
-            let from =
-                match positions.get(&p) {
-                    Some(&pos) => pos.max(low),
-                    // New partitions after the start are read from their
-                    // beginning; the first plan applies the startup mode.
-                    None => *initial.entry(p).or_insert(
-                        match (self.config.startup, positions.is_empty()) {
-                            (StartupMode::Latest, true) => high,
-                            _ => low,
-                        },
-                    ),
-                };
+            let from = match positions.get(&p) {
+                Some(&pos) => pos.max(low),
+                // A partition added after the start is read from its
+                // beginning.
+                None => *initial.entry(p).or_insert(low),
+            };
             let mut to = high.max(from);
             if let Some(share) = share {
                 to = to.min(from + share);
@@ -389,53 +523,26 @@ impl SourceInner {
             return Ok(Vec::new());
         }
         let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
-        let mut assignment = TopicPartitionList::new();
-        for (p, from, _) in &wanted {
-            assignment
-                .add_partition_offset(&self.config.topic, *p, KafkaOffset::Offset(*from))
-                .map_err(|e| self.unreachable("assigning partitions", e))?;
-        }
-        consumer
-            .assign(&assignment)
-            .map_err(|e| self.unreachable("assigning partitions", e))?;
-        let ends: Vec<(i32, i64)> = wanted.iter().map(|(p, _, to)| (*p, *to)).collect();
         let mut messages: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
-        let mut last_progress = Instant::now();
-        loop {
-            let done =
-                crate::position::reached(&consumer, &self.config.topic, &ends).unwrap_or(false);
-            if done {
-                break;
-            }
-            if last_progress.elapsed() > self.config.connect_timeout {
-                return Err(self.unreachable(
-                    "reading",
-                    format!("no progress for {:?}", self.config.connect_timeout),
-                ));
-            }
-            match consumer.poll(Duration::from_millis(100)) {
-                None => {}
-                Some(Err(e)) => return Err(self.unreachable("reading", e)),
-                Some(Ok(m)) => {
-                    last_progress = Instant::now();
-                    let in_range = wanted.iter().any(|(p, from, to)| {
-                        *p == m.partition() && m.offset() >= *from && m.offset() < *to
-                    });
-                    if in_range {
-                        messages.entry(m.partition()).or_default().push(Record {
-                            key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-                            value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-                            offset: m.offset(),
-                            timestamp_ms: match m.timestamp() {
-                                Timestamp::NotAvailable => None,
-                                Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
-                            },
-                        });
-                    }
-                }
-            }
-        }
-        let _ = consumer.unassign();
+        crate::position::read_ranges(
+            &consumer,
+            &self.config.topic,
+            &wanted,
+            self.config.connect_timeout,
+            &|what, e| self.unreachable(what, e),
+            |m| {
+                messages.entry(m.partition()).or_default().push(Record {
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    offset: m.offset(),
+                    timestamp_ms: match m.timestamp() {
+                        Timestamp::NotAvailable => None,
+                        Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
+                    },
+                });
+                Ok(())
+            },
+        )?;
         drop(consumer);
         messages
             .into_iter()
@@ -453,7 +560,8 @@ impl SourceInner {
         let topic = self.config.topic.as_str();
         let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
         columns.push(Arc::new(StringArray::from_iter(
-            kept.iter().map(|r| r.key.as_deref()),
+            kept.iter()
+                .map(|r| r.key.as_deref().map(String::from_utf8_lossy)),
         )));
         columns.push(Arc::new(StringArray::from_iter_values(
             kept.iter().map(|_| topic),
@@ -524,9 +632,31 @@ impl SourceInner {
                         Ok(b) => format!("the record holds {} rows, not one", b.num_rows()),
                         Err(e) => e.to_string(),
                     };
-                    match self.config.on_error {
+                    match &self.config.on_error {
                         OnError::Skip => {
                             tracing::warn!(topic = %self.config.topic, partition, offset = r.offset, %problem, "skipping a malformed record");
+                            self.rejected
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .skipped += 1;
+                        }
+                        OnError::DeadLetter(topic) => {
+                            let headers = vec![
+                                ("sluice.error".to_string(), problem),
+                                ("sluice.source.topic".to_string(), self.config.topic.clone()),
+                                ("sluice.source.partition".to_string(), partition.to_string()),
+                                ("sluice.source.offset".to_string(), r.offset.to_string()),
+                            ];
+                            self.rejected
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .dead_letters
+                                .push(DeadLetter {
+                                    topic: topic.clone(),
+                                    key: r.key.clone(),
+                                    value: r.value.clone(),
+                                    headers,
+                                });
                         }
                         OnError::Fail => {
                             return Err(SluiceError::External {
@@ -537,7 +667,7 @@ impl SourceInner {
                                 message: format!("malformed record: {problem}"),
                                 hint: Some(
                                     "fix the producer, or set 'format.on-error' = 'skip' to drop \
-                                     such records"
+                                     such records ('dead-letter' to keep them in another topic)"
                                         .into(),
                                 ),
                             })
@@ -552,7 +682,7 @@ impl SourceInner {
 
 #[derive(Debug, Clone)]
 struct Record {
-    key: Option<String>,
+    key: Option<Vec<u8>>,
     value: Vec<u8>,
     offset: i64,
     timestamp_ms: Option<i64>,
@@ -578,8 +708,56 @@ impl Source for KafkaSource {
             .map_err(|e| SluiceError::Internal(format!("kafka read task: {e}")))?
     }
 
+    async fn since_start(&self, end: &Offset) -> Result<Option<Offset>> {
+        // With 'latest' the query began wherever the topic ended then.
+        if self.0.config.startup == StartupMode::Latest {
+            return Ok(None);
+        }
+        let end = parse(end)?;
+        let inner = Arc::clone(&self.0);
+        let starts = tokio::task::spawn_blocking(move || {
+            let marks = inner.watermarks()?;
+            inner.startup_positions(&marks)
+        })
+        .await
+        .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))??;
+        let ranges = end
+            .ranges
+            .into_iter()
+            .map(|(p, (_, to))| (p, (starts.get(&p).copied().unwrap_or(0).min(to), to)))
+            .collect();
+        serde_json::to_value(PlannedRanges { ranges })
+            .map(Some)
+            .map_err(|e| SluiceError::Internal(e.to_string()))
+    }
+
     fn lag(&self) -> BTreeMap<String, i64> {
         self.0.lag.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn take_rejected(&self) -> Rejected {
+        std::mem::take(&mut *self.0.rejected.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn group_offsets(&self, end: &Offset) -> Option<GroupOffsets> {
+        let group = self.0.config.group.clone()?;
+        let end = parse(end).ok()?;
+        Some(GroupOffsets {
+            group,
+            topic: self.0.config.topic.clone(),
+            offsets: end.ranges.into_iter().map(|(p, (_, to))| (p, to)).collect(),
+        })
+    }
+
+    fn commits_through_sink(&self) -> Option<String> {
+        if matches!(self.0.config.on_error, OnError::DeadLetter(_)) {
+            return Some("'format.on-error' = 'dead-letter'".into());
+        }
+        self.0
+            .config
+            .group
+            .as_ref()
+            .map(|g| format!("'group.id' = '{g}'"))
     }
 
     async fn prepare_available_now(&self) -> Result<()> {

@@ -51,7 +51,9 @@ use sluice_engine::{
     fail_point, CommittedEpoch, EpochCommit, OffsetRecord, Result, Sink, SluiceError,
 };
 
-use crate::produce::{create_producer, send, DeliveryTracker, SinkConfig};
+use crate::produce::{
+    create_producer, send, send_dead_letters, DeliveryTracker, Groups, SinkConfig,
+};
 use crate::progress_topic::{self, ProgressRecord};
 
 /// Times an epoch is produced again after abortable errors before the query
@@ -66,6 +68,7 @@ struct Inner {
     progress_topic: String,
     transaction_timeout: Duration,
     producer: ThreadedProducer<DeliveryTracker>,
+    groups: Groups,
 }
 
 impl std::fmt::Debug for TransactionalSink {
@@ -111,6 +114,7 @@ impl TransactionalSink {
             progress_topic,
             transaction_timeout,
             producer,
+            groups: Groups::default(),
         })))
     }
 }
@@ -201,6 +205,17 @@ impl Inner {
             let produced = self
                 .config
                 .send_batches(&self.producer, epoch, batches)
+                .and_then(|()| {
+                    send_dead_letters(&self.producer, &self.config, epoch, &commit.dead_letters)
+                })
+                .and_then(|()| {
+                    self.groups.send_in_transaction(
+                        &self.producer,
+                        &self.config,
+                        &commit.group_offsets,
+                        self.transaction_timeout,
+                    )
+                })
                 .and_then(|()| {
                     let r = BaseRecord::to(&self.progress_topic)
                         .key(self.config.query_id.as_bytes())
@@ -314,6 +329,8 @@ impl Sink for TransactionalSink {
             },
             state_files: r.state_files,
             watermarks: r.watermarks,
+            dead_letters: Vec::new(),
+            group_offsets: Vec::new(),
         })))
     }
 
@@ -325,6 +342,10 @@ impl Sink for TransactionalSink {
         tokio::task::spawn_blocking(move || inner.commit_epoch(&record, &batches))
             .await
             .map_err(|e| SluiceError::Internal(format!("transaction task: {e}")))?
+    }
+
+    fn accepts_source_commits(&self) -> bool {
+        true
     }
 
     fn describe(&self) -> String {

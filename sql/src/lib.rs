@@ -122,6 +122,12 @@ impl PendingQuery {
         self.writer.explain().map_err(|e| self.error(e))
     }
 
+    /// The query planned for its batch answer (`sluice verify`), opening
+    /// nothing.
+    pub fn batch_query(&self) -> Result<sluice_engine::BatchQuery, SqlError> {
+        self.writer.batch_query().map_err(|e| self.error(e))
+    }
+
     /// Starts the query (opens its checkpoint and sink).
     pub async fn start(self) -> Result<StreamingQuery, SqlError> {
         let (file, text, line, column) = (self.file, self.text, self.line, self.column);

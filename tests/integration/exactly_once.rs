@@ -448,3 +448,137 @@ async fn sigterm_commits_the_open_epoch_leaves_no_transaction_and_the_restart_co
     let committed: Vec<String> = p.values(true).await;
     assert_eq!(committed, Pipeline::expected(FILES, ROWS));
 }
+
+/// `scripts/kafka <command>` for a broker of its own on `port`, so that
+/// stopping it disturbs no other test.
+fn own_broker(command: &str, port: u16) -> String {
+    let out = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/kafka"))
+        .arg(command)
+        .env("SLUICE_KAFKA_PORT", port.to_string())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "scripts/kafka {command}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout.lines().last().unwrap_or_default().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_20_second_broker_outage_stalls_the_query_which_then_resumes_exactly() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    const PORT: u16 = 9192;
+    let bootstrap = tokio::task::spawn_blocking(|| own_broker("start", PORT))
+        .await
+        .unwrap();
+    assert!(bootstrap.ends_with(&PORT.to_string()), "{bootstrap}");
+    let (input, output) = (fresh_topic("outage-in"), fresh_topic("outage-out"));
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    let produce = |ids: std::ops::Range<i64>| {
+        let (b, t) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || {
+            let p: BaseProducer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &b)
+                .create()
+                .unwrap();
+            for i in ids {
+                let v = format!("{{\"id\": {i}, \"name\": \"n{i}\"}}");
+                p.send(BaseRecord::<(), _>::to(&t).payload(&v)).unwrap();
+            }
+            p.flush(Duration::from_secs(60)).unwrap();
+        })
+    };
+    produce(0..100).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let session = sluice::Session::new();
+    let sql = format!(
+        "SET 'checkpoint.location' = '{cp}';\n\
+         SET 'trigger.interval' = '200 ms';\n\
+         CREATE STREAM src (id BIGINT, name VARCHAR) WITH (connector = 'kafka', topic = '{input}', \
+           'bootstrap.servers' = '{bootstrap}', 'max-records-per-epoch' = '10');\n\
+         CREATE STREAM dst WITH (connector = 'kafka', topic = '{output}', \
+           'bootstrap.servers' = '{bootstrap}');\n\
+         INSERT INTO dst SELECT id, name FROM src;\n",
+        cp = dir.path().display()
+    );
+    let query = session
+        .sql(&sql)
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|o| match o {
+            sluice::StatementOutcome::Started(q) => Some(q),
+            _ => None,
+        })
+        .unwrap();
+    while query.recent_progress().len() < 3 {
+        assert!(query.is_active(), "{:?}", query.exception());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::task::spawn_blocking(|| own_broker("stop", PORT))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(
+        query.is_active(),
+        "the query waits for the broker: {:?}",
+        query.exception()
+    );
+    tokio::task::spawn_blocking(|| own_broker("start", PORT))
+        .await
+        .unwrap();
+    produce(100..200).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let ids = loop {
+        assert!(query.is_active(), "{:?}", query.exception());
+        let records = {
+            let (b, t) = (bootstrap.clone(), output.clone());
+            tokio::task::spawn_blocking(move || read_topic(&b, &t, true, Duration::from_secs(30)))
+                .await
+                .unwrap()
+                .unwrap()
+        };
+        let mut ids: Vec<i64> = records
+            .iter()
+            .map(|r| {
+                serde_json::from_slice::<serde_json::Value>(r.value.as_deref().unwrap()).unwrap()
+                    ["id"]
+                    .as_i64()
+                    .unwrap()
+            })
+            .collect();
+        ids.sort_unstable();
+        if ids.len() >= 200 || Instant::now() > deadline {
+            break ids;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let status = query.status();
+    let epochs: Vec<(u64, u64, f64)> = query
+        .recent_progress()
+        .iter()
+        .map(|p| (p.epoch, p.num_input_rows, p.duration_ms.total))
+        .collect();
+    query.stop().await.unwrap();
+    assert_eq!(
+        ids,
+        (0..200).collect::<Vec<_>>(),
+        "nothing lost, nothing repeated; status {status:?}, epochs {epochs:?}"
+    );
+    // Progress shows the stall: an epoch that took most of the outage.
+    let longest = query
+        .recent_progress()
+        .iter()
+        .map(|p| p.duration_ms.total)
+        .fold(0.0, f64::max);
+    assert!(
+        longest > 5_000.0,
+        "an epoch spans the outage: longest {longest} ms"
+    );
+    tokio::task::spawn_blocking(|| own_broker("stop", PORT))
+        .await
+        .unwrap();
+}

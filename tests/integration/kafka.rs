@@ -256,11 +256,13 @@ async fn kafka_to_kafka_reads_committed_records_once_with_virtual_columns() {
     }
     let dir = tempfile::tempdir().unwrap();
     let session = sluice::Session::new();
+    let group = fresh_topic("group");
     let sql = format!(
         "SET 'checkpoint.location' = '{cp}';\n\
          SET 'trigger' = 'available-now';\n\
          CREATE STREAM src (id BIGINT, name VARCHAR) WITH (connector = 'kafka', topic = '{input}', \
-           'bootstrap.servers' = '{bootstrap}', 'max-records-per-epoch' = '16');\n\
+           'bootstrap.servers' = '{bootstrap}', 'max-records-per-epoch' = '16', \
+           'group.id' = '{group}');\n\
          CREATE STREAM dst WITH (connector = 'kafka', topic = '{output}', 'bootstrap.servers' = '{bootstrap}');\n\
          INSERT INTO dst SELECT id, name, _key AS k, _partition AS p, _offset AS o FROM src WHERE id % 2 = 0;\n",
         cp = dir.path().display()
@@ -310,10 +312,37 @@ async fn kafka_to_kafka_reads_committed_records_once_with_virtual_columns() {
     // Offsets are the input's: distinct per partition.
     let mut seen = std::collections::BTreeSet::new();
     assert!(rows.iter().all(|r| seen.insert((r.3, r.4))));
+
+    // With 'group.id', the consumer group's committed offsets are the
+    // query's end offsets (what kafka-consumer-groups.sh shows as lag 0).
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", &group)
+            .create()
+            .unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        for p in 0..2 {
+            tpl.add_partition(&input, p);
+        }
+        let committed = consumer
+            .committed_offsets(tpl, Duration::from_secs(30))
+            .unwrap();
+        for p in 0..2 {
+            let (_, end) = consumer
+                .fetch_watermarks(&input, p, Duration::from_secs(30))
+                .unwrap();
+            let at = committed.find_partition(&input, p).unwrap().offset();
+            assert_eq!(at, rdkafka::Offset::Offset(end), "partition {p}");
+        }
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_malformed_record_is_named_by_topic_partition_offset_or_skipped() {
+async fn a_malformed_record_is_named_by_topic_partition_offset_skipped_or_dead_lettered() {
     let bootstrap = tokio::task::spawn_blocking(ensure_broker)
         .await
         .unwrap()
@@ -350,19 +379,127 @@ async fn a_malformed_record_is_named_by_topic_partition_offset_or_skipped() {
                 .start()
                 .await
                 .unwrap();
-            (query.await_termination().await, out)
+            let result = query.await_termination().await;
+            (result, out, query.recent_progress())
         }
     };
-    let (result, _) = run("fail").await;
+    let (result, _, _) = run("fail").await;
     let err = result.unwrap_err().to_string();
     assert!(
         err.contains(&format!("topic '{input}', partition 0, offset 3"))
             && err.contains("malformed"),
         "{err}"
     );
-    let (result, out) = run("skip").await;
+    let (result, out, progress) = run("skip").await;
     result.unwrap();
     assert_eq!(crate::util::ints(&out.batches(), "id"), vec![0, 1, 2, 3, 4]);
+    let skipped: u64 = progress
+        .iter()
+        .flat_map(|p| &p.sources)
+        .map(|s| s.skipped_records)
+        .sum();
+    assert_eq!(skipped, 1, "skipped records are counted in progress");
+
+    // Dead letters need a sink that writes them in the epoch's transaction.
+    let refused = Session::new()
+        .read_stream()
+        .format("kafka")
+        .option("topic", input.clone())
+        .option("bootstrap.servers", bootstrap.clone())
+        .option("format.on-error", "dead-letter")
+        .option("dead-letter.topic", "nowhere")
+        .schema(crate::util::schema())
+        .load()
+        .unwrap()
+        .write_stream()
+        .memory(&sluice::MemorySink::new())
+        .start()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("needs a Kafka sink"), "{refused}");
+
+    // With a Kafka sink, the bad record goes to the dead-letter topic in the
+    // same transaction as the good ones' output: each input record ends up
+    // in exactly one of the two.
+    let (output, dlq) = (fresh_topic("good-out"), fresh_topic("dlq"));
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    create_topic(&bootstrap, &dlq, 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let query = Session::new()
+        .read_stream()
+        .format("kafka")
+        .option("topic", input.clone())
+        .option("bootstrap.servers", bootstrap.clone())
+        .option("format.on-error", "dead-letter")
+        .option("dead-letter.topic", dlq.clone())
+        .option("max-records-per-epoch", "2")
+        .schema(crate::util::schema())
+        .load()
+        .unwrap()
+        .select(vec![col("id")])
+        .unwrap()
+        .write_stream()
+        .format("kafka")
+        .option("topic", output.clone())
+        .option("bootstrap.servers", bootstrap.clone())
+        .checkpoint_location(dir.path())
+        .trigger(Trigger::AvailableNow)
+        .start()
+        .await
+        .unwrap();
+    query.await_termination().await.unwrap();
+    let dead_lettered: u64 = query
+        .recent_progress()
+        .iter()
+        .flat_map(|p| &p.sources)
+        .map(|s| s.dead_lettered_records)
+        .sum();
+    assert_eq!(dead_lettered, 1);
+    let good = read(&bootstrap, &output).await;
+    let mut ids: Vec<i64> = good
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<serde_json::Value>(r.value.as_deref().unwrap()).unwrap()["id"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![0, 1, 2, 3, 4]);
+    let letters = read(&bootstrap, &dlq).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    let letter = &letters[0];
+    assert_eq!(letter.value_str(), "{\"id\": oops");
+    let header = |name: &str| {
+        letter
+            .headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    };
+    assert_eq!(
+        header("sluice.source.topic").as_deref(),
+        Some(input.as_str())
+    );
+    assert_eq!(header("sluice.source.partition").as_deref(), Some("0"));
+    assert_eq!(header("sluice.source.offset").as_deref(), Some("3"));
+    assert!(header("sluice.error").is_some_and(|e| !e.is_empty()));
+    // Written by the epoch that read it: offsets 2 and 3 are the second.
+    assert_eq!(
+        header("sluice.epoch").as_deref(),
+        Some("2"),
+        "{letter:?}; progress: {:?}",
+        query
+            .recent_progress()
+            .iter()
+            .map(|p| (
+                p.epoch,
+                p.sources[0].start_offset.clone(),
+                p.sources[0].end_offset.clone()
+            ))
+            .collect::<Vec<_>>()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -529,4 +666,93 @@ async fn metrics_move_as_a_kafka_query_works_and_lag_falls_to_zero() {
         "sluice_epoch_duration_seconds_bucket{query=\"out\",phase=\"commit\",le=\"+Inf\"}"
     ));
     assert!(metric(&final_scrape, "process_resident_memory_bytes", "").unwrap() > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn startup_modes_timestamp_and_offsets_choose_where_a_new_query_begins() {
+    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
+        .await
+        .unwrap()
+        .unwrap();
+    let input = fresh_topic("startup");
+    create_topic(&bootstrap, &input, 2).await.unwrap();
+    // Two transactions (ids 0..10, then 10..20), the second produced after
+    // the time `between`.
+    let between = {
+        let (b, t) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || {
+            produce_txn(&b, &t, &json_rows(0..10), 2, true);
+            std::thread::sleep(Duration::from_millis(50));
+            let between = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis();
+            std::thread::sleep(Duration::from_millis(50));
+            produce_txn(&b, &t, &json_rows(10..20), 2, true);
+            between
+        })
+        .await
+        .unwrap()
+    };
+    let run = |options: Vec<(&'static str, String)>| {
+        let (bootstrap, input) = (bootstrap.clone(), input.clone());
+        async move {
+            let out = sluice::MemorySink::new();
+            let mut reader = Session::new()
+                .read_stream()
+                .format("kafka")
+                .option("topic", input)
+                .option("bootstrap.servers", bootstrap)
+                .schema(schema());
+            for (k, v) in options {
+                reader = reader.option(k, v);
+            }
+            let query = reader
+                .load()?
+                .select(vec![col("id"), col("_partition"), col("_offset")])?
+                .write_stream()
+                .memory(&out)
+                .trigger(Trigger::AvailableNow)
+                .start()
+                .await?;
+            query.await_termination().await?;
+            let mut ids = crate::util::ints(&out.batches(), "id");
+            ids.sort_unstable();
+            Ok::<_, sluice::SluiceError>(ids)
+        }
+    };
+    let from_time = run(vec![
+        ("scan.startup.mode", "timestamp".into()),
+        ("scan.startup.timestamp-millis", between.to_string()),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(from_time, (10..20).collect::<Vec<_>>());
+    // produce_txn puts record i on partition i % 2: ids 0, 2, 4, .. at
+    // offsets 0, 1, 2, ..; a transaction marker follows each transaction.
+    let from_offsets = run(vec![
+        ("scan.startup.mode", "offsets".into()),
+        (
+            "scan.startup.specific-offsets",
+            "partition:0,offset:3;partition:1,offset:7".into(),
+        ),
+    ])
+    .await
+    .unwrap();
+    let partition_0: Vec<i64> = vec![6, 8, 10, 12, 14, 16, 18];
+    let partition_1: Vec<i64> = vec![13, 15, 17, 19];
+    let mut want: Vec<i64> = partition_0.into_iter().chain(partition_1).collect();
+    want.sort_unstable();
+    assert_eq!(from_offsets, want);
+    let bad = run(vec![
+        ("scan.startup.mode", "offsets".into()),
+        (
+            "scan.startup.specific-offsets",
+            "partition:0;offset:3".into(),
+        ),
+    ])
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(bad.contains("'partition:<n>,offset:<n>'"), "{bad}");
 }

@@ -10,4 +10,5 @@ mod golden;
 mod joins;
 mod kafka;
 mod util;
+mod verify;
 mod windows;

@@ -57,6 +57,14 @@ pub trait Sink: Send + Sync + Debug {
     /// the engine marks the epoch committed right after.
     async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()>;
 
+    /// Whether the sink writes what sources hand over with the epoch's
+    /// output ([`EpochCommit::dead_letters`], [`EpochCommit::group_offsets`]).
+    /// Default `false`: a query whose sources hand something over is then
+    /// refused at start.
+    fn accepts_source_commits(&self) -> bool {
+        false
+    }
+
     /// Whether the query needs a checkpoint location to run with this sink.
     /// Default `true`; sinks whose output does not outlive the process
     /// (console, memory, blackhole) return `false` and get a temporary one.

@@ -34,6 +34,44 @@ pub type Offset = serde_json::Value;
 /// One epoch's input from one source: record batches per partition.
 pub type Partitions = Vec<Vec<RecordBatch>>;
 
+/// A record a source could not decode, to be written to a dead-letter
+/// topic in the same transaction as the epoch's output
+/// (`'format.on-error' = 'dead-letter'`), so that every input record ends
+/// up either in the computation or there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The dead-letter topic.
+    pub topic: String,
+    /// The original record's key.
+    pub key: Option<Vec<u8>>,
+    /// The original record's bytes.
+    pub value: Vec<u8>,
+    /// The problem and the record's origin, as headers.
+    pub headers: Vec<(String, String)>,
+}
+
+/// A consumer group's offsets on one topic: per partition, the next
+/// offset to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupOffsets {
+    /// The consumer group.
+    pub group: String,
+    /// The topic.
+    pub topic: String,
+    /// Partition → next offset.
+    pub offsets: BTreeMap<i32, i64>,
+}
+
+/// The records a source's last [`Source::read`] could not decode and did
+/// not fail on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rejected {
+    /// Records dropped (`'format.on-error' = 'skip'`).
+    pub skipped: u64,
+    /// Records to write to a dead-letter topic.
+    pub dead_letters: Vec<DeadLetter>,
+}
+
 /// A running query's connection to one input stream.
 #[async_trait]
 pub trait Source: Send + Sync + Debug {
@@ -52,6 +90,39 @@ pub trait Source: Send + Sync + Debug {
     /// sources that never grow while a query runs.
     async fn prepare_available_now(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// One range from where this source began up to `end` (the end of an
+    /// epoch's range), such that [`Source::read`] returns everything a
+    /// query read until then: how `sluice verify` reads a query's whole
+    /// input at once. `None` (the default) when the source cannot tell
+    /// where the query began.
+    async fn since_start(&self, end: &Offset) -> Result<Option<Offset>> {
+        let _ = end;
+        Ok(None)
+    }
+
+    /// What the last [`Source::read`] could not decode and set aside;
+    /// taking it clears it. The default: nothing.
+    fn take_rejected(&self) -> Rejected {
+        Rejected::default()
+    }
+
+    /// Offsets to record for a consumer group with the epoch ending at
+    /// `end` (Kafka `'group.id'`), so that the broker's own tools show the
+    /// query's lag. Informational: recovery never reads them. Default
+    /// `None`.
+    fn group_offsets(&self, end: &Offset) -> Option<GroupOffsets> {
+        let _ = end;
+        None
+    }
+
+    /// The option asking this source to hand the sink something to commit
+    /// with each epoch's output (dead letters, group offsets), which only a
+    /// sink that [`accepts_source_commits`](crate::Sink::accepts_source_commits)
+    /// can take; `None` (the default) when it hands nothing.
+    fn commits_through_sink(&self) -> Option<String> {
+        None
     }
 
     /// Records available beyond the end of the last planned range, per

@@ -1,0 +1,251 @@
+//! Kafka → Kafka pass-through, exactly-once, against a raw librdkafka copy
+//! of the same records on the same broker.
+//!
+//! Loads `--records N` records (about 100 bytes each, 2 partitions) into an
+//! input topic once, then alternates, `--rounds` times:
+//! - **raw copy**: one librdkafka consumer (`read_committed`, partitions
+//!   assigned) and one idempotent producer with the same settings as
+//!   Sluice's sink, moving each message's bytes to a fresh topic; no
+//!   transactions, no decoding: the physical limit on this broker.
+//! - **Sluice**: `INSERT INTO out SELECT value FROM input` (format `raw` on
+//!   both sides), exactly-once sink, epochs back to back, each epoch capped
+//!   at the records the raw copy moved in 100 ms and in 1 s
+//!   (`max-records-per-epoch`): the "100 ms" and "1 s" epochs.
+//!
+//! Each run drains the whole input; its rate is records / wall time from
+//! start to the last commit (Sluice) or to the last acknowledgement (raw).
+//!
+//!     cargo bench --bench kafka_copy -- [--records N] [--rounds R]
+//!
+//! The last line of stdout is a JSON object with the medians and ratios;
+//! a Markdown table precedes it (see benches/README.md).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice::broker::{create_topic, ensure_broker, fresh_topic};
+use sluice::Trigger;
+
+const PARTITIONS: i32 = 2;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let argv: Vec<String> = std::env::args().collect();
+    argv.iter()
+        .position(|a| a == name)
+        .and_then(|i| argv.get(i + 1)?.parse().ok())
+        .unwrap_or(default)
+}
+
+fn producer(bootstrap: &str) -> Result<ThreadedProducer<DefaultProducerContext>, BoxError> {
+    // Sluice's sink settings (kafka-sink/src/produce.rs), without the
+    // transaction.
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "5")
+        .create()?)
+}
+
+fn send(
+    p: &ThreadedProducer<DefaultProducerContext>,
+    mut r: BaseRecord<'_, [u8], [u8]>,
+) -> Result<(), BoxError> {
+    loop {
+        match p.send(r) {
+            Ok(()) => return Ok(()),
+            Err((
+                rdkafka::error::KafkaError::MessageProduction(
+                    rdkafka::types::RDKafkaErrorCode::QueueFull,
+                ),
+                back,
+            )) => {
+                r = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(e.into()),
+        }
+    }
+}
+
+/// Fills `topic` with `n` JSON-ish records of about 100 bytes.
+fn load(bootstrap: &str, topic: &str, n: u64) -> Result<(), BoxError> {
+    let p = producer(bootstrap)?;
+    for i in 0..n {
+        let value = format!(
+            "{{\"auction\":{},\"bidder\":{},\"price\":{},\"channel\":\"channel-{}\",\"ts\":\"2026-01-01T00:00:00.000Z\"}}",
+            1000 + i % 10_000,
+            i * 7 % 100_000,
+            i % 5000,
+            i % 4
+        );
+        send(
+            &p,
+            BaseRecord::to(topic)
+                .payload(value.as_bytes())
+                .partition((i % PARTITIONS as u64) as i32),
+        )?;
+    }
+    p.flush(Duration::from_secs(120))?;
+    Ok(())
+}
+
+/// Copies every record of `from` to `to`; returns records per second.
+fn raw_copy(bootstrap: &str, from: &str, to: &str, n: u64) -> Result<f64, BoxError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", fresh_topic("raw-copy"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(from, p, Offset::Beginning)?;
+    }
+    let p = producer(bootstrap)?;
+    let start = Instant::now();
+    consumer.assign(&tpl)?;
+    let mut copied = 0;
+    while copied < n {
+        match consumer.poll(Duration::from_secs(10)) {
+            None => return Err(format!("raw copy stalled at {copied} of {n}").into()),
+            Some(m) => {
+                let m = m?;
+                let mut r = BaseRecord::to(to).partition(m.partition());
+                if let Some(v) = m.payload() {
+                    r = r.payload(v);
+                }
+                if let Some(k) = m.key() {
+                    r = r.key(k);
+                }
+                send(&p, r)?;
+                copied += 1;
+            }
+        }
+    }
+    p.flush(Duration::from_secs(120))?;
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Runs the pass-through query over the whole input with epochs capped at
+/// `per_epoch` records; returns records per second and the median epoch.
+async fn sluice_copy(
+    bootstrap: &str,
+    from: &str,
+    to: &str,
+    n: u64,
+    per_epoch: u64,
+) -> Result<(f64, f64, usize), BoxError> {
+    let dir = tempfile::tempdir()?;
+    let session = sluice::Session::new();
+    let sql = format!(
+        "CREATE STREAM input WITH (connector = 'kafka', topic = '{from}', \
+           'bootstrap.servers' = '{bootstrap}', format = 'raw', 'max-records-per-epoch' = '{per_epoch}');"
+    );
+    session.sql(&sql).await?;
+    let start = Instant::now();
+    let query = session
+        .sql_frame("SELECT value FROM input")
+        .await?
+        .write_stream()
+        .format("kafka")
+        .option("topic", to)
+        .option("bootstrap.servers", bootstrap)
+        .option("format", "raw")
+        .checkpoint_location(dir.path())
+        .trigger(Trigger::AvailableNow)
+        .start()
+        .await?;
+    query.await_termination().await?;
+    let secs = start.elapsed().as_secs_f64();
+    let progress = query.recent_progress();
+    let rows: u64 = progress.iter().map(|p| p.num_input_rows).sum();
+    if rows != n {
+        return Err(format!("sluice read {rows} of {n} records").into());
+    }
+    let epochs = common::sorted(progress.iter().map(|p| p.duration_ms.total).collect());
+    Ok((
+        n as f64 / secs,
+        common::percentile(&epochs, 0.5),
+        progress.len(),
+    ))
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> Result<(), BoxError> {
+    let n = arg("--records", 2_000_000);
+    let rounds = arg("--rounds", 3) as usize;
+    let bootstrap = tokio::task::spawn_blocking(ensure_broker).await??;
+    let input = fresh_topic("bench-copy-in");
+    create_topic(&bootstrap, &input, PARTITIONS).await?;
+    eprintln!("loading {n} records into {input}");
+    {
+        let (b, t) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || load(&b, &t, n)).await??;
+    }
+    let mut raw = Vec::new();
+    let mut fast = Vec::new();
+    let mut slow = Vec::new();
+    let mut table = vec![
+        "| round | raw copy rec/s | Sluice 100 ms epochs rec/s (epoch ms) | ratio | Sluice 1 s epochs rec/s (epoch ms) | ratio |".to_string(),
+        "| --- | ---: | ---: | ---: | ---: | ---: |".to_string(),
+    ];
+    for round in 1..=rounds {
+        let out = fresh_topic("bench-copy-raw");
+        create_topic(&bootstrap, &out, PARTITIONS).await?;
+        let rate = {
+            let (b, i, o) = (bootstrap.clone(), input.clone(), out.clone());
+            tokio::task::spawn_blocking(move || raw_copy(&b, &i, &o, n)).await??
+        };
+        eprintln!("round {round}: raw copy {rate:.0} rec/s");
+        raw.push(rate);
+        let mut cells = vec![format!("{round}"), format!("{:.0} K", rate / 1e3)];
+        for (interval, results) in [(0.1, &mut fast), (1.0, &mut slow)] {
+            let out = fresh_topic("bench-copy-sluice");
+            create_topic(&bootstrap, &out, PARTITIONS).await?;
+            let per_epoch = ((rate * interval) as u64).max(1);
+            let (r, epoch_ms, epochs) = sluice_copy(&bootstrap, &input, &out, n, per_epoch).await?;
+            eprintln!(
+                "round {round}: sluice {interval} s epochs ({per_epoch} records): {r:.0} rec/s, \
+                 {epochs} epochs, median {epoch_ms:.0} ms"
+            );
+            results.push((r, r / rate));
+            cells.push(format!("{:.0} K ({epoch_ms:.0})", r / 1e3));
+            cells.push(format!("{:.2}", r / rate));
+        }
+        table.push(format!("| {} |", cells.join(" | ")));
+    }
+    let median = |v: Vec<f64>| common::percentile(&common::sorted(v), 0.5);
+    let ratio_fast = median(fast.iter().map(|x| x.1).collect());
+    let ratio_slow = median(slow.iter().map(|x| x.1).collect());
+    table.push(format!(
+        "| **median** | **{:.0} K** | **{:.0} K** | **{ratio_fast:.2}** | **{:.0} K** | **{ratio_slow:.2}** |",
+        median(raw.clone()) / 1e3,
+        median(fast.iter().map(|x| x.0).collect()) / 1e3,
+        median(slow.iter().map(|x| x.0).collect()) / 1e3,
+    ));
+    for line in &table {
+        println!("{line}");
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "records": n,
+            "rounds": rounds,
+            "raw_copy_median_rec_per_s": median(raw),
+            "sluice_100ms_median_rec_per_s": median(fast.iter().map(|x| x.0).collect()),
+            "sluice_1s_median_rec_per_s": median(slow.iter().map(|x| x.0).collect()),
+            "ratio_100ms_median": ratio_fast,
+            "ratio_1s_median": ratio_slow,
+        })
+    );
+    Ok(())
+}

@@ -1,0 +1,464 @@
+//! `sluice verify`: a Kafka query's committed output, checked against the
+//! batch answer of the same query over the input it committed.
+//!
+//! 1. The query's progress topic names its last committed epoch and each
+//!    input's end offsets and watermark (read `read_committed`).
+//! 2. Each input is read again from where the query began up to those
+//!    offsets, and DataFusion computes the batch answer
+//!    ([`sluice_engine::BatchQuery`]); input produced after the commit is
+//!    not read.
+//! 3. The output topic is read `read_committed` to its end; records of
+//!    this query's later epochs (a query still running) are set aside by
+//!    their `sluice.epoch` header, and records without the query's header
+//!    count as output, as a consumer would see them.
+//! 4. Update and complete mode: the output folded by message key (the last
+//!    record per key; a tombstone deletes) must equal the answer's rows by
+//!    key. Append mode: the output values must equal the answer's rows as
+//!    a multiset. Rows are compared as the sink encodes them; JSON numbers
+//!    that are not integers within a relative 1e-9, since a sum over
+//!    epochs adds in another order than a batch sum.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use sluice_engine::{BatchQuery, Checkpoint, OutputMode, Result, SluiceError};
+
+use crate::broker::ReadRecord;
+use crate::connector::{sink_settings, Delivery};
+use crate::encode::Format;
+use crate::produce::{Message, SinkConfig, EPOCH_HEADER, QUERY_ID_HEADER};
+use crate::progress_topic::read_last;
+
+/// How many differences a report shows.
+const SHOWN: usize = 10;
+
+/// What `sluice verify` found for one query.
+#[derive(Debug)]
+pub struct Verdict {
+    /// Whether the committed output equals the batch answer.
+    pub ok: bool,
+    /// The report: what was read and compared, then the differences.
+    pub lines: Vec<String>,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for line in &self.lines {
+            writeln!(f, "{line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One record of the output topic.
+#[derive(Debug, Clone)]
+struct OutputRecord {
+    partition: i32,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    /// `None`: a tombstone.
+    value: Option<Vec<u8>>,
+    /// The epoch header, when the record is this query's.
+    epoch: Option<u64>,
+}
+
+impl OutputRecord {
+    fn at(&self) -> String {
+        let origin = if self.epoch.is_some() {
+            String::new()
+        } else {
+            ", not written by this query (no sluice.query.id header of it)".to_string()
+        };
+        format!(
+            "partition {}, offset {}{origin}",
+            self.partition, self.offset
+        )
+    }
+}
+
+/// Checks the committed output of `query` (a query whose sink is Kafka,
+/// exactly-once) against its batch answer.
+pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
+    let name = query.name().unwrap_or("query").to_string();
+    if query.sink_connector() != Some("kafka") {
+        return Err(SluiceError::config(format!(
+            "query '{name}' writes to {}: verify checks queries whose sink is Kafka",
+            query.sink_connector().unwrap_or("no sink")
+        )));
+    }
+    if let Some(why) = query.unsupported() {
+        return Err(SluiceError::config(format!(
+            "query '{name}' cannot be verified: {why}"
+        )));
+    }
+    let dir = query.checkpoint_location().ok_or_else(|| {
+        SluiceError::config(format!(
+            "query '{name}' has no checkpoint location: verify finds the query's id there; \
+             SET 'checkpoint.location' as when the query runs"
+        ))
+    })?;
+    let checkpoint = Checkpoint::open_existing(dir)?;
+    let query_id = checkpoint.metadata().query_id.clone();
+    let settings = sink_settings(query.sink_args(&query_id))?;
+    let Delivery::ExactlyOnce { progress_topic, .. } = settings.delivery else {
+        return Err(SluiceError::config(format!(
+            "query '{name}' writes with 'sink.delivery' = 'at-least-once', which may repeat \
+             output after a crash, and keeps no record of what it committed: verify checks \
+             exactly-once queries"
+        )));
+    };
+    let config = settings.config;
+    let mut lines = vec![format!(
+        "query '{name}' (id {query_id}, checkpoint {})",
+        dir.display()
+    )];
+
+    let last = {
+        let (config, topic, id) = (config.clone(), progress_topic.clone(), query_id.clone());
+        blocking(move || read_last(&config, &topic, &id)).await?
+    };
+    let Some(last) = last else {
+        lines.push(format!(
+            "  nothing committed yet (progress topic '{progress_topic}' has no record of it)"
+        ));
+        lines.push("OK: nothing to compare".into());
+        return Ok(Verdict { ok: true, lines });
+    };
+    lines.push(format!(
+        "  last committed epoch {} (progress topic '{progress_topic}')",
+        last.epoch
+    ));
+
+    let mut inputs = BTreeMap::new();
+    for (key, source) in query.inputs() {
+        let range = last.sources.get(key).ok_or_else(|| {
+            SluiceError::config(format!(
+                "the progress record of epoch {} has no input '{key}': the file's query is not \
+                 the one that committed (inputs there: {})",
+                last.epoch,
+                last.sources.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })?;
+        let partitions = if range.end.is_null() {
+            Vec::new()
+        } else {
+            let span = source.since_start(&range.end).await?.ok_or_else(|| {
+                SluiceError::config(format!(
+                    "input '{key}' cannot be read again from where the query began (a Kafka \
+                     stream with 'scan.startup.mode' = 'latest' began wherever the topic ended \
+                     then): verify checks queries that read their input from the start"
+                ))
+            })?;
+            let partitions = source.read(None, &span).await?;
+            lines.push(format!(
+                "  input {key}: {} rows, read again over {span}",
+                partitions
+                    .iter()
+                    .flatten()
+                    .map(|b| b.num_rows())
+                    .sum::<usize>()
+            ));
+            partitions
+        };
+        inputs.insert(key.to_string(), partitions);
+    }
+    let answer = query.answer(inputs, &last.watermarks).await?;
+    let mut expected = Vec::new();
+    for batch in &answer {
+        expected.extend(config.encode(batch)?);
+    }
+
+    let records = {
+        let config = config.clone();
+        blocking(move || read_output(&config)).await?
+    };
+    let mine = |r: &OutputRecord| r.epoch.is_none_or(|e| e <= last.epoch);
+    let later = records.iter().filter(|r| !mine(r)).count();
+    let records: Vec<OutputRecord> = records.into_iter().filter(mine).collect();
+    lines.push(format!(
+        "  output topic '{}': {} records up to epoch {}{}",
+        config.topic,
+        records.len(),
+        last.epoch,
+        if later > 0 {
+            format!(" ({later} of later epochs set aside)")
+        } else {
+            String::new()
+        }
+    ));
+
+    let keyed = query.output_mode() != OutputMode::Append && !config.key_fields.is_empty();
+    let differences = if keyed {
+        lines.push(format!(
+            "  compared by key ({} mode: the last record per key): {} rows in the batch answer",
+            query.output_mode(),
+            expected.len()
+        ));
+        compare_by_key(&config, &records, &expected)
+    } else {
+        if query.output_mode() != OutputMode::Append {
+            return Err(SluiceError::config(format!(
+                "query '{name}' writes {} mode without a message key, so its output cannot be \
+                 folded by key: set 'key.fields' on the sink",
+                query.output_mode()
+            )));
+        }
+        lines.push(format!(
+            "  compared as a multiset (append mode): {} rows in the batch answer",
+            expected.len()
+        ));
+        compare_multiset(&config, &records, &expected)
+    };
+    if differences.is_empty() {
+        lines.push(format!(
+            "OK: the committed output equals the batch answer ({} rows)",
+            expected.len()
+        ));
+    } else {
+        lines.push(format!(
+            "DIFFERENT: {} difference(s){}",
+            differences.len(),
+            if differences.len() > SHOWN {
+                format!(", the first {SHOWN}:")
+            } else {
+                ":".to_string()
+            }
+        ));
+        lines.extend(differences.iter().take(SHOWN).map(|d| format!("  {d}")));
+    }
+    Ok(Verdict {
+        ok: differences.is_empty(),
+        lines,
+    })
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| SluiceError::Internal(format!("kafka read task: {e}")))?
+}
+
+/// Every record of the sink's topic, `read_committed`, in partition and
+/// offset order.
+fn read_output(config: &SinkConfig) -> Result<Vec<OutputRecord>> {
+    let records = crate::broker::read_topic(
+        &config.bootstrap,
+        &config.topic,
+        true,
+        config.connect_timeout,
+    )?;
+    let header = |r: &ReadRecord, name: &str| {
+        r.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    Ok(records
+        .into_iter()
+        .map(|r| {
+            let ours = header(&r, QUERY_ID_HEADER).as_deref() == Some(config.query_id.as_bytes());
+            let epoch = header(&r, EPOCH_HEADER)
+                .and_then(|v| String::from_utf8(v).ok()?.parse::<u64>().ok())
+                .filter(|_| ours);
+            OutputRecord {
+                partition: r.partition,
+                offset: r.offset,
+                key: r.key,
+                value: r.value,
+                epoch,
+            }
+        })
+        .collect())
+}
+
+/// Update and complete mode: the last record per key against the answer's
+/// row of that key.
+fn compare_by_key(
+    config: &SinkConfig,
+    records: &[OutputRecord],
+    expected: &[Message],
+) -> Vec<String> {
+    let mut differences = Vec::new();
+    // A key's records share a partition, so offset order is their order.
+    let mut folded: BTreeMap<Vec<u8>, &OutputRecord> = BTreeMap::new();
+    for r in records {
+        match &r.key {
+            Some(k) => {
+                folded.insert(k.clone(), r);
+            }
+            None => differences.push(format!("output record at {} has no key", r.at())),
+        }
+    }
+    let mut answer: BTreeMap<Vec<u8>, &[u8]> = BTreeMap::new();
+    for (key, value) in expected {
+        answer.insert(key.clone().unwrap_or_default(), value);
+    }
+    let show = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    for (key, want) in &answer {
+        match folded.get(key).map(|r| (r, r.value.as_deref())) {
+            None => differences.push(format!(
+                "key {}: missing from the output; the batch answer is {}",
+                show(key),
+                show(want)
+            )),
+            Some((r, None)) => differences.push(format!(
+                "key {}: deleted by the tombstone at {}; the batch answer is {}",
+                show(key),
+                r.at(),
+                show(want)
+            )),
+            Some((r, Some(got))) if !same_row(config.format, got, want) => {
+                differences.push(format!(
+                    "key {}: the output has {} at {}; the batch answer is {}",
+                    show(key),
+                    show(got),
+                    r.at(),
+                    show(want)
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    for (key, r) in &folded {
+        if let (false, Some(got)) = (answer.contains_key(key), &r.value) {
+            differences.push(format!(
+                "key {}: the output has {} at {}; the batch answer has no such key",
+                show(key),
+                show(got),
+                r.at()
+            ));
+        }
+    }
+    differences
+}
+
+/// Append mode: the output values against the answer's rows, as multisets.
+fn compare_multiset(
+    config: &SinkConfig,
+    records: &[OutputRecord],
+    expected: &[Message],
+) -> Vec<String> {
+    let canonical = |bytes: &[u8]| canonical(config.format, bytes);
+    let mut want: HashMap<String, usize> = HashMap::new();
+    for (_, value) in expected {
+        *want.entry(canonical(value)).or_default() += 1;
+    }
+    let mut differences = Vec::new();
+    for r in records {
+        let got = r.value.as_deref().map(canonical);
+        match got.as_ref().and_then(|g| want.get_mut(g)) {
+            Some(n) if *n > 0 => *n -= 1,
+            _ => differences.push(format!(
+                "output record at {}: {} is not in the batch answer{}",
+                r.at(),
+                r.value
+                    .as_deref()
+                    .map_or("a tombstone".to_string(), |v| String::from_utf8_lossy(v)
+                        .into_owned()),
+                if got.as_ref().is_some_and(|g| want.contains_key(g)) {
+                    " that often"
+                } else {
+                    ""
+                }
+            )),
+        }
+    }
+    let mut missing: Vec<(&String, &usize)> = want.iter().filter(|(_, n)| **n > 0).collect();
+    missing.sort();
+    for (row, n) in missing {
+        differences.push(format!(
+            "batch answer row {row} is missing from the output{}",
+            if *n > 1 {
+                format!(" ({n} times)")
+            } else {
+                String::new()
+            }
+        ));
+    }
+    differences
+}
+
+/// Whether two encoded rows hold the same values (JSON: numbers that are
+/// not integers within a relative 1e-9).
+fn same_row(format: Format, a: &[u8], b: &[u8]) -> bool {
+    if format != Format::Json {
+        return a == b;
+    }
+    match (
+        serde_json::from_slice::<serde_json::Value>(a),
+        serde_json::from_slice::<serde_json::Value>(b),
+    ) {
+        (Ok(a), Ok(b)) => same_value(&a, &b),
+        _ => a == b,
+    }
+}
+
+fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) if !(x.is_f64() || y.is_f64()) => x == y,
+        (Value::Number(x), Value::Number(y)) => match (x.as_f64(), y.as_f64()) {
+            (Some(x), Some(y)) => x == y || (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
+            _ => false,
+        },
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_value(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_value(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// A row as text to count in a multiset: JSON with non-integer numbers
+/// rounded to 9 significant digits.
+fn canonical(format: Format, bytes: &[u8]) -> String {
+    fn round(v: serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        match v {
+            Value::Number(n) if n.is_f64() => match n.as_f64() {
+                Some(f) => Value::String(format!("{f:.8e}")),
+                None => Value::Number(n),
+            },
+            Value::Array(a) => Value::Array(a.into_iter().map(round).collect()),
+            Value::Object(o) => Value::Object(o.into_iter().map(|(k, v)| (k, round(v))).collect()),
+            other => other,
+        }
+    }
+    if format == Format::Json {
+        if let Ok(v) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            return round(v).to_string();
+        }
+    }
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_compare_with_float_tolerance_but_exact_integers() {
+        let f = Format::Json;
+        assert!(same_row(
+            f,
+            br#"{"k":1,"avg":0.1}"#,
+            br#"{"k":1,"avg":0.10000000000000002}"#
+        ));
+        assert!(!same_row(
+            f,
+            br#"{"k":1,"avg":0.1}"#,
+            br#"{"k":1,"avg":0.1001}"#
+        ));
+        assert!(!same_row(f, br#"{"k":1,"n":2}"#, br#"{"k":1,"n":3}"#));
+        assert!(!same_row(f, br#"{"k":1}"#, br#"{"k":1,"n":3}"#));
+        assert_eq!(
+            canonical(f, br#"{"s":0.30000000000000004}"#),
+            canonical(f, br#"{"s":0.3}"#)
+        );
+        assert_ne!(canonical(f, br#"{"n":3}"#), canonical(f, br#"{"n":4}"#));
+    }
+}

@@ -1,0 +1,284 @@
+//! `sluice verify`: each query shape passes on a correct run, input
+//! produced after the commit is ignored, and records appended to an output
+//! topic by someone else are pointed at.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::ClientConfig;
+use sluice::broker::{create_topic, ensure_broker, fresh_topic, read_topic};
+
+fn sluice(args: &[&str], file: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .arg(file)
+        .output()
+        .unwrap()
+}
+
+/// Produces `(partition, key, value)` records, not in a transaction (as
+/// any producer may).
+fn produce(bootstrap: &str, topic: &str, records: &[(i32, Option<String>, String)]) {
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for (partition, key, value) in records {
+        let mut r = BaseRecord::to(topic).payload(value).partition(*partition);
+        if let Some(k) = key {
+            r = r.key(k);
+        }
+        producer.send(r).map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+fn timestamp(ms: i64) -> String {
+    format!(
+        "2026-01-01T00:{:02}:{:02}.{:03}Z",
+        ms / 60_000,
+        ms / 1_000 % 60,
+        ms % 1_000
+    )
+}
+
+/// Bids `ids`: auction `i % 7`, price `(i * 37) % 101`, 100 ms apart in
+/// event time, alternating between two partitions.
+fn bids(ids: std::ops::Range<i64>) -> Vec<(i32, Option<String>, String)> {
+    ids.map(|i| {
+        (
+            (i % 2) as i32,
+            None,
+            format!(
+                "{{\"auction\": {}, \"price\": {}, \"ts\": \"{}\"}}",
+                i % 7,
+                (i * 37) % 101,
+                timestamp(10_000 + i * 100)
+            ),
+        )
+    })
+    .collect()
+}
+
+/// Asks `ids`: auction `i % 7`, 300 ms apart, one partition.
+fn asks(ids: std::ops::Range<i64>) -> Vec<(i32, Option<String>, String)> {
+    ids.map(|i| {
+        (
+            0,
+            None,
+            format!(
+                "{{\"auction\": {}, \"ask\": {i}, \"ts\": \"{}\"}}",
+                i % 7,
+                timestamp(10_000 + i * 300)
+            ),
+        )
+    })
+    .collect()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
+    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
+        .await
+        .unwrap()
+        .unwrap();
+    let (bid_topic, ask_topic) = (fresh_topic("bids"), fresh_topic("asks"));
+    create_topic(&bootstrap, &bid_topic, 2).await.unwrap();
+    create_topic(&bootstrap, &ask_topic, 1).await.unwrap();
+    let outs: Vec<String> = ["filtered", "per_auction", "windows", "matches"]
+        .iter()
+        .map(|n| fresh_topic(n))
+        .collect();
+    for t in &outs {
+        create_topic(&bootstrap, t, 2).await.unwrap();
+    }
+    {
+        let (b, bt, at) = (bootstrap.clone(), bid_topic.clone(), ask_topic.clone());
+        tokio::task::spawn_blocking(move || {
+            produce(&b, &bt, &bids(0..300));
+            produce(&b, &at, &asks(0..100));
+        })
+        .await
+        .unwrap();
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let sink = |name: &str, topic: &str| {
+        format!(
+            "CREATE STREAM {name} WITH (connector = 'kafka', topic = '{topic}', \
+             'bootstrap.servers' = '{bootstrap}');\n"
+        )
+    };
+    let checkpoint = |name: &str| {
+        format!(
+            "SET 'checkpoint.location' = '{}';\n",
+            dir.path().join(name).display()
+        )
+    };
+    let sql = format!(
+        "SET 'trigger' = 'available-now';\n\
+         CREATE STREAM bids (auction BIGINT, price BIGINT, ts TIMESTAMP, \
+           WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) WITH (connector = 'kafka', \
+           topic = '{bid_topic}', 'bootstrap.servers' = '{bootstrap}', 'max-records-per-epoch' = '40');\n\
+         CREATE STREAM asks (auction BIGINT, ask BIGINT, ts TIMESTAMP, \
+           WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) WITH (connector = 'kafka', \
+           topic = '{ask_topic}', 'bootstrap.servers' = '{bootstrap}', 'max-records-per-epoch' = '15');\n\
+         {s0}{s1}{s2}{s3}\
+         {c0}INSERT INTO filtered SELECT auction, price * 2 AS doubled FROM bids WHERE price % 3 <> 0;\n\
+         {c1}INSERT INTO per_auction SELECT auction, count(*) AS n, sum(price) AS total, \
+           avg(price) AS mean FROM bids GROUP BY auction;\n\
+         {c2}INSERT INTO windows SELECT window_start, window_end, count(*) AS n, max(price) AS top \
+           FROM TABLE(TUMBLE(TABLE bids, DESCRIPTOR(ts), INTERVAL '2' SECOND)) \
+           GROUP BY window_start, window_end;\n\
+         {c3}INSERT INTO matches SELECT b.auction, b.price, a.ask FROM bids b JOIN asks a \
+           ON b.auction = a.auction AND b.ts BETWEEN a.ts AND a.ts + INTERVAL '1' SECOND;\n",
+        s0 = sink("filtered", &outs[0]),
+        s1 = sink("per_auction", &outs[1]),
+        s2 = sink("windows", &outs[2]),
+        s3 = sink("matches", &outs[3]),
+        c0 = checkpoint("filtered"),
+        c1 = checkpoint("per_auction"),
+        c2 = checkpoint("windows"),
+        c3 = checkpoint("matches"),
+    );
+    let file = dir.path().join("queries.sql");
+    std::fs::write(&file, sql).unwrap();
+
+    let run = sluice(&["run"], &file);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+
+    let verified = sluice(&["verify"], &file);
+    let report = stdout(&verified);
+    assert_eq!(
+        verified.status.code(),
+        Some(0),
+        "{report}\n{}",
+        String::from_utf8_lossy(&verified.stderr)
+    );
+    assert_eq!(report.matches("\nOK: ").count(), 4, "{report}");
+    // The comparisons are not of empty sets: the filter keeps the bids
+    // whose price is not a multiple of 3, all 7 auctions are keys.
+    let kept = (0..300).filter(|i| (i * 37) % 101 % 3 != 0).count();
+    assert!(
+        report.contains(&format!("equals the batch answer ({kept} rows)")),
+        "{report}"
+    );
+    assert!(
+        report.contains("equals the batch answer (7 rows)"),
+        "{report}"
+    );
+    assert!(report.contains("compared by key"), "{report}");
+
+    // Input produced after the last commit is not part of what the queries
+    // committed: verify reads the inputs only up to the committed offsets.
+    {
+        let (b, bt) = (bootstrap.clone(), bid_topic.clone());
+        tokio::task::spawn_blocking(move || produce(&b, &bt, &bids(300..400)))
+            .await
+            .unwrap();
+    }
+    let again = sluice(&["verify"], &file);
+    assert_eq!(again.status.code(), Some(0), "{}", stdout(&again));
+    assert_eq!(stdout(&again).matches("\nOK: ").count(), 4);
+
+    // Someone appends to two output topics: a row to the filter's, and a
+    // new value for auction 3 to the update stream.
+    {
+        let b = bootstrap.clone();
+        let (t0, t1) = (outs[0].clone(), outs[1].clone());
+        tokio::task::spawn_blocking(move || {
+            produce(
+                &b,
+                &t0,
+                &[(1, None, r#"{"auction":1,"doubled":4242}"#.into())],
+            );
+            produce(
+                &b,
+                &t1,
+                &[(
+                    0,
+                    Some(r#"{"auction":3}"#.into()),
+                    r#"{"auction":3,"n":1,"total":1,"mean":1.0}"#.into(),
+                )],
+            );
+        })
+        .await
+        .unwrap();
+    }
+    let last_of = |topic: String| {
+        let b = bootstrap.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                read_topic(&b, &topic, true, Duration::from_secs(30))
+                    .unwrap()
+                    .into_iter()
+                    .find(|r| r.headers.is_empty())
+                    .unwrap()
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let (appended, overwritten) = (
+        last_of(outs[0].clone()).await,
+        last_of(outs[1].clone()).await,
+    );
+    let tampered = sluice(&["verify"], &file);
+    let report = stdout(&tampered);
+    assert_eq!(tampered.status.code(), Some(1), "{report}");
+    assert!(
+        String::from_utf8_lossy(&tampered.stderr).contains("filtered, per_auction"),
+        "{}",
+        String::from_utf8_lossy(&tampered.stderr)
+    );
+    assert!(
+        report.contains(&format!(
+            "output record at partition {}, offset {}, not written by this query",
+            appended.partition, appended.offset
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains(r#"{"doubled":4242"#) || report.contains("4242"),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!(
+            "key {{\"auction\":3}}: the output has {{\"auction\":3,\"n\":1,\"total\":1,\"mean\":1.0}} at partition {}, offset {}",
+            overwritten.partition, overwritten.offset
+        )),
+        "{report}"
+    );
+    // The other two queries still check out.
+    assert_eq!(report.matches("\nOK: ").count(), 2, "{report}");
+
+    // A query verify cannot check is named, with why; exit 2.
+    let console = dir.path().join("console.sql");
+    std::fs::write(
+        &console,
+        format!(
+            "CREATE STREAM bids (auction BIGINT, price BIGINT, ts TIMESTAMP) WITH (connector = \
+             'kafka', topic = '{bid_topic}', 'bootstrap.servers' = '{bootstrap}');\n\
+             CREATE STREAM shown WITH (connector = 'console');\n\
+             INSERT INTO shown SELECT auction FROM bids;\n"
+        ),
+    )
+    .unwrap();
+    let unchecked = sluice(&["verify"], &console);
+    assert_eq!(unchecked.status.code(), Some(2));
+    assert!(
+        stdout(&unchecked).contains("NOT CHECKED: query 'shown' writes to console"),
+        "{}",
+        stdout(&unchecked)
+    );
+}
