@@ -151,6 +151,7 @@ async fn sluice_copy(
            'bootstrap.servers' = '{bootstrap}', format = 'raw', 'max-records-per-epoch' = '{per_epoch}');"
     );
     session.sql(&sql).await?;
+    let progress = common::collect_progress(&session);
     let start = Instant::now();
     let query = session
         .sql_frame("SELECT value FROM input")
@@ -166,15 +167,24 @@ async fn sluice_copy(
         .await?;
     query.await_termination().await?;
     let secs = start.elapsed().as_secs_f64();
-    let progress = query.recent_progress();
+    let progress = progress();
     let rows: u64 = progress.iter().map(|p| p.num_input_rows).sum();
     if rows != n {
         return Err(format!("sluice read {rows} of {n} records").into());
     }
-    let epochs = common::sorted(progress.iter().map(|p| p.duration_ms.total).collect());
+    let median = |f: fn(&sluice::QueryProgress) -> f64| {
+        common::percentile(&common::sorted(progress.iter().map(f).collect()), 0.5)
+    };
+    eprintln!(
+        "  median phases ms: plan {:.1}, read {:.1}, compute {:.1}, commit {:.1}",
+        median(|p| p.duration_ms.plan),
+        median(|p| p.duration_ms.read),
+        median(|p| p.duration_ms.compute),
+        median(|p| p.duration_ms.commit)
+    );
     Ok((
         n as f64 / secs,
-        common::percentile(&epochs, 0.5),
+        median(|p| p.duration_ms.total),
         progress.len(),
     ))
 }

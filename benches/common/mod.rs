@@ -56,6 +56,14 @@ impl StreamingQueryListener for Collect {
     }
 }
 
+/// Every progress event of `session`'s queries from now on, read by the
+/// returned function.
+pub fn collect_progress(session: &Session) -> impl Fn() -> Vec<QueryProgress> {
+    let collect = Arc::new(Collect::default());
+    session.add_listener(collect.clone());
+    move || collect.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
 /// A session planning with `partitions` partitions.
 pub fn session(partitions: usize) -> Session {
     use sluice::datafusion::prelude::{SessionConfig, SessionContext};

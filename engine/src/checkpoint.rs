@@ -549,6 +549,45 @@ mod tests {
     }
 
     #[test]
+    fn another_format_version_is_refused_naming_both_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let newer = FORMAT_VERSION + 1;
+        let meta = dir.path().join("metadata");
+        write_file(
+            &meta,
+            &Metadata {
+                format_version: newer,
+                query_id: "q".into(),
+                engine_version: "9.9.9".into(),
+            },
+        )
+        .unwrap();
+        let msg = Checkpoint::open(dir.path(), "q").unwrap_err().to_string();
+        assert!(msg.contains(&meta.display().to_string()), "{msg}");
+        assert!(
+            msg.contains(&format!(
+                "format version {newer}, this engine reads version {FORMAT_VERSION}"
+            )),
+            "{msg}"
+        );
+        // A file whose header carries another version is refused the same way.
+        let bytes = fs::read(&meta).unwrap();
+        let text = String::from_utf8_lossy(&bytes).replacen(
+            &format!("{MAGIC} {FORMAT_VERSION} "),
+            &format!("{MAGIC} {newer} "),
+            1,
+        );
+        fs::write(&meta, text).unwrap();
+        let msg = Checkpoint::open(dir.path(), "q").unwrap_err().to_string();
+        assert!(
+            msg.contains(&format!(
+                "format version {newer}, this engine reads version {FORMAT_VERSION}"
+            )),
+            "{msg}"
+        );
+    }
+
+    #[test]
     fn corruption_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::open(dir.path(), "q").unwrap();

@@ -77,6 +77,8 @@ pub(crate) struct EpochLoop {
     pub snapshot_every: u64,
     /// Snapshots (with their deltas) kept in the checkpoint.
     pub retained_snapshots: usize,
+    /// In-process recoveries so far (see `run_with_retries`).
+    pub recoveries: u64,
 }
 
 impl EpochLoop {
@@ -165,6 +167,7 @@ impl EpochLoop {
                 }
                 match self.recover().await {
                     Ok(r) => {
+                        self.recoveries += 1;
                         recovered = r;
                         break;
                     }
@@ -630,6 +633,7 @@ impl EpochLoop {
             state_bytes,
             watermark: self.plan.watermarks.current().map(format_nanos),
             late_rows,
+            recoveries: self.recoveries,
             sources,
             sink: self.sink_description.clone(),
         })

@@ -493,6 +493,7 @@ impl DataStreamWriter {
             state_chain: Vec::new(),
             snapshot_every: self.snapshot_every,
             retained_snapshots: self.retained_snapshots,
+            recoveries: 0,
             sink_description: sink.describe(),
             sink,
             checkpoint,

@@ -61,6 +61,7 @@ struct QueryMetrics {
     late_rows: u64,
     skipped_records: u64,
     dead_lettered_records: u64,
+    recoveries: u64,
     state_rows: u64,
     state_bytes: u64,
     /// Seconds since the Unix epoch.
@@ -89,6 +90,7 @@ impl StreamingQueryListener for Metrics {
             q.input_rows += p.num_input_rows;
             q.output_rows += p.num_output_rows;
             q.late_rows += p.late_rows;
+            q.recoveries = q.recoveries.max(p.recoveries);
             for s in &p.sources {
                 q.skipped_records += s.skipped_records;
                 q.dead_lettered_records += s.dead_lettered_records;
@@ -178,6 +180,12 @@ impl Metrics {
             "counter",
             "Rows dropped for arriving behind the watermark.",
             per_query(&|q| Some(q.late_rows as f64)),
+        );
+        family(
+            "sluice_recoveries_total",
+            "counter",
+            "In-process recoveries after an external system (a broker) failed an epoch.",
+            per_query(&|q| Some(q.recoveries as f64)),
         );
         family(
             "sluice_skipped_records_total",

@@ -77,6 +77,9 @@ pub struct QueryProgress {
     pub watermark: Option<String>,
     /// Input rows dropped for arriving behind the watermark.
     pub late_rows: u64,
+    /// Times this run recovered in-process after an external system (a
+    /// broker) failed an epoch, so far.
+    pub recoveries: u64,
     /// Per source.
     pub sources: Vec<SourceProgress>,
     /// The sink's description.

@@ -60,30 +60,56 @@ pub(crate) fn read_ranges(
     let ends: Vec<(i32, i64)> = ranges.iter().map(|(p, _, to)| (*p, *to)).collect();
     let mut last_progress = Instant::now();
     let mut last_error = None;
+    // Asking for the positions costs far more than a message: ask when a
+    // range may have ended (a message at its last offset, an idle poll, as
+    // a transaction marker may close it) and now and then. A partition whose
+    // range is read is paused, so that what was fetched beyond it does not
+    // come back through `poll`.
+    let mut look = true;
+    let mut since_look = 0u32;
+    let mut paused = TopicPartitionList::new();
     let read = loop {
-        if reached(consumer, topic, &ends).unwrap_or(false) {
-            break Ok(());
+        if look {
+            if reached(consumer, topic, &ends).unwrap_or(false) {
+                break Ok(());
+            }
+            (look, since_look) = (false, 0);
         }
         if last_progress.elapsed() > stall {
             let why = last_error.map_or(String::new(), |e| format!(" (last error: {e})"));
             break Err(fail("reading", format!("no progress for {stall:?}{why}")));
         }
-        match consumer.poll(Duration::from_millis(100)) {
-            None => {}
-            Some(Err(e)) => last_error = Some(e.to_string()),
+        match consumer.poll(Duration::from_millis(10)) {
+            None => look = true,
+            Some(Err(e)) => {
+                last_error = Some(e.to_string());
+                look = true;
+            }
             Some(Ok(m)) => {
                 last_progress = Instant::now();
-                let in_range = ranges.iter().any(|(p, from, to)| {
-                    *p == m.partition() && m.offset() >= *from && m.offset() < *to
-                });
-                if in_range {
-                    if let Err(e) = each(&m) {
-                        break Err(e);
+                let range = ranges.iter().find(|(p, _, _)| *p == m.partition());
+                if let Some((p, from, to)) = range {
+                    if m.offset() >= *from && m.offset() < *to {
+                        if let Err(e) = each(&m) {
+                            break Err(e);
+                        }
+                    }
+                    if m.offset() + 1 >= *to && paused.find_partition(topic, *p).is_none() {
+                        let mut one = TopicPartitionList::new();
+                        let _ = one.add_partition(topic, *p);
+                        let _ = consumer.pause(&one);
+                        let _ = paused.add_partition(topic, *p);
+                        look = true;
                     }
                 }
+                since_look += 1;
+                look |= since_look >= 4096;
             }
         }
     };
+    if paused.count() > 0 {
+        let _ = consumer.resume(&paused);
+    }
     let _ = consumer.unassign();
     read
 }

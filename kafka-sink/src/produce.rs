@@ -123,6 +123,20 @@ impl SinkConfig {
         }
     }
 
+    /// The headers every record of an epoch carries: the query id and the
+    /// epoch (what `sluice verify` sorts records by).
+    fn epoch_headers(&self, epoch: u64) -> OwnedHeaders {
+        OwnedHeaders::new()
+            .insert(Header {
+                key: QUERY_ID_HEADER,
+                value: Some(self.query_id.as_bytes()),
+            })
+            .insert(Header {
+                key: EPOCH_HEADER,
+                value: Some(epoch.to_string().as_bytes()),
+            })
+    }
+
     /// Each row of `batch` as a message: its key (the key fields as a JSON
     /// object, when there are key fields) and its value.
     pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Vec<Message>> {
@@ -142,16 +156,7 @@ impl SinkConfig {
         epoch: u64,
         batches: &[RecordBatch],
     ) -> Result<()> {
-        let epoch_text = epoch.to_string();
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: QUERY_ID_HEADER,
-                value: Some(self.query_id.as_bytes()),
-            })
-            .insert(Header {
-                key: EPOCH_HEADER,
-                value: Some(epoch_text.as_bytes()),
-            });
+        let headers = self.epoch_headers(epoch);
         for batch in batches {
             for (key, value) in self.encode(batch)? {
                 let mut record = BaseRecord::to(&self.topic)
@@ -175,17 +180,8 @@ pub(crate) fn send_dead_letters(
     epoch: u64,
     letters: &[DeadLetter],
 ) -> Result<()> {
-    let epoch_text = epoch.to_string();
     for letter in letters {
-        let mut headers = OwnedHeaders::new()
-            .insert(Header {
-                key: QUERY_ID_HEADER,
-                value: Some(config.query_id.as_bytes()),
-            })
-            .insert(Header {
-                key: EPOCH_HEADER,
-                value: Some(epoch_text.as_bytes()),
-            });
+        let mut headers = config.epoch_headers(epoch);
         for (k, v) in &letter.headers {
             headers = headers.insert(Header {
                 key: k,

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::util::Lcg;
-use sluice::broker::{create_topic, ensure_broker, fresh_topic, read_topic, ReadRecord};
+use sluice::broker::{create_topic, fresh_topic, read_topic, ReadRecord};
 use sluice::Checkpoint;
 
 /// `files` JSON files of `rows` rows each: ids `file * rows ..`, event
@@ -58,10 +58,7 @@ impl Pipeline {
     }
 
     async fn with_query(files: usize, rows: usize, query: &str) -> Self {
-        let bootstrap = tokio::task::spawn_blocking(ensure_broker)
-            .await
-            .unwrap()
-            .unwrap();
+        let bootstrap = crate::util::broker().await;
         let topic = fresh_topic("eos");
         create_topic(&bootstrap, &topic, 1).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -578,6 +575,8 @@ async fn a_20_second_broker_outage_stalls_the_query_which_then_resumes_exactly()
         longest > 5_000.0,
         "an epoch spans the outage: longest {longest} ms"
     );
+    let recoveries = query.recent_progress().last().map_or(0, |p| p.recoveries);
+    assert!(recoveries >= 1, "progress counts the in-process recoveries");
     tokio::task::spawn_blocking(|| own_broker("stop", PORT))
         .await
         .unwrap();

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use sluice::broker::{create_topic, ensure_broker, fresh_topic, read_topic};
+use sluice::broker::{create_topic, fresh_topic, read_topic};
 use sluice::datafusion::prelude::*;
 use sluice::{MemoryStream, Session, Trigger};
 
@@ -18,10 +18,7 @@ async fn read(bootstrap: &str, topic: &str) -> Vec<sluice::broker::ReadRecord> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rows_reach_kafka_as_json_with_keys_and_headers() {
-    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
-        .await
-        .unwrap()
-        .unwrap();
+    let bootstrap = crate::util::broker().await;
     let topic = fresh_topic("roundtrip");
     create_topic(&bootstrap, &topic, 2).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -81,10 +78,7 @@ async fn rows_reach_kafka_as_json_with_keys_and_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_query_produces_each_epoch_once_when_nothing_crashes() {
-    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
-        .await
-        .unwrap()
-        .unwrap();
+    let bootstrap = crate::util::broker().await;
     let topic = fresh_topic("restart");
     let dir = tempfile::tempdir().unwrap();
     let run = |n: i64| {
@@ -169,10 +163,7 @@ async fn an_unreachable_broker_fails_within_the_timeout_with_the_fix() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_timeout_above_the_brokers_maximum_is_refused() {
-    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
-        .await
-        .unwrap()
-        .unwrap();
+    let bootstrap = crate::util::broker().await;
     let dir = tempfile::tempdir().unwrap();
     let err = Session::new()
         .read_stream()
@@ -236,10 +227,7 @@ fn json_rows(ids: std::ops::Range<i64>) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_to_kafka_reads_committed_records_once_with_virtual_columns() {
-    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
-        .await
-        .unwrap()
-        .unwrap();
+    let bootstrap = crate::util::broker().await;
     let (input, output) = (fresh_topic("in"), fresh_topic("out"));
     create_topic(&bootstrap, &input, 2).await.unwrap();
     create_topic(&bootstrap, &output, 1).await.unwrap();
@@ -343,10 +331,7 @@ async fn kafka_to_kafka_reads_committed_records_once_with_virtual_columns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_record_is_named_by_topic_partition_offset_skipped_or_dead_lettered() {
-    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
-        .await
-        .unwrap()
-        .unwrap();
+    let bootstrap = crate::util::broker().await;
     let input = fresh_topic("bad-in");
     create_topic(&bootstrap, &input, 1).await.unwrap();
     let mut values = json_rows(0..5);
@@ -505,10 +490,7 @@ async fn a_malformed_record_is_named_by_topic_partition_offset_skipped_or_dead_l
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_stream_is_keyed_by_its_group_key_by_default() {
     use sluice::datafusion::functions_aggregate::expr_fn::count;
-    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
-        .await
-        .unwrap()
-        .unwrap();
+    let bootstrap = crate::util::broker().await;
     let topic = fresh_topic("upsert");
     let dir = tempfile::tempdir().unwrap();
     let input = MemoryStream::new(schema());
@@ -576,10 +558,7 @@ fn metric(scrape: &str, metric: &str, labels: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_move_as_a_kafka_query_works_and_lag_falls_to_zero() {
     const RECORDS: i64 = 3_000;
-    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
-        .await
-        .unwrap()
-        .unwrap();
+    let bootstrap = crate::util::broker().await;
     let input = fresh_topic("metrics-in");
     create_topic(&bootstrap, &input, 2).await.unwrap();
     let (b, t) = (bootstrap.clone(), input.clone());
@@ -670,10 +649,7 @@ async fn metrics_move_as_a_kafka_query_works_and_lag_falls_to_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn startup_modes_timestamp_and_offsets_choose_where_a_new_query_begins() {
-    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
-        .await
-        .unwrap()
-        .unwrap();
+    let bootstrap = crate::util::broker().await;
     let input = fresh_topic("startup");
     create_topic(&bootstrap, &input, 2).await.unwrap();
     // Two transactions (ids 0..10, then 10..20), the second produced after

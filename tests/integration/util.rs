@@ -124,3 +124,11 @@ pub fn timed_batch(rows: &[TimedRow]) -> RecordBatch {
     )
     .expect("valid batch")
 }
+
+/// The local Kafka broker's bootstrap address, starting it if needed.
+pub async fn broker() -> String {
+    tokio::task::spawn_blocking(sluice::broker::ensure_broker)
+        .await
+        .unwrap()
+        .unwrap()
+}

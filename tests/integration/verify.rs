@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::ClientConfig;
-use sluice::broker::{create_topic, ensure_broker, fresh_topic, read_topic};
+use sluice::broker::{create_topic, fresh_topic, read_topic};
 
 fn sluice(args: &[&str], file: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -84,10 +84,7 @@ fn stdout(o: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
-    let bootstrap = tokio::task::spawn_blocking(ensure_broker)
-        .await
-        .unwrap()
-        .unwrap();
+    let bootstrap = crate::util::broker().await;
     let (bid_topic, ask_topic) = (fresh_topic("bids"), fresh_topic("asks"));
     create_topic(&bootstrap, &bid_topic, 2).await.unwrap();
     create_topic(&bootstrap, &ask_topic, 1).await.unwrap();
