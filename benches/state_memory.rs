@@ -41,19 +41,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let input = MemoryStream::new(schema.clone());
     let session = common::session(2);
     let checkpoint = tempfile::tempdir()?;
-    let query = session
-        .read_stream()
-        .memory(&input)?
-        .aggregate(
-            vec![col("k")],
-            vec![count(lit(1)).alias("n"), sum(col("v")).alias("total")],
-        )?
-        .write_stream()
-        .format("blackhole")
-        .output_mode(OutputMode::Update)
-        .checkpoint_location(checkpoint.path())
-        .start()
-        .await?;
+    let progress = common::collect_progress(&session);
+    let query_over = |input: &MemoryStream| -> sluice::Result<sluice::DataStreamWriter> {
+        Ok(session
+            .read_stream()
+            .memory(input)?
+            .aggregate(
+                vec![col("k")],
+                vec![count(lit(1)).alias("n"), sum(col("v")).alias("total")],
+            )?
+            .write_stream()
+            .format("blackhole")
+            .output_mode(OutputMode::Update)
+            .checkpoint_location(checkpoint.path()))
+    };
+    let query = query_over(&input)?.start().await?;
     let epochs = keys.div_ceil(batch) + updates;
     let mut times = Vec::new();
     for e in 0..epochs {
@@ -84,6 +86,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!();
     let last = query.last_progress().ok_or("no progress")?;
     query.stop().await?;
+    let peak_running = common::peak_rss_bytes();
+    // Restore: a restart from the checkpoint loads the last snapshot and
+    // its deltas before it can start.
+    let t = Instant::now();
+    let restarted = query_over(&MemoryStream::new(schema.clone()))?
+        .start()
+        .await?;
+    let restore_ms = t.elapsed().as_secs_f64() * 1e3;
+    restarted.stop().await?;
+    let state_ms = common::sorted(progress().iter().map(|p| p.duration_ms.state).collect());
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
     let report = serde_json::json!({
@@ -95,7 +107,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "epoch_ms_max": sorted.last(),
         "state_rows": last.state_rows,
         "state_bytes": last.state_bytes,
-        "peak_rss_bytes": common::peak_rss_bytes(),
+        "state_write_ms_median": common::percentile(&state_ms, 0.5),
+        "state_write_ms_max": state_ms.last(),
+        "restore_ms": restore_ms,
+        "peak_rss_bytes": peak_running,
+        "peak_rss_bytes_after_restore": common::peak_rss_bytes(),
     });
     println!("{report}");
     Ok(())

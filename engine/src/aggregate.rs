@@ -40,7 +40,7 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{collect, ExecutionPlan};
 
 use crate::error::{Result, SluiceError};
-use crate::operator::Staged;
+use crate::operator::{Staged, StateChain};
 use crate::state::KeyedState;
 use crate::table::EpochBatches;
 use crate::trigger::OutputMode;
@@ -262,22 +262,22 @@ impl AggregateOperator {
     }
 
     /// Replaces the state with a snapshot and the deltas after it
-    /// (recovery). The schema is taken from DataFusion's plan, so it is
-    /// known before the first epoch.
+    /// (recovery), each file read only when it is applied. The schema is
+    /// taken from DataFusion's plan, so it is known before the first epoch.
     pub(crate) async fn restore(
         &mut self,
         session: &SessionState,
-        chain: &[Vec<u8>],
+        chain: StateChain<'_>,
     ) -> Result<()> {
         let phases = self.phases(session).await?;
         let mut state = KeyedState::new(
             phases.partial.schema(),
             phases.partial.group_expr().expr().len(),
         )?;
-        if let Some((snapshot, deltas)) = chain.split_first() {
-            state.restore(snapshot)?;
-            for d in deltas {
-                state.apply_delta(d)?;
+        if let Some(snapshot) = chain.next() {
+            state.restore(&snapshot?)?;
+            for delta in chain {
+                state.apply_delta(&delta?)?;
             }
         }
         self.state = Some(state);

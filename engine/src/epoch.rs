@@ -303,16 +303,18 @@ impl EpochLoop {
             .map(|c| (c.state_files.clone(), c.watermarks.clone()))
             .unwrap_or_default();
         if let Some(op) = &mut self.operator {
-            let chain = files
-                .iter()
-                .map(|f| self.checkpoint.read_state(f))
-                .collect::<Result<Vec<_>>>()?;
-            op.restore(&self.plan.state, &chain).await.map_err(|e| {
-                SluiceError::checkpoint(
-                    self.checkpoint.dir().join("state"),
-                    format!("{}: {e}", files.join(", ")),
-                )
-            })?;
+            let checkpoint = &self.checkpoint;
+            let mut chain = files.iter().map(|f| checkpoint.read_state(f));
+            op.restore(&self.plan.state, &mut chain)
+                .await
+                .map_err(|e| match e {
+                    // A damaged file names itself.
+                    e @ SluiceError::Checkpoint { .. } => e,
+                    e => SluiceError::checkpoint(
+                        checkpoint.dir().join("state"),
+                        format!("{}: {e}", files.join(", ")),
+                    ),
+                })?;
         }
         self.state_chain = files;
         self.plan.watermarks.restore(&watermarks);

@@ -8,6 +8,11 @@ use crate::aggregate::AggregateOperator;
 use crate::error::Result;
 use crate::join::JoinOperator;
 
+/// A committed chain of state files, read one at a time as it is applied
+/// (a snapshot, then the deltas after it), so that restoring holds one
+/// file's bytes at a time.
+pub(crate) type StateChain<'a> = &'a mut (dyn Iterator<Item = Result<Vec<u8>>> + Send);
+
 /// What an operator stages for one epoch's commit.
 #[derive(Debug)]
 pub(crate) enum Staged {
@@ -85,21 +90,21 @@ impl Operator {
     }
 
     /// Replaces the state with a committed chain: a snapshot, then the
-    /// deltas after it, in order (recovery).
+    /// deltas after it, in order (recovery); an empty chain empties it.
     pub(crate) async fn restore(
         &mut self,
         session: &SessionState,
-        chain: &[Vec<u8>],
+        chain: StateChain<'_>,
     ) -> Result<()> {
         match self {
             Self::Aggregate(a) => a.restore(session, chain).await,
-            Self::Join(j) => match chain {
-                [] => {
+            Self::Join(j) => match (chain.next(), chain.next()) {
+                (None, _) => {
                     j.clear();
                     Ok(())
                 }
-                [snapshot] => j.restore(snapshot),
-                _ => Err(crate::error::SluiceError::Internal(
+                (Some(snapshot), None) => j.restore(&snapshot?),
+                (Some(_), Some(_)) => Err(crate::error::SluiceError::Internal(
                     "the join's state is committed as one snapshot, not a chain".into(),
                 )),
             },
