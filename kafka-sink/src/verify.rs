@@ -77,7 +77,33 @@ impl OutputRecord {
 }
 
 /// Checks the committed output of `query` (a query whose sink is Kafka,
-/// exactly-once) against its batch answer.
+/// exactly-once) against its batch answer. A query verify cannot check
+/// (its shape, its sink, no checkpoint) is a configuration error that says
+/// why.
+///
+/// ```no_run
+/// # async fn f() -> sluice_engine::Result<()> {
+/// use std::sync::Arc;
+/// let session = sluice_engine::Session::new();
+/// session.register_connector(Arc::new(sluice_kafka::KafkaConnector));
+/// let mut query = session
+///     .read_stream()
+///     .format("kafka")
+///     .option("topic", "bids")
+///     .option("bootstrap.servers", "localhost:9092")
+///     .option("format", "raw")
+///     .load()?
+///     .write_stream()
+///     .format("kafka")
+///     .option("topic", "copy")
+///     .option("bootstrap.servers", "localhost:9092")
+///     .option("format", "raw")
+///     .checkpoint_location("./checkpoints/copy")
+///     .batch_query()?;
+/// let verdict = sluice_kafka::verify(&mut query).await?;
+/// assert!(verdict.ok, "{verdict}");
+/// # Ok(()) }
+/// ```
 pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
     let name = query.name().unwrap_or("query").to_string();
     if query.sink_connector() != Some("kafka") {
