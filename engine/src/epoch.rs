@@ -143,14 +143,15 @@ impl EpochLoop {
                 Err(e) if e.is_transient() => e,
                 Err(e) => return Err(e),
             };
+            // An epoch committed since the last failure: a new outage.
+            if self.shared.last_epoch() > committed_before {
+                outage = None;
+            }
             // Loop until recovery itself succeeds.
             loop {
-                let progressed = self.shared.last_epoch() > committed_before;
                 let (since, backoff) = match outage {
-                    Some((since, backoff)) if !progressed => {
-                        (since, (backoff * 2).min(MAX_BACKOFF))
-                    }
-                    _ => (Instant::now(), MIN_BACKOFF),
+                    Some((since, backoff)) => (since, (backoff * 2).min(MAX_BACKOFF)),
+                    None => (Instant::now(), MIN_BACKOFF),
                 };
                 outage = Some((since, backoff));
                 if since.elapsed() > OUTAGE_LIMIT {
@@ -297,7 +298,7 @@ impl EpochLoop {
         };
         // Everything in memory goes back to the committed epoch (nothing,
         // before the first commit): recovery also runs in-process after a
-        // failed epoch (see `run`).
+        // failed epoch (see `run_with_retries`).
         let (files, watermarks) = committed_epoch
             .as_ref()
             .map(|c| (c.state_files.clone(), c.watermarks.clone()))

@@ -14,9 +14,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use rdkafka::producer::{Producer, ThreadedProducer};
 use sluice_engine::{EpochCommit, Result, Sink, SluiceError};
 
-use crate::produce::{
-    create_producer, flush, send_dead_letters, DeliveryTracker, Groups, SinkConfig,
-};
+use crate::produce::{create_producer, flush, DeliveryTracker, Groups, SinkConfig};
 
 /// Cheap to move onto a blocking thread.
 pub(crate) struct AtLeastOnceSink(Arc<Inner>);
@@ -50,7 +48,8 @@ impl Inner {
     fn write(&self, commit: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
         let epoch = commit.plan.epoch;
         self.config.send_batches(&self.producer, epoch, batches)?;
-        send_dead_letters(&self.producer, &self.config, epoch, &commit.dead_letters)?;
+        self.config
+            .send_dead_letters(&self.producer, epoch, &commit.dead_letters)?;
         flush(&self.producer, &self.config, epoch)?;
         if let Some(e) = self.producer.context().take_error() {
             return Err(SluiceError::External {

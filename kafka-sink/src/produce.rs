@@ -170,37 +170,37 @@ impl SinkConfig {
         }
         Ok(())
     }
-}
 
-/// Enqueues the dead letters of an epoch, each to its own topic with the
-/// original key and bytes, its headers, and the query and epoch headers.
-pub(crate) fn send_dead_letters(
-    producer: &ThreadedProducer<DeliveryTracker>,
-    config: &SinkConfig,
-    epoch: u64,
-    letters: &[DeadLetter],
-) -> Result<()> {
-    for letter in letters {
-        let mut headers = config.epoch_headers(epoch);
-        for (k, v) in &letter.headers {
-            headers = headers.insert(Header {
-                key: k,
-                value: Some(v.as_bytes()),
-            });
+    /// Enqueues the dead letters of an epoch, each to its own topic with
+    /// the original key and bytes, its headers, and the epoch's headers.
+    pub(crate) fn send_dead_letters(
+        &self,
+        producer: &ThreadedProducer<DeliveryTracker>,
+        epoch: u64,
+        letters: &[DeadLetter],
+    ) -> Result<()> {
+        for letter in letters {
+            let mut headers = self.epoch_headers(epoch);
+            for (k, v) in &letter.headers {
+                headers = headers.insert(Header {
+                    key: k,
+                    value: Some(v.as_bytes()),
+                });
+            }
+            let mut record = BaseRecord::to(&letter.topic)
+                .payload(letter.value.as_slice())
+                .headers(headers);
+            if let Some(key) = &letter.key {
+                record = record.key(key.as_slice());
+            }
+            send(producer, record).map_err(|e| SluiceError::External {
+                what: format!("kafka dead-letter topic '{}'", letter.topic),
+                message: e.to_string(),
+                hint: Some("create the topic, or check the broker".into()),
+            })?;
         }
-        let mut record = BaseRecord::to(&letter.topic)
-            .payload(letter.value.as_slice())
-            .headers(headers);
-        if let Some(key) = &letter.key {
-            record = record.key(key.as_slice());
-        }
-        send(producer, record).map_err(|e| SluiceError::External {
-            what: format!("kafka dead-letter topic '{}'", letter.topic),
-            message: e.to_string(),
-            hint: Some("create the topic, or check the broker".into()),
-        })?;
+        Ok(())
     }
-    Ok(())
 }
 
 /// Consumer-group offsets recorded with epochs (`'group.id'` on a Kafka

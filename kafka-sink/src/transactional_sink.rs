@@ -51,9 +51,7 @@ use sluice_engine::{
     fail_point, CommittedEpoch, EpochCommit, OffsetRecord, Result, Sink, SluiceError,
 };
 
-use crate::produce::{
-    create_producer, send, send_dead_letters, DeliveryTracker, Groups, SinkConfig,
-};
+use crate::produce::{create_producer, send, DeliveryTracker, Groups, SinkConfig};
 use crate::progress_topic::{self, ProgressRecord};
 
 /// Times an epoch is produced again after abortable errors before the query
@@ -206,7 +204,8 @@ impl Inner {
                 .config
                 .send_batches(&self.producer, epoch, batches)
                 .and_then(|()| {
-                    send_dead_letters(&self.producer, &self.config, epoch, &commit.dead_letters)
+                    self.config
+                        .send_dead_letters(&self.producer, epoch, &commit.dead_letters)
                 })
                 .and_then(|()| {
                     self.groups.send_in_transaction(

@@ -385,17 +385,21 @@ async fn a_malformed_record_is_named_by_topic_partition_offset_skipped_or_dead_l
         .sum();
     assert_eq!(skipped, 1, "skipped records are counted in progress");
 
+    let dead_lettering = |dlq: &str| {
+        Session::new()
+            .read_stream()
+            .format("kafka")
+            .option("topic", input.clone())
+            .option("bootstrap.servers", bootstrap.clone())
+            .option("format.on-error", "dead-letter")
+            .option("dead-letter.topic", dlq)
+            .option("max-records-per-epoch", "2")
+            .schema(crate::util::schema())
+            .load()
+            .unwrap()
+    };
     // Dead letters need a sink that writes them in the epoch's transaction.
-    let refused = Session::new()
-        .read_stream()
-        .format("kafka")
-        .option("topic", input.clone())
-        .option("bootstrap.servers", bootstrap.clone())
-        .option("format.on-error", "dead-letter")
-        .option("dead-letter.topic", "nowhere")
-        .schema(crate::util::schema())
-        .load()
-        .unwrap()
+    let refused = dead_lettering("nowhere")
         .write_stream()
         .memory(&sluice::MemorySink::new())
         .start()
@@ -411,17 +415,7 @@ async fn a_malformed_record_is_named_by_topic_partition_offset_skipped_or_dead_l
     create_topic(&bootstrap, &output, 1).await.unwrap();
     create_topic(&bootstrap, &dlq, 1).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let query = Session::new()
-        .read_stream()
-        .format("kafka")
-        .option("topic", input.clone())
-        .option("bootstrap.servers", bootstrap.clone())
-        .option("format.on-error", "dead-letter")
-        .option("dead-letter.topic", dlq.clone())
-        .option("max-records-per-epoch", "2")
-        .schema(crate::util::schema())
-        .load()
-        .unwrap()
+    let query = dead_lettering(&dlq)
         .select(vec![col("id")])
         .unwrap()
         .write_stream()
