@@ -101,16 +101,35 @@ impl Pipeline {
         sql
     }
 
-    fn spawn(&self, trigger: &str, failpoint: Option<&str>) -> Child {
+    fn spawn(&self, trigger: &str, failpoint: Option<&str>) -> Run {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        cmd.arg("run")
-            .arg(self.sql(trigger))
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        cmd.arg("run").arg(self.sql(trigger)).stdout(Stdio::null());
         if let Some(f) = failpoint {
             cmd.env("SLUICE_FAILPOINT", f);
         }
-        cmd.spawn().unwrap()
+        Run::new(cmd)
+    }
+
+    /// Waits until `run` has committed `epochs` epochs to its checkpoint. A
+    /// fixed sleep is not enough: on a loaded machine the first
+    /// `init_transactions` after the broker starts takes seconds.
+    fn wait_for_commits(&self, run: &mut Run, epochs: u64) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let committed = Checkpoint::open_existing(self.dir.join("checkpoint"))
+                .ok()
+                .and_then(|cp| cp.latest_commit_epoch().ok().flatten());
+            if committed >= Some(epochs) {
+                return;
+            }
+            assert!(run.running(), "the pipeline ended early: {}", run.stderr());
+            assert!(
+                Instant::now() < deadline,
+                "{epochs} epochs not committed within 90 s: {}",
+                run.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// The values the failure-free run writes, in order.
@@ -171,19 +190,14 @@ fn kill_until_done(p: &Pipeline, seed: u64) {
         let mut child = p.spawn("available-now", None);
         if kills < 25 {
             std::thread::sleep(Duration::from_millis(150 + rng.next(400)));
-            if child.try_wait().unwrap().is_none() {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
+            if child.running() {
+                child.kill_9();
                 kills += 1;
                 continue;
             }
         }
-        let status = wait(&mut child, Duration::from_secs(120));
-        assert!(
-            status.success(),
-            "the pipeline failed: {}",
-            stderr_of(&mut child)
-        );
+        let status = child.wait(Duration::from_secs(120));
+        assert!(status.success(), "the pipeline failed: {}", child.stderr());
         if kills >= 25 {
             return;
         }
@@ -193,35 +207,79 @@ fn kill_until_done(p: &Pipeline, seed: u64) {
 /// Runs the pipeline with fail point `point` at `epoch`: it must crash.
 fn crash_at(p: &Pipeline, point: &str, epoch: u64) {
     let mut child = p.spawn("available-now", Some(&format!("{point}@{epoch}")));
-    let status = wait(&mut child, Duration::from_secs(120));
+    let status = child.wait(Duration::from_secs(120));
     assert!(
         !status.success(),
         "fail point {point} did not fire: {}",
-        stderr_of(&mut child)
+        child.stderr()
     );
 }
 
-fn wait(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
+/// A `sluice` process whose stderr is drained as it is written: a process
+/// blocked on a full pipe would look like a hang.
+struct Run {
+    child: Child,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Run {
+    fn new(mut cmd: Command) -> Self {
+        use std::io::BufRead;
+        let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let pipe = child.stderr.take().unwrap();
+        let sink = std::sync::Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Self { child, stderr }
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    fn kill_9(&mut self) {
+        self.child.kill().unwrap(); // SIGKILL
+        self.child.wait().unwrap();
+    }
+
+    /// Waits for the exit; past `limit` the process is killed and the test
+    /// fails with what it wrote.
+    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Let the reader thread take the last lines.
+                std::thread::sleep(Duration::from_millis(50));
+                return status;
+            }
+            if Instant::now() >= deadline {
+                self.kill_9();
+                panic!(
+                    "the pipeline did not finish within {limit:?}; it wrote:\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        assert!(
-            Instant::now() < deadline,
-            "the pipeline did not finish within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
     }
 }
 
-fn stderr_of(child: &mut Child) -> String {
-    use std::io::Read;
-    let mut s = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut s);
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
-    s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,21 +339,18 @@ async fn a_zombie_is_fenced_and_says_another_instance_took_over() {
     const ROWS: usize = 20;
     let p = Pipeline::new(FILES, ROWS).await;
     let mut old = p.spawn("250 ms", None);
-    // Let the first instance commit a few epochs.
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(
-        old.try_wait().unwrap().is_none(),
-        "the first instance ended early"
-    );
+    // The first instance must own the transactional id before the second
+    // starts: otherwise the second is the one fenced.
+    p.wait_for_commits(&mut old, 3);
 
     let mut new = p.spawn("available-now", None);
-    let old_status = wait(&mut old, Duration::from_secs(60));
-    let old_err = stderr_of(&mut old);
+    let old_status = old.wait(Duration::from_secs(60));
+    let old_err = old.stderr();
     assert_eq!(old_status.code(), Some(1), "{old_err}");
     assert!(old_err.contains("another instance took over"), "{old_err}");
 
-    let new_status = wait(&mut new, Duration::from_secs(120));
-    assert!(new_status.success(), "{}", stderr_of(&mut new));
+    let new_status = new.wait(Duration::from_secs(120));
+    assert!(new_status.success(), "{}", new.stderr());
     let committed: Vec<String> = p.values(true).await;
     assert_eq!(committed, Pipeline::expected(FILES, ROWS));
 }
@@ -304,8 +359,8 @@ async fn a_zombie_is_fenced_and_says_another_instance_took_over() {
 async fn failure_free(files: usize, rows: usize, query: &str) -> Vec<String> {
     let p = Pipeline::with_query(files, rows, query).await;
     let mut child = p.spawn("available-now", None);
-    let status = wait(&mut child, Duration::from_secs(120));
-    assert!(status.success(), "{}", stderr_of(&mut child));
+    let status = child.wait(Duration::from_secs(120));
+    assert!(status.success(), "{}", child.stderr());
     p.values(true).await
 }
 
@@ -396,16 +451,15 @@ async fn sigterm_commits_the_open_epoch_leaves_no_transaction_and_the_restart_co
     const ROWS: usize = 20;
     let p = Pipeline::new(FILES, ROWS).await;
     let mut child = p.spawn("250 ms", None);
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(child.try_wait().unwrap().is_none(), "ended early");
+    p.wait_for_commits(&mut child, 3);
     let signalled = Instant::now();
     let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &child.child.id().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());
-    let status = wait(&mut child, Duration::from_secs(30));
-    assert_eq!(status.code(), Some(0), "{}", stderr_of(&mut child));
+    let status = child.wait(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0), "{}", child.stderr());
     assert!(signalled.elapsed() < Duration::from_secs(30));
 
     // No transaction left open or aborted: a read_uncommitted reader sees
@@ -422,17 +476,15 @@ async fn sigterm_commits_the_open_epoch_leaves_no_transaction_and_the_restart_co
 
     // The restart commits the next epoch first: nothing is re-run.
     let log = p.dir.join("progress.jsonl");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("run")
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("run")
         .arg(p.sql("available-now"))
         .arg("--progress-log")
         .arg(&log)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let status = wait(&mut child, Duration::from_secs(120));
-    assert!(status.success(), "{}", stderr_of(&mut child));
+        .stdout(Stdio::null());
+    let mut child = Run::new(cmd);
+    let status = child.wait(Duration::from_secs(120));
+    assert!(status.success(), "{}", child.stderr());
     let first: serde_json::Value = serde_json::from_str(
         std::fs::read_to_string(&log)
             .unwrap()
