@@ -23,7 +23,10 @@ use std::hash::{BuildHasher, RandomState};
 use std::io::Cursor;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use datafusion::arrow::array::{
+    downcast_primitive, Array, ArrayRef, ArrowPrimitiveType, AsArray, BooleanArray, RecordBatch,
+    UInt32Array,
+};
 use datafusion::arrow::compute::{
     concat_batches, filter_record_batch, interleave, not, take_record_batch,
 };
@@ -176,28 +179,28 @@ impl KeyedState {
         }
         let new_keys = self.encode(&new)?;
         let old_len = self.rows.num_rows();
-        let mut from: Vec<(usize, usize)> = (0..old_len).map(|i| (0, i)).collect();
-        let mut appended = Vec::new();
+        let mut placement = Placement::default();
         for (j, key) in new_keys.iter().enumerate() {
             match self.find(key) {
                 Some(i) => {
-                    from[i as usize] = (1, j);
+                    placement.updates.push((i as usize, j));
                     self.changed[i as usize] = true;
                 }
-                None => appended.push(j),
+                None => placement.appended.push(j),
             }
         }
-        from.extend(appended.iter().map(|&j| (1, j)));
-        let columns = (0..self.schema.fields().len())
-            .map(|c| {
-                interleave(
-                    &[self.rows.column(c).as_ref(), new.column(c).as_ref()],
-                    &from,
-                )
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let rows = std::mem::replace(
+            &mut self.rows,
+            RecordBatch::new_empty(Arc::clone(&self.schema)),
+        );
+        let (_, old_columns, _) = rows.into_parts();
+        let columns = old_columns
+            .into_iter()
+            .zip(new.columns())
+            .map(|(old, new)| placement.apply(old, new))
+            .collect::<Result<Vec<_>>>()?;
         self.rows = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
-        for (k, &j) in appended.iter().enumerate() {
+        for (k, &j) in placement.appended.iter().enumerate() {
             let key = new_keys.row(j);
             let hash = self.hasher.hash_one(key.as_ref());
             self.keys.push(key);
@@ -413,6 +416,92 @@ pub(crate) fn read_ipc(bytes: &[u8], schema: &SchemaRef) -> Result<RecordBatch> 
     Ok(concat_batches(schema, &batches)?)
 }
 
+/// Where the rows of an upsert go: over stored rows, or after them.
+#[derive(Default)]
+struct Placement {
+    /// (stored position, row of the upsert).
+    updates: Vec<(usize, usize)>,
+    /// Rows of the upsert for new keys, in the order they are appended.
+    appended: Vec<usize>,
+}
+
+impl Placement {
+    /// `old` with the placed rows of `new` written over and after it.
+    ///
+    /// Fixed-width columns (every count, sum, min, max and the usual keys)
+    /// are updated in their own buffers when nothing else holds them: the
+    /// cost and the memory follow the rows that changed, not the whole
+    /// state, which at 10M keys saves a full copy per epoch. Other columns,
+    /// and buffers still shared (just restored, or handed out), are copied.
+    fn apply(&self, old: ArrayRef, new: &ArrayRef) -> Result<ArrayRef> {
+        macro_rules! in_place {
+            ($t:ty) => {
+                self.apply_primitive::<$t>(old, new)
+            };
+        }
+        let data_type = old.data_type().clone();
+        downcast_primitive! {
+            &data_type => (in_place),
+            _ => self.apply_by_copy(old, new)
+        }
+    }
+
+    fn apply_primitive<T: ArrowPrimitiveType>(
+        &self,
+        old: ArrayRef,
+        new: &ArrayRef,
+    ) -> Result<ArrayRef> {
+        let typed = old.as_primitive::<T>().clone();
+        // Drop the only other handle on the buffers, so they can be reused.
+        drop(old);
+        let new_typed = new.as_primitive::<T>();
+        let mut builder = match typed.into_builder() {
+            Ok(b) => b,
+            Err(shared) => return self.apply_by_copy(Arc::new(shared), new),
+        };
+        let new_nulls = new_typed.nulls().filter(|n| n.null_count() > 0);
+        if let Some(nulls) = new_nulls {
+            // A stored row becoming null needs a validity buffer to write
+            // into; without one, copy.
+            if builder.validity_slice_mut().is_none()
+                && self.updates.iter().any(|&(_, j)| nulls.is_null(j))
+            {
+                let old: ArrayRef = Arc::new(builder.finish());
+                return self.apply_by_copy(old, new);
+            }
+        }
+        let (values, mut validity) = builder.slices_mut();
+        for &(i, j) in &self.updates {
+            values[i] = new_typed.value(j);
+            if let Some(validity) = validity.as_deref_mut() {
+                let valid = new_typed.is_valid(j);
+                if valid {
+                    validity[i / 8] |= 1 << (i % 8);
+                } else {
+                    validity[i / 8] &= !(1 << (i % 8));
+                }
+            }
+        }
+        for &j in &self.appended {
+            if new_typed.is_valid(j) {
+                builder.append_value(new_typed.value(j));
+            } else {
+                builder.append_null();
+            }
+        }
+        Ok(Arc::new(builder.finish()))
+    }
+
+    fn apply_by_copy(&self, old: ArrayRef, new: &ArrayRef) -> Result<ArrayRef> {
+        let mut from: Vec<(usize, usize)> = (0..old.len()).map(|i| (0, i)).collect();
+        for &(i, j) in &self.updates {
+            from[i] = (1, j);
+        }
+        from.extend(self.appended.iter().map(|&j| (1, j)));
+        Ok(interleave(&[old.as_ref(), new.as_ref()], &from)?)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,5 +577,57 @@ mod tests {
         assert_eq!(got, want);
         let n = got.column(1).as_primitive::<Int64Type>().values().to_vec();
         assert_eq!(n, vec![20, 30, 4]);
+    }
+
+    fn nullable(keys: &[i64], values: &[Option<i64>]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("v", DataType::Int64, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(Int64Array::from(keys.to_vec())),
+                Arc::new(Int64Array::from(values.to_vec())),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn fixed_width_columns_are_updated_in_their_own_buffers_unless_shared() {
+        let b = nullable(&[1, 2, 3], &[Some(10), None, Some(30)]);
+        let mut s = KeyedState::new(b.schema(), 1).unwrap();
+        s.upsert(&[b]).unwrap();
+        let buffer = |s: &KeyedState| s.all().column(1).to_data().buffers()[0].as_ptr();
+        let before = buffer(&s);
+        s.upsert(&[nullable(&[3], &[Some(31)])]).unwrap();
+        assert_eq!(buffer(&s), before, "an update copied the column");
+
+        // Null to value, value to null, and a new key (which may move the
+        // buffer as it grows).
+        s.upsert(&[nullable(&[2, 1, 4], &[Some(20), None, Some(40)])])
+            .unwrap();
+        let got = s.lookup(&[nullable(&[1, 2, 3, 4], &[None; 4])]).unwrap();
+        assert_eq!(
+            got.column(1).as_primitive::<Int64Type>(),
+            &Int64Array::from(vec![None, Some(20), Some(31), Some(40)])
+        );
+        let before = buffer(&s);
+        s.upsert(&[nullable(&[4], &[Some(41)])]).unwrap();
+        assert_eq!(buffer(&s), before, "an update copied the column");
+
+        // A handed-out copy of the state is never changed under its holder.
+        let held = s.all().clone();
+        s.upsert(&[nullable(&[1], &[Some(11)])]).unwrap();
+        assert_eq!(
+            held.column(1).as_primitive::<Int64Type>(),
+            &Int64Array::from(vec![None, Some(20), Some(31), Some(41)])
+        );
+        let got = s.lookup(&[nullable(&[1], &[None])]).unwrap();
+        assert_eq!(
+            got.column(1).as_primitive::<Int64Type>(),
+            &Int64Array::from(vec![Some(11)])
+        );
     }
 }
