@@ -102,6 +102,11 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
             .unwrap_or_else(|| "json".into()),
     )?;
     format.check(&args.schema)?;
+    if format == Format::Avro {
+        // There is no registry: the log is where a consumer finds the schema.
+        let schema = crate::avro::schema_json(&args.schema)?;
+        tracing::info!(%topic, %schema, "avro schema");
+    }
     let exactly_once = o
         .take_choice("sink.delivery", &["exactly-once", "at-least-once"])?
         .is_none_or(|d| d == "exactly-once");

@@ -3,7 +3,8 @@
 //! JSON rows come from arrow-json's line-delimited writer over the whole
 //! batch (JSON escapes newlines inside strings, so the line breaks are
 //! exactly the row boundaries); CSV rows from arrow-csv per row; `raw` takes
-//! the bytes of a single string or binary column.
+//! the bytes of a single string or binary column; Avro rows from
+//! arrow-avro's row encoder ([`crate::avro`]).
 
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -20,26 +21,30 @@ pub enum Format {
     Csv,
     /// The bytes of the single column `value`.
     Raw,
+    /// One Avro record per message, single-object encoded (see [`crate::avro`]).
+    Avro,
 }
 
 impl Format {
-    /// Parses `json`, `csv` or `raw`; `avro` is named as not yet supported.
+    /// Parses `json`, `csv`, `raw` or `avro`.
     pub fn parse(value: &str) -> Result<Self> {
         match value {
             "json" => Ok(Self::Json),
             "csv" => Ok(Self::Csv),
             "raw" => Ok(Self::Raw),
-            "avro" => Err(SluiceError::config(
-                "format 'avro' is not supported by the Kafka connector yet; use 'json', 'csv' or 'raw'",
-            )),
+            "avro" => Ok(Self::Avro),
             other => Err(SluiceError::config(format!(
-                "option 'format' = '{other}' is not valid: expected one of 'json', 'csv', 'raw'"
+                "option 'format' = '{other}' is not valid: expected one of 'json', 'csv', \
+                 'raw', 'avro'"
             ))),
         }
     }
 
     /// Checks that rows with `schema` can be written in this format.
     pub fn check(&self, schema: &SchemaRef) -> Result<()> {
+        if *self == Self::Avro {
+            crate::avro::schema_json(schema)?;
+        }
         if *self == Self::Raw {
             let ok = schema.fields().len() == 1
                 && matches!(
@@ -75,6 +80,7 @@ impl Format {
                     Ok(buf)
                 })
                 .collect(),
+            Self::Avro => crate::avro::encode(batch),
             Self::Raw => {
                 let col = batch.column(0);
                 Ok(match col.data_type() {

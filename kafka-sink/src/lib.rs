@@ -41,6 +41,7 @@
 //! ```
 
 mod at_least_once;
+mod avro;
 pub mod broker;
 mod connector;
 mod encode;

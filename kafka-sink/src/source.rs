@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::avro::AvroDecoder;
 use async_trait::async_trait;
 use datafusion::arrow::array::{
     ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, TimestampNanosecondArray,
@@ -76,6 +77,7 @@ enum OnError {
 enum SourceFormat {
     Json,
     Raw,
+    Avro,
 }
 
 #[derive(Debug, Clone)]
@@ -93,6 +95,8 @@ struct SourceConfig {
     passthrough: Vec<(String, String)>,
     /// The declared (decoded) columns.
     value_schema: SchemaRef,
+    /// For `format = 'avro'`: reads the declared columns' Avro records.
+    avro: Option<AvroDecoder>,
     /// Declared columns followed by the virtual ones.
     schema: SchemaRef,
 }
@@ -112,10 +116,11 @@ pub(crate) fn factory(
     {
         None | Some("json") => SourceFormat::Json,
         Some("raw") => SourceFormat::Raw,
+        Some("avro") => SourceFormat::Avro,
         Some(other) => {
             return Err(SluiceError::config(format!(
                 "stream '{stream}': format '{other}' is not supported by the Kafka source yet; \
-                 use 'json' or 'raw'"
+                 use 'json', 'avro' or 'raw'"
             )))
         }
     };
@@ -209,11 +214,11 @@ pub(crate) fn factory(
             }
             s
         }
-        (SourceFormat::Json, Some(s)) => s,
-        (SourceFormat::Json, None) => {
+        (SourceFormat::Json | SourceFormat::Avro, Some(s)) => s,
+        (SourceFormat::Json | SourceFormat::Avro, None) => {
             return Err(SluiceError::config(format!(
-                "stream '{stream}': a Kafka stream in format 'json' needs its columns declared: \
-                 CREATE STREAM {stream} (id BIGINT, ...) WITH (...)"
+                "stream '{stream}': a Kafka stream in a format other than 'raw' needs its \
+                 columns declared: CREATE STREAM {stream} (id BIGINT, ...) WITH (...)"
             )))
         }
     };
@@ -244,6 +249,13 @@ pub(crate) fn factory(
             true,
         ),
     ]);
+    let avro = match format {
+        SourceFormat::Avro => Some(
+            AvroDecoder::new(Arc::clone(&value_schema))
+                .map_err(|e| SluiceError::config(format!("stream '{stream}': {e}")))?,
+        ),
+        SourceFormat::Json | SourceFormat::Raw => None,
+    };
     Ok(Arc::new(KafkaSourceFactory(SourceConfig {
         stream: stream.to_string(),
         topic,
@@ -256,6 +268,7 @@ pub(crate) fn factory(
         connect_timeout,
         passthrough,
         value_schema,
+        avro,
         schema: Arc::new(Schema::new(fields)),
     })))
 }
@@ -610,6 +623,12 @@ impl SourceInner {
                     RecordBatch::new_empty(Arc::clone(&self.config.value_schema))
                 }))
             }
+            SourceFormat::Avro => match &self.config.avro {
+                Some(avro) => avro.decode(records.iter().map(|r| r.value.as_slice())),
+                None => Err(SluiceError::Internal(
+                    "avro source without a decoder".into(),
+                )),
+            },
         }
     }
 
