@@ -28,8 +28,10 @@
 //! - retriable: call the same operation again;
 //! - abortable: abort the transaction and produce the epoch again (up to
 //!   [`MAX_ATTEMPTS`] times): its output is still in memory;
-//! - fatal (fenced, or no flag at all): the producer is dead; the query
-//!   stops with an error.
+//! - fenced: another instance took over; the query stops, saying so;
+//! - fatal: the producer is dead; the query stops, and a restart resumes;
+//! - none of these (the broker stopped answering): the engine recovers and
+//!   retries the epoch with backoff (see `epoch`).
 //!
 //! # Not handled here, deliberately
 //! - Restarts that outlast `transaction.timeout.ms` cannot lose data: the
@@ -127,6 +129,43 @@ impl Inner {
         ))
     }
 
+    /// The error for a transactional call (`what`) that failed and can be
+    /// neither retried nor aborted in place. Fenced: another instance took
+    /// over, stop. Otherwise fatal: the producer is dead, stop and let a
+    /// restart resume. Otherwise (a broker that stopped answering): the
+    /// engine retries the epoch after recovery, with backoff.
+    fn stopped(&self, what: &str, e: &KafkaError) -> SluiceError {
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        let (fatal, code) = match e {
+            KafkaError::Transaction(t) => (t.is_fatal(), Some(t.code())),
+            other => (false, other.rdkafka_error_code()),
+        };
+        let fenced = matches!(
+            code,
+            Some(
+                Code::Fenced
+                    | Code::ProducerFenced
+                    | Code::InvalidProducerEpoch
+                    | Code::TransactionCoordinatorFenced
+            )
+        );
+        if fenced {
+            self.fenced(e)
+        } else if fatal {
+            SluiceError::External {
+                what: format!("kafka sink, topic '{}'", self.config.topic),
+                message: format!("{what} failed and the transactional producer cannot go on: {e}"),
+                hint: Some(
+                    "start the query again: it resumes after its last committed epoch, and \
+                     nothing of the failed one is visible to read_committed readers"
+                        .into(),
+                ),
+            }
+        } else {
+            self.config.unreachable(format!("{what} failed: {e}"))
+        }
+    }
+
     /// The broker's `transaction.max.timeout.ms`, when it can be read.
     async fn broker_max_timeout(&self) -> Result<Option<Duration>> {
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -198,7 +237,7 @@ impl Inner {
         for attempt in 1..=MAX_ATTEMPTS {
             self.producer.context().take_error();
             if let Err(e) = self.producer.begin_transaction() {
-                return Err(self.fenced(&e));
+                return Err(self.stopped("begin_transaction", &e));
             }
             let produced = self
                 .config
@@ -250,7 +289,7 @@ impl Inner {
                         tracing::warn!(epoch, attempt, error = %e, "commit failed; aborting and producing the epoch again");
                         self.abort()?;
                     }
-                    ErrorClass::Fatal => return Err(self.fenced(&e)),
+                    ErrorClass::Fatal => return Err(self.stopped("commit_transaction", &e)),
                 },
             }
         }
@@ -280,7 +319,7 @@ impl Inner {
                 Err(e) if matches!(classify(&e), ErrorClass::Retriable) => {
                     tracing::warn!(error = %e, "abort_transaction: retrying");
                 }
-                Err(e) => return Err(self.fenced(&e)),
+                Err(e) => return Err(self.stopped("abort_transaction", &e)),
             }
         }
     }
