@@ -26,9 +26,9 @@
 
 use std::sync::Arc;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use datafusion::arrow::array::{ArrayRef, AsArray, TimestampNanosecondArray};
+use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, TimestampNanosecondArray};
 use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch};
 use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -66,6 +66,19 @@ pub(crate) struct AggregateConfig {
     /// is emitted once, the first time the key is seen, in append and
     /// update modes alike.
     pub dedup: bool,
+    /// Update mode, when the tail can drop a group (HAVING) and the output
+    /// carries the whole group key: the output's key columns. A group the
+    /// tail emitted before an epoch and drops after it is then retracted.
+    pub retract_keys: Vec<String>,
+}
+
+/// What one epoch of an operator emits.
+#[derive(Debug, Default)]
+pub(crate) struct EpochOutput {
+    /// Rows to emit.
+    pub rows: Vec<RecordBatch>,
+    /// Keys (the output's key columns) of groups that left the output.
+    pub retracted: Option<RecordBatch>,
 }
 
 /// A running GROUP BY.
@@ -160,13 +173,13 @@ impl AggregateOperator {
     }
 
     /// Runs one epoch over the input already set in the query's tables;
-    /// returns the rows to emit.
+    /// returns the rows to emit and the groups retracted.
     /// `watermark` is the query's watermark after this epoch's input.
     pub(crate) async fn run_epoch(
         &mut self,
         session: &SessionState,
         watermark: Option<i64>,
-    ) -> Result<Vec<RecordBatch>> {
+    ) -> Result<EpochOutput> {
         let phases = self.phases(session).await?;
         let task = session.task_ctx();
         let partial_schema = phases.partial.schema();
@@ -183,6 +196,9 @@ impl AggregateOperator {
                 .insert(KeyedState::new(Arc::clone(&partial_schema), group_columns)?),
         };
         let mut first_seen = Vec::new();
+        // The changed groups' states before this epoch, when retractions
+        // are wanted (sessions merge and split, so not for them).
+        let mut before = None;
         let changed = if partials.is_empty() {
             Vec::new()
         } else {
@@ -202,10 +218,12 @@ impl AggregateOperator {
             if stored.num_rows() > 0 {
                 // Stored states come from an earlier epoch's plan: same
                 // columns, possibly other field metadata; rebind them.
-                merge_input.push(RecordBatch::try_new(
-                    Arc::clone(&partial_schema),
-                    stored.columns().to_vec(),
-                )?);
+                let stored =
+                    RecordBatch::try_new(Arc::clone(&partial_schema), stored.columns().to_vec())?;
+                if !self.config.retract_keys.is_empty() && session.is_none() {
+                    before = Some(stored.clone());
+                }
+                merge_input.push(stored);
             }
             if let Some(s) = session {
                 let all = concat_batches(&partial_schema, &merge_input)?;
@@ -241,10 +259,30 @@ impl AggregateOperator {
             OutputMode::Update => changed,
         };
         if to_emit.iter().all(|b| b.num_rows() == 0) && self.config.mode != OutputMode::Complete {
-            return Ok(Vec::new());
+            return Ok(EpochOutput::default());
         }
+        let rows = self.emitted(session, &phases, to_emit).await?;
+        let retracted = match before {
+            Some(states) => {
+                let before = self.emitted(session, &phases, vec![states]).await?;
+                retracted(&before, &rows, &self.config.retract_keys)?
+            }
+            None => None,
+        };
+        Ok(EpochOutput { rows, retracted })
+    }
+
+    /// What the query emits for groups with partial `states`: their final
+    /// values through the tail.
+    async fn emitted(
+        &self,
+        session: &SessionState,
+        phases: &Phases,
+        states: Vec<RecordBatch>,
+    ) -> Result<Vec<RecordBatch>> {
+        let task = session.task_ctx();
         let finals = collect(
-            Self::merge_exec(&phases.partial, AggregateMode::Final, to_emit)?,
+            Self::merge_exec(&phases.partial, AggregateMode::Final, states)?,
             Arc::clone(&task),
         )
         .await?;
@@ -256,9 +294,9 @@ impl AggregateOperator {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         self.config.output.set_input(vec![finals]);
         let tail = session.create_physical_plan(&self.config.tail).await?;
-        let out = collect(tail, task).await?;
+        let out = collect(tail, task).await;
         self.config.output.set_input(Vec::new());
-        Ok(out.into_iter().filter(|b| b.num_rows() > 0).collect())
+        Ok(out?.into_iter().filter(|b| b.num_rows() > 0).collect())
     }
 
     /// Replaces the state with a snapshot and the deltas after it
@@ -288,6 +326,55 @@ impl AggregateOperator {
 /// Gives the rows of touching sessions of one partition the bounds of
 /// their union: sorted by start, a session that starts at or before the
 /// running end extends it (as Flink merges session windows).
+/// The keys (`keys`: the output's key columns) of rows `before` that are
+/// not among `rows`.
+fn retracted(
+    before: &[RecordBatch],
+    rows: &[RecordBatch],
+    keys: &[String],
+) -> Result<Option<RecordBatch>> {
+    let Some(first) = before.first() else {
+        return Ok(None);
+    };
+    let project = |b: &RecordBatch| -> Result<RecordBatch> {
+        let columns = keys
+            .iter()
+            .map(|k| b.schema().index_of(k))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(b.project(&columns)?)
+    };
+    let schema = project(first)?.schema();
+    let converter = RowConverter::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| SortField::new(f.data_type().clone()))
+            .collect(),
+    )?;
+    let mut emitted = HashSet::new();
+    for b in rows {
+        let b = project(b)?;
+        emitted.extend(
+            converter
+                .convert_columns(b.columns())?
+                .iter()
+                .map(|r| r.owned()),
+        );
+    }
+    let mut gone = Vec::new();
+    for b in before {
+        let b = project(b)?;
+        let mask: BooleanArray = converter
+            .convert_columns(b.columns())?
+            .iter()
+            .map(|r| Some(!emitted.contains(&r.owned())))
+            .collect();
+        gone.push(filter_record_batch(&b, &mask)?);
+    }
+    let gone = concat_batches(&schema, &gone)?;
+    Ok((gone.num_rows() > 0).then_some(gone))
+}
+
 fn merge_sessions(
     batch: &RecordBatch,
     key: &SessionKey,

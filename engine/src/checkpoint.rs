@@ -21,6 +21,7 @@ use std::fs;
 use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 
+use datafusion::arrow::record_batch::RecordBatch;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -101,6 +102,11 @@ pub struct EpochCommit {
     /// Consumer-group offsets the sources ask to record with the epoch.
     #[serde(skip)]
     pub group_offsets: Vec<crate::source::GroupOffsets>,
+    /// Update mode: the keys of groups that left the output this epoch (a
+    /// HAVING no longer true), as rows of the output's key columns. A
+    /// keyed sink deletes them; Kafka writes a tombstone per key.
+    #[serde(skip)]
+    pub retracted: Option<RecordBatch>,
 }
 
 impl EpochCommit {

@@ -21,10 +21,10 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::physical_plan::collect_partitioned;
 use futures::FutureExt;
 
+use crate::aggregate::EpochOutput;
 use crate::checkpoint::{
     Checkpoint, CommitRecord, EpochCommit, OffsetRecord, SourceRange, StateFile,
 };
@@ -287,6 +287,7 @@ impl EpochLoop {
                         watermarks: commit.watermarks,
                         dead_letters: Vec::new(),
                         group_offsets: Vec::new(),
+                        retracted: None,
                     })
                 }
                 None => None,
@@ -520,7 +521,10 @@ impl EpochLoop {
         let read_ms = ms(t.elapsed());
 
         let t = Instant::now();
-        let output: Vec<RecordBatch> = match &mut self.operator {
+        let EpochOutput {
+            rows: output,
+            retracted,
+        } = match &mut self.operator {
             Some(op) => {
                 op.run_epoch(&self.plan.state, self.plan.watermarks.current())
                     .await?
@@ -531,12 +535,15 @@ impl EpochLoop {
                     .state
                     .create_physical_plan(&self.plan.logical)
                     .await?;
-                collect_partitioned(physical, self.plan.state.task_ctx())
-                    .await?
-                    .into_iter()
-                    .flatten()
-                    .filter(|b| b.num_rows() > 0)
-                    .collect()
+                EpochOutput {
+                    rows: collect_partitioned(physical, self.plan.state.task_ctx())
+                        .await?
+                        .into_iter()
+                        .flatten()
+                        .filter(|b| b.num_rows() > 0)
+                        .collect(),
+                    retracted: None,
+                }
             }
         };
         for input in &self.plan.inputs {
@@ -585,6 +592,7 @@ impl EpochLoop {
             watermarks: self.plan.watermarks.to_record(),
             dead_letters,
             group_offsets,
+            retracted,
         };
         self.sink.write_epoch(&commit, &output).await?;
         fail_point("before-commit-record", epoch);

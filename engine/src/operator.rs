@@ -1,10 +1,9 @@
 //! The query's stateful operator, if it has one: the one interface the
 //! epoch loop drives, whatever the operator is.
 
-use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::execution::SessionState;
 
-use crate::aggregate::AggregateOperator;
+use crate::aggregate::{AggregateOperator, EpochOutput};
 use crate::error::Result;
 use crate::join::JoinOperator;
 
@@ -55,15 +54,18 @@ impl Operator {
     }
 
     /// Runs one epoch over the input set in the query's tables; returns
-    /// the rows to emit. `watermark` is the query's, after this input.
+    /// what to emit. `watermark` is the query's, after this input.
     pub(crate) async fn run_epoch(
         &mut self,
         session: &SessionState,
         watermark: Option<i64>,
-    ) -> Result<Vec<RecordBatch>> {
+    ) -> Result<EpochOutput> {
         match self {
             Self::Aggregate(a) => a.run_epoch(session, watermark).await,
-            Self::Join(j) => j.run_epoch(session, watermark).await,
+            Self::Join(j) => Ok(EpochOutput {
+                rows: j.run_epoch(session, watermark).await?,
+                retracted: None,
+            }),
         }
     }
 

@@ -144,15 +144,25 @@ pub(crate) fn plan_query(
     }))?;
     let logical = state.optimize(&bound)?;
     let output_schema = Arc::new(logical.schema().as_arrow().clone());
-    let aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
+    let mut aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
     let join = match aggregate {
         Some(_) => None,
         None => split_join(&logical, &watermarked)?,
     };
-    let key_columns = aggregate
+    let key_columns: Vec<String> = aggregate
         .as_ref()
         .map(group_key_columns)
         .unwrap_or_default();
+    if let Some(a) = &mut aggregate {
+        // Only a filter after the aggregate (HAVING) drops a changed group.
+        let filters = a
+            .tail
+            .exists(|p| Ok(matches!(p, LogicalPlan::Filter(_))))
+            .unwrap_or(true);
+        if a.mode == OutputMode::Update && !a.dedup && filters {
+            a.retract_keys = key_columns.clone();
+        }
+    }
     Ok(IncrementalPlan {
         key_columns,
         logical,
@@ -167,19 +177,25 @@ pub(crate) fn plan_query(
 }
 
 /// The output columns that pass the group key through unchanged, if every
-/// key column is among them.
+/// key column is among them, in output order.
 fn group_key_columns(agg: &AggregateConfig) -> Vec<String> {
     let LogicalPlan::Aggregate(a) = &agg.aggregate else {
         return Vec::new();
     };
-    let keys: Vec<String> = a
+    let keys: Vec<&String> = a
         .schema
         .fields()
         .iter()
         .take(a.group_expr.len())
-        .map(|f| f.name().clone())
+        .map(|f| f.name())
         .collect();
-    let LogicalPlan::Projection(top) = &agg.tail else {
+    // Down to the projection that names the output columns: the nodes
+    // above it (a DataFrame's filter after the aggregate) keep the columns.
+    let mut top = &agg.tail;
+    while let LogicalPlan::Filter(_) | LogicalPlan::Sort(_) | LogicalPlan::Limit(_) = top {
+        top = top.inputs()[0];
+    }
+    let LogicalPlan::Projection(top) = top else {
         return Vec::new();
     };
     let mut found = Vec::new();
@@ -194,17 +210,15 @@ fn group_key_columns(agg: &AggregateConfig) -> Vec<String> {
                 .as_ref()
                 .filter(|r| r.table() == AGGREGATE_OUTPUT)
                 .and_then(|_| c.name.strip_prefix('c')?.parse::<usize>().ok())
-                .and_then(|i| keys.get(i).cloned());
-            if let Some(key) = positional {
-                found.push((key, field.name().clone()));
-            } else if keys.contains(&c.name) {
-                found.push((c.name, field.name().clone()));
+                .filter(|&i| i < keys.len());
+            if let Some(i) = positional.or_else(|| keys.iter().position(|k| **k == c.name)) {
+                found.push((i, field.name().clone()));
             }
         }
     }
-    let covered: std::collections::BTreeSet<&String> = found.iter().map(|(k, _)| k).collect();
+    let covered: std::collections::BTreeSet<usize> = found.iter().map(|(i, _)| *i).collect();
     if covered.len() == keys.len() {
-        found.into_iter().map(|(_, out)| out).collect()
+        found.into_iter().map(|(_, name)| name).collect()
     } else {
         Vec::new()
     }
@@ -243,6 +257,7 @@ fn split_aggregate(
         mode,
         window,
         dedup,
+        retract_keys: Vec::new(),
     }))
 }
 

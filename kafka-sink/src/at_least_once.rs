@@ -47,9 +47,7 @@ impl std::fmt::Debug for AtLeastOnceSink {
 impl Inner {
     fn write(&self, commit: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
         let epoch = commit.plan.epoch;
-        self.config.send_batches(&self.producer, epoch, batches)?;
-        self.config
-            .send_dead_letters(&self.producer, epoch, &commit.dead_letters)?;
+        self.config.send_epoch(&self.producer, commit, batches)?;
         flush(&self.producer, &self.config, epoch)?;
         if let Some(e) = self.producer.context().take_error() {
             return Err(SluiceError::External {

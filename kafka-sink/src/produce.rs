@@ -12,7 +12,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use sluice_engine::{DeadLetter, GroupOffsets, Result, SluiceError};
+use sluice_engine::{DeadLetter, EpochCommit, GroupOffsets, Result, SluiceError};
 
 use crate::encode::{columns, Format};
 
@@ -148,14 +148,17 @@ impl SinkConfig {
         Ok(keys.into_iter().map(Some).zip(values).collect())
     }
 
-    /// Enqueues every row of `batches` (encoded, keyed, with the query id
-    /// and epoch as headers). Returns once all are enqueued, not delivered.
-    pub(crate) fn send_batches(
+    /// Enqueues everything epoch `commit` writes: every row of `batches`
+    /// (encoded, keyed), a tombstone per retracted key, and the dead
+    /// letters, all with the query id and epoch as headers. Returns once
+    /// all are enqueued, not delivered.
+    pub(crate) fn send_epoch(
         &self,
         producer: &ThreadedProducer<DeliveryTracker>,
-        epoch: u64,
+        commit: &EpochCommit,
         batches: &[RecordBatch],
     ) -> Result<()> {
+        let epoch = commit.plan.epoch;
         let headers = self.epoch_headers(epoch);
         for batch in batches {
             for (key, value) in self.encode(batch)? {
@@ -168,12 +171,43 @@ impl SinkConfig {
                 send(producer, record).map_err(|e| self.external(e.to_string()))?;
             }
         }
-        Ok(())
+        if let Some(keys) = &commit.retracted {
+            for key in self.tombstone_keys(keys)? {
+                let record = BaseRecord::<[u8], [u8]>::to(&self.topic)
+                    .key(key.as_slice())
+                    .headers(headers.clone());
+                send(producer, record).map_err(|e| self.external(e.to_string()))?;
+            }
+        }
+        self.send_dead_letters(producer, epoch, &commit.dead_letters)
+    }
+
+    /// The message keys of retracted groups (`keys`: the output's key
+    /// columns), encoded exactly as [`encode`](Self::encode) keys their
+    /// rows. None when the messages are not keyed by the group key.
+    fn tombstone_keys(&self, keys: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+        let columns: Option<Vec<usize>> = self
+            .key_fields
+            .iter()
+            .map(|&i| keys.schema().index_of(self.schema.field(i).name()).ok())
+            .collect();
+        match columns {
+            Some(columns) if !columns.is_empty() => Format::Json.encode(&keys.project(&columns)?),
+            _ => {
+                tracing::warn!(
+                    topic = %self.topic,
+                    retracted = keys.num_rows(),
+                    "groups left the output but the messages are not keyed by the group key \
+                     (key.fields): no tombstones"
+                );
+                Ok(Vec::new())
+            }
+        }
     }
 
     /// Enqueues the dead letters of an epoch, each to its own topic with
     /// the original key and bytes, its headers, and the epoch's headers.
-    pub(crate) fn send_dead_letters(
+    fn send_dead_letters(
         &self,
         producer: &ThreadedProducer<DeliveryTracker>,
         epoch: u64,

@@ -241,11 +241,7 @@ impl Inner {
             }
             let produced = self
                 .config
-                .send_batches(&self.producer, epoch, batches)
-                .and_then(|()| {
-                    self.config
-                        .send_dead_letters(&self.producer, epoch, &commit.dead_letters)
-                })
+                .send_epoch(&self.producer, commit, batches)
                 .and_then(|()| {
                     self.groups.send_in_transaction(
                         &self.producer,
@@ -369,6 +365,7 @@ impl Sink for TransactionalSink {
             watermarks: r.watermarks,
             dead_letters: Vec::new(),
             group_offsets: Vec::new(),
+            retracted: None,
         })))
     }
 

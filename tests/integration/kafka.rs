@@ -539,6 +539,97 @@ async fn an_update_stream_is_keyed_by_its_group_key_by_default() {
     assert_eq!(last.values().copied().collect::<Vec<_>>(), vec![5, 4, 4]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_stops_passing_having_is_deleted_by_a_tombstone() {
+    use sluice::arrow::array::{AsArray, RecordBatch};
+    use sluice::arrow::datatypes::Int64Type;
+    use sluice::datafusion::datasource::MemTable;
+    use sluice::datafusion::functions_aggregate::expr_fn::count;
+    let bootstrap = crate::util::broker().await;
+    let topic = fresh_topic("retract");
+    let dir = tempfile::tempdir().unwrap();
+    let input = MemoryStream::new(schema());
+    let query = Session::new()
+        .read_stream()
+        .memory(&input)
+        .unwrap()
+        .aggregate(
+            vec![(col("id") % lit(3)).alias("bucket")],
+            vec![count(lit(1)).alias("n")],
+        )
+        .unwrap()
+        .filter(col("n").lt(lit(8)))
+        .unwrap()
+        .write_stream()
+        .format("kafka")
+        .option("topic", &topic)
+        .option("bootstrap.servers", &bootstrap)
+        .checkpoint_location(dir.path())
+        .start()
+        .await
+        .unwrap();
+    // Per bucket (0, 1, 2): 4, 3, 3 rows; then 6, 6, 5; then 8, 8, 7, when
+    // buckets 0 and 1 stop passing `n < 8`; then bucket 0, already gone,
+    // changes again (9).
+    let epochs = [
+        batch(0..10),
+        batch(100..107),
+        batch(200..206),
+        batch(300..301),
+    ];
+    for b in &epochs {
+        input.add_batch(b.clone()).unwrap();
+        query.process_all_available().await.unwrap();
+    }
+    query.stop().await.unwrap();
+
+    // The topic, folded by key as a compacted topic keeps it.
+    let records = read(&bootstrap, &topic).await;
+    let mut folded = std::collections::BTreeMap::new();
+    let mut tombstones = 0;
+    for r in &records {
+        let key = String::from_utf8_lossy(r.key.as_deref().unwrap()).into_owned();
+        match r.value.as_deref() {
+            Some(v) => {
+                let v: serde_json::Value = serde_json::from_slice(v).unwrap();
+                folded.insert(key, v["n"].as_i64().unwrap());
+            }
+            None => {
+                tombstones += 1;
+                folded.remove(&key);
+            }
+        }
+    }
+    assert_eq!(
+        tombstones, 2,
+        "buckets 0 and 1 are deleted once, when they leave the output, not again"
+    );
+
+    // DataFusion's batch answer over all the input.
+    let ctx = sluice::datafusion::prelude::SessionContext::new();
+    let table = MemTable::try_new(schema(), vec![epochs.to_vec()]).unwrap();
+    ctx.register_table("t", std::sync::Arc::new(table)).unwrap();
+    let answer: Vec<RecordBatch> = ctx
+        .sql("SELECT id % 3 AS bucket, count(*) AS n FROM t GROUP BY id % 3 HAVING count(*) < 8")
+        .await
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let mut want = std::collections::BTreeMap::new();
+    for b in &answer {
+        let (k, n) = (
+            b.column(0).as_primitive::<Int64Type>(),
+            b.column(1).as_primitive::<Int64Type>(),
+        );
+        for i in 0..b.num_rows() {
+            want.insert(format!("{{\"bucket\":{}}}", k.value(i)), n.value(i));
+        }
+    }
+    assert_eq!(folded.len(), 1, "bucket 2 stays: {folded:?}");
+    assert_eq!(folded, want);
+}
+
 /// The value of `metric` (with `labels`, if any) in a Prometheus scrape.
 fn metric(scrape: &str, metric: &str, labels: &str) -> Option<f64> {
     scrape
