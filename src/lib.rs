@@ -66,9 +66,10 @@ impl Session {
         Self::from_engine(sluice_engine::Session::with_context(ctx))
     }
 
-    /// Adds the Kafka connector to an engine session.
+    /// Adds the Kafka and Nexmark connectors to an engine session.
     pub fn from_engine(session: sluice_engine::Session) -> Self {
         session.register_connector(Arc::new(sluice_kafka::KafkaConnector));
+        session.register_connector(Arc::new(sluice_nexmark::NexmarkConnector));
         Self(session)
     }
 
