@@ -1,5 +1,5 @@
 //! The `sluice` command line: `run`, `explain`, `verify`, `checkpoint
-//! inspect`, `demo`.
+//! inspect`, `nexmark load`, `demo`.
 //!
 //! Exit status: 0 success; 2 a mistake in the SQL or the command line (the
 //! message names file:line:column); 1 a failure while running.
@@ -15,6 +15,7 @@ use sluice::{QueryProgress, StreamingQuery, StreamingQueryListener};
 use sluice_sql::{Prepared, SqlError, SqlRunner, StatementOutcome};
 
 mod inspect;
+mod nexmark;
 
 #[derive(Parser)]
 #[command(
@@ -64,12 +65,44 @@ enum Command {
         #[command(subcommand)]
         command: CheckpointCommand,
     },
+    /// Nexmark benchmark tools.
+    Nexmark {
+        #[command(subcommand)]
+        command: NexmarkCommand,
+    },
     /// Start a local Kafka broker if none listens, run the seed example for
     /// a few seconds, and show what it committed to Kafka.
     Demo {
         /// How long to run the seed pipeline.
         #[arg(long, default_value = "6")]
         seconds: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum NexmarkCommand {
+    /// Write the first N Nexmark events as JSON to the topics
+    /// PREFIX-person, PREFIX-auction and PREFIX-bid (created; existing ones
+    /// are refused), for runs that read them from Kafka.
+    Load {
+        /// How many events (people, auctions and bids together).
+        #[arg(long, default_value = "1000000")]
+        events: u64,
+        /// Kafka brokers.
+        #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9092")]
+        bootstrap: String,
+        /// Topic name prefix.
+        #[arg(long, default_value = "nexmark")]
+        prefix: String,
+        /// Partitions per topic.
+        #[arg(long, default_value = "2")]
+        partitions: i32,
+        /// Events per second of event time (spaces the events' timestamps).
+        #[arg(long, default_value = "10000")]
+        rate: u64,
+        /// Generator seed (0: the reference generator's events).
+        #[arg(long, default_value = "0")]
+        seed: u64,
     },
 }
 
@@ -146,6 +179,35 @@ fn main() -> ExitCode {
             Command::Explain { file } => explain(&file).await,
             Command::Verify { file } => verify(&file).await,
             Command::Demo { seconds } => demo(Duration::from_secs(seconds)).await,
+            Command::Nexmark {
+                command:
+                    NexmarkCommand::Load {
+                        events,
+                        bootstrap,
+                        prefix,
+                        partitions,
+                        rate,
+                        seed,
+                    },
+            } => {
+                let load = nexmark::Load {
+                    events,
+                    bootstrap,
+                    prefix,
+                    partitions,
+                    rate,
+                    seed,
+                };
+                match nexmark::load(&load).await {
+                    Ok(lines) => {
+                        for line in lines {
+                            println!("{line}");
+                        }
+                        Ok(())
+                    }
+                    Err(e) => Err(Failure::Runtime(format!("sluice nexmark load: {e:#}"))),
+                }
+            }
             Command::Checkpoint {
                 command:
                     CheckpointCommand::Inspect {

@@ -9,6 +9,7 @@ mod fuzz;
 mod golden;
 mod joins;
 mod kafka;
+mod nexmark;
 mod util;
 mod verify;
 mod windows;
