@@ -67,7 +67,8 @@ async fn loaded_nexmark_topics_run_q0_to_q2_and_verify_against_the_batch_answer(
     let mut sql = std::fs::read_to_string(benches.join("kafka-sources.sql"))
         .unwrap()
         .replace("{prefix}", &prefix)
-        .replace("{bootstrap}", &bootstrap);
+        .replace("{bootstrap}", &bootstrap)
+        .replace("{source_options}", "");
     sql.push_str("SET 'trigger' = 'available-now';\n");
     for q in QUERIES {
         sql.push_str(&format!(

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Nexmark over Kafka, Sluice and Spark side by side (driven by
+benches/run-nexmark.sh, which builds, starts the broker and sets up Spark).
+
+For each query (benches/nexmark/q*.sql) and round: Sluice drains the loaded
+bid topic into a fresh Kafka topic, exactly-once, epochs capped at CAP
+records; then Spark does the same with Trigger.AvailableNow and
+maxOffsetsPerTrigger = CAP, at-least-once. Both read the same topic on the
+same broker.
+
+Per run: events/s = input records / the summed duration of the epochs
+after the first (the first also connects and warms up; Spark: JIT);
+CPU-seconds per million events of the engine (Sluice: the process; Spark:
+its JVM and the Python driver) and of the broker (its process, over the
+run); epoch duration p50/p99; peak RSS. Prints a Markdown table; raw JSON
+per run goes to OUT.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+
+def log(msg):
+    print(f"[run-nexmark] {msg}", file=sys.stderr, flush=True)
+
+
+def env(name, default):
+    return os.environ.get(name, default)
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SLUICE = env("SLUICE_BIN", os.path.join(ROOT, "target/release/sluice"))
+SPARK_PY = env("SPARK_PY", "")
+JARS = env("SPARK_KAFKA_JARS", "")
+BOOTSTRAP = env("BOOTSTRAP", "127.0.0.1:9092")
+BROKER_PID = int(env("BROKER_PID", "0"))
+PREFIX = env("PREFIX", "")
+CAP = int(env("CAP", "500000"))
+QUERIES = env("QUERIES", "q0 q1 q2").split()
+ROUNDS = int(env("ROUNDS", "1"))
+OUT = env("OUT", "/tmp")
+
+
+def cpu_s(pid):
+    if not pid:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def percentile(values, q):
+    xs = sorted(values)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+
+
+def sluice_run(query, round_):
+    tag = f"sluice-{query}-{round_}"
+    work = os.path.join(OUT, tag)
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(ROOT, "benches/nexmark/kafka-sources.sql")) as f:
+        sources = f.read()
+    sources = (
+        sources.replace("{prefix}", PREFIX)
+        .replace("{bootstrap}", BOOTSTRAP)
+        .replace("{source_options}", f", 'max-records-per-epoch' = '{CAP}'")
+    )
+    with open(os.path.join(ROOT, f"benches/nexmark/{query}.sql")) as f:
+        body = f.read()
+    sql = (
+        sources
+        + "SET 'trigger' = 'available-now';\n"
+        + f"SET 'checkpoint.location' = '{work}/checkpoint';\n"
+        + f"CREATE STREAM nexmark_{query} WITH (connector = 'kafka', "
+        + f"topic = '{PREFIX}-out-{tag}', 'bootstrap.servers' = '{BOOTSTRAP}');\n"
+        + body
+    )
+    sql_file = os.path.join(work, "query.sql")
+    with open(sql_file, "w") as f:
+        f.write(sql)
+    progress = os.path.join(work, "progress.jsonl")
+    times = os.path.join(work, "time.txt")
+    broker_before = cpu_s(BROKER_PID)
+    started = time.monotonic()
+    r = subprocess.run(
+        ["/usr/bin/time", "-f", "%U %S %M", "-o", times, SLUICE, "run", sql_file,
+         "--progress-log", progress],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    wall = time.monotonic() - started
+    broker = cpu_s(BROKER_PID) - broker_before
+    if r.returncode != 0:
+        sys.exit(f"sluice {query} failed: {r.stderr[-2000:]}")
+    with open(times) as f:
+        user, system, max_kb = f.read().split()[-3:]
+    epochs = [json.loads(line) for line in open(progress) if line.strip()]
+    epochs = [e for e in epochs if e["input_rows"] > 0]
+    rows = [e["input_rows"] for e in epochs]
+    ms = [e["duration_ms"]["total"] for e in epochs]
+    steady = (sum(rows[1:]), sum(ms[1:])) if len(epochs) > 1 else (sum(rows), sum(ms))
+    return {
+        "engine": "sluice",
+        "query": query,
+        "delivery": "exactly-once",
+        "input_rows": sum(rows),
+        "epochs": len(epochs),
+        "steady_rows_per_s": steady[0] / (steady[1] / 1000.0),
+        "median_epoch_ms": percentile(ms, 50),
+        "p99_epoch_ms": percentile(ms, 99),
+        "wall_s": wall,
+        "cpu_s": float(user) + float(system),
+        "broker_cpu_s": broker,
+        "peak_rss_bytes": int(max_kb) * 1024,
+    }
+
+
+def spark_run(query, round_):
+    tag = f"spark-{query}-{round_}"
+    broker_before = cpu_s(BROKER_PID)
+    r = subprocess.run(
+        [SPARK_PY, os.path.join(ROOT, "benches/spark/nexmark.py"), "--bootstrap", BOOTSTRAP,
+         "--prefix", PREFIX, "--query", query, "--out-topic", f"{PREFIX}-out-{tag}",
+         "--max-offsets", str(CAP), "--jars", JARS],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    broker = cpu_s(BROKER_PID) - broker_before
+    with open(os.path.join(OUT, f"{tag}.err"), "w") as f:
+        f.write(r.stderr)
+    if r.returncode != 0:
+        sys.exit(f"spark {query} failed: {r.stderr[-2000:]}")
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    report["broker_cpu_s"] = broker
+    return report
+
+
+def per_million(seconds, rows):
+    return seconds / rows * 1e6 if rows else float("nan")
+
+
+def main():
+    if not PREFIX:
+        sys.exit("PREFIX (the loaded topics' prefix) is required")
+    runs = []
+    for round_ in range(1, ROUNDS + 1):
+        for query in QUERIES:
+            # Alternate so that background noise hits both sides.
+            for side in (sluice_run, spark_run):
+                log(f"round {round_}: {side.__name__.split('_')[0]} {query}")
+                run = side(query, round_)
+                run["round"] = round_
+                log(json.dumps(run))
+                runs.append(run)
+    with open(os.path.join(OUT, "runs.json"), "w") as f:
+        json.dump(runs, f, indent=1)
+
+    def med(engine, query, key):
+        xs = [r[key] for r in runs if r["engine"] == engine and r["query"] == query]
+        return statistics.median(xs) if xs else float("nan")
+
+    print(f"### Nexmark over Kafka, {runs[0]['input_rows']} bids, "
+          f"epochs of {CAP} records, median of {ROUNDS} round(s)\n")
+    print("| query | Sluice events/s | Spark events/s | Sluice / Spark | CPU-s per M events, "
+          "Sluice / Spark | broker CPU-s per M events, Sluice run / Spark run | "
+          "epoch ms p50 / p99, Sluice | epoch ms p50 / p99, Spark | peak RSS MB, "
+          "Sluice / Spark |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for q in QUERIES:
+        s_rate, k_rate = med("sluice", q, "steady_rows_per_s"), med("spark", q, "steady_rows_per_s")
+        rows = med("sluice", q, "input_rows")
+        print(
+            f"| {q} | {s_rate / 1e6:.2f} M | {k_rate / 1e6:.2f} M | {s_rate / k_rate:.2f}x "
+            f"| {per_million(med('sluice', q, 'cpu_s'), rows):.2f} / "
+            f"{per_million(med('spark', q, 'cpu_s'), rows):.2f} "
+            f"| {per_million(med('sluice', q, 'broker_cpu_s'), rows):.2f} / "
+            f"{per_million(med('spark', q, 'broker_cpu_s'), rows):.2f} "
+            f"| {med('sluice', q, 'median_epoch_ms'):.0f} / {med('sluice', q, 'p99_epoch_ms'):.0f} "
+            f"| {med('spark', q, 'median_epoch_ms'):.0f} / {med('spark', q, 'p99_epoch_ms'):.0f} "
+            f"| {med('sluice', q, 'peak_rss_bytes') / 1e6:.0f} / "
+            f"{med('spark', q, 'peak_rss_bytes') / 1e6:.0f} |"
+        )
+    print("\nSluice writes exactly-once (Kafka transactions); Spark's Kafka sink is "
+          "at-least-once. events/s leaves out each run's first epoch. Raw JSON: "
+          f"{os.path.join(OUT, 'runs.json')}")
+
+
+if __name__ == "__main__":
+    main()

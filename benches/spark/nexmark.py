@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Spark Structured Streaming side of the Nexmark benchmark.
+
+Reads the bid topic `sluice nexmark load` filled (JSON), runs one Nexmark
+query, and writes the result to a Kafka topic as JSON, draining the topic
+with Trigger.AvailableNow and `maxOffsetsPerTrigger` records per
+micro-batch -- the same input, broker and epoch size as the Sluice run.
+Spark's Kafka sink is at-least-once (there is no transactional Kafka sink in
+Spark); Sluice's runs exactly-once.
+
+    q0: SELECT auction, bidder, price, date_time, extra FROM bid
+    q1: SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM bid
+    q2: SELECT auction, price FROM bid WHERE auction % 123 = 0
+
+Spark runs as local[2], spark.sql.shuffle.partitions=2, UI off.
+
+The LAST line of stdout is one JSON object:
+  {"engine":"spark","query":...,"input_rows":...,"busy_ms":...,
+   "rows_per_s":...,"steady_rows_per_s":...,"epochs":...,"median_epoch_ms":...,"p99_epoch_ms":...,
+   "wall_s":...,"cpu_s":...,"peak_rss_bytes":...}
+rows_per_s = input rows / the sum of the micro-batches' triggerExecution;
+steady_rows_per_s leaves out the first micro-batch (connecting, JIT);
+cpu_s and peak_rss_bytes are the Spark JVM's plus this Python process's.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+
+QUERIES = {
+    "q0": "SELECT auction, bidder, price, date_time, extra FROM bid",
+    "q1": "SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM bid",
+    "q2": "SELECT auction, price FROM bid WHERE auction % 123 = 0",
+}
+
+
+def log(msg):
+    print(f"[spark-nexmark] {msg}", file=sys.stderr, flush=True)
+
+
+def percentile(values, q):
+    xs = sorted(values)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return float(xs[lo] + (xs[hi] - xs[lo]) * (pos - lo))
+
+
+def proc_cpu_s(pid):
+    """utime + stime of a process, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def proc_hwm_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bootstrap", default="127.0.0.1:9092")
+    p.add_argument("--prefix", required=True, help="topic prefix given to sluice nexmark load")
+    p.add_argument("--query", required=True, choices=sorted(QUERIES))
+    p.add_argument("--out-topic", required=True)
+    p.add_argument("--max-offsets", type=int, default=500_000,
+                   help="records per micro-batch (maxOffsetsPerTrigger)")
+    p.add_argument("--jars", required=True, help="spark-sql-kafka jars, comma-separated")
+    p.add_argument("--driver-memory", default=os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
+    args = p.parse_args()
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    from pyspark.sql.functions import col, from_json, struct, to_json
+
+    workdir = tempfile.mkdtemp(prefix="sluice-spark-nexmark-", dir="/tmp")
+    spark = (
+        SparkSession.builder
+        .appName(f"sluice-bench-nexmark-{args.query}")
+        .master("local[2]")
+        .config("spark.jars", args.jars)
+        .config("spark.driver.memory", args.driver_memory)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.streaming.numRecentProgressUpdates", "100000")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
+    try:
+        raw = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", args.bootstrap)
+            .option("subscribe", f"{args.prefix}-bid")
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", str(args.max_offsets))
+            .option("kafka.isolation.level", "read_committed")
+            .load()
+        )
+        schema = "auction BIGINT, bidder BIGINT, price BIGINT, date_time TIMESTAMP, extra STRING"
+        bid = raw.select(from_json(col("value").cast("string"), schema).alias("b")).select("b.*")
+        bid.createOrReplaceTempView("bid")
+        result = spark.sql(QUERIES[args.query])
+        cpu_before = proc_cpu_s(jvm_pid) + sum(os.times()[:2])
+        started = time.monotonic()
+        query = (
+            result.select(to_json(struct("*")).alias("value"))
+            .writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", args.bootstrap)
+            .option("topic", args.out_topic)
+            .option("checkpointLocation", os.path.join(workdir, "checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+        wall_s = time.monotonic() - started
+        cpu_s = proc_cpu_s(jvm_pid) + sum(os.times()[:2]) - cpu_before
+        progress = [json.loads(p.json) if hasattr(p, "json") else p for p in query.recentProgress]
+        batches = [p for p in progress if p.get("numInputRows", 0) > 0]
+        input_rows = sum(p["numInputRows"] for p in batches)
+        durations = [p["durationMs"]["triggerExecution"] for p in batches]
+        busy_ms = sum(durations)
+        # The first batch also connects, fetches metadata and warms the
+        # JIT: left out of the steady rate when there are others.
+        rows = [p["numInputRows"] for p in batches]
+        steady = (sum(rows[1:]), sum(durations[1:])) if len(batches) > 1 else (input_rows, busy_ms)
+        report = {
+            "engine": "spark",
+            "spark_version": spark.version,
+            "query": args.query,
+            "delivery": "at-least-once",
+            "input_rows": input_rows,
+            "busy_ms": busy_ms,
+            "rows_per_s": input_rows / (busy_ms / 1000.0) if busy_ms else None,
+            "steady_rows_per_s": steady[0] / (steady[1] / 1000.0) if steady[1] else None,
+            "epochs": len(batches),
+            "median_epoch_ms": percentile(durations, 50),
+            "p99_epoch_ms": percentile(durations, 99),
+            "wall_s": wall_s,
+            "cpu_s": cpu_s,
+            "peak_rss_bytes": proc_hwm_bytes(jvm_pid) + proc_hwm_bytes(os.getpid()),
+        }
+        log(f"{args.query}: {input_rows} rows in {len(batches)} batches, busy {busy_ms} ms")
+        print(json.dumps(report))
+    finally:
+        spark.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
