@@ -15,9 +15,9 @@
 //! `format.on-error = 'skip'`, to drop it. Virtual columns `_key`, `_topic`,
 //! `_partition`, `_offset`, `_timestamp` follow the declared ones.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::avro::AvroDecoder;
 use async_trait::async_trait;
@@ -343,7 +343,6 @@ impl SourceFactory for KafkaSourceFactory {
         Ok(Arc::new(KafkaSource(Arc::new(SourceInner {
             config: c.clone(),
             consumer: Mutex::new(consumer),
-            reading: Mutex::default(),
             initial: Mutex::new(BTreeMap::new()),
             cap: Mutex::new(None),
             lag: Mutex::new(BTreeMap::new()),
@@ -373,8 +372,6 @@ struct KafkaSource(Arc<SourceInner>);
 struct SourceInner {
     config: SourceConfig,
     consumer: Mutex<BaseConsumer>,
-    /// Where the last read stopped (see [`SourceInner::fetch`]).
-    reading: Mutex<Continuation>,
     /// Where partitions without a position start, fixed on first sight so
     /// that `latest` and `timestamp` are resolved once per run.
     initial: Mutex<BTreeMap<i32, i64>>,
@@ -529,17 +526,37 @@ impl SourceInner {
 
     /// Reads every range of `plan`; one partition of rows per Kafka partition.
     fn read(&self, plan: &PlannedRanges) -> Result<Partitions> {
-        if plan.ranges.values().all(|(from, to)| to <= from) {
+        let wanted: Vec<(i32, i64, i64)> = plan
+            .ranges
+            .iter()
+            .filter(|(_, (from, to))| to > from)
+            .map(|(p, (from, to))| (*p, *from, *to))
+            .collect();
+        if wanted.is_empty() {
             return Ok(Vec::new());
         }
-        let mut reading = self.reading.lock().unwrap_or_else(|p| p.into_inner());
-        let fetched = self.fetch(&mut reading, plan);
-        if fetched.is_err() {
-            // Whatever the consumer holds is suspect: assign afresh next time.
-            *reading = Continuation::default();
-        }
-        let messages = fetched?;
-        drop(reading);
+        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut messages: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
+        crate::position::read_ranges(
+            &consumer,
+            &self.config.topic,
+            &wanted,
+            self.config.connect_timeout,
+            &|what, e| self.unreachable(what, e),
+            |m| {
+                messages.entry(m.partition()).or_default().push(Record {
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    offset: m.offset(),
+                    timestamp_ms: match m.timestamp() {
+                        Timestamp::NotAvailable => None,
+                        Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
+                    },
+                });
+                Ok(())
+            },
+        )?;
+        drop(consumer);
         // Partitions decode in parallel: JSON decoding is most of a read.
         let partitions: Vec<(i32, Vec<Record>)> = messages.into_iter().collect();
         std::thread::scope(|scope| {
@@ -557,112 +574,6 @@ impl SourceInner {
                 })
                 .collect()
         })
-    }
-
-    /// The records of `plan`'s ranges, per partition, in offset order.
-    ///
-    /// The consumer stays assigned between epochs: when a range starts
-    /// where the last one ended (the usual case), reading goes on from what
-    /// librdkafka fetched meanwhile, and records it delivered beyond the
-    /// last range wait in `reading.ahead`. Otherwise (the first epoch, a
-    /// replay, a partition added) the partitions are assigned at the
-    /// ranges' starts.
-    fn fetch(
-        &self,
-        reading: &mut Continuation,
-        plan: &PlannedRanges,
-    ) -> Result<BTreeMap<i32, Vec<Record>>> {
-        let topic = self.config.topic.as_str();
-        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
-        let continues = reading.ends.len() == plan.ranges.len()
-            && plan
-                .ranges
-                .iter()
-                .all(|(p, (from, _))| reading.ends.get(p) == Some(from));
-        if !continues {
-            let mut assignment = TopicPartitionList::new();
-            for (p, (from, _)) in &plan.ranges {
-                assignment
-                    .add_partition_offset(topic, *p, KafkaOffset::Offset(*from))
-                    .map_err(|e| self.unreachable("assigning partitions", e))?;
-            }
-            consumer
-                .assign(&assignment)
-                .map_err(|e| self.unreachable("assigning partitions", e))?;
-            reading.ahead.clear();
-        }
-        let mut messages: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
-        for (p, (from, to)) in &plan.ranges {
-            let Some(queue) = reading.ahead.get_mut(p) else {
-                continue;
-            };
-            while queue.front().is_some_and(|r| r.offset < *to) {
-                if let Some(r) = queue.pop_front().filter(|r| r.offset >= *from) {
-                    messages.entry(*p).or_default().push(r);
-                }
-            }
-        }
-        let ends: Vec<(i32, i64)> = plan
-            .ranges
-            .iter()
-            .filter(|(_, (from, to))| to > from)
-            .map(|(p, (_, to))| (*p, *to))
-            .collect();
-        let stall = self.config.connect_timeout;
-        let mut last_progress = Instant::now();
-        let mut last_error = None;
-        // Asking for positions costs a lock in librdkafka per call: only
-        // when a range may have ended, when idle, and every 4096 records.
-        let (mut look, mut since_look) = (true, 0u32);
-        loop {
-            if look {
-                if crate::position::reached(&consumer, topic, &ends).unwrap_or(false) {
-                    break;
-                }
-                (look, since_look) = (false, 0);
-            }
-            if last_progress.elapsed() > stall {
-                let why = last_error.map_or(String::new(), |e| format!(" (last error: {e})"));
-                return Err(self.unreachable("reading", format!("no progress for {stall:?}{why}")));
-            }
-            match consumer.poll(Duration::from_millis(10)) {
-                None => look = true,
-                Some(Err(e)) => {
-                    last_error = Some(e.to_string());
-                    look = true;
-                }
-                Some(Ok(m)) => {
-                    last_progress = Instant::now();
-                    let p = m.partition();
-                    let record = Record {
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-                        offset: m.offset(),
-                        timestamp_ms: match m.timestamp() {
-                            Timestamp::NotAvailable => None,
-                            Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
-                        },
-                    };
-                    match plan.ranges.get(&p) {
-                        Some((from, to)) if m.offset() < *to => {
-                            if m.offset() >= *from {
-                                messages.entry(p).or_default().push(record);
-                            }
-                            look |= m.offset() + 1 >= *to;
-                        }
-                        Some(_) => {
-                            reading.ahead.entry(p).or_default().push_back(record);
-                            look = true;
-                        }
-                        None => {}
-                    }
-                    since_look += 1;
-                    look |= since_look >= 4096;
-                }
-            }
-        }
-        reading.ends = plan.ranges.iter().map(|(p, (_, to))| (*p, *to)).collect();
-        Ok(messages)
     }
 
     fn decode(&self, partition: i32, records: &[Record]) -> Result<RecordBatch> {
@@ -798,15 +709,6 @@ impl SourceInner {
         }
         Ok((concat_batches(&self.config.value_schema, &batches)?, kept))
     }
-}
-
-/// Where the consumer stands after a read.
-#[derive(Default)]
-struct Continuation {
-    /// Per assigned partition, the end of the last range read.
-    ends: BTreeMap<i32, i64>,
-    /// Records delivered beyond those ends, in offset order.
-    ahead: BTreeMap<i32, VecDeque<Record>>,
 }
 
 #[derive(Debug, Clone)]
