@@ -84,26 +84,7 @@ enum NexmarkCommand {
     /// Write the first N Nexmark events as JSON to the topics
     /// PREFIX-person, PREFIX-auction and PREFIX-bid (created; existing ones
     /// are refused), for runs that read them from Kafka.
-    Load {
-        /// How many events (people, auctions and bids together).
-        #[arg(long, default_value = "1000000")]
-        events: u64,
-        /// Kafka brokers.
-        #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9092")]
-        bootstrap: String,
-        /// Topic name prefix.
-        #[arg(long, default_value = "nexmark")]
-        prefix: String,
-        /// Partitions per topic.
-        #[arg(long, default_value = "2")]
-        partitions: i32,
-        /// Events per second of event time (spaces the events' timestamps).
-        #[arg(long, default_value = "10000")]
-        rate: u64,
-        /// Generator seed (0: the reference generator's events).
-        #[arg(long, default_value = "0")]
-        seed: u64,
-    },
+    Load(nexmark::Load),
 }
 
 #[derive(Subcommand)]
@@ -180,34 +161,16 @@ fn main() -> ExitCode {
             Command::Verify { file } => verify(&file).await,
             Command::Demo { seconds } => demo(Duration::from_secs(seconds)).await,
             Command::Nexmark {
-                command:
-                    NexmarkCommand::Load {
-                        events,
-                        bootstrap,
-                        prefix,
-                        partitions,
-                        rate,
-                        seed,
-                    },
-            } => {
-                let load = nexmark::Load {
-                    events,
-                    bootstrap,
-                    prefix,
-                    partitions,
-                    rate,
-                    seed,
-                };
-                match nexmark::load(&load).await {
-                    Ok(lines) => {
-                        for line in lines {
-                            println!("{line}");
-                        }
-                        Ok(())
+                command: NexmarkCommand::Load(load),
+            } => match nexmark::load(&load).await {
+                Ok(lines) => {
+                    for line in lines {
+                        println!("{line}");
                     }
-                    Err(e) => Err(Failure::Runtime(format!("sluice nexmark load: {e:#}"))),
+                    Ok(())
                 }
-            }
+                Err(e) => Err(Failure::Runtime(format!("sluice nexmark load: {e:#}"))),
+            },
             Command::Checkpoint {
                 command:
                     CheckpointCommand::Inspect {

@@ -16,12 +16,25 @@ use sluice::{QueryProgress, StreamingQueryListener};
 use sluice_sql::{Prepared, SqlRunner};
 
 /// What to load.
+#[derive(clap::Args)]
 pub(crate) struct Load {
+    /// How many events (people, auctions and bids together).
+    #[arg(long, default_value = "1000000")]
     pub events: u64,
+    /// Kafka brokers.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9092")]
     pub bootstrap: String,
+    /// Topic name prefix.
+    #[arg(long, default_value = "nexmark")]
     pub prefix: String,
+    /// Partitions per topic.
+    #[arg(long, default_value = "2")]
     pub partitions: i32,
+    /// Events per second of event time (spaces the events' timestamps).
+    #[arg(long, default_value = "10000")]
     pub rate: u64,
+    /// Generator seed (0: the reference generator's events).
+    #[arg(long, default_value = "0")]
     pub seed: u64,
 }
 

@@ -74,7 +74,7 @@ pub use error::{Result, SluiceError};
 pub use fail_point::fail_point;
 pub use frame::{DataStreamWriter, StreamFrame};
 pub use metrics::Metrics;
-pub use options::{closest, parse_duration, quoted_list, Options};
+pub use options::{closest, columns, parse_duration, quoted_list, Options};
 pub use progress::{
     PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
     StreamingQueryListener,

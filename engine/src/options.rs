@@ -184,6 +184,16 @@ pub fn quoted_list(items: &[&str]) -> String {
         .join(", ")
 }
 
+/// `a Int64, b Utf8` — a schema's columns, for messages.
+pub fn columns(schema: &datafusion::arrow::datatypes::Schema) -> String {
+    schema
+        .fields()
+        .iter()
+        .map(|f| format!("{} {}", f.name(), f.data_type()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The candidate closest to `word` by edit distance, if it is close enough to
 /// be a plausible typo.
 pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {

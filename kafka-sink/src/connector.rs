@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use sluice_engine::{
-    Connector, OutputMode, Result, Sink, SinkArgs, SluiceError, SourceArgs, SourceFactory,
+    columns, Connector, OutputMode, Result, Sink, SinkArgs, SluiceError, SourceArgs, SourceFactory,
 };
 
 use crate::at_least_once::AtLeastOnceSink;
-use crate::encode::{columns, Format};
+use crate::encode::Format;
 use crate::produce::SinkConfig;
 use crate::transactional_sink::TransactionalSink;
 

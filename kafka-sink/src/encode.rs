@@ -10,7 +10,7 @@ use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::json::LineDelimitedWriter;
 use datafusion::arrow::record_batch::RecordBatch;
-use sluice_engine::{Result, SluiceError};
+use sluice_engine::{columns, Result, SluiceError};
 
 /// A message format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,16 +123,6 @@ fn encode_json(batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
         )));
     }
     Ok(rows)
-}
-
-/// `a BIGINT, b VARCHAR` — for messages.
-pub(crate) fn columns(schema: &SchemaRef) -> String {
-    schema
-        .fields()
-        .iter()
-        .map(|f| format!("{} {}", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[cfg(test)]

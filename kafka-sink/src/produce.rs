@@ -12,9 +12,9 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use sluice_engine::{DeadLetter, EpochCommit, GroupOffsets, Result, SluiceError};
+use sluice_engine::{columns, DeadLetter, EpochCommit, GroupOffsets, Result, SluiceError};
 
-use crate::encode::{columns, Format};
+use crate::encode::Format;
 
 /// A message's key (if any) and value.
 pub(crate) type Message = (Option<Vec<u8>>, Vec<u8>);

@@ -19,7 +19,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit}
 use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 use sluice_engine::{
-    Connector, Offset, Partitions, Result, SluiceError, Source, SourceArgs, SourceFactory,
+    columns, Connector, Offset, Partitions, Result, SluiceError, Source, SourceArgs, SourceFactory,
 };
 
 use crate::generator::{Generator, Kind, Timeline};
@@ -169,15 +169,6 @@ fn schema(table: Kind) -> SchemaRef {
             text("extra"),
         ],
     }))
-}
-
-fn columns(schema: &SchemaRef) -> String {
-    schema
-        .fields()
-        .iter()
-        .map(|f| format!("{} {}", f.name(), f.data_type()))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 #[derive(Debug, Clone)]

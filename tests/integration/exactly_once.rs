@@ -553,16 +553,7 @@ async fn a_20_second_broker_outage_stalls_the_query_which_then_resumes_exactly()
          INSERT INTO dst SELECT id, name FROM src;\n",
         cp = dir.path().display()
     );
-    let query = session
-        .sql(&sql)
-        .await
-        .unwrap()
-        .into_iter()
-        .find_map(|o| match o {
-            sluice::StatementOutcome::Started(q) => Some(q),
-            _ => None,
-        })
-        .unwrap();
+    let query = crate::util::start_sql(&session, &sql).await;
     while query.recent_progress().len() < 3 {
         assert!(query.is_active(), "{:?}", query.exception());
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -255,14 +255,7 @@ async fn kafka_to_kafka_reads_committed_records_once_with_virtual_columns() {
          INSERT INTO dst SELECT id, name, _key AS k, _partition AS p, _offset AS o FROM src WHERE id % 2 = 0;\n",
         cp = dir.path().display()
     );
-    let outcomes = session.sql(&sql).await.unwrap();
-    let query = outcomes
-        .into_iter()
-        .find_map(|o| match o {
-            sluice::StatementOutcome::Started(q) => Some(q),
-            _ => None,
-        })
-        .unwrap();
+    let query = crate::util::start_sql(&session, &sql).await;
     query.await_termination().await.unwrap();
     assert!(
         query.recent_progress().len() >= 4,
@@ -378,12 +371,11 @@ async fn a_malformed_record_is_named_by_topic_partition_offset_skipped_or_dead_l
     let (result, out, progress) = run("skip").await;
     result.unwrap();
     assert_eq!(crate::util::ints(&out.batches(), "id"), vec![0, 1, 2, 3, 4]);
-    let skipped: u64 = progress
-        .iter()
-        .flat_map(|p| &p.sources)
-        .map(|s| s.skipped_records)
-        .sum();
-    assert_eq!(skipped, 1, "skipped records are counted in progress");
+    assert_eq!(
+        crate::util::skipped(&progress),
+        1,
+        "skipped records are counted in progress"
+    );
 
     let dead_lettering = |dlq: &str| {
         Session::new()
@@ -913,24 +905,13 @@ async fn avro_rows_reach_kafka_single_object_encoded_and_a_source_reads_them_bac
          INSERT INTO dst SELECT id, name, twice FROM src;\n",
         cp = dir.path().join("from-avro").display()
     );
-    let query = session
-        .sql(&sql)
-        .await
-        .unwrap()
-        .into_iter()
-        .find_map(|o| match o {
-            sluice::StatementOutcome::Started(q) => Some(q),
-            _ => None,
-        })
-        .unwrap();
+    let query = crate::util::start_sql(&session, &sql).await;
     query.await_termination().await.unwrap();
-    let skipped: u64 = query
-        .recent_progress()
-        .iter()
-        .flat_map(|p| &p.sources)
-        .map(|s| s.skipped_records)
-        .sum();
-    assert_eq!(skipped, 1, "the record that is not Avro is skipped");
+    assert_eq!(
+        crate::util::skipped(&query.recent_progress()),
+        1,
+        "the record that is not Avro is skipped"
+    );
     let mut back: Vec<(i64, String, i64)> = read(&bootstrap, &json_topic)
         .await
         .iter()

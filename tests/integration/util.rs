@@ -6,6 +6,30 @@ use sluice::arrow::array::{Int64Array, StringArray};
 use sluice::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use sluice::arrow::record_batch::RecordBatch;
 
+/// Runs the statements of `sql` in `session` and returns the query its
+/// `INSERT INTO` started.
+pub async fn start_sql(session: &sluice::Session, sql: &str) -> sluice::StreamingQuery {
+    session
+        .sql(sql)
+        .await
+        .expect("the SQL runs")
+        .into_iter()
+        .find_map(|o| match o {
+            sluice::StatementOutcome::Started(q) => Some(q),
+            _ => None,
+        })
+        .expect("an INSERT INTO started a query")
+}
+
+/// Records the sources skipped as malformed, summed over `progress`.
+pub fn skipped(progress: &[sluice::QueryProgress]) -> u64 {
+    progress
+        .iter()
+        .flat_map(|p| &p.sources)
+        .map(|s| s.skipped_records)
+        .sum()
+}
+
 /// `(id BIGINT, name VARCHAR)`.
 pub fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
