@@ -574,12 +574,21 @@ async fn a_20_second_broker_outage_stalls_the_query_which_then_resumes_exactly()
     let deadline = Instant::now() + Duration::from_secs(120);
     let ids = loop {
         assert!(query.is_active(), "{:?}", query.exception());
-        let records = {
+        let read = {
             let (b, t) = (bootstrap.clone(), output.clone());
             tokio::task::spawn_blocking(move || read_topic(&b, &t, true, Duration::from_secs(30)))
                 .await
                 .unwrap()
-                .unwrap()
+        };
+        // Just after the restart the broker may still be electing the
+        // partition's leader ("not leader for partition"): read again.
+        let records = match read {
+            Ok(records) => records,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "reading the output: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
         };
         let mut ids: Vec<i64> = records
             .iter()
