@@ -38,7 +38,7 @@ use crate::progress::{
 };
 use crate::query::QueryShared;
 use crate::sink::{CommittedEpoch, Sink};
-use crate::source::Offset;
+use crate::source::{LazyPartition, Offset, Partitions};
 use crate::trigger::Trigger;
 use crate::watermark::format_nanos;
 
@@ -469,23 +469,31 @@ impl EpochLoop {
         let mut read = Vec::with_capacity(self.plan.inputs.len());
         let mut dead_letters = Vec::new();
         let mut group_offsets = Vec::new();
-        for input in &self.plan.inputs {
+        for (index, input) in self.plan.inputs.iter().enumerate() {
             let range = record.sources.get(&input.key).ok_or_else(|| {
                 SluiceError::Internal(format!("offsets/{epoch} has no range for {}", input.key))
             })?;
             let empty = range.end.is_null() || range.start.as_ref() == Some(&range.end);
-            let partitions = if empty {
-                Vec::new()
-            } else {
-                input.source.read(range.start.as_ref(), &range.end).await?
+            // An input without a watermark can be generated while the plan
+            // runs; one with a watermark must be seen whole first.
+            let lazy = match empty || self.plan.watermarks.tracks(index) {
+                true => None,
+                false => input.source.read_lazily(range.start.as_ref(), &range.end)?,
             };
-            let rows: u64 = partitions
-                .iter()
-                .flatten()
-                .map(|b| b.num_rows() as u64)
-                .sum();
+            let (rows, batches) = match lazy {
+                Some(lazy) => (lazy.rows, Input::Lazy(lazy.partitions)),
+                None => {
+                    let partitions = if empty {
+                        Vec::new()
+                    } else {
+                        input.source.read(range.start.as_ref(), &range.end).await?
+                    };
+                    let rows = partitions.iter().flatten().map(|b| b.num_rows() as u64);
+                    (rows.sum(), Input::Read(partitions))
+                }
+            };
             input_rows += rows;
-            read.push(partitions);
+            read.push(batches);
             let rejected = input.source.take_rejected();
             sources.push(SourceProgress {
                 description: input.description.clone(),
@@ -508,6 +516,13 @@ impl EpochLoop {
         let previous = watermarks.current();
         let mut late_rows = 0;
         for (index, (input, partitions)) in self.plan.inputs.iter().zip(read).enumerate() {
+            let partitions = match partitions {
+                Input::Read(partitions) => partitions,
+                Input::Lazy(partitions) => {
+                    input.table.set_lazy_input(partitions);
+                    continue;
+                }
+            };
             watermarks.observe(index, &partitions)?;
             let partitions = if drops_late {
                 let (kept, late) = watermarks.drop_late(index, partitions, previous)?;
@@ -649,6 +664,14 @@ impl EpochLoop {
             sink: self.sink_description.clone(),
         })
     }
+}
+
+/// One source's input to an epoch.
+enum Input {
+    /// Read before the plan runs.
+    Read(Partitions),
+    /// Generated as the plan pulls it ([`crate::Source::read_lazily`]).
+    Lazy(Vec<LazyPartition>),
 }
 
 /// Where a query resumes.

@@ -83,8 +83,8 @@ pub use query::{QueryStatus, StreamingQuery};
 pub use session::{DataStreamReader, Session};
 pub use sink::{BlackholeConnector, CommittedEpoch, ConsoleConnector, MemorySink, Sink};
 pub use source::{
-    DeadLetter, FilesConnector, GroupOffsets, MemorySourceFactory, MemoryStream, Offset,
-    Partitions, RateConnector, Rejected, Source, SourceFactory,
+    DeadLetter, FilesConnector, GroupOffsets, LazyInput, LazyPartition, MemorySourceFactory,
+    MemoryStream, Offset, Partitions, RateConnector, Rejected, Source, SourceFactory,
 };
 pub use table::{StreamDefinition, StreamTable};
 pub use trigger::{OutputMode, Trigger};

@@ -14,13 +14,17 @@ use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::catalog::{Session as DfSession, TableProvider};
+use datafusion::error::DataFusionError;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, TableType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::ExecutionPlan;
 
 use crate::connector::{ConnectorRegistry, SourceArgs};
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
-use crate::source::{Partitions, SourceFactory};
+use crate::source::{LazyPartition, Partitions, SourceFactory};
 use crate::watermark::WatermarkSpec;
 
 /// A stream as declared: `CREATE STREAM name (cols) WITH (connector = ..)`
@@ -136,6 +140,22 @@ impl StreamTable {
     pub(crate) fn set_input(&self, partitions: Partitions) {
         self.batches.set_input(partitions);
     }
+
+    /// Sets partitions the next physical plan over this table generates as
+    /// it reads them; each can be executed once.
+    pub(crate) fn set_lazy_input(&self, partitions: Vec<LazyPartition>) {
+        self.batches.set(EpochInput::Lazy(
+            partitions
+                .into_iter()
+                .map(|p| {
+                    Arc::new(OneShot {
+                        schema: Arc::clone(&self.batches.schema),
+                        partition: Mutex::new(Some(p)),
+                    }) as Arc<dyn PartitionStream>
+                })
+                .collect(),
+        ));
+    }
 }
 
 #[async_trait]
@@ -165,7 +185,59 @@ impl TableProvider for StreamTable {
 #[derive(Debug)]
 pub(crate) struct EpochBatches {
     schema: SchemaRef,
-    input: Mutex<Arc<Partitions>>,
+    input: Mutex<EpochInput>,
+}
+
+/// What the next scan of an [`EpochBatches`] reads.
+#[derive(Debug, Clone)]
+enum EpochInput {
+    Batches(Arc<Partitions>),
+    Lazy(Vec<Arc<dyn PartitionStream>>),
+}
+
+impl Default for EpochInput {
+    fn default() -> Self {
+        Self::Batches(Arc::default())
+    }
+}
+
+/// A lazily generated partition, handed to the one execution that asks.
+struct OneShot {
+    schema: SchemaRef,
+    partition: Mutex<Option<LazyPartition>>,
+}
+
+impl std::fmt::Debug for OneShot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OneShot")
+    }
+}
+
+impl PartitionStream for OneShot {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let partition = self
+            .partition
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        // A second execution of the same epoch's plan is a bug in the
+        // engine: fail it rather than silently read nothing.
+        let batches: LazyPartition = partition.unwrap_or_else(|| {
+            Box::new(std::iter::once(Err(SluiceError::Internal(
+                "an epoch's generated input was read twice".into(),
+            ))))
+        });
+        Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            futures::stream::iter(
+                batches.map(|b| b.map_err(|e| DataFusionError::External(Box::new(e)))),
+            ),
+        ))
+    }
 }
 
 impl EpochBatches {
@@ -183,20 +255,36 @@ impl EpochBatches {
 
     /// Sets the batches the next physical plan over this table reads.
     pub(crate) fn set_input(&self, partitions: Partitions) {
-        *self.input.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(partitions);
+        self.set(EpochInput::Batches(Arc::new(partitions)));
+    }
+
+    fn set(&self, input: EpochInput) {
+        *self.input.lock().unwrap_or_else(|p| p.into_inner()) = input;
     }
 
     fn scan_batches(
         &self,
         projection: Option<&Vec<usize>>,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
-        let input = Arc::clone(&self.input.lock().unwrap_or_else(|p| p.into_inner()));
-        let partitions: &[Vec<_>] = if input.is_empty() { &[vec![]] } else { &input };
-        Ok(MemorySourceConfig::try_new_exec(
-            partitions,
-            Arc::clone(&self.schema),
-            projection.cloned(),
-        )?)
+        let input = self.input.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match input {
+            EpochInput::Batches(input) => {
+                let partitions: &[Vec<_>] = if input.is_empty() { &[vec![]] } else { &input };
+                Ok(MemorySourceConfig::try_new_exec(
+                    partitions,
+                    Arc::clone(&self.schema),
+                    projection.cloned(),
+                )?)
+            }
+            EpochInput::Lazy(partitions) => Ok(Arc::new(StreamingTableExec::try_new(
+                Arc::clone(&self.schema),
+                partitions,
+                projection,
+                None,
+                false,
+                None,
+            )?)),
+        }
     }
 }
 

@@ -128,6 +128,11 @@ impl WatermarkTracker {
         Ok(Self { inputs: tracked })
     }
 
+    /// Whether input `index` has a watermark.
+    pub(crate) fn tracks(&self, index: usize) -> bool {
+        matches!(self.inputs.get(index), Some(Some(_)))
+    }
+
     /// The query's watermark: the minimum over inputs that have one.
     pub(crate) fn current(&self) -> Option<i64> {
         self.inputs.iter().flatten().filter_map(|t| t.current).min()

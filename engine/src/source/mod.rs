@@ -34,6 +34,18 @@ pub type Offset = serde_json::Value;
 /// One epoch's input from one source: record batches per partition.
 pub type Partitions = Vec<Vec<RecordBatch>>;
 
+/// One partition of an epoch's input, generated batch by batch as the
+/// epoch's plan pulls it (see [`Source::read_lazily`]).
+pub type LazyPartition = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
+
+/// An epoch's input from a source that generates it while the plan runs.
+pub struct LazyInput {
+    /// How many rows the partitions will yield in all.
+    pub rows: u64,
+    /// One iterator per partition.
+    pub partitions: Vec<LazyPartition>,
+}
+
 /// A record a source could not decode, to be written to a dead-letter
 /// topic in the same transaction as the epoch's output
 /// (`'format.on-error' = 'dead-letter'`), so that every input record ends
@@ -83,6 +95,18 @@ pub trait Source: Send + Sync + Debug {
     /// Reads `[start, end)`. MUST return the same rows for the same range,
     /// whenever it is called: replaying an epoch depends on it.
     async fn read(&self, start: Option<&Offset>, end: &Offset) -> Result<Partitions>;
+
+    /// The same rows as [`Source::read`], generated as the epoch's plan
+    /// pulls them instead of all before it runs: each batch is computed on
+    /// while it is still in cache, and the epoch's input is never whole in
+    /// memory. For sources whose rows are pure arithmetic on the range
+    /// (`rate`); the engine uses it for inputs without a watermark (which
+    /// must see every row before the plan runs). `None` (the default): not
+    /// supported, the engine calls [`Source::read`].
+    fn read_lazily(&self, start: Option<&Offset>, end: &Offset) -> Result<Option<LazyInput>> {
+        let _ = (start, end);
+        Ok(None)
+    }
 
     /// Called once when the query runs with the available-now trigger: from
     /// then on, [`Source::latest_offset`] MUST NOT go past what is available

@@ -19,7 +19,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit}
 use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
-use super::{Offset, Partitions, Source, SourceFactory};
+use super::{LazyInput, LazyPartition, Offset, Partitions, Source, SourceFactory};
 use crate::connector::{Connector, SourceArgs};
 use crate::error::{Result, SluiceError};
 
@@ -141,6 +141,22 @@ impl RateSource {
         }
     }
 
+    /// The rows of `[start, end)`: how many, and a generator per partition.
+    fn partitions(
+        &self,
+        start: Option<&Offset>,
+        end: &Offset,
+    ) -> Result<(u64, Vec<PartitionRows>)> {
+        let start = start.map(parse).transpose()?.map_or(0, |o| o.end);
+        let end = parse(end)?;
+        let (rps, n) = (self.rows_per_second, self.num_partitions);
+        let rows = u64::try_from(end.end - start).unwrap_or(0);
+        let partitions = (0..n)
+            .map(|p| PartitionRows::new(&self.schema, rps, n, p, start, end))
+            .collect();
+        Ok((rows, partitions))
+    }
+
     fn available_at(&self, start_end: i64, now_ms: i64) -> (i64, i64, i64) {
         let mut anchor = self.anchor.lock().unwrap_or_else(|p| p.into_inner());
         let (anchor_value, anchor_ms) = *anchor.get_or_insert((start_end, now_ms));
@@ -151,28 +167,43 @@ impl RateSource {
     }
 }
 
-/// Generates partition `p`'s rows of `[start, offset.end)` with timestamps
-/// from the offset's anchor: pure arithmetic on the offsets, hence
-/// replayable.
-fn generate_partition(
-    schema: &SchemaRef,
-    rows_per_second: u64,
-    num_partitions: usize,
-    p: usize,
-    start: i64,
+/// Generates partition `p`'s rows of `[start, offset.end)`, one batch at a
+/// time, with timestamps from the offset's anchor: pure arithmetic on the
+/// offsets, hence replayable.
+struct PartitionRows {
+    schema: SchemaRef,
+    rps: i64,
+    n: i64,
+    /// The value of the next batch's first row.
+    first: i64,
     offset: RateOffset,
-) -> Result<Vec<RecordBatch>> {
-    const NANOS: i64 = 1_000_000_000;
-    let rps = rows_per_second as i64;
-    let n = num_partitions as i64;
-    // Row `v` is due at anchor + (v - anchor_value) / rps seconds. Computed
-    // exactly for a batch's first row, then by adding the step (whole
-    // nanoseconds plus a carried remainder): no division per row.
-    let (step_ns, step_rem) = ((n * NANOS) / rps, (n * NANOS) % rps);
-    let mut batches = Vec::new();
-    let mut first = start + p as i64;
-    while first < offset.end {
-        let count = ((offset.end - first + n - 1) / n).min(BATCH_ROWS as i64);
+}
+
+impl PartitionRows {
+    fn new(
+        schema: &SchemaRef,
+        rows_per_second: u64,
+        num_partitions: usize,
+        p: usize,
+        start: i64,
+        offset: RateOffset,
+    ) -> Self {
+        Self {
+            schema: Arc::clone(schema),
+            rps: rows_per_second as i64,
+            n: num_partitions as i64,
+            first: start + p as i64,
+            offset,
+        }
+    }
+
+    fn batch(&self, count: i64) -> Result<RecordBatch> {
+        const NANOS: i64 = 1_000_000_000;
+        let (rps, n, first, offset) = (self.rps, self.n, self.first, self.offset);
+        // Row `v` is due at anchor + (v - anchor_value) / rps seconds.
+        // Computed exactly for the batch's first row, then by adding the step
+        // (whole nanoseconds plus a carried remainder): no division per row.
+        let (step_ns, step_rem) = ((n * NANOS) / rps, (n * NANOS) % rps);
         let values = Int64Array::from_iter_values((0..count).map(|i| first + i * n));
         let d = first - offset.anchor_value;
         let mut ts = offset.anchor_ms * 1_000_000 + (d / rps) * NANOS + (d % rps) * NANOS / rps;
@@ -194,13 +225,26 @@ fn generate_partition(
                 now
             }))
         };
-        batches.push(RecordBatch::try_new(
-            Arc::clone(schema),
+        Ok(RecordBatch::try_new(
+            Arc::clone(&self.schema),
             vec![Arc::new(times), Arc::new(values)],
-        )?);
-        first += count * n;
+        )?)
     }
-    Ok(batches)
+}
+
+impl Iterator for PartitionRows {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.first >= self.offset.end {
+            return None;
+        }
+        let n = self.n;
+        let count = ((self.offset.end - self.first + n - 1) / n).min(BATCH_ROWS as i64);
+        let batch = self.batch(count);
+        self.first += count * n;
+        Some(batch)
+    }
 }
 
 fn parse(offset: &Offset) -> Result<RateOffset> {
@@ -236,20 +280,14 @@ impl Source for RateSource {
     }
 
     async fn read(&self, start: Option<&Offset>, end: &Offset) -> Result<Partitions> {
-        let start = start.map(parse).transpose()?.map_or(0, |o| o.end);
-        let end = parse(end)?;
+        let (_, partitions) = self.partitions(start, end)?;
         // Generation is CPU work: one blocking task per partition, in
         // parallel, off the async reactor.
-        let (rps, n) = (self.rows_per_second, self.num_partitions);
-        let tasks: Vec<_> = (0..n)
-            .map(|p| {
-                let schema = Arc::clone(&self.schema);
-                tokio::task::spawn_blocking(move || {
-                    generate_partition(&schema, rps, n, p, start, end)
-                })
-            })
+        let tasks: Vec<_> = partitions
+            .into_iter()
+            .map(|p| tokio::task::spawn_blocking(move || p.collect::<Result<Vec<_>>>()))
             .collect();
-        let mut partitions = Vec::with_capacity(n);
+        let mut partitions = Vec::with_capacity(tasks.len());
         for task in tasks {
             partitions.push(
                 task.await
@@ -257,6 +295,17 @@ impl Source for RateSource {
             );
         }
         Ok(partitions)
+    }
+
+    fn read_lazily(&self, start: Option<&Offset>, end: &Offset) -> Result<Option<LazyInput>> {
+        let (rows, partitions) = self.partitions(start, end)?;
+        Ok(Some(LazyInput {
+            rows,
+            partitions: partitions
+                .into_iter()
+                .map(|p| Box::new(p) as LazyPartition)
+                .collect(),
+        }))
     }
 
     async fn prepare_available_now(&self) -> Result<()> {
@@ -300,7 +349,11 @@ mod tests {
             anchor_ms: 1_000,
         };
         let parts: Partitions = (0..2)
-            .map(|p| generate_partition(&rate_schema(), 4, 2, p, 3, off).unwrap())
+            .map(|p| {
+                PartitionRows::new(&rate_schema(), 4, 2, p, 3, off)
+                    .collect::<Result<Vec<_>>>()
+                    .unwrap()
+            })
             .collect();
         assert_eq!(values(&parts), vec![vec![3, 5, 7, 9], vec![4, 6, 8]]);
         let ts = parts[0][0]
@@ -319,8 +372,9 @@ mod tests {
         };
         for (rps, parts) in [(7_000i64, 3usize), (4_000_000, 2)] {
             for p in 0..parts {
-                let batches =
-                    generate_partition(&rate_schema(), rps as u64, parts, p, 11, off).unwrap();
+                let batches = PartitionRows::new(&rate_schema(), rps as u64, parts, p, 11, off)
+                    .collect::<Result<Vec<_>>>()
+                    .unwrap();
                 for b in batches {
                     let values = b.column(1).as_primitive::<Int64Type>();
                     let ts = b
@@ -360,5 +414,15 @@ mod tests {
         assert_eq!(a, b);
         let total: usize = a.iter().flatten().map(|b| b.num_rows()).sum();
         assert_eq!(total, 249_900);
+        // Generated as a plan pulls it: the same rows, and the count told
+        // up front is the count yielded.
+        let lazy = src.read_lazily(Some(&start), &end).unwrap().unwrap();
+        assert_eq!(lazy.rows, 249_900);
+        let c: Partitions = lazy
+            .partitions
+            .into_iter()
+            .map(|p| p.collect::<Result<Vec<_>>>().unwrap())
+            .collect();
+        assert_eq!(a, c);
     }
 }
