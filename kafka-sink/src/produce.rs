@@ -364,6 +364,31 @@ pub(crate) fn create_producer(config: &ClientConfig) -> Result<ThreadedProducer<
         .map_err(|e| SluiceError::config(format!("kafka sink: invalid producer setting: {e}")))
 }
 
+/// Waits until every message sent so far is acknowledged or has failed,
+/// at most `timeout`.
+///
+/// Not rdkafka's `flush` alone: between its checks it polls for up to
+/// 100 ms for delivery events, which a `ThreadedProducer`'s own thread
+/// takes first, so every flush lasted 100 ms — every 100 ms epoch twice as
+/// long. Checking the count often costs microseconds.
+pub(crate) fn flush_within(
+    producer: &ThreadedProducer<DeliveryTracker>,
+    timeout: Duration,
+) -> std::result::Result<(), KafkaError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        // A zero timeout checks once (and sends what lingers) without polling.
+        match producer.flush(Duration::ZERO) {
+            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut))
+                if Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Flushes `producer`, waiting as long as librdkafka keeps retrying.
 pub(crate) fn flush(
     producer: &ThreadedProducer<DeliveryTracker>,
@@ -371,7 +396,7 @@ pub(crate) fn flush(
     epoch: u64,
 ) -> Result<()> {
     let mut waited = Duration::ZERO;
-    while let Err(e) = producer.flush(Duration::from_secs(10)) {
+    while let Err(e) = flush_within(producer, Duration::from_secs(10)) {
         waited += Duration::from_secs(10);
         tracing::warn!(topic = %config.topic, error = %e, ?waited, "waiting for Kafka acknowledgements");
         if waited >= Duration::from_secs(600) {

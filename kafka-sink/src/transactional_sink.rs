@@ -53,7 +53,7 @@ use sluice_engine::{
     fail_point, CommittedEpoch, EpochCommit, OffsetRecord, Result, Sink, SluiceError,
 };
 
-use crate::produce::{create_producer, send, DeliveryTracker, Groups, SinkConfig};
+use crate::produce::{create_producer, flush_within, send, DeliveryTracker, Groups, SinkConfig};
 use crate::progress_topic::{self, ProgressRecord};
 
 /// Times an epoch is produced again after abortable errors before the query
@@ -264,7 +264,7 @@ impl Inner {
             // Deliver within the transaction first: a delivery error is then
             // known before the commit, and the fail point below really
             // leaves records of an open transaction on the broker.
-            if let Err(e) = self.producer.flush(self.transaction_timeout) {
+            if let Err(e) = flush_within(&self.producer, self.transaction_timeout) {
                 tracing::warn!(epoch, attempt, error = %e, "flush failed; aborting the transaction");
                 self.abort()?;
                 continue;
