@@ -334,19 +334,21 @@ async fn verify(file: &Path) -> Result<(), Failure> {
     let (mut differ, mut unchecked) = (Vec::new(), Vec::new());
     for p in runner.prepare(&text).await? {
         let Prepared::Query(q) = p else { continue };
-        let mut query = q.batch_query()?;
-        match sluice_kafka::verify(&mut query).await {
-            Ok(verdict) => {
-                print!("{verdict}");
-                if !verdict.ok {
-                    differ.push(q.name.clone());
+        // A statement set is checked statement by statement.
+        for (name, mut query) in q.batch_queries()? {
+            match sluice_kafka::verify(&mut query).await {
+                Ok(verdict) => {
+                    print!("{verdict}");
+                    if !verdict.ok {
+                        differ.push(name);
+                    }
                 }
+                Err(e) if e.is_user_error() => {
+                    println!("query '{name}'\nNOT CHECKED: {e}");
+                    unchecked.push(name);
+                }
+                Err(e) => return Err(Failure::Runtime(format!("sluice: query '{name}': {e}"))),
             }
-            Err(e) if e.is_user_error() => {
-                println!("query '{}'\nNOT CHECKED: {e}", q.name);
-                unchecked.push(q.name.clone());
-            }
-            Err(e) => return Err(Failure::Runtime(format!("sluice: query '{}': {e}", q.name))),
         }
     }
     if !differ.is_empty() {

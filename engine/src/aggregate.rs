@@ -41,6 +41,7 @@ use datafusion::physical_plan::{collect, ExecutionPlan};
 
 use crate::error::{Result, SluiceError};
 use crate::operator::{Staged, StateChain};
+use crate::sink::EpochOutput;
 use crate::state::KeyedState;
 use crate::table::EpochBatches;
 use crate::trigger::OutputMode;
@@ -70,15 +71,6 @@ pub(crate) struct AggregateConfig {
     /// carries the whole group key: the output's key columns. A group the
     /// tail emitted before an epoch and drops after it is then retracted.
     pub retract_keys: Vec<String>,
-}
-
-/// What one epoch of an operator emits.
-#[derive(Debug, Default)]
-pub(crate) struct EpochOutput {
-    /// Rows to emit.
-    pub rows: Vec<RecordBatch>,
-    /// Keys (the output's key columns) of groups that left the output.
-    pub retracted: Option<RecordBatch>,
 }
 
 /// A running GROUP BY.

@@ -81,6 +81,21 @@ pub trait Connector: Send + Sync + Debug {
             self.name()
         )))
     }
+
+    /// Builds one sink for the statements of a statement set that write to
+    /// this connector, `args[i]` for the i-th; its
+    /// [`Sink::write_epoch_set`] gets their outputs in that order. The
+    /// default makes one sink per statement and writes them one after the
+    /// other (each as at-least-once as it is alone); a connector whose sinks
+    /// can commit together (Kafka: one transaction) combines them.
+    fn sink_set(&self, args: Vec<SinkArgs>) -> Result<Arc<dyn Sink>> {
+        let statements = args.len();
+        let mut parts = Vec::with_capacity(statements);
+        for (i, a) in args.into_iter().enumerate() {
+            parts.push((self.sink(a)?, vec![i]));
+        }
+        crate::sink::FanOut::combine(parts, statements)
+    }
 }
 
 /// Connectors by name.

@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use datafusion::physical_plan::collect_partitioned;
 use futures::FutureExt;
 
-use crate::aggregate::EpochOutput;
 use crate::checkpoint::{
     Checkpoint, CommitRecord, EpochCommit, OffsetRecord, SourceRange, StateFile,
 };
@@ -37,7 +36,7 @@ use crate::progress::{
     StreamingQueryListener,
 };
 use crate::query::QueryShared;
-use crate::sink::{CommittedEpoch, Sink};
+use crate::sink::{CommittedEpoch, EpochOutput, Sink};
 use crate::source::{LazyPartition, Offset, Partitions};
 use crate::trigger::Trigger;
 use crate::watermark::format_nanos;
@@ -60,7 +59,9 @@ const OUTAGE_LIMIT: Duration = Duration::from_secs(300);
 /// Everything one running query needs.
 pub(crate) struct EpochLoop {
     pub shared: Arc<QueryShared>,
-    pub plan: IncrementalPlan,
+    /// The query's statements: one, or those of a statement set, which
+    /// share the epochs, the checkpoint and the sink's commit.
+    pub branches: Vec<Branch>,
     pub sink: Arc<dyn Sink>,
     pub sink_description: String,
     pub checkpoint: Checkpoint,
@@ -68,11 +69,6 @@ pub(crate) struct EpochLoop {
     pub temp_dir: Option<tempfile::TempDir>,
     pub trigger: Trigger,
     pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
-    /// The query's stateful operator, when it has one.
-    pub operator: Option<Operator>,
-    /// The state files of the last committed epoch: a snapshot and the
-    /// deltas after it.
-    pub state_chain: Vec<String>,
     /// State files per chain before a new snapshot starts one.
     pub snapshot_every: u64,
     /// Snapshots (with their deltas) kept in the checkpoint.
@@ -81,7 +77,166 @@ pub(crate) struct EpochLoop {
     pub recoveries: u64,
 }
 
+/// One statement of a query: its plan, and its state.
+pub(crate) struct Branch {
+    pub plan: IncrementalPlan,
+    /// The statement's stateful operator, when it has one.
+    pub operator: Option<Operator>,
+    /// The operator's folder under the checkpoint's `state/`: its name,
+    /// prefixed by the statement's position in a statement set.
+    pub state_name: String,
+    /// The state files of the last committed epoch: a snapshot and the
+    /// deltas after it.
+    pub state_chain: Vec<String>,
+}
+
+impl Branch {
+    /// A statement of a query with `statements` statements, at `index`.
+    pub(crate) fn new(
+        plan: IncrementalPlan,
+        operator: Option<Operator>,
+        index: usize,
+        statements: usize,
+    ) -> Self {
+        let op = operator.as_ref().map_or("none", Operator::name);
+        Self {
+            plan,
+            state_name: if statements == 1 {
+                op.to_string()
+            } else {
+                format!("{index}-{op}")
+            },
+            operator,
+            state_chain: Vec::new(),
+        }
+    }
+
+    /// Hands the epoch's input to the plan's tables: inputs with a
+    /// watermark move it and lose their late rows first. Returns the late
+    /// rows dropped.
+    fn set_inputs(&mut self, read: Vec<Input>) -> Result<u64> {
+        // Late rows are judged by the watermark the previous epoch left;
+        // only then does this epoch's input move it (see `watermark`).
+        let watermarks = &mut self.plan.watermarks;
+        let drops_late = self.operator.as_ref().is_some_and(Operator::drops_late);
+        let previous = watermarks.current();
+        let mut late_rows = 0;
+        for (index, (input, partitions)) in self.plan.inputs.iter().zip(read).enumerate() {
+            let partitions = match partitions {
+                Input::Read(partitions) => partitions,
+                Input::Lazy(partitions) => {
+                    input.table.set_lazy_input(partitions);
+                    continue;
+                }
+            };
+            watermarks.observe(index, &partitions)?;
+            let partitions = if drops_late {
+                let (kept, late) = watermarks.drop_late(index, partitions, previous)?;
+                late_rows += late;
+                kept
+            } else {
+                partitions
+            };
+            input.table.set_input(partitions);
+        }
+        Ok(late_rows)
+    }
+
+    /// Runs the statement over the epoch's input.
+    async fn compute(&mut self) -> Result<EpochOutput> {
+        let output = match &mut self.operator {
+            Some(op) => {
+                op.run_epoch(&self.plan.state, self.plan.watermarks.current())
+                    .await?
+            }
+            None => {
+                let physical = self
+                    .plan
+                    .state
+                    .create_physical_plan(&self.plan.logical)
+                    .await?;
+                EpochOutput {
+                    rows: collect_partitioned(physical, self.plan.state.task_ctx())
+                        .await?
+                        .into_iter()
+                        .flatten()
+                        .filter(|b| b.num_rows() > 0)
+                        .collect(),
+                    retracted: None,
+                }
+            }
+        };
+        for input in &self.plan.inputs {
+            input.table.set_input(Vec::new());
+        }
+        Ok(output)
+    }
+
+    /// Writes the operator's state of `epoch` to the checkpoint: returns
+    /// the statement's state files for the commit (its chain with the new
+    /// file, or a new chain every `snapshot_every` files), and the state's
+    /// rows and bytes.
+    fn stage(
+        &mut self,
+        checkpoint: &Checkpoint,
+        epoch: u64,
+        run: &str,
+        snapshot_every: u64,
+    ) -> Result<(Vec<String>, u64, u64)> {
+        let mut files = self.state_chain.clone();
+        let Some(op) = &mut self.operator else {
+            return Ok((files, 0, 0));
+        };
+        let full = files.is_empty() || files.len() as u64 >= snapshot_every;
+        let name = &self.state_name;
+        match op.stage(full)? {
+            Staged::Nothing | Staged::Unchanged => {}
+            Staged::Delta(bytes) => files.push(checkpoint.write_state(
+                name,
+                epoch,
+                run,
+                StateFile::Delta,
+                &mut |w| w.write_all(&bytes),
+            )?),
+            Staged::Snapshot => {
+                files = vec![checkpoint.write_state(
+                    name,
+                    epoch,
+                    run,
+                    StateFile::Snapshot,
+                    &mut |w| op.write_snapshot(w).map_err(std::io::Error::other),
+                )?]
+            }
+        }
+        let (rows, bytes) = op.state_size();
+        Ok((files, rows, bytes))
+    }
+
+    /// Which of `files` (a commit's, every statement's) are this one's.
+    fn own_files(&self, files: &[String]) -> Vec<String> {
+        let prefix = format!("state/{}/", self.state_name);
+        files
+            .iter()
+            .filter(|f| f.starts_with(&prefix))
+            .cloned()
+            .collect()
+    }
+}
+
 impl EpochLoop {
+    /// Every statement's inputs, in order.
+    fn inputs(&self) -> impl Iterator<Item = &crate::planner::Input> {
+        self.branches.iter().flat_map(|b| &b.plan.inputs)
+    }
+
+    /// The query's watermark: the minimum over its statements'.
+    fn watermark(&self) -> Option<i64> {
+        self.branches
+            .iter()
+            .filter_map(|b| b.plan.watermarks.current())
+            .min()
+    }
+
     /// Runs the query until it is stopped, runs out of input under the
     /// available-now trigger, or fails.
     pub(crate) async fn run(mut self, recovered: Recovered) {
@@ -186,7 +341,7 @@ impl EpochLoop {
             mut replay,
         } = recovered;
         if self.trigger == Trigger::AvailableNow {
-            for input in &self.plan.inputs {
+            for input in self.inputs() {
                 input.source.prepare_available_now().await?;
             }
         }
@@ -304,22 +459,25 @@ impl EpochLoop {
             .as_ref()
             .map(|c| (c.state_files.clone(), c.watermarks.clone()))
             .unwrap_or_default();
-        if let Some(op) = &mut self.operator {
-            let checkpoint = &self.checkpoint;
-            let mut chain = files.iter().map(|f| checkpoint.read_state(f));
-            op.restore(&self.plan.state, &mut chain)
-                .await
-                .map_err(|e| match e {
-                    // A damaged file names itself.
-                    e @ SluiceError::Checkpoint { .. } => e,
-                    e => SluiceError::checkpoint(
-                        checkpoint.dir().join("state"),
-                        format!("{}: {e}", files.join(", ")),
-                    ),
-                })?;
+        for branch in &mut self.branches {
+            let files = branch.own_files(&files);
+            if let Some(op) = &mut branch.operator {
+                let checkpoint = &self.checkpoint;
+                let mut chain = files.iter().map(|f| checkpoint.read_state(f));
+                op.restore(&branch.plan.state, &mut chain)
+                    .await
+                    .map_err(|e| match e {
+                        // A damaged file names itself.
+                        e @ SluiceError::Checkpoint { .. } => e,
+                        e => SluiceError::checkpoint(
+                            checkpoint.dir().join("state"),
+                            format!("{}: {e}", files.join(", ")),
+                        ),
+                    })?;
+            }
+            branch.state_chain = files;
+            branch.plan.watermarks.restore(&watermarks);
         }
-        self.state_chain = files;
-        self.plan.watermarks.restore(&watermarks);
         let cp = &self.checkpoint;
         let committed_plan = committed_epoch.map(|c| c.plan);
         let committed = committed_plan.as_ref().map(|p| p.epoch);
@@ -406,7 +564,8 @@ impl EpochLoop {
 
     /// The checkpoint must belong to a query with the same inputs.
     fn check_sources(&self, record: &OffsetRecord) -> Result<()> {
-        let ours: Vec<&str> = self.plan.inputs.iter().map(|i| i.key.as_str()).collect();
+        let mut ours: Vec<&str> = self.inputs().map(|i| i.key.as_str()).collect();
+        ours.sort_unstable();
         let theirs: Vec<&str> = record.sources.keys().map(String::as_str).collect();
         if ours != theirs {
             return Err(SluiceError::config(format!(
@@ -429,7 +588,7 @@ impl EpochLoop {
     ) -> Result<Option<OffsetRecord>> {
         let mut sources = BTreeMap::new();
         let mut any_new = false;
-        for input in &self.plan.inputs {
+        for input in self.inputs() {
             let start = positions.get(&input.key).cloned();
             let end = match input.source.latest_offset(start.as_ref()).await? {
                 Some(end) => {
@@ -466,150 +625,99 @@ impl EpochLoop {
         let t = Instant::now();
         let mut sources = Vec::new();
         let mut input_rows = 0u64;
-        let mut read = Vec::with_capacity(self.plan.inputs.len());
         let mut dead_letters = Vec::new();
         let mut group_offsets = Vec::new();
-        for (index, input) in self.plan.inputs.iter().enumerate() {
-            let range = record.sources.get(&input.key).ok_or_else(|| {
-                SluiceError::Internal(format!("offsets/{epoch} has no range for {}", input.key))
-            })?;
-            let empty = range.end.is_null() || range.start.as_ref() == Some(&range.end);
-            // An input without a watermark can be generated while the plan
-            // runs; one with a watermark must be seen whole first.
-            let lazy = match empty || self.plan.watermarks.tracks(index) {
-                true => None,
-                false => input.source.read_lazily(range.start.as_ref(), &range.end)?,
-            };
-            let (rows, batches) = match lazy {
-                Some(lazy) => (lazy.rows, Input::Lazy(lazy.partitions)),
-                None => {
-                    let partitions = if empty {
-                        Vec::new()
-                    } else {
-                        input.source.read(range.start.as_ref(), &range.end).await?
-                    };
-                    let rows = partitions.iter().flatten().map(|b| b.num_rows() as u64);
-                    (rows.sum(), Input::Read(partitions))
-                }
-            };
-            input_rows += rows;
-            read.push(batches);
-            let rejected = input.source.take_rejected();
-            sources.push(SourceProgress {
-                description: input.description.clone(),
-                start_offset: range.start.clone(),
-                end_offset: range.end.clone(),
-                num_input_rows: rows,
-                skipped_records: rejected.skipped,
-                dead_lettered_records: rejected.dead_letters.len() as u64,
-                lag: input.source.lag(),
-            });
-            dead_letters.extend(rejected.dead_letters);
-            if !empty {
-                group_offsets.extend(input.source.group_offsets(&range.end));
-            }
-        }
-        // Late rows are judged by the watermark the previous epoch left;
-        // only then does this epoch's input move it (see `watermark`).
-        let watermarks = &mut self.plan.watermarks;
-        let drops_late = self.operator.as_ref().is_some_and(Operator::drops_late);
-        let previous = watermarks.current();
         let mut late_rows = 0;
-        for (index, (input, partitions)) in self.plan.inputs.iter().zip(read).enumerate() {
-            let partitions = match partitions {
-                Input::Read(partitions) => partitions,
-                Input::Lazy(partitions) => {
-                    input.table.set_lazy_input(partitions);
-                    continue;
+        for branch in &mut self.branches {
+            let mut read = Vec::with_capacity(branch.plan.inputs.len());
+            for (index, input) in branch.plan.inputs.iter().enumerate() {
+                let range = record.sources.get(&input.key).ok_or_else(|| {
+                    SluiceError::Internal(format!("offsets/{epoch} has no range for {}", input.key))
+                })?;
+                let empty = range.end.is_null() || range.start.as_ref() == Some(&range.end);
+                // An input without a watermark can be generated while the
+                // plan runs; one with a watermark must be seen whole first.
+                let lazy = match empty || branch.plan.watermarks.tracks(index) {
+                    true => None,
+                    false => input.source.read_lazily(range.start.as_ref(), &range.end)?,
+                };
+                let (rows, batches) = match lazy {
+                    Some(lazy) => (lazy.rows, Input::Lazy(lazy.partitions)),
+                    None => {
+                        let partitions = if empty {
+                            Vec::new()
+                        } else {
+                            input.source.read(range.start.as_ref(), &range.end).await?
+                        };
+                        let rows = partitions.iter().flatten().map(|b| b.num_rows() as u64);
+                        (rows.sum(), Input::Read(partitions))
+                    }
+                };
+                input_rows += rows;
+                read.push(batches);
+                let rejected = input.source.take_rejected();
+                sources.push(SourceProgress {
+                    description: input.description.clone(),
+                    start_offset: range.start.clone(),
+                    end_offset: range.end.clone(),
+                    num_input_rows: rows,
+                    skipped_records: rejected.skipped,
+                    dead_lettered_records: rejected.dead_letters.len() as u64,
+                    lag: input.source.lag(),
+                });
+                dead_letters.extend(rejected.dead_letters);
+                if !empty {
+                    group_offsets.extend(input.source.group_offsets(&range.end));
                 }
-            };
-            watermarks.observe(index, &partitions)?;
-            let partitions = if drops_late {
-                let (kept, late) = watermarks.drop_late(index, partitions, previous)?;
-                late_rows += late;
-                kept
-            } else {
-                partitions
-            };
-            input.table.set_input(partitions);
+            }
+            late_rows += branch.set_inputs(read)?;
         }
         let read_ms = ms(t.elapsed());
 
         let t = Instant::now();
-        let EpochOutput {
-            rows: output,
-            retracted,
-        } = match &mut self.operator {
-            Some(op) => {
-                op.run_epoch(&self.plan.state, self.plan.watermarks.current())
-                    .await?
-            }
-            None => {
-                let physical = self
-                    .plan
-                    .state
-                    .create_physical_plan(&self.plan.logical)
-                    .await?;
-                EpochOutput {
-                    rows: collect_partitioned(physical, self.plan.state.task_ctx())
-                        .await?
-                        .into_iter()
-                        .flatten()
-                        .filter(|b| b.num_rows() > 0)
-                        .collect(),
-                    retracted: None,
-                }
-            }
-        };
-        for input in &self.plan.inputs {
-            input.table.set_input(Vec::new());
+        let mut outputs = Vec::with_capacity(self.branches.len());
+        for branch in &mut self.branches {
+            outputs.push(branch.compute().await?);
         }
         let compute_ms = ms(t.elapsed());
 
         // Stage the state durably before the commit, so the commit can name
         // it (DESIGN §6 step 3).
         let t = Instant::now();
-        let mut state_files = self.state_chain.clone();
+        let mut state_files = Vec::new();
         let (mut state_rows, mut state_bytes) = (0, 0);
-        if let Some(op) = &mut self.operator {
-            // A new chain every `snapshot_every` files (and at the start).
-            let full = state_files.is_empty() || state_files.len() as u64 >= self.snapshot_every;
-            let run = &self.shared.run_id;
-            let name = op.name();
-            match op.stage(full)? {
-                Staged::Nothing | Staged::Unchanged => {}
-                Staged::Delta(bytes) => state_files.push(self.checkpoint.write_state(
-                    name,
-                    epoch,
-                    run,
-                    StateFile::Delta,
-                    &mut |w| w.write_all(&bytes),
-                )?),
-                Staged::Snapshot => {
-                    state_files = vec![self.checkpoint.write_state(
-                        name,
-                        epoch,
-                        run,
-                        StateFile::Snapshot,
-                        &mut |w| op.write_snapshot(w).map_err(std::io::Error::other),
-                    )?]
-                }
-            }
-            (state_rows, state_bytes) = op.state_size();
+        for branch in &mut self.branches {
+            let (files, rows, bytes) = branch.stage(
+                &self.checkpoint,
+                epoch,
+                &self.shared.run_id,
+                self.snapshot_every,
+            )?;
+            state_files.extend(files);
+            state_rows += rows;
+            state_bytes += bytes;
         }
         let state_ms = ms(t.elapsed());
 
         let t = Instant::now();
-        let output_rows: u64 = output.iter().map(|b| b.num_rows() as u64).sum();
+        let output_rows: u64 = outputs
+            .iter()
+            .flat_map(|o| &o.rows)
+            .map(|b| b.num_rows() as u64)
+            .sum();
+        let mut watermarks = BTreeMap::new();
+        for branch in &self.branches {
+            watermarks.extend(branch.plan.watermarks.to_record());
+        }
         let commit = EpochCommit {
             plan: record.clone(),
             state_files,
-            watermarks: self.plan.watermarks.to_record(),
+            watermarks,
             dead_letters,
             group_offsets,
-            retracted,
+            retracted: None,
         };
-        self.sink.write_epoch(&commit, &output).await?;
+        self.sink.write_epoch_set(&commit, &outputs).await?;
         fail_point("before-commit-record", epoch);
         self.checkpoint.write_commit(&CommitRecord {
             epoch,
@@ -619,11 +727,13 @@ impl EpochLoop {
             watermarks: commit.watermarks,
         })?;
         self.checkpoint.purge(epoch, RETAIN_EPOCHS)?;
-        if let (Some(op), Some(start)) = (&self.operator, commit.state_files.first()) {
-            self.checkpoint
-                .purge_state(op.name(), start, self.retained_snapshots)?;
+        for branch in &mut self.branches {
+            branch.state_chain = branch.own_files(&commit.state_files);
+            if let (Some(_), Some(start)) = (&branch.operator, branch.state_chain.first()) {
+                self.checkpoint
+                    .purge_state(&branch.state_name, start, self.retained_snapshots)?;
+            }
         }
-        self.state_chain = commit.state_files;
         let commit_ms = ms(t.elapsed());
 
         let total = epoch_start.elapsed();
@@ -657,7 +767,7 @@ impl EpochLoop {
             },
             state_rows,
             state_bytes,
-            watermark: self.plan.watermarks.current().map(format_nanos),
+            watermark: self.watermark().map(format_nanos),
             late_rows,
             recoveries: self.recoveries,
             sources,

@@ -16,19 +16,14 @@ use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{ident, Expr};
 
-use crate::aggregate::AggregateOperator;
 use crate::batch::BatchQuery;
-use crate::checkpoint::Checkpoint;
-use crate::connector::SinkArgs;
-use crate::epoch::EpochLoop;
 use crate::error::{Result, SluiceError};
-use crate::join::JoinOperator;
-use crate::operator::Operator;
 use crate::options::Options;
 use crate::planner::{self, IncrementalPlan};
-use crate::query::{QueryShared, StreamingQuery};
+use crate::query::StreamingQuery;
 use crate::session::Session;
 use crate::sink::{MemorySink, Sink};
+use crate::statement_set::StatementSet;
 use crate::table::as_stream_table;
 use crate::trigger::{OutputMode, Trigger};
 use crate::watermark::WatermarkSpec;
@@ -269,12 +264,12 @@ impl StreamFrame {
 }
 
 /// State files per chain (a snapshot and its deltas) before a new snapshot.
-const DEFAULT_SNAPSHOT_EVERY: u64 = 10;
+pub(crate) const DEFAULT_SNAPSHOT_EVERY: u64 = 10;
 /// Snapshots, with their deltas, kept in the checkpoint.
-const DEFAULT_RETAINED_SNAPSHOTS: usize = 2;
+pub(crate) const DEFAULT_RETAINED_SNAPSHOTS: usize = 2;
 
 #[derive(Debug)]
-enum SinkChoice {
+pub(crate) enum SinkChoice {
     None,
     Connector(String),
     Instance(Arc<dyn Sink>),
@@ -283,9 +278,9 @@ enum SinkChoice {
 /// Builds and starts a query (Spark's `DataStreamWriter`).
 #[derive(Debug)]
 pub struct DataStreamWriter {
-    frame: StreamFrame,
-    sink: SinkChoice,
-    options: Options,
+    pub(crate) frame: StreamFrame,
+    pub(crate) sink: SinkChoice,
+    pub(crate) options: Options,
     output_mode: Option<OutputMode>,
     checkpoint: Option<PathBuf>,
     trigger: Trigger,
@@ -372,11 +367,17 @@ impl DataStreamWriter {
     }
 
     fn plan(&self) -> Result<IncrementalPlan> {
+        self.plan_with_keys("")
+    }
+
+    /// The plan, its inputs' checkpoint keys prefixed by `key_prefix`.
+    pub(crate) fn plan_with_keys(&self, key_prefix: &str) -> Result<IncrementalPlan> {
         planner::plan_query(
             &self.frame.session.context().state(),
             &self.frame.session.connectors(),
             self.frame.logical_plan(),
             self.output_mode,
+            key_prefix,
         )
     }
 
@@ -395,6 +396,16 @@ impl DataStreamWriter {
     /// `sluice verify` compares a running query's output with), opening
     /// nothing: see [`BatchQuery`].
     pub fn batch_query(&self) -> Result<BatchQuery> {
+        self.batch_query_in("", self.checkpoint.clone())
+    }
+
+    /// The batch query of this writer as a statement of a query whose
+    /// checkpoint is `checkpoint`, its inputs keyed with `key_prefix`.
+    pub(crate) fn batch_query_in(
+        &self,
+        key_prefix: &str,
+        checkpoint: Option<PathBuf>,
+    ) -> Result<BatchQuery> {
         Ok(BatchQuery {
             name: self.name.clone(),
             sink: match &self.sink {
@@ -402,110 +413,25 @@ impl DataStreamWriter {
                 SinkChoice::None | SinkChoice::Instance(_) => None,
             },
             sink_options: self.options.clone(),
-            checkpoint: self.checkpoint.clone(),
-            plan: self.plan()?,
+            checkpoint,
+            plan: self.plan_with_keys(key_prefix)?,
         })
     }
 
     /// Plans the query, opens its checkpoint and sink, and starts its epoch
     /// loop on the current tokio runtime. Mistakes in the query or options
     /// are reported here, before anything runs.
-    pub async fn start(self) -> Result<StreamingQuery> {
-        let session = self.frame.session.clone();
-        let plan = self.plan()?;
-        let mut plan = plan;
-        let mode = plan.mode;
-        let operator = match (plan.aggregate.take(), plan.join.take()) {
-            (Some(a), _) => Some(Operator::Aggregate(Box::new(AggregateOperator::new(a)))),
-            (None, Some(j)) => Some(Operator::Join(Box::new(JoinOperator::new(j)?))),
-            (None, None) => None,
-        };
-        let name = self
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("query-{}", session.next_number()));
-        let new_id = uuid::Uuid::new_v4().to_string();
-        let checkpoint = self
-            .checkpoint
-            .as_ref()
-            .map(|dir| Checkpoint::open(dir, &new_id))
-            .transpose()?;
-        let query_id = checkpoint
-            .as_ref()
-            .map_or(new_id, |c| c.metadata().query_id.clone());
-        let sink = match self.sink {
-            SinkChoice::None => {
-                return Err(SluiceError::config(format!(
-                    "query '{name}' has no sink: choose one with .format(\"kafka\"), one of {}",
-                    session.connectors().names().join(", ")
-                )))
-            }
-            SinkChoice::Instance(s) => {
-                self.options.finish(&s.describe(), &[])?;
-                s
-            }
-            SinkChoice::Connector(c) => session.connectors().get(&c)?.sink(SinkArgs {
-                options: self.options,
-                schema: Arc::clone(&plan.output_schema),
-                output_mode: mode,
-                query_id: query_id.clone(),
-                query_name: name.clone(),
-                key_columns: plan.key_columns.clone(),
-            })?,
-        };
-        let (checkpoint, temp_dir) = match checkpoint {
-            Some(c) => (c, None),
-            None if sink.needs_checkpoint() => {
-                return Err(SluiceError::config(format!(
-                    "query '{name}' writes to {}, which needs a checkpoint location to know what \
-                     it already wrote: set .checkpoint_location(dir), or in SQL \
-                     SET 'checkpoint.location' = './checkpoints/{name}'",
-                    sink.describe()
-                )))
-            }
-            None => {
-                let dir = tempfile::Builder::new()
-                    .prefix("sluice-checkpoint-")
-                    .tempdir()
-                    .map_err(|e| SluiceError::io("creating a temporary checkpoint", e))?;
-                (Checkpoint::open(dir.path(), &query_id)?, Some(dir))
-            }
-        };
-        if !sink.accepts_source_commits() {
-            for input in &plan.inputs {
-                if let Some(option) = input.source.commits_through_sink() {
-                    return Err(SluiceError::config(format!(
-                        "query '{name}' reads {} with {option}, which needs a Kafka sink to \
-                         commit it with the epoch's output; {} cannot: write to Kafka, or \
-                         remove {option}",
-                        input.description,
-                        sink.describe()
-                    )));
-                }
-            }
+    pub async fn start(mut self) -> Result<StreamingQuery> {
+        let mut set = StatementSet::new(&self.frame.session)
+            .trigger(self.trigger)
+            .state_snapshot_interval(self.snapshot_every)
+            .state_retained_snapshots(self.retained_snapshots);
+        if let Some(dir) = self.checkpoint.take() {
+            set = set.checkpoint_location(dir);
         }
-        sink.open().await?;
-        let shared = QueryShared::new(query_id, name);
-        let epochs = EpochLoop {
-            shared: Arc::clone(&shared),
-            plan,
-            operator,
-            state_chain: Vec::new(),
-            snapshot_every: self.snapshot_every,
-            retained_snapshots: self.retained_snapshots,
-            recoveries: 0,
-            sink_description: sink.describe(),
-            sink,
-            checkpoint,
-            temp_dir,
-            trigger: self.trigger,
-            listeners: session.listeners(),
-        };
-        let mut epochs = epochs;
-        let recovered = epochs.recover().await?;
-        shared.set_task(tokio::spawn(epochs.run(recovered)));
-        let query = StreamingQuery::new(shared);
-        session.track(query.clone());
-        Ok(query)
+        if let Some(name) = self.name.take() {
+            set = set.query_name(&name);
+        }
+        set.add_insert(self).start().await
     }
 }

@@ -60,6 +60,7 @@ mod session;
 mod sink;
 mod source;
 mod state;
+mod statement_set;
 mod table;
 mod trigger;
 mod watermark;
@@ -81,11 +82,14 @@ pub use progress::{
 };
 pub use query::{QueryStatus, StreamingQuery};
 pub use session::{DataStreamReader, Session};
-pub use sink::{BlackholeConnector, CommittedEpoch, ConsoleConnector, MemorySink, Sink};
+pub use sink::{
+    BlackholeConnector, CommittedEpoch, ConsoleConnector, EpochOutput, FanOut, MemorySink, Sink,
+};
 pub use source::{
     DeadLetter, FilesConnector, GroupOffsets, LazyInput, LazyPartition, MemorySourceFactory,
     MemoryStream, Offset, Partitions, RateConnector, Rejected, Source, SourceFactory,
 };
+pub use statement_set::StatementSet;
 pub use table::{StreamDefinition, StreamTable};
 pub use trigger::{OutputMode, Trigger};
 pub use watermark::WatermarkSpec;

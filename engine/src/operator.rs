@@ -3,9 +3,10 @@
 
 use datafusion::execution::SessionState;
 
-use crate::aggregate::{AggregateOperator, EpochOutput};
+use crate::aggregate::AggregateOperator;
 use crate::error::Result;
 use crate::join::JoinOperator;
+use crate::sink::EpochOutput;
 
 /// A committed chain of state files, read one at a time as it is applied
 /// (a snapshot, then the deltas after it), so that restoring holds one

@@ -35,7 +35,8 @@ use crate::window::{is_session_bound, window_key, WindowKey};
 /// One stream scan of a running query.
 #[derive(Debug)]
 pub(crate) struct Input {
-    /// Key in the checkpoint's offset records: `<position>:<stream name>`.
+    /// Key in the checkpoint's offset records: `<position>:<stream name>`,
+    /// in a statement set prefixed by the statement's `<position>/`.
     pub key: String,
     /// The query's own table instance, fed each epoch.
     pub table: Arc<StreamTable>,
@@ -75,12 +76,13 @@ pub(crate) struct IncrementalPlan {
 const UNSUPPORTED_RULES: &[&str] = &["single_distinct_aggregation_to_group_by"];
 
 /// Checks that `plan` can run incrementally in `mode` (derived when
-/// `None`), and binds it.
+/// `None`), and binds it; its inputs' keys start with `key_prefix`.
 pub(crate) fn plan_query(
     state: &SessionState,
     registry: &ConnectorRegistry,
     plan: &LogicalPlan,
     mode: Option<OutputMode>,
+    key_prefix: &str,
 ) -> Result<IncrementalPlan> {
     let Checked {
         mode,
@@ -116,7 +118,7 @@ pub(crate) fn plan_query(
                 .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
             let instance = table.for_query();
             inputs.push(Input {
-                key: format!("{}:{}", inputs.len(), table.definition().name),
+                key: format!("{key_prefix}{}:{}", inputs.len(), table.definition().name),
                 table: Arc::clone(&instance),
                 source,
                 description: format!("{} ← {}", table.definition().name, factory.describe()),

@@ -17,6 +17,7 @@ use crate::options::Options;
 use crate::progress::StreamingQueryListener;
 use crate::query::StreamingQuery;
 use crate::source::{MemorySourceFactory, MemoryStream, SourceFactory};
+use crate::statement_set::StatementSet;
 use crate::table::{StreamDefinition, StreamTable};
 
 /// A Sluice session: declares streams, starts queries, and holds the
@@ -123,6 +124,12 @@ impl Session {
 
     pub(crate) fn listeners(&self) -> Vec<Arc<dyn StreamingQueryListener>> {
         read(&self.inner.listeners).clone()
+    }
+
+    /// Starts a statement set: several INSERTs run as one query, their
+    /// outputs committed together each epoch (see [`StatementSet`]).
+    pub fn statement_set(&self) -> StatementSet {
+        StatementSet::new(self)
     }
 
     /// Starts describing a stream to read.

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use sluice_engine::{
-    columns, Connector, OutputMode, Result, Sink, SinkArgs, SluiceError, SourceArgs, SourceFactory,
+    columns, Connector, FanOut, OutputMode, Result, Sink, SinkArgs, SluiceError, SourceArgs,
+    SourceFactory,
 };
 
 use crate::at_least_once::AtLeastOnceSink;
@@ -65,12 +66,60 @@ impl Connector for KafkaConnector {
                 progress_topic,
                 transaction_timeout,
             } => Ok(Arc::new(TransactionalSink::new(
-                settings.config,
+                vec![settings.config],
                 progress_topic,
                 transaction_timeout,
             )?)),
             Delivery::AtLeastOnce => Ok(Arc::new(AtLeastOnceSink::new(settings.config)?)),
         }
+    }
+
+    /// The exactly-once sinks of a statement set share one transactional
+    /// producer (one transaction per epoch for all their topics, DESIGN
+    /// §6); at-least-once ones produce on their own.
+    fn sink_set(&self, args: Vec<SinkArgs>) -> Result<Arc<dyn Sink>> {
+        let statements = args.len();
+        let mut parts: Vec<(Arc<dyn Sink>, Vec<usize>)> = Vec::new();
+        let mut shared: Option<(String, Duration, Vec<SinkConfig>, Vec<usize>)> = None;
+        for (i, a) in args.into_iter().enumerate() {
+            let settings = sink_settings(a)?;
+            match settings.delivery {
+                Delivery::AtLeastOnce => {
+                    parts.push((Arc::new(AtLeastOnceSink::new(settings.config)?), vec![i]));
+                }
+                Delivery::ExactlyOnce {
+                    progress_topic,
+                    transaction_timeout,
+                } => match &mut shared {
+                    None => {
+                        shared = Some((
+                            progress_topic,
+                            transaction_timeout,
+                            vec![settings.config],
+                            vec![i],
+                        ))
+                    }
+                    Some((topic, timeout, configs, indices)) => {
+                        if *topic != progress_topic || *timeout != transaction_timeout {
+                            return Err(SluiceError::config(format!(
+                                "the Kafka sinks of one statement set share one transaction and \
+                                 one progress topic: topic '{}' sets 'progress.topic' or \
+                                 'transaction.timeout' differently from topic '{}'; set them \
+                                 alike or leave them out",
+                                settings.config.topic, configs[0].topic
+                            )));
+                        }
+                        configs.push(settings.config);
+                        indices.push(i);
+                    }
+                },
+            }
+        }
+        if let Some((progress_topic, timeout, configs, indices)) = shared {
+            let sink = TransactionalSink::new(configs, progress_topic, timeout)?;
+            parts.push((Arc::new(sink), indices));
+        }
+        FanOut::combine(parts, statements)
     }
 }
 

@@ -159,6 +159,19 @@ impl SinkConfig {
         batches: &[RecordBatch],
     ) -> Result<()> {
         let epoch = commit.plan.epoch;
+        self.send_output(producer, epoch, batches, commit.retracted.as_ref())?;
+        self.send_dead_letters(producer, epoch, &commit.dead_letters)
+    }
+
+    /// Enqueues one statement's output of `epoch`: its rows, and a
+    /// tombstone per retracted group.
+    pub(crate) fn send_output(
+        &self,
+        producer: &ThreadedProducer<DeliveryTracker>,
+        epoch: u64,
+        batches: &[RecordBatch],
+        retracted: Option<&RecordBatch>,
+    ) -> Result<()> {
         let headers = self.epoch_headers(epoch);
         for batch in batches {
             for (key, value) in self.encode(batch)? {
@@ -171,7 +184,7 @@ impl SinkConfig {
                 send(producer, record).map_err(|e| self.external(e.to_string()))?;
             }
         }
-        if let Some(keys) = &commit.retracted {
+        if let Some(keys) = retracted {
             for key in self.tombstone_keys(keys)? {
                 let record = BaseRecord::<[u8], [u8]>::to(&self.topic)
                     .key(key.as_slice())
@@ -179,7 +192,7 @@ impl SinkConfig {
                 send(producer, record).map_err(|e| self.external(e.to_string()))?;
             }
         }
-        self.send_dead_letters(producer, epoch, &commit.dead_letters)
+        Ok(())
     }
 
     /// The message keys of retracted groups (`keys`: the output's key
@@ -207,7 +220,7 @@ impl SinkConfig {
 
     /// Enqueues the dead letters of an epoch, each to its own topic with
     /// the original key and bytes, its headers, and the epoch's headers.
-    fn send_dead_letters(
+    pub(crate) fn send_dead_letters(
         &self,
         producer: &ThreadedProducer<DeliveryTracker>,
         epoch: u64,

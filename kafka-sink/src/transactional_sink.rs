@@ -36,8 +36,9 @@
 //! # Not handled here, deliberately
 //! - Restarts that outlast `transaction.timeout.ms` cannot lose data: the
 //!   broker aborts the open transaction and the epoch is redone.
-//! - Sinks on different clusters in one query cannot share a transaction;
-//!   each query has one sink today.
+//! - Sinks on different clusters cannot share a transaction: a statement
+//!   set's exactly-once Kafka sinks must name the same brokers and producer
+//!   settings (checked when the set starts).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,7 +51,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
 use sluice_engine::{
-    fail_point, CommittedEpoch, EpochCommit, OffsetRecord, Result, Sink, SluiceError,
+    fail_point, CommittedEpoch, EpochCommit, EpochOutput, OffsetRecord, Result, Sink, SluiceError,
 };
 
 use crate::produce::{create_producer, flush_within, send, DeliveryTracker, Groups, SinkConfig};
@@ -64,7 +65,12 @@ pub(crate) const MAX_ATTEMPTS: usize = 5;
 pub(crate) struct TransactionalSink(Arc<Inner>);
 
 struct Inner {
+    /// The first statement's settings: brokers, producer settings and query
+    /// id, which all targets share.
     config: SinkConfig,
+    /// Where each statement's output goes, in statement order (the first is
+    /// `config`).
+    targets: Vec<SinkConfig>,
     progress_topic: String,
     transaction_timeout: Duration,
     producer: ThreadedProducer<DeliveryTracker>,
@@ -74,7 +80,7 @@ struct Inner {
 impl std::fmt::Debug for TransactionalSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TransactionalSink")
-            .field("topic", &self.0.config.topic)
+            .field("topics", &self.0.topics())
             .field("progress_topic", &self.0.progress_topic)
             .finish_non_exhaustive()
     }
@@ -96,11 +102,29 @@ fn classify(e: &KafkaError) -> ErrorClass {
 }
 
 impl TransactionalSink {
+    /// One transactional producer for the outputs of `targets` (one per
+    /// statement, at least one), which must share their brokers and
+    /// producer settings.
     pub(crate) fn new(
-        config: SinkConfig,
+        targets: Vec<SinkConfig>,
         progress_topic: String,
         transaction_timeout: Duration,
     ) -> Result<Self> {
+        let Some(config) = targets.first().cloned() else {
+            return Err(SluiceError::Internal(
+                "a transactional sink without a topic".into(),
+            ));
+        };
+        for other in &targets[1..] {
+            if other.bootstrap != config.bootstrap || other.passthrough != config.passthrough {
+                return Err(SluiceError::config(format!(
+                    "the Kafka sinks of one statement set share one transaction, so they need \
+                     the same 'bootstrap.servers' and 'kafka.*' settings: topic '{}' has \
+                     brokers '{}' and topic '{}' has '{}'",
+                    config.topic, config.bootstrap, other.topic, other.bootstrap
+                )));
+            }
+        }
         let mut producer_config = config.producer_config();
         producer_config
             .set("transactional.id", format!("sluice-{}", config.query_id))
@@ -111,6 +135,7 @@ impl TransactionalSink {
         let producer = create_producer(&producer_config)?;
         Ok(Self(Arc::new(Inner {
             config,
+            targets,
             progress_topic,
             transaction_timeout,
             producer,
@@ -201,9 +226,15 @@ impl Inner {
             .map(Duration::from_millis))
     }
 
+    fn topics(&self) -> String {
+        let topics: Vec<&str> = self.targets.iter().map(|t| t.topic.as_str()).collect();
+        topics.join(", ")
+    }
+
     fn init(&self) -> Result<()> {
-        self.config
-            .wait_for_topic(self.producer.client(), &self.config.topic)?;
+        for target in &self.targets {
+            target.wait_for_topic(self.producer.client(), &target.topic)?;
+        }
         loop {
             match self.producer.init_transactions(self.config.connect_timeout) {
                 Ok(()) => return Ok(()),
@@ -219,9 +250,16 @@ impl Inner {
         }
     }
 
-    /// Produces epoch `record.epoch` and its progress record in one
-    /// transaction and commits it.
-    fn commit_epoch(&self, commit: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
+    /// Produces epoch `record.epoch` (`outputs[i]` to the i-th target) and
+    /// its progress record in one transaction and commits it.
+    fn commit_epoch(&self, commit: &EpochCommit, outputs: &[EpochOutput]) -> Result<()> {
+        if outputs.len() != self.targets.len() {
+            return Err(SluiceError::Internal(format!(
+                "{} outputs for {} Kafka topics",
+                outputs.len(),
+                self.targets.len()
+            )));
+        }
         let epoch = commit.plan.epoch;
         let progress = ProgressRecord {
             query_id: self.config.query_id.clone(),
@@ -240,8 +278,21 @@ impl Inner {
                 return Err(self.stopped("begin_transaction", &e));
             }
             let produced = self
-                .config
-                .send_epoch(&self.producer, commit, batches)
+                .targets
+                .iter()
+                .zip(outputs)
+                .try_for_each(|(target, output)| {
+                    target.send_output(
+                        &self.producer,
+                        epoch,
+                        &output.rows,
+                        output.retracted.as_ref(),
+                    )
+                })
+                .and_then(|()| {
+                    self.config
+                        .send_dead_letters(&self.producer, epoch, &commit.dead_letters)
+                })
                 .and_then(|()| {
                     self.groups.send_in_transaction(
                         &self.producer,
@@ -370,11 +421,19 @@ impl Sink for TransactionalSink {
     }
 
     async fn write_epoch(&self, commit: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
+        let output = EpochOutput {
+            rows: batches.to_vec(),
+            retracted: commit.retracted.clone(),
+        };
+        self.write_epoch_set(commit, &[output]).await
+    }
+
+    async fn write_epoch_set(&self, commit: &EpochCommit, outputs: &[EpochOutput]) -> Result<()> {
         let inner = Arc::clone(&self.0);
-        let (record, batches) = (commit.clone(), batches.to_vec());
+        let (record, outputs) = (commit.clone(), outputs.to_vec());
         // An epoch without output still commits its progress record, so the
         // next restart does not redo it.
-        tokio::task::spawn_blocking(move || inner.commit_epoch(&record, &batches))
+        tokio::task::spawn_blocking(move || inner.commit_epoch(&record, &outputs))
             .await
             .map_err(|e| SluiceError::Internal(format!("transaction task: {e}")))?
     }
@@ -383,7 +442,11 @@ impl Sink for TransactionalSink {
         true
     }
 
+    fn records_commits(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> String {
-        format!("kafka(topic={}, exactly-once)", self.0.config.topic)
+        format!("kafka(topic={}, exactly-once)", self.0.topics())
     }
 }

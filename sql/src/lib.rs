@@ -48,8 +48,8 @@ use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 use sluice_engine::{
-    DataStreamWriter, Options, OutputMode, Session, SluiceError, StreamDefinition, StreamingQuery,
-    Trigger,
+    DataStreamWriter, Options, OutputMode, Session, SluiceError, StatementSet, StreamDefinition,
+    StreamingQuery, Trigger,
 };
 
 pub use error::SqlError;
@@ -104,34 +104,57 @@ pub enum StatementOutcome {
     Started(StreamingQuery),
 }
 
-/// A planned `INSERT INTO`, not yet started.
+/// A planned `INSERT INTO` or statement set, not yet started.
 #[derive(Debug)]
 pub struct PendingQuery {
-    /// The query's name (its sink stream).
+    /// The query's name (its sink stream; for a statement set, its
+    /// statements' sinks joined by `+`).
     pub name: String,
     file: String,
     text: String,
     line: u64,
     column: u64,
-    writer: DataStreamWriter,
+    run: Run,
+}
+
+/// What a [`PendingQuery`] starts.
+#[derive(Debug)]
+enum Run {
+    Insert(Box<DataStreamWriter>),
+    /// `EXECUTE STATEMENT SET`, with its INSERTs' sink names.
+    Set(StatementSet, Vec<String>),
 }
 
 impl PendingQuery {
-    /// The incremental plan.
+    /// The incremental plan (of each statement of a set).
     pub fn explain(&self) -> Result<String, SqlError> {
-        self.writer.explain().map_err(|e| self.error(e))
+        match &self.run {
+            Run::Insert(writer) => writer.explain(),
+            Run::Set(set, _) => set.explain(),
+        }
+        .map_err(|e| self.error(e))
     }
 
     /// The query planned for its batch answer (`sluice verify`), opening
-    /// nothing.
-    pub fn batch_query(&self) -> Result<sluice_engine::BatchQuery, SqlError> {
-        self.writer.batch_query().map_err(|e| self.error(e))
+    /// nothing: one per statement of a set, with its sink's name.
+    pub fn batch_queries(&self) -> Result<Vec<(String, sluice_engine::BatchQuery)>, SqlError> {
+        let named = match &self.run {
+            Run::Insert(writer) => writer.batch_query().map(|q| vec![(self.name.clone(), q)]),
+            Run::Set(set, names) => set
+                .batch_queries()
+                .map(|qs| names.iter().cloned().zip(qs).collect()),
+        };
+        named.map_err(|e| self.error(e))
     }
 
     /// Starts the query (opens its checkpoint and sink).
     pub async fn start(self) -> Result<StreamingQuery, SqlError> {
         let (file, text, line, column) = (self.file, self.text, self.line, self.column);
-        self.writer.start().await.map_err(|e| {
+        let started = match self.run {
+            Run::Insert(writer) => (*writer).start().await,
+            Run::Set(set, _) => set.start().await,
+        };
+        started.map_err(|e| {
             let user = e.is_user_error();
             let mut err = SqlError::at(&file, &text, line, column, e.to_string());
             err.user_error = user;
@@ -325,13 +348,27 @@ impl<'a> SqlRunner<'a> {
         }
         if p.parse_keyword(Keyword::INSERT) {
             return self
-                .insert(p, text, pos)
+                .insert(p, text, pos, false)
+                .await
+                .map(|q| Prepared::Query(Box::new(q)));
+        }
+        if p.parse_keyword(Keyword::EXECUTE) {
+            return self
+                .statement_set(p, text, pos)
                 .await
                 .map(|q| Prepared::Query(Box::new(q)));
         }
         if p.parse_keyword(Keyword::EXPLAIN) {
+            if p.parse_keyword(Keyword::EXECUTE) {
+                let q = self.statement_set(p, text, pos).await?;
+                let plan = q.explain()?;
+                return Ok(Prepared::Done(StatementOutcome::Explained {
+                    sink: q.name,
+                    plan,
+                }));
+            }
             p.expect_keyword(Keyword::INSERT).map_err(|e| pe(self, e))?;
-            let q = self.insert(p, text, pos).await?;
+            let q = self.insert(p, text, pos, false).await?;
             let plan = q.explain()?;
             return Ok(Prepared::Done(StatementOutcome::Explained {
                 sink: q.name,
@@ -364,7 +401,7 @@ impl<'a> SqlRunner<'a> {
                 .to_string()
         } else {
             format!(
-                "expected CREATE STREAM, INSERT INTO, SET, EXPLAIN, SHOW STREAMS or DROP STREAM, found '{}'",
+                "expected CREATE STREAM, INSERT INTO, EXECUTE STATEMENT SET, SET, EXPLAIN, SHOW STREAMS or DROP STREAM, found '{}'",
                 t.token
             )
         };
@@ -825,11 +862,118 @@ impl<'a> SqlRunner<'a> {
         Ok(used)
     }
 
+    /// `EXECUTE STATEMENT SET BEGIN INSERT ...; INSERT ...; END` (after
+    /// EXECUTE): one query running every INSERT, with the settings in force
+    /// at EXECUTE.
+    async fn statement_set(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+        pos: Pos,
+    ) -> Result<PendingQuery, SqlError> {
+        self.expect_word(p, text, "STATEMENT")?;
+        self.expect_word(p, text, "SET")?;
+        self.expect_word(p, text, "BEGIN")?;
+        let mut members = Vec::new();
+        loop {
+            while p.consume_token(&Token::SemiColon) {}
+            let t = p.peek_token();
+            match &t.token {
+                Token::Word(w) if w.value.eq_ignore_ascii_case("END") => {
+                    p.next_token();
+                    break;
+                }
+                Token::Word(w) if w.keyword == Keyword::INSERT => {
+                    p.next_token();
+                    members.push(self.insert(p, text, Pos::from(&t), true).await?);
+                }
+                other => {
+                    return Err(self.err(
+                        text,
+                        Pos::from(&t),
+                        format!(
+                            "a statement set holds INSERT INTO statements and ends with END; \
+                             found '{other}'"
+                        ),
+                    ))
+                }
+            }
+            let next = p.peek_token();
+            if !matches!(&next.token, Token::SemiColon)
+                && !matches!(&next.token, Token::Word(w) if w.value.eq_ignore_ascii_case("END"))
+            {
+                return Err(self.err(
+                    text,
+                    Pos::from(&next),
+                    format!("expected ';' after the INSERT, found '{}'", next.token),
+                ));
+            }
+        }
+        if members.is_empty() {
+            return Err(self.err(
+                text,
+                pos,
+                "the statement set is empty: put INSERT INTO statements between BEGIN and END",
+            ));
+        }
+        let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+        let name = names.join("+");
+        let mut set = self.session.statement_set().query_name(&name);
+        if let Some(dir) = self.checkpoint_for(text, pos)? {
+            set = set.checkpoint_location(dir);
+        }
+        if let Some(t) = self.settings.trigger {
+            set = set.trigger(t);
+        }
+        if let Some(n) = self.settings.snapshot_every {
+            set = set.state_snapshot_interval(n);
+        }
+        if let Some(n) = self.settings.retained_snapshots {
+            set = set.state_retained_snapshots(n);
+        }
+        let mut sinks = Vec::with_capacity(members.len());
+        for m in members {
+            if let Run::Insert(writer) = m.run {
+                set = set.add_insert(*writer);
+                sinks.push(m.name);
+            }
+        }
+        Ok(PendingQuery {
+            name,
+            file: self.file.clone(),
+            text: text.to_string(),
+            line: pos.line,
+            column: pos.column,
+            run: Run::Set(set, sinks),
+        })
+    }
+
+    /// The checkpoint location in force, once per query of the file.
+    fn checkpoint_for(&mut self, text: &str, pos: Pos) -> Result<Option<String>, SqlError> {
+        let Some(dir) = &self.settings.checkpoint else {
+            return Ok(None);
+        };
+        if !self.checkpoints.insert(dir.clone()) {
+            return Err(self.err(
+                text,
+                pos,
+                format!(
+                    "checkpoint location '{dir}' is already used by an earlier INSERT in this \
+                     file; give each query its own: SET 'checkpoint.location' = '...' before it"
+                ),
+            ));
+        }
+        Ok(Some(dir.clone()))
+    }
+
+    /// `INSERT INTO` (after INSERT); `in_set`: a statement of a statement
+    /// set, whose query-wide settings are the set's.
     async fn insert(
         &mut self,
         p: &mut Parser<'_>,
         text: &str,
         pos: Pos,
+        in_set: bool,
     ) -> Result<PendingQuery, SqlError> {
         let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
         p.expect_keyword(Keyword::INTO).map_err(|e| pe(self, e))?;
@@ -889,18 +1033,10 @@ impl<'a> SqlRunner<'a> {
             .format(&definition.connector)
             .options(definition.options.iter())
             .query_name(&sink);
-        if let Some(dir) = &self.settings.checkpoint {
-            if !self.checkpoints.insert(dir.clone()) {
-                return Err(self.err(
-                    text,
-                    pos,
-                    format!(
-                        "checkpoint location '{dir}' is already used by an earlier INSERT in this \
-                         file; give each query its own: SET 'checkpoint.location' = '...' before it"
-                    ),
-                ));
+        if !in_set {
+            if let Some(dir) = self.checkpoint_for(text, pos)? {
+                writer = writer.checkpoint_location(dir);
             }
-            writer = writer.checkpoint_location(dir);
         }
         if let Some(t) = self.settings.trigger {
             writer = writer.trigger(t);
@@ -920,7 +1056,7 @@ impl<'a> SqlRunner<'a> {
             text: text.to_string(),
             line: pos.line,
             column: pos.column,
-            writer,
+            run: Run::Insert(Box::new(writer)),
         };
         // Plan now: a query that cannot run fails before anything starts.
         pending.explain()?;

@@ -43,6 +43,9 @@ struct Pipeline {
     dir: PathBuf,
     topic: String,
     query: String,
+    /// A second statement (its topic and query): the pipeline is then a
+    /// statement set writing both topics.
+    second: Option<(String, String)>,
     bootstrap: String,
     _temp: tempfile::TempDir,
 }
@@ -68,6 +71,7 @@ impl Pipeline {
         Self {
             dir: dir.path().to_path_buf(),
             query: query.to_string(),
+            second: None,
             topic,
             bootstrap,
             _temp: dir,
@@ -89,12 +93,24 @@ impl Pipeline {
                    path = '{input}', format = 'json', 'max_files_per_epoch' = '1');\n\
                  CREATE STREAM out WITH (connector = 'kafka', topic = '{topic}', \
                    'bootstrap.servers' = '{bootstrap}', format = 'json');\n\
-                 INSERT INTO out {query};\n",
+                 {inserts}",
                 checkpoint = self.dir.join("checkpoint").display(),
                 input = self.dir.join("input").display(),
                 topic = self.topic,
                 bootstrap = self.bootstrap,
-                query = self.query,
+                inserts = match &self.second {
+                    None => format!("INSERT INTO out {};\n", self.query),
+                    Some((topic, query)) => format!(
+                        "CREATE STREAM second WITH (connector = 'kafka', topic = '{topic}', \
+                           'bootstrap.servers' = '{bootstrap}');\n\
+                         EXECUTE STATEMENT SET BEGIN\n\
+                           INSERT INTO out {first};\n\
+                           INSERT INTO second {query};\n\
+                         END;\n",
+                        bootstrap = self.bootstrap,
+                        first = self.query,
+                    ),
+                },
             ),
         )
         .unwrap();
@@ -173,7 +189,11 @@ impl Pipeline {
     }
 
     async fn read(&self, committed: bool) -> Vec<ReadRecord> {
-        let (b, t) = (self.bootstrap.clone(), self.topic.clone());
+        self.read_topic(&self.topic, committed).await
+    }
+
+    async fn read_topic(&self, topic: &str, committed: bool) -> Vec<ReadRecord> {
+        let (b, t) = (self.bootstrap.clone(), topic.to_string());
         tokio::task::spawn_blocking(move || read_topic(&b, &t, committed, Duration::from_secs(60)))
             .await
             .unwrap()
@@ -331,6 +351,70 @@ async fn stateless_output_is_exact_after_kill_9_at_random_moments() {
         uncommitted.len(),
         committed.len()
     );
+}
+
+/// The epochs (`sluice.epoch` header) of `records`.
+fn epochs(records: &[ReadRecord]) -> std::collections::BTreeSet<String> {
+    records
+        .iter()
+        .flat_map(|r| &r.headers)
+        .filter(|(k, _)| k == "sluice.epoch")
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_set_commits_both_topics_in_one_transaction_through_kill_9() {
+    const FILES: usize = 30;
+    const ROWS: usize = 20;
+    let mut p = Pipeline::new(FILES, ROWS).await;
+    let counts = fresh_topic("eos-set");
+    create_topic(&p.bootstrap, &counts, 1).await.unwrap();
+    p.second = Some((
+        counts.clone(),
+        "SELECT id % 5 AS bucket, count(*) AS n FROM rows GROUP BY id % 5".into(),
+    ));
+    for (point, epoch) in [("kafka-before-commit", 2), ("kafka-after-commit", 4)] {
+        crash_at(&p, point, epoch);
+    }
+    kill_until_done(&p, 0x5e7);
+
+    // Each statement's output is exact: the filter's rows once each, and
+    // the counts folded by bucket equal to counting the input directly.
+    assert_eq!(p.values(true).await, Pipeline::expected(FILES, ROWS));
+    let committed_counts = p.read_topic(&counts, true).await;
+    let mut folded = std::collections::BTreeMap::new();
+    for r in &committed_counts {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        folded.insert(v["bucket"].as_i64().unwrap(), v["n"].as_i64().unwrap());
+    }
+    let direct: std::collections::BTreeMap<i64, i64> = (0..5)
+        .map(|b| {
+            (
+                b,
+                (0..FILES * ROWS).filter(|id| id % 5 == b as usize).count() as i64,
+            )
+        })
+        .collect();
+    assert_eq!(folded, direct);
+
+    // One transaction per epoch for both topics: every committed epoch
+    // wrote to both (each file has rows for both), and the transaction
+    // killed at the fail point held records of both, hidden from
+    // read_committed readers.
+    let committed_out = p.read(true).await;
+    assert_eq!(epochs(&committed_out), epochs(&committed_counts));
+    assert_eq!(epochs(&committed_out).len(), FILES);
+    for topic in [&p.topic, &counts] {
+        let (all, committed) = (
+            p.read_topic(topic, false).await.len(),
+            p.read_topic(topic, true).await.len(),
+        );
+        assert!(
+            all > committed,
+            "{topic}: read_uncommitted {all}, read_committed {committed}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

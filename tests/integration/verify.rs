@@ -88,10 +88,17 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
     let (bid_topic, ask_topic) = (fresh_topic("bids"), fresh_topic("asks"));
     create_topic(&bootstrap, &bid_topic, 2).await.unwrap();
     create_topic(&bootstrap, &ask_topic, 1).await.unwrap();
-    let outs: Vec<String> = ["filtered", "per_auction", "windows", "matches"]
-        .iter()
-        .map(|n| fresh_topic(n))
-        .collect();
+    let outs: Vec<String> = [
+        "filtered",
+        "per_auction",
+        "windows",
+        "matches",
+        "set_high",
+        "set_counts",
+    ]
+    .iter()
+    .map(|n| fresh_topic(n))
+    .collect();
     for t in &outs {
         create_topic(&bootstrap, t, 2).await.unwrap();
     }
@@ -126,7 +133,7 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
          CREATE STREAM asks (auction BIGINT, ask BIGINT, ts TIMESTAMP, \
            WATERMARK FOR ts AS ts - INTERVAL '5' SECOND) WITH (connector = 'kafka', \
            topic = '{ask_topic}', 'bootstrap.servers' = '{bootstrap}', 'max-records-per-epoch' = '15');\n\
-         {s0}{s1}{s2}{s3}\
+         {s0}{s1}{s2}{s3}{s4}{s5}\
          {c0}INSERT INTO filtered SELECT auction, price * 2 AS doubled FROM bids WHERE price % 3 <> 0;\n\
          {c1}INSERT INTO per_auction SELECT auction, count(*) AS n, sum(price) AS total, \
            avg(price) AS mean FROM bids GROUP BY auction;\n\
@@ -134,15 +141,22 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
            FROM TABLE(TUMBLE(TABLE bids, DESCRIPTOR(ts), INTERVAL '2' SECOND)) \
            GROUP BY window_start, window_end;\n\
          {c3}INSERT INTO matches SELECT b.auction, b.price, a.ask FROM bids b JOIN asks a \
-           ON b.auction = a.auction AND b.ts BETWEEN a.ts AND a.ts + INTERVAL '1' SECOND;\n",
+           ON b.auction = a.auction AND b.ts BETWEEN a.ts AND a.ts + INTERVAL '1' SECOND;\n\
+         {c4}EXECUTE STATEMENT SET BEGIN\n\
+           INSERT INTO set_high SELECT auction, price FROM bids WHERE price > 50;\n\
+           INSERT INTO set_counts SELECT auction, count(*) AS n FROM bids GROUP BY auction;\n\
+         END;\n",
         s0 = sink("filtered", &outs[0]),
         s1 = sink("per_auction", &outs[1]),
         s2 = sink("windows", &outs[2]),
         s3 = sink("matches", &outs[3]),
+        s4 = sink("set_high", &outs[4]),
+        s5 = sink("set_counts", &outs[5]),
         c0 = checkpoint("filtered"),
         c1 = checkpoint("per_auction"),
         c2 = checkpoint("windows"),
         c3 = checkpoint("matches"),
+        c4 = checkpoint("set"),
     );
     let file = dir.path().join("queries.sql");
     std::fs::write(&file, sql).unwrap();
@@ -162,7 +176,13 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
         "{report}\n{}",
         String::from_utf8_lossy(&verified.stderr)
     );
-    assert_eq!(report.matches("\nOK: ").count(), 4, "{report}");
+    // Four queries, and the statement set checked statement by statement.
+    assert_eq!(report.matches("\nOK: ").count(), 6, "{report}");
+    let high = (0..300).filter(|i| (i * 37) % 101 > 50).count();
+    assert!(
+        report.contains(&format!("equals the batch answer ({high} rows)")),
+        "{report}"
+    );
     // The comparisons are not of empty sets: the filter keeps the bids
     // whose price is not a multiple of 3, all 7 auctions are keys.
     let kept = (0..300).filter(|i| (i * 37) % 101 % 3 != 0).count();
@@ -186,7 +206,7 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
     }
     let again = sluice(&["verify"], &file);
     assert_eq!(again.status.code(), Some(0), "{}", stdout(&again));
-    assert_eq!(stdout(&again).matches("\nOK: ").count(), 4);
+    assert_eq!(stdout(&again).matches("\nOK: ").count(), 6);
 
     // Someone appends to two output topics: a row to the filter's, and a
     // new value for auction 3 to the update stream.
@@ -256,8 +276,8 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
         )),
         "{report}"
     );
-    // The other two queries still check out.
-    assert_eq!(report.matches("\nOK: ").count(), 2, "{report}");
+    // The other queries still check out.
+    assert_eq!(report.matches("\nOK: ").count(), 4, "{report}");
 
     // A query verify cannot check is named, with why; exit 2.
     let console = dir.path().join("console.sql");

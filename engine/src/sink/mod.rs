@@ -17,11 +17,23 @@ use crate::error::Result;
 
 mod blackhole;
 mod console;
+mod fan_out;
 mod memory;
 
 pub use blackhole::BlackholeConnector;
 pub use console::ConsoleConnector;
+pub use fan_out::FanOut;
 pub use memory::MemorySink;
+
+/// One statement's output in one epoch.
+#[derive(Debug, Clone, Default)]
+pub struct EpochOutput {
+    /// Rows to emit.
+    pub rows: Vec<RecordBatch>,
+    /// Keys (the output's key columns) of groups that left the output, for
+    /// an upsert sink to delete (see [`EpochCommit::retracted`]).
+    pub retracted: Option<RecordBatch>,
+}
 
 /// What a sink knows about which epochs it has committed.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,11 +63,38 @@ pub trait Sink: Send + Sync + Debug {
         Ok(CommittedEpoch::NotRecorded)
     }
 
+    /// Whether [`Sink::committed_epoch`] reads a record the sink keeps
+    /// itself (and so decides which epochs are committed). Default `false`.
+    fn records_commits(&self) -> bool {
+        false
+    }
+
     /// Writes the output of the epoch planned in `epoch` (its number and
     /// source ranges) and returns once it is durable in the sink (for
     /// Kafka: acknowledged or committed). MUST NOT return `Ok` before that:
     /// the engine marks the epoch committed right after.
     async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()>;
+
+    /// Writes the outputs of a statement set's statements as one epoch:
+    /// `outputs[i]` is the output of the i-th statement this sink was made
+    /// for (see [`Connector::sink_set`](crate::Connector::sink_set)). The
+    /// same durability rule as [`Sink::write_epoch`]. The default, for a
+    /// sink made for one statement, writes its one output with
+    /// [`Sink::write_epoch`].
+    async fn write_epoch_set(&self, epoch: &EpochCommit, outputs: &[EpochOutput]) -> Result<()> {
+        match outputs {
+            [one] => {
+                let mut epoch = epoch.clone();
+                epoch.retracted.clone_from(&one.retracted);
+                self.write_epoch(&epoch, &one.rows).await
+            }
+            _ => Err(crate::SluiceError::Internal(format!(
+                "{} was made for one statement but got {} outputs",
+                self.describe(),
+                outputs.len()
+            ))),
+        }
+    }
 
     /// Whether the sink writes what sources hand over with the epoch's
     /// output ([`EpochCommit::dead_letters`], [`EpochCommit::group_offsets`]).
