@@ -37,7 +37,7 @@ use crate::progress::{
 };
 use crate::query::QueryShared;
 use crate::sink::{CommittedEpoch, EpochOutput, Sink};
-use crate::source::{LazyPartition, Offset, Partitions};
+use crate::source::{GroupOffsets, LazyPartition, Offset, Partitions};
 use crate::trigger::Trigger;
 use crate::watermark::format_nanos;
 
@@ -452,6 +452,11 @@ impl EpochLoop {
                 commit
             }
         };
+        // A checkpoint of another query is refused before any of its state
+        // is loaded into this one's operators.
+        if let Some(c) = &committed_epoch {
+            self.check_sources(&c.plan)?;
+        }
         // Everything in memory goes back to the committed epoch (nothing,
         // before the first commit): recovery also runs in-process after a
         // failed epoch (see `run_with_retries`).
@@ -484,7 +489,6 @@ impl EpochLoop {
         let planned = cp.latest_offsets_epoch()?;
         let mut positions = BTreeMap::new();
         if let Some(record) = committed_plan {
-            self.check_sources(&record)?;
             advance(&mut positions, record);
         }
         let next = committed.unwrap_or(0) + 1;
@@ -626,6 +630,7 @@ impl EpochLoop {
         let mut sources = Vec::new();
         let mut input_rows = 0u64;
         let mut dead_letters = Vec::new();
+        let mut dead_lettered = std::collections::HashSet::new();
         let mut group_offsets = Vec::new();
         let mut late_rows = 0;
         for branch in &mut self.branches {
@@ -665,9 +670,18 @@ impl EpochLoop {
                     dead_lettered_records: rejected.dead_letters.len() as u64,
                     lag: input.source.lag(),
                 });
-                dead_letters.extend(rejected.dead_letters);
-                if !empty {
-                    group_offsets.extend(input.source.group_offsets(&range.end));
+                // Statements of a set reading the same stream reject the
+                // same records: each is dead-lettered once.
+                for letter in rejected.dead_letters {
+                    if dead_lettered.insert(letter.clone()) {
+                        dead_letters.push(letter);
+                    }
+                }
+                if let Some(offsets) = (!empty)
+                    .then(|| input.source.group_offsets(&range.end))
+                    .flatten()
+                {
+                    merge_group_offsets(&mut group_offsets, offsets);
                 }
             }
             late_rows += branch.set_inputs(read)?;
@@ -799,6 +813,24 @@ fn advance(positions: &mut BTreeMap<String, Offset>, record: OffsetRecord) {
         if !range.end.is_null() {
             positions.insert(key, range.end);
         }
+    }
+}
+
+/// Adds `new` to `all`: statements of a set reading the same topic for the
+/// same consumer group report one position per partition, the lowest (the
+/// group has consumed no further than every statement).
+fn merge_group_offsets(all: &mut Vec<GroupOffsets>, new: GroupOffsets) {
+    match all
+        .iter_mut()
+        .find(|g| g.group == new.group && g.topic == new.topic)
+    {
+        Some(g) => {
+            for (partition, offset) in new.offsets {
+                let at = g.offsets.entry(partition).or_insert(offset);
+                *at = (*at).min(offset);
+            }
+        }
+        None => all.push(new),
     }
 }
 

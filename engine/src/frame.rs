@@ -284,7 +284,7 @@ pub struct DataStreamWriter {
     output_mode: Option<OutputMode>,
     checkpoint: Option<PathBuf>,
     trigger: Trigger,
-    name: Option<String>,
+    pub(crate) name: Option<String>,
     snapshot_every: u64,
     retained_snapshots: usize,
 }

@@ -41,7 +41,6 @@ use crate::frame::{
 };
 use crate::join::JoinOperator;
 use crate::operator::Operator;
-use crate::planner::IncrementalPlan;
 use crate::query::{QueryShared, StreamingQuery};
 use crate::session::Session;
 use crate::sink::{FanOut, Sink};
@@ -133,7 +132,7 @@ impl StatementSet {
         self.writers
             .iter()
             .enumerate()
-            .map(|(i, w)| w.batch_query_in(&key_prefix(i, statements), self.checkpoint.clone()))
+            .map(|(i, w)| w.batch_query_in(&key_prefix(i, statements, w), self.checkpoint.clone()))
             .collect()
     }
 
@@ -148,9 +147,17 @@ impl StatementSet {
                 "a statement set needs at least one INSERT INTO",
             ));
         }
-        let mut plans = Vec::with_capacity(statements);
+        // Every statement planned and its operator built before anything
+        // opens: opening the Kafka sink fences the query's running instance.
+        let mut branches = Vec::with_capacity(statements);
         for (i, writer) in self.writers.iter().enumerate() {
-            plans.push(writer.plan_with_keys(&key_prefix(i, statements))?);
+            let mut plan = writer.plan_with_keys(&key_prefix(i, statements, writer))?;
+            let operator = match (plan.aggregate.take(), plan.join.take()) {
+                (Some(a), _) => Some(Operator::Aggregate(Box::new(AggregateOperator::new(a)))),
+                (None, Some(j)) => Some(Operator::Join(Box::new(JoinOperator::new(j)?))),
+                (None, None) => None,
+            };
+            branches.push(Branch::new(plan, operator, i, statements));
         }
         let name = self
             .name
@@ -165,7 +172,7 @@ impl StatementSet {
         let query_id = checkpoint
             .as_ref()
             .map_or(new_id, |c| c.metadata().query_id.clone());
-        let sink = sinks(&session, self.writers, &plans, &query_id, &name)?;
+        let sink = sinks(&session, self.writers, &branches, &query_id, &name)?;
         let (checkpoint, temp_dir) = match checkpoint {
             Some(c) => (c, None),
             None if sink.needs_checkpoint() => {
@@ -185,7 +192,7 @@ impl StatementSet {
             }
         };
         if !sink.accepts_source_commits() {
-            for input in plans.iter().flat_map(|p| &p.inputs) {
+            for input in branches.iter().flat_map(|b| &b.plan.inputs) {
                 if let Some(option) = input.source.commits_through_sink() {
                     return Err(SluiceError::config(format!(
                         "query '{name}' reads {} with {option}, which needs a Kafka sink to \
@@ -198,15 +205,6 @@ impl StatementSet {
             }
         }
         sink.open().await?;
-        let mut branches = Vec::with_capacity(statements);
-        for (i, mut plan) in plans.into_iter().enumerate() {
-            let operator = match (plan.aggregate.take(), plan.join.take()) {
-                (Some(a), _) => Some(Operator::Aggregate(Box::new(AggregateOperator::new(a)))),
-                (None, Some(j)) => Some(Operator::Join(Box::new(JoinOperator::new(j)?))),
-                (None, None) => None,
-            };
-            branches.push(Branch::new(plan, operator, i, statements));
-        }
         let shared = QueryShared::new(query_id, name);
         let mut epochs = EpochLoop {
             shared: Arc::clone(&shared),
@@ -231,12 +229,15 @@ impl StatementSet {
 
 /// Statement `index`'s prefix of its inputs' checkpoint keys: none when
 /// it is the query's only statement (so a single INSERT's checkpoint is the
-/// same as before statement sets existed), `<index>/` in a set.
-fn key_prefix(index: usize, statements: usize) -> String {
-    if statements == 1 {
-        String::new()
-    } else {
-        format!("{index}/")
+/// same as before statement sets existed); in a set `<index>.<name>/`
+/// (`<index>/` without a name), so a checkpoint whose statements were
+/// reordered or renamed is refused rather than restored into the wrong
+/// statement.
+fn key_prefix(index: usize, statements: usize, writer: &DataStreamWriter) -> String {
+    match (statements, &writer.name) {
+        (1, _) => String::new(),
+        (_, Some(name)) => format!("{index}.{name}/"),
+        (_, None) => format!("{index}/"),
     }
 }
 
@@ -247,7 +248,7 @@ fn key_prefix(index: usize, statements: usize) -> String {
 fn sinks(
     session: &Session,
     writers: Vec<DataStreamWriter>,
-    plans: &[IncrementalPlan],
+    branches: &[Branch],
     query_id: &str,
     name: &str,
 ) -> Result<Arc<dyn Sink>> {
@@ -255,7 +256,8 @@ fn sinks(
     let mut parts: Vec<(Arc<dyn Sink>, Vec<usize>)> = Vec::new();
     // Per connector, in order of first use: its statements and their args.
     let mut groups: Vec<(String, Vec<usize>, Vec<SinkArgs>)> = Vec::new();
-    for (i, (writer, plan)) in writers.into_iter().zip(plans).enumerate() {
+    for (i, (writer, branch)) in writers.into_iter().zip(branches).enumerate() {
+        let plan = &branch.plan;
         match writer.sink {
             SinkChoice::None => {
                 return Err(SluiceError::config(format!(
@@ -265,6 +267,15 @@ fn sinks(
             }
             SinkChoice::Instance(s) => {
                 writer.options.finish(&s.describe(), &[])?;
+                // Two statements writing one instance would overwrite each
+                // other's epochs (a memory sink keeps one batch per epoch).
+                if parts.iter().any(|(p, _)| Arc::ptr_eq(p, &s)) {
+                    return Err(SluiceError::config(format!(
+                        "two statements of query '{name}' write to the same {}: give each its \
+                         own sink",
+                        s.describe()
+                    )));
+                }
                 parts.push((s, vec![i]));
             }
             SinkChoice::Connector(c) => {

@@ -74,7 +74,11 @@ impl Sink for AtLeastOnceSink {
     }
 
     async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
-        if batches.is_empty() && epoch.dead_letters.is_empty() && epoch.group_offsets.is_empty() {
+        if batches.is_empty()
+            && epoch.retracted.is_none()
+            && epoch.dead_letters.is_empty()
+            && epoch.group_offsets.is_empty()
+        {
             return Ok(());
         }
         let inner = Arc::clone(&self.0);

@@ -60,18 +60,7 @@ impl Connector for KafkaConnector {
     }
 
     fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
-        let settings = sink_settings(args)?;
-        match settings.delivery {
-            Delivery::ExactlyOnce {
-                progress_topic,
-                transaction_timeout,
-            } => Ok(Arc::new(TransactionalSink::new(
-                vec![settings.config],
-                progress_topic,
-                transaction_timeout,
-            )?)),
-            Delivery::AtLeastOnce => Ok(Arc::new(AtLeastOnceSink::new(settings.config)?)),
-        }
+        self.sink_set(vec![args])
     }
 
     /// The exactly-once sinks of a statement set share one transactional

@@ -116,12 +116,24 @@ impl TransactionalSink {
             ));
         };
         for other in &targets[1..] {
-            if other.bootstrap != config.bootstrap || other.passthrough != config.passthrough {
+            let differs = if other.bootstrap != config.bootstrap {
+                Some(format!(
+                    "brokers '{}' and '{}'",
+                    config.bootstrap, other.bootstrap
+                ))
+            } else if other.passthrough != config.passthrough {
+                Some("different 'kafka.*' settings".to_string())
+            } else if other.connect_timeout != config.connect_timeout {
+                Some("different 'connect.timeout' settings".to_string())
+            } else {
+                None
+            };
+            if let Some(differs) = differs {
                 return Err(SluiceError::config(format!(
-                    "the Kafka sinks of one statement set share one transaction, so they need \
-                     the same 'bootstrap.servers' and 'kafka.*' settings: topic '{}' has \
-                     brokers '{}' and topic '{}' has '{}'",
-                    config.topic, config.bootstrap, other.topic, other.bootstrap
+                    "the Kafka sinks of one statement set share one transactional producer, so \
+                     they need the same 'bootstrap.servers', 'connect.timeout' and 'kafka.*' \
+                     settings: topics '{}' and '{}' have {differs}",
+                    config.topic, other.topic
                 )));
             }
         }

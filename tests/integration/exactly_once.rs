@@ -415,6 +415,30 @@ async fn a_statement_set_commits_both_topics_in_one_transaction_through_kill_9()
             "{topic}: read_uncommitted {all}, read_committed {committed}"
         );
     }
+
+    // The same checkpoint with the statements swapped is refused, naming
+    // both queries' inputs, before any state is loaded into the wrong one.
+    let sql = std::fs::read_to_string(p.sql("available-now")).unwrap();
+    let lines: Vec<&str> = sql.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim_start().starts_with("INSERT INTO out"))
+        .unwrap();
+    let mut swapped = lines.clone();
+    swapped.swap(at, at + 1);
+    let file = p.dir.join("swapped.sql");
+    std::fs::write(&file, swapped.join("\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("run")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("belongs to a query reading [0.out/0:rows, 1.second/0:rows]"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

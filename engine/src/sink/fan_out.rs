@@ -65,11 +65,18 @@ impl FanOut {
     }
 
     /// The part taking what sources hand the sink (dead letters, group
-    /// offsets): the first that accepts it.
+    /// offsets): the one whose commit decides the epoch when it accepts
+    /// them (so they are in the epoch's transaction), else the first that
+    /// accepts them.
     fn source_commits_part(&self) -> Option<usize> {
         self.parts
             .iter()
-            .position(|(s, _)| s.accepts_source_commits())
+            .position(|(s, _)| s.records_commits() && s.accepts_source_commits())
+            .or_else(|| {
+                self.parts
+                    .iter()
+                    .position(|(s, _)| s.accepts_source_commits())
+            })
     }
 }
 

@@ -50,7 +50,7 @@ pub struct LazyInput {
 /// topic in the same transaction as the epoch's output
 /// (`'format.on-error' = 'dead-letter'`), so that every input record ends
 /// up either in the computation or there.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct DeadLetter {
     /// The dead-letter topic.
     pub topic: String,
