@@ -16,10 +16,6 @@ use sluice_engine::{columns, DeadLetter, EpochCommit, GroupOffsets, Result, Slui
 
 use crate::encode::Format;
 
-/// Batches encoded ahead of the one being sent (see
-/// [`SinkConfig::send_output`]).
-const ENCODED_AHEAD: usize = 2;
-
 /// A message's key (if any) and value.
 pub(crate) type Message = (Option<Vec<u8>>, Vec<u8>);
 
@@ -177,32 +173,17 @@ impl SinkConfig {
         retracted: Option<&RecordBatch>,
     ) -> Result<()> {
         let headers = self.epoch_headers(epoch);
-        // Encoding and handing messages to librdkafka are each about half
-        // of a large epoch's commit: one thread encodes the next batches
-        // while this one sends, in order.
-        std::thread::scope(|scope| {
-            let (encoded, to_send) = std::sync::mpsc::sync_channel(ENCODED_AHEAD);
-            scope.spawn(move || {
-                for batch in batches {
-                    // Stops when the sender gave up (it failed).
-                    if encoded.send(self.encode(batch)).is_err() {
-                        return;
-                    }
+        for batch in batches {
+            for (key, value) in self.encode(batch)? {
+                let mut record = BaseRecord::to(&self.topic)
+                    .payload(value.as_slice())
+                    .headers(headers.clone());
+                if let Some(key) = &key {
+                    record = record.key(key.as_slice());
                 }
-            });
-            for messages in to_send {
-                for (key, value) in messages? {
-                    let mut record = BaseRecord::to(&self.topic)
-                        .payload(value.as_slice())
-                        .headers(headers.clone());
-                    if let Some(key) = &key {
-                        record = record.key(key.as_slice());
-                    }
-                    send(producer, record).map_err(|e| self.external(e.to_string()))?;
-                }
+                send(producer, record).map_err(|e| self.external(e.to_string()))?;
             }
-            Ok::<_, SluiceError>(())
-        })?;
+        }
         if let Some(keys) = retracted {
             for key in self.tombstone_keys(keys)? {
                 let record = BaseRecord::<[u8], [u8]>::to(&self.topic)
