@@ -5,8 +5,14 @@
 //!                   plan: ask sources for offsets ─► offsets/N
 //!                   read [start, end) of every source
 //!                   compute: DataFusion over the epoch's batches
-//!                   commit: sink.write_epoch(N) ─► commits/N ─► progress }
+//!                   stage: each operator's state ─► state/<op>/N.*
+//!                   commit: sink.write_epoch_set(N) ─► commits/N ─► progress }
 //! ```
+//!
+//! A query has one statement, or several (a statement set): each is a
+//! [`Branch`] with its own inputs, operator and state, and every phase
+//! above runs over all of them before the next begins, so their outputs
+//! reach the sink, and commit, together.
 //!
 //! Rules for the next editor:
 //! - `offsets/N` is written before epoch N reads anything, and nothing
