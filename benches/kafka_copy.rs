@@ -16,6 +16,13 @@
 //! start to the last commit (Sluice) or to the last acknowledgement (raw).
 //!
 //!     cargo bench --bench kafka_copy -- [--records N] [--rounds R]
+//!         [--nexmark-prefix P]
+//!
+//! With `--nexmark-prefix P` the input is the bid topic `P-bid` that
+//! `sluice nexmark load --prefix P` filled (2 partitions), and Sluice runs
+//! Nexmark q0 over it instead of the byte pass-through: JSON decoded into
+//! the bid's columns and encoded again, against the raw copy of the same
+//! records.
 //!
 //! The last line of stdout is a JSON object with the medians and ratios;
 //! a Markdown table precedes it (see benches/README.md).
@@ -41,6 +48,35 @@ fn arg(name: &str, default: u64) -> u64 {
         .position(|a| a == name)
         .and_then(|i| argv.get(i + 1)?.parse().ok())
         .unwrap_or(default)
+}
+
+fn string_arg(name: &str) -> Option<String> {
+    let argv: Vec<String> = std::env::args().collect();
+    argv.iter()
+        .position(|a| a == name)
+        .and_then(|i| argv.get(i + 1).cloned())
+}
+
+/// What Sluice runs over the input.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// `SELECT value`, format `raw` in and out.
+    Bytes,
+    /// Nexmark q0 over a bid topic, JSON in and out.
+    NexmarkQ0,
+}
+
+/// Records in `topic` (all partitions).
+fn count(bootstrap: &str, topic: &str) -> Result<u64, BoxError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()?;
+    let mut n = 0;
+    for p in 0..PARTITIONS {
+        let (low, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(30))?;
+        n += (high - low) as u64;
+    }
+    Ok(n)
 }
 
 fn producer(bootstrap: &str) -> Result<ThreadedProducer<DefaultProducerContext>, BoxError> {
@@ -143,24 +179,34 @@ async fn sluice_copy(
     to: &str,
     n: u64,
     per_epoch: u64,
+    shape: Shape,
 ) -> Result<(f64, f64, usize), BoxError> {
     let dir = tempfile::tempdir()?;
     let session = sluice::Session::new();
+    let (columns, format, select) = match shape {
+        Shape::Bytes => ("", "raw", "SELECT value FROM input"),
+        Shape::NexmarkQ0 => (
+            "(auction BIGINT, bidder BIGINT, price BIGINT, date_time TIMESTAMP, extra VARCHAR)",
+            "json",
+            "SELECT auction, bidder, price, date_time, extra FROM input",
+        ),
+    };
     let sql = format!(
-        "CREATE STREAM input WITH (connector = 'kafka', topic = '{from}', \
-           'bootstrap.servers' = '{bootstrap}', format = 'raw', 'max-records-per-epoch' = '{per_epoch}');"
+        "CREATE STREAM input {columns} WITH (connector = 'kafka', topic = '{from}', \
+           'bootstrap.servers' = '{bootstrap}', format = '{format}', \
+           'max-records-per-epoch' = '{per_epoch}');"
     );
     session.sql(&sql).await?;
     let progress = common::collect_progress(&session);
     let start = Instant::now();
     let query = session
-        .sql_frame("SELECT value FROM input")
+        .sql_frame(select)
         .await?
         .write_stream()
         .format("kafka")
         .option("topic", to)
         .option("bootstrap.servers", bootstrap)
-        .option("format", "raw")
+        .option("format", format)
         .checkpoint_location(dir.path())
         .trigger(Trigger::AvailableNow)
         .start()
@@ -194,13 +240,23 @@ async fn main() -> Result<(), BoxError> {
     let n = arg("--records", 2_000_000);
     let rounds = arg("--rounds", 3) as usize;
     let bootstrap = tokio::task::spawn_blocking(ensure_broker).await??;
-    let input = fresh_topic("bench-copy-in");
-    create_topic(&bootstrap, &input, PARTITIONS).await?;
-    eprintln!("loading {n} records into {input}");
-    {
-        let (b, t) = (bootstrap.clone(), input.clone());
-        tokio::task::spawn_blocking(move || load(&b, &t, n)).await??;
-    }
+    let (input, n, shape) = match string_arg("--nexmark-prefix") {
+        Some(prefix) => {
+            let input = format!("{prefix}-bid");
+            let (b, t) = (bootstrap.clone(), input.clone());
+            let n = tokio::task::spawn_blocking(move || count(&b, &t)).await??;
+            eprintln!("Nexmark q0 over {input}: {n} records");
+            (input, n, Shape::NexmarkQ0)
+        }
+        None => {
+            let input = fresh_topic("bench-copy-in");
+            create_topic(&bootstrap, &input, PARTITIONS).await?;
+            eprintln!("loading {n} records into {input}");
+            let (b, t) = (bootstrap.clone(), input.clone());
+            tokio::task::spawn_blocking(move || load(&b, &t, n)).await??;
+            (input, n, Shape::Bytes)
+        }
+    };
     let mut raw = Vec::new();
     let mut fast = Vec::new();
     let mut slow = Vec::new();
@@ -222,7 +278,8 @@ async fn main() -> Result<(), BoxError> {
             let out = fresh_topic("bench-copy-sluice");
             create_topic(&bootstrap, &out, PARTITIONS).await?;
             let per_epoch = ((rate * interval) as u64).max(1);
-            let (r, epoch_ms, epochs) = sluice_copy(&bootstrap, &input, &out, n, per_epoch).await?;
+            let (r, epoch_ms, epochs) =
+                sluice_copy(&bootstrap, &input, &out, n, per_epoch, shape).await?;
             eprintln!(
                 "round {round}: sluice {interval} s epochs ({per_epoch} records): {r:.0} rec/s, \
                  {epochs} epochs, median {epoch_ms:.0} ms"
@@ -250,6 +307,10 @@ async fn main() -> Result<(), BoxError> {
         serde_json::json!({
             "records": n,
             "rounds": rounds,
+            "shape": match shape {
+                Shape::Bytes => "bytes",
+                Shape::NexmarkQ0 => "nexmark-q0",
+            },
             "raw_copy_median_rec_per_s": median(raw),
             "sluice_100ms_median_rec_per_s": median(fast.iter().map(|x| x.0).collect()),
             "sluice_1s_median_rec_per_s": median(slow.iter().map(|x| x.0).collect()),
