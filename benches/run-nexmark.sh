@@ -4,7 +4,8 @@
 # Loads N Nexmark events into fresh topics on the local broker
 # (`sluice nexmark load`), then drains the bid topic with each query
 # (benches/nexmark/q*.sql) on both engines, alternating, ROUNDS times, and
-# prints a Markdown table (benches/nexmark/run.py says what is measured).
+# prints a Markdown table (benches/nexmark/run.py says what is measured) and
+# writes PNG charts to $OUT/charts (benches/nexmark/charts.py).
 #
 # Env:
 #   N        events to load (1/50 people, 3/50 auctions, 46/50 bids)  (default 4000000)
@@ -43,3 +44,6 @@ log "loading $N events into $PREFIX-{person,auction,bid}"
 "$SLUICE_BIN" nexmark load --events "$N" --prefix "$PREFIX" --bootstrap "$BOOTSTRAP" >&2
 
 python3 benches/nexmark/run.py
+
+log "charts (PNG) in $OUT/charts"
+"$SPARK_PY" benches/nexmark/charts.py "$OUT/runs.json" "$OUT/charts" >&2

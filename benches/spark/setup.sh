@@ -2,7 +2,8 @@
 # Idempotent setup of the Spark side of the side-by-side benchmarks.
 #
 # Creates a Python venv at ${SLUICE_CACHE:-$HOME/.cache/sluice}/spark-venv and
-# installs PySpark 4.0.x into it (pinned; override with PYSPARK_VERSION).
+# installs PySpark 4.0.x into it (pinned; override with PYSPARK_VERSION), and
+# matplotlib for the charts.
 # PySpark bundles its own Spark jars, so only a JDK 17+ is needed on the host.
 #
 # The last line of stdout is the absolute path of the venv's python.
@@ -33,6 +34,13 @@ if [ "$installed" != "$PYSPARK_VERSION" ]; then
   "$PY" -m pip install --quiet --disable-pip-version-check "pyspark==$PYSPARK_VERSION" >&2
 else
   log "pyspark $installed already installed"
+fi
+
+# matplotlib draws the Nexmark charts (benches/nexmark/charts.py).
+MATPLOTLIB_VERSION="${MATPLOTLIB_VERSION:-3.9.2}"
+if ! "$PY" -c "import matplotlib, sys; sys.exit(matplotlib.__version__ != '$MATPLOTLIB_VERSION')" 2>/dev/null; then
+  log "installing matplotlib==$MATPLOTLIB_VERSION"
+  "$PY" -m pip install --quiet --disable-pip-version-check "matplotlib==$MATPLOTLIB_VERSION" >&2
 fi
 
 "$PY" -c 'import pyspark, sys; sys.stderr.write("[spark-setup] pyspark %s ok\n" % pyspark.__version__)'
