@@ -42,21 +42,6 @@ const PARTITIONS: i32 = 2;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn arg(name: &str, default: u64) -> u64 {
-    let argv: Vec<String> = std::env::args().collect();
-    argv.iter()
-        .position(|a| a == name)
-        .and_then(|i| argv.get(i + 1)?.parse().ok())
-        .unwrap_or(default)
-}
-
-fn string_arg(name: &str) -> Option<String> {
-    let argv: Vec<String> = std::env::args().collect();
-    argv.iter()
-        .position(|a| a == name)
-        .and_then(|i| argv.get(i + 1).cloned())
-}
-
 /// What Sluice runs over the input.
 #[derive(Clone, Copy)]
 enum Shape {
@@ -237,10 +222,10 @@ async fn sluice_copy(
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), BoxError> {
-    let n = arg("--records", 2_000_000);
-    let rounds = arg("--rounds", 3) as usize;
+    let n = common::number("--records", 2_000_000);
+    let rounds = common::number("--rounds", 3) as usize;
     let bootstrap = tokio::task::spawn_blocking(ensure_broker).await??;
-    let (input, n, shape) = match string_arg("--nexmark-prefix") {
+    let (input, n, shape) = match common::flag("--nexmark-prefix") {
         Some(prefix) => {
             let input = format!("{prefix}-bid");
             let (b, t) = (bootstrap.clone(), input.clone());

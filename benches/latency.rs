@@ -32,14 +32,6 @@ const PARTITIONS: i32 = 2;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn arg(name: &str, default: u64) -> u64 {
-    let argv: Vec<String> = std::env::args().collect();
-    argv.iter()
-        .position(|a| a == name)
-        .and_then(|i| argv.get(i + 1)?.parse().ok())
-        .unwrap_or(default)
-}
-
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -117,10 +109,10 @@ fn consume(bootstrap: &str, topic: &str, stop: &AtomicBool) -> Result<Vec<(i64, 
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), BoxError> {
-    let rate = arg("--rate", 10_000);
-    let seconds = arg("--seconds", 30);
-    let warmup = arg("--warmup-seconds", 5);
-    let interval = Duration::from_millis(arg("--interval-ms", 100));
+    let rate = common::number("--rate", 10_000);
+    let seconds = common::number("--seconds", 30);
+    let warmup = common::number("--warmup-seconds", 5);
+    let interval = Duration::from_millis(common::number("--interval-ms", 100));
     let bootstrap = tokio::task::spawn_blocking(ensure_broker).await??;
     let (input, output) = (fresh_topic("latency-in"), fresh_topic("latency-out"));
     create_topic(&bootstrap, &input, PARTITIONS).await?;

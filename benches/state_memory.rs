@@ -20,20 +20,11 @@ use sluice::datafusion::functions_aggregate::expr_fn::{count, sum};
 use sluice::datafusion::prelude::*;
 use sluice::{MemoryStream, OutputMode};
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let keys = arg("--keys", 10_000_000);
-    let batch = arg("--batch", 1_000_000);
-    let updates = arg("--updates", 5);
+    let keys = common::number("--keys", 10_000_000);
+    let batch = common::number("--batch", 1_000_000);
+    let updates = common::number("--updates", 5);
     let schema = Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, false),
         Field::new("v", DataType::Int64, false),

@@ -44,6 +44,20 @@ pub fn args() -> Args {
     a
 }
 
+/// The value after `--name` on the command line, if any.
+pub fn flag(name: &str) -> Option<String> {
+    let argv: Vec<String> = std::env::args().collect();
+    argv.iter()
+        .position(|a| a == name)
+        .and_then(|i| argv.get(i + 1).cloned())
+}
+
+/// The whole number after `--name`, or `default` when it is absent or not
+/// a number.
+pub fn number(name: &str, default: u64) -> u64 {
+    flag(name).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 #[derive(Default)]
 struct Collect(Mutex<Vec<QueryProgress>>);
 

@@ -36,7 +36,7 @@ use crate::checkpoint::{
 use crate::error::{Result, SluiceError};
 use crate::fail_point::fail_point;
 use crate::operator::{Operator, Staged};
-use crate::planner::IncrementalPlan;
+use crate::planner::{IncrementalPlan, Input};
 use crate::progress::{
     PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
     StreamingQueryListener,
@@ -120,7 +120,7 @@ impl Branch {
     /// Hands the epoch's input to the plan's tables: inputs with a
     /// watermark move it and lose their late rows first. Returns the late
     /// rows dropped.
-    fn set_inputs(&mut self, read: Vec<Input>) -> Result<u64> {
+    fn set_inputs(&mut self, read: Vec<ReadInput>) -> Result<u64> {
         // Late rows are judged by the watermark the previous epoch left;
         // only then does this epoch's input move it (see `watermark`).
         let watermarks = &mut self.plan.watermarks;
@@ -129,8 +129,8 @@ impl Branch {
         let mut late_rows = 0;
         for (index, (input, partitions)) in self.plan.inputs.iter().zip(read).enumerate() {
             let partitions = match partitions {
-                Input::Read(partitions) => partitions,
-                Input::Lazy(partitions) => {
+                ReadInput::Read(partitions) => partitions,
+                ReadInput::Lazy(partitions) => {
                     input.table.set_lazy_input(partitions);
                     continue;
                 }
@@ -231,7 +231,7 @@ impl Branch {
 
 impl EpochLoop {
     /// Every statement's inputs, in order.
-    fn inputs(&self) -> impl Iterator<Item = &crate::planner::Input> {
+    fn inputs(&self) -> impl Iterator<Item = &Input> {
         self.branches.iter().flat_map(|b| &b.plan.inputs)
     }
 
@@ -653,7 +653,7 @@ impl EpochLoop {
                     false => input.source.read_lazily(range.start.as_ref(), &range.end)?,
                 };
                 let (rows, batches) = match lazy {
-                    Some(lazy) => (lazy.rows, Input::Lazy(lazy.partitions)),
+                    Some(lazy) => (lazy.rows, ReadInput::Lazy(lazy.partitions)),
                     None => {
                         let partitions = if empty {
                             Vec::new()
@@ -661,7 +661,7 @@ impl EpochLoop {
                             input.source.read(range.start.as_ref(), &range.end).await?
                         };
                         let rows = partitions.iter().flatten().map(|b| b.num_rows() as u64);
-                        (rows.sum(), Input::Read(partitions))
+                        (rows.sum(), ReadInput::Read(partitions))
                     }
                 };
                 input_rows += rows;
@@ -704,7 +704,7 @@ impl EpochLoop {
         // Stage the state durably before the commit, so the commit can name
         // it (DESIGN §6 step 3).
         let t = Instant::now();
-        let mut state_files = Vec::new();
+        let mut chains = Vec::with_capacity(self.branches.len());
         let (mut state_rows, mut state_bytes) = (0, 0);
         for branch in &mut self.branches {
             let (files, rows, bytes) = branch.stage(
@@ -713,7 +713,7 @@ impl EpochLoop {
                 &self.shared.run_id,
                 self.snapshot_every,
             )?;
-            state_files.extend(files);
+            chains.push(files);
             state_rows += rows;
             state_bytes += bytes;
         }
@@ -731,7 +731,7 @@ impl EpochLoop {
         }
         let commit = EpochCommit {
             plan: record.clone(),
-            state_files,
+            state_files: chains.concat(),
             watermarks,
             dead_letters,
             group_offsets,
@@ -747,8 +747,8 @@ impl EpochLoop {
             watermarks: commit.watermarks,
         })?;
         self.checkpoint.purge(epoch, RETAIN_EPOCHS)?;
-        for branch in &mut self.branches {
-            branch.state_chain = branch.own_files(&commit.state_files);
+        for (branch, chain) in self.branches.iter_mut().zip(chains) {
+            branch.state_chain = chain;
             if let (Some(_), Some(start)) = (&branch.operator, branch.state_chain.first()) {
                 self.checkpoint
                     .purge_state(&branch.state_name, start, self.retained_snapshots)?;
@@ -797,7 +797,7 @@ impl EpochLoop {
 }
 
 /// One source's input to an epoch.
-enum Input {
+enum ReadInput {
     /// Read before the plan runs.
     Read(Partitions),
     /// Generated as the plan pulls it ([`crate::Source::read_lazily`]).
