@@ -2,15 +2,16 @@
 # Nexmark over Kafka, Sluice vs Spark Structured Streaming, side by side.
 #
 # Loads N Nexmark events into fresh topics on the local broker
-# (`sluice nexmark load`), then drains the bid topic with each query
+# (`sluice nexmark load`), then drains them with each query
 # (benches/nexmark/q*.sql) on both engines, alternating, ROUNDS times, and
 # prints a Markdown table (benches/nexmark/run.py says what is measured) and
 # writes PNG charts to $OUT/charts (benches/nexmark/charts.py).
 #
 # Env:
 #   N        events to load (1/50 people, 3/50 auctions, 46/50 bids)  (default 4000000)
-#   CAP      records per epoch on both sides                           (default 500000)
-#   QUERIES  which queries                                              (default "q0 q1 q2")
+#   CAP      records per epoch and stream on both sides                (default 500000)
+#   CAP_Q3   the same for q3, which reads only people and auctions     (default CAP/10)
+#   QUERIES  which queries                                              (default "q0 q1 q2 q3")
 #   ROUNDS   rounds                                                     (default 2)
 #   OUT      directory for raw JSON + logs  (default target/bench-results/nexmark-<time>)
 set -euo pipefail
@@ -18,7 +19,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-export N="${N:-4000000}" CAP="${CAP:-500000}" QUERIES="${QUERIES:-q0 q1 q2}" ROUNDS="${ROUNDS:-2}"
+export N="${N:-4000000}" CAP="${CAP:-500000}" QUERIES="${QUERIES:-q0 q1 q2 q3}" ROUNDS="${ROUNDS:-2}"
 export OUT="${OUT:-$ROOT/target/bench-results/nexmark-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 log() { echo "[run-nexmark] $*" >&2; }

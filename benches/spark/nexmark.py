@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Spark Structured Streaming side of the Nexmark benchmark.
 
-Reads the bid topic `sluice nexmark load` filled (JSON), runs one Nexmark
-query, and writes the result to a Kafka topic as JSON, draining the topic
+Reads the topics `sluice nexmark load` filled (JSON) that the query needs,
+runs one Nexmark query, and writes the result to a Kafka topic as JSON, draining the topic
 with Trigger.AvailableNow and `maxOffsetsPerTrigger` records per
 micro-batch -- the same input, broker and epoch size as the Sluice run.
 Spark's Kafka sink is at-least-once (there is no transactional Kafka sink in
@@ -11,6 +11,8 @@ Spark); Sluice's runs exactly-once.
     q0: SELECT auction, bidder, price, date_time, extra FROM bid
     q1: SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM bid
     q2: SELECT auction, price FROM bid WHERE auction % 123 = 0
+    q3: auctions in category 10 joined with their sellers in OR, ID or CA
+        (a stream-stream inner join without watermark: unbounded state)
 
 Spark runs as local[2], spark.sql.shuffle.partitions=2, UI off.
 
@@ -32,10 +34,24 @@ import tempfile
 import time
 
 
+# Per query: the topics it reads (each a temp view of that name) and its SQL.
 QUERIES = {
-    "q0": "SELECT auction, bidder, price, date_time, extra FROM bid",
-    "q1": "SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM bid",
-    "q2": "SELECT auction, price FROM bid WHERE auction % 123 = 0",
+    "q0": (["bid"], "SELECT auction, bidder, price, date_time, extra FROM bid"),
+    "q1": (["bid"], "SELECT auction, bidder, 0.908 * price AS price, date_time, extra FROM bid"),
+    "q2": (["bid"], "SELECT auction, price FROM bid WHERE auction % 123 = 0"),
+    "q3": (["auction", "person"],
+           "SELECT p.name, p.city, p.state, a.id FROM auction a JOIN person p ON a.seller = p.id "
+           "WHERE a.category = 10 AND (p.state = 'OR' OR p.state = 'ID' OR p.state = 'CA')"),
+}
+
+# The JSON schema of each topic, as `sluice nexmark load` writes it.
+SCHEMAS = {
+    "person": "id BIGINT, name STRING, email_address STRING, credit_card STRING, city STRING, "
+              "state STRING, date_time TIMESTAMP, extra STRING",
+    "auction": "id BIGINT, item_name STRING, description STRING, initial_bid BIGINT, "
+               "reserve BIGINT, date_time TIMESTAMP, expires TIMESTAMP, seller BIGINT, "
+               "category BIGINT, extra STRING",
+    "bid": "auction BIGINT, bidder BIGINT, price BIGINT, date_time TIMESTAMP, extra STRING",
 }
 
 
@@ -102,19 +118,22 @@ def main():
     spark.sparkContext.setLogLevel("WARN")
     jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
     try:
-        raw = (
-            spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", args.bootstrap)
-            .option("subscribe", f"{args.prefix}-bid")
-            .option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", str(args.max_offsets))
-            .option("kafka.isolation.level", "read_committed")
-            .load()
-        )
-        schema = "auction BIGINT, bidder BIGINT, price BIGINT, date_time TIMESTAMP, extra STRING"
-        bid = raw.select(from_json(col("value").cast("string"), schema).alias("b")).select("b.*")
-        bid.createOrReplaceTempView("bid")
-        result = spark.sql(QUERIES[args.query])
+        # One stream per topic the query reads, each capped at
+        # maxOffsetsPerTrigger per micro-batch (as Sluice caps each stream).
+        tables, sql = QUERIES[args.query]
+        for table in tables:
+            raw = (
+                spark.readStream.format("kafka")
+                .option("kafka.bootstrap.servers", args.bootstrap)
+                .option("subscribe", f"{args.prefix}-{table}")
+                .option("startingOffsets", "earliest")
+                .option("maxOffsetsPerTrigger", str(args.max_offsets))
+                .option("kafka.isolation.level", "read_committed")
+                .load()
+            )
+            (raw.select(from_json(col("value").cast("string"), SCHEMAS[table]).alias("r"))
+                .select("r.*").createOrReplaceTempView(table))
+        result = spark.sql(sql)
         cpu_before = proc_cpu_s(jvm_pid) + sum(os.times()[:2])
         started = time.monotonic()
         query = (

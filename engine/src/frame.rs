@@ -204,9 +204,11 @@ impl StreamFrame {
         self.map(|df| df.alias(name))
     }
 
-    /// Joins `right` on `on` (equalities and an event-time bound), as an
-    /// interval join: `JoinType::Inner` or `JoinType::Left`. The bound keeps
-    /// the state finite; both time columns need a watermark.
+    /// Joins `right` on `on`: equalities and an event-time bound make an
+    /// interval join (`JoinType::Inner` or `JoinType::Left`), whose bound
+    /// keeps the state finite (both time columns need a watermark).
+    /// Equalities alone make an unbounded inner join, which keeps every row
+    /// of both sides.
     ///
     /// ```no_run
     /// # use std::time::Duration;

@@ -1,5 +1,5 @@
-//! Stream–stream interval joins: inner and left outer, bounded by event
-//! time.
+//! Stream–stream joins: interval joins (inner and left outer, bounded by
+//! event time) and unbounded inner joins.
 //!
 //! ```sql
 //! SELECT b.auction, b.price, a.seller
@@ -25,6 +25,11 @@
 //! Left rows carry a row id and a matched flag, so matches found in any
 //! epoch are remembered across restarts (the buffers are the operator's
 //! snapshot).
+//!
+//! An inner join without a time bound (Flink's "regular join", Nexmark q3)
+//! runs the same steps without step 3: both buffers keep every row, so the
+//! state grows with the input, and no row is late. A left outer join needs
+//! the bound, since only eviction says that a left row stays unmatched.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -76,7 +81,8 @@ pub(crate) struct JoinConfig {
     pub tail: LogicalPlan,
     pub output: Arc<EpochBatches>,
     pub join_type: JoinType,
-    pub bounds: TimeBounds,
+    /// `None`: an unbounded inner join, whose buffers keep every row.
+    pub bounds: Option<TimeBounds>,
 }
 
 /// A running interval join.
@@ -89,28 +95,32 @@ pub(crate) struct JoinOperator {
     /// Right rows read so far and still able to match.
     right: RecordBatch,
     next_row_id: u64,
-    left_ts: usize,
-    right_ts: usize,
+    /// The columns of the time bound in the left and right buffers.
+    time_columns: Option<(usize, usize)>,
 }
 
 impl JoinOperator {
     pub(crate) fn new(config: JoinConfig) -> Result<Self> {
-        let left_ts = config
-            .left
-            .schema()
-            .index_of_column(&config.bounds.left_ts)?;
-        let right_ts = config
-            .right
-            .schema()
-            .index_of_column(&config.bounds.right_ts)?;
+        let time_columns = match &config.bounds {
+            Some(b) => Some((
+                config.left.schema().index_of_column(&b.left_ts)?,
+                config.right.schema().index_of_column(&b.right_ts)?,
+            )),
+            None => None,
+        };
         Ok(Self {
             left: RecordBatch::new_empty(config.left_in.schema_ref()),
             right: RecordBatch::new_empty(config.right_in.schema_ref()),
             next_row_id: 0,
-            left_ts,
-            right_ts,
+            time_columns,
             config,
         })
+    }
+
+    /// Whether event time bounds the join (and so its state, and which
+    /// rows are late).
+    pub(crate) fn is_bounded(&self) -> bool {
+        self.config.bounds.is_some()
     }
 
     /// Rows and bytes held in the buffers.
@@ -195,11 +205,12 @@ impl JoinOperator {
         let mut right = all_right;
 
         let mut outer = None;
-        if let Some(w) = watermark {
-            let b = &self.config.bounds;
-            let (gone, kept) = split_before(&left, self.left_ts, w.saturating_add(b.lo_ns))?;
+        if let (Some(w), Some(b), Some((left_ts, right_ts))) =
+            (watermark, &self.config.bounds, self.time_columns)
+        {
+            let (gone, kept) = split_before(&left, left_ts, w.saturating_add(b.lo_ns))?;
             left = kept;
-            right = split_before(&right, self.right_ts, w.saturating_sub(b.hi_ns))?.1;
+            right = split_before(&right, right_ts, w.saturating_sub(b.hi_ns))?.1;
             if self.config.join_type == JoinType::Left && gone.num_rows() > 0 {
                 let unmatched = not(gone.column(left_width - 1).as_boolean())?;
                 outer = Some(filter_record_batch(&gone, &unmatched)?);

@@ -50,7 +50,7 @@ impl Operator {
     pub(crate) fn drops_late(&self) -> bool {
         match self {
             Self::Aggregate(a) => a.is_windowed(),
-            Self::Join(_) => true,
+            Self::Join(j) => j.is_bounded(),
         }
     }
 

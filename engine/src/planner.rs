@@ -354,22 +354,29 @@ fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<Option<JoinC
         join.filter.as_ref(),
         join.left.schema(),
         join.right.schema(),
-    )
-    .ok_or_else(|| {
-        SluiceError::plan(
-            "a join of two streams needs a time bound on both sides, so that its state \
-                 stays finite: add e.g. AND b.ts BETWEEN a.ts AND a.ts + INTERVAL '1' HOUR \
-                 to the ON condition (both columns with a WATERMARK)",
-        )
-    })?;
-    for ts in [&bounds.left_ts, &bounds.right_ts] {
-        if !watermarked.contains(&ts.name) {
-            return Err(SluiceError::plan(format!(
-                "the join's time bound uses '{ts}', which has no watermark, so the join could \
-                 never forget a row: declare WATERMARK FOR {} AS {} - INTERVAL '...' on its \
-                 stream",
-                ts.name, ts.name
-            )));
+    );
+    match &bounds {
+        None if join.join_type != JoinType::Inner => {
+            return Err(SluiceError::plan(
+                "a LEFT join of two streams needs a time bound on both sides: a left row is \
+                 emitted unmatched once the bound and the watermark rule out any partner, \
+                 which without one never happens. Add e.g. AND b.ts BETWEEN a.ts AND a.ts + \
+                 INTERVAL '1' HOUR to the ON condition (both columns with a WATERMARK), or \
+                 make it an inner join",
+            ))
+        }
+        None => {}
+        Some(bounds) => {
+            for ts in [&bounds.left_ts, &bounds.right_ts] {
+                if !watermarked.contains(&ts.name) {
+                    return Err(SluiceError::plan(format!(
+                        "the join's time bound uses '{ts}', which has no watermark, so the join \
+                         could never forget a row: declare WATERMARK FOR {} AS {} - INTERVAL \
+                         '...' on its stream",
+                        ts.name, ts.name
+                    )));
+                }
+            }
         }
     }
     let (left_scan, left_in) = batches_scan(
@@ -767,7 +774,6 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
         }
     };
     if let Some(j) = &plan.join {
-        let b = &j.bounds;
         let d = |ns: i64| {
             let sign = if ns < 0 { "-" } else { "+" };
             format!(
@@ -775,20 +781,26 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
                 std::time::Duration::from_nanos(ns.unsigned_abs())
             )
         };
-        out.push_str(&format!(
-            "stateful operators:\n  interval join ({}), {} - {} within [{}, {}]; each side's \
-             rows are kept until the watermark rules out a partner{}\n",
-            j.join_type,
-            b.left_ts,
-            b.right_ts,
-            d(b.lo_ns),
-            d(b.hi_ns),
-            if j.join_type == JoinType::Left {
-                ", then unmatched left rows are emitted with nulls"
-            } else {
-                ""
-            }
-        ));
+        match &j.bounds {
+            Some(b) => out.push_str(&format!(
+                "stateful operators:\n  interval join ({}), {} - {} within [{}, {}]; each side's \
+                 rows are kept until the watermark rules out a partner{}\n",
+                j.join_type,
+                b.left_ts,
+                b.right_ts,
+                d(b.lo_ns),
+                d(b.hi_ns),
+                if j.join_type == JoinType::Left {
+                    ", then unmatched left rows are emitted with nulls"
+                } else {
+                    ""
+                }
+            )),
+            None => out.push_str(
+                "stateful operators:\n  join (Inner) without a time bound; each side's rows are \
+                 kept for ever, so the state grows with the input\n",
+            ),
+        }
         out.push_str("left side (per epoch):\n");
         indent(&mut out, &j.left);
         out.push_str("right side (per epoch):\n");

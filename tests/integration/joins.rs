@@ -102,11 +102,13 @@ fn interval(ms: i64) -> Expr {
     )))
 }
 
-fn condition() -> Vec<Expr> {
-    vec![
-        col("l.k").eq(col("r.k")),
-        col("l.ts").between(col("r.ts") + interval(LO_MS), col("r.ts") + interval(HI_MS)),
-    ]
+/// The join condition: the key, and with `bounded` the time bound.
+fn condition(bounded: bool) -> Vec<Expr> {
+    let mut on = vec![col("l.k").eq(col("r.k"))];
+    if bounded {
+        on.push(col("l.ts").between(col("r.ts") + interval(LO_MS), col("r.ts") + interval(HI_MS)));
+    }
+    on
 }
 
 fn output_columns() -> Vec<Expr> {
@@ -141,7 +143,7 @@ fn rows_of(batches: &[RecordBatch]) -> Vec<Joined> {
 use sluice::arrow::array::Array;
 
 /// DataFusion's batch join over the rows that were not late.
-async fn batch_answer(kept: &[Vec<Row>; 2], join_type: JoinType) -> Vec<Joined> {
+async fn batch_answer(kept: &[Vec<Row>; 2], join_type: JoinType, bounded: bool) -> Vec<Joined> {
     let ctx = SessionContext::new();
     let l = ctx
         .read_batch(to_batch(&kept[0]))
@@ -154,7 +156,7 @@ async fn batch_answer(kept: &[Vec<Row>; 2], join_type: JoinType) -> Vec<Joined> 
         .alias("r")
         .unwrap();
     let out = l
-        .join_on(r, join_type, condition())
+        .join_on(r, join_type, condition(bounded))
         .unwrap()
         .select(output_columns())
         .unwrap()
@@ -177,6 +179,7 @@ struct Run {
 async fn run_streaming(
     epochs: &[[Vec<Row>; 2]],
     join_type: JoinType,
+    bounded: bool,
     step: bool,
     rng: &mut Lcg,
     dir: &std::path::Path,
@@ -213,7 +216,7 @@ async fn run_streaming(
         };
         let out = MemorySink::new();
         let query = side(0, "l")
-            .join(side(1, "r"), join_type, condition())
+            .join(side(1, "r"), join_type, condition(bounded))
             .unwrap()
             .select(output_columns())
             .unwrap()
@@ -260,11 +263,12 @@ fn inner_interval_join_equals_the_batch_join_across_restarts() {
             let mut rng = Lcg(seed);
             let epochs = input(&mut rng, 16, step);
             let dir = tempfile::tempdir().unwrap();
-            let run = run_streaming(&epochs, JoinType::Inner, step, &mut rng, dir.path()).await;
+            let run =
+                run_streaming(&epochs, JoinType::Inner, true, step, &mut rng, dir.path()).await;
             let (kept, late, _) = judge(&epochs);
             assert!(late > 0, "seed {seed}: the input should have late rows");
             assert_eq!(run.late_rows, late, "seed {seed}");
-            let expected = batch_answer(&kept, JoinType::Inner).await;
+            let expected = batch_answer(&kept, JoinType::Inner, true).await;
             assert!(!expected.is_empty(), "seed {seed}: no pairs");
             assert_eq!(run.rows, expected, "seed {seed}");
             let total: usize = kept.iter().map(Vec::len).sum();
@@ -284,13 +288,14 @@ fn left_interval_join_emits_unmatched_rows_once_the_watermark_passes() {
             let mut rng = Lcg(seed);
             let epochs = input(&mut rng, 16, step);
             let dir = tempfile::tempdir().unwrap();
-            let run = run_streaming(&epochs, JoinType::Left, step, &mut rng, dir.path()).await;
+            let run =
+                run_streaming(&epochs, JoinType::Left, true, step, &mut rng, dir.path()).await;
             let (kept, late, watermark) = judge(&epochs);
             assert_eq!(run.late_rows, late, "seed {seed}");
             let watermark = watermark.unwrap();
             // Matched pairs all appear; an unmatched left row appears once no
             // right row can match it any more: l.ts - LO < watermark.
-            let expected: Vec<Joined> = batch_answer(&kept, JoinType::Left)
+            let expected: Vec<Joined> = batch_answer(&kept, JoinType::Left, true)
                 .await
                 .into_iter()
                 .filter(|j| j.3.is_some() || j.2 - LO_MS < watermark)
@@ -309,8 +314,34 @@ fn left_interval_join_emits_unmatched_rows_once_the_watermark_passes() {
     });
 }
 
+#[test]
+fn unbounded_inner_join_equals_the_batch_join_across_restarts() {
+    property(4, |seed| {
+        let step = seed % 2 == 0;
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let epochs = input(&mut rng, 16, step);
+            let dir = tempfile::tempdir().unwrap();
+            let run =
+                run_streaming(&epochs, JoinType::Inner, false, step, &mut rng, dir.path()).await;
+            // Without a time bound nothing is late and nothing is forgotten:
+            // the answer is the batch join of every row read.
+            let all = [0, 1].map(|side| epochs.iter().flat_map(|e| e[side].clone()).collect());
+            assert_eq!(run.late_rows, 0, "seed {seed}");
+            let expected = batch_answer(&all, JoinType::Inner, false).await;
+            assert!(!expected.is_empty(), "seed {seed}: no pairs");
+            assert_eq!(run.rows, expected, "seed {seed}");
+            let total: usize = all.iter().map(Vec::len).sum();
+            assert_eq!(
+                run.state_rows as usize, total,
+                "seed {seed}: every row stays"
+            );
+        })
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_join_without_a_time_bound_is_refused_with_what_to_add() {
+async fn a_left_join_without_a_time_bound_is_refused_with_what_to_add() {
     let inputs = [MemoryStream::new(schema()), MemoryStream::new(schema())];
     let session = Session::new();
     let side = |i: usize, name: &str| {
@@ -324,11 +355,7 @@ async fn a_join_without_a_time_bound_is_refused_with_what_to_add() {
             .unwrap()
     };
     let err = side(0, "l")
-        .join(
-            side(1, "r"),
-            JoinType::Inner,
-            vec![col("l.k").eq(col("r.k"))],
-        )
+        .join(side(1, "r"), JoinType::Left, condition(false))
         .unwrap()
         .write_stream()
         .memory(&MemorySink::new())

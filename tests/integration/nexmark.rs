@@ -23,10 +23,10 @@ fn text(o: &Output) -> String {
     )
 }
 
-const QUERIES: [&str; 3] = ["q0", "q1", "q2"];
+const QUERIES: [&str; 4] = ["q0", "q1", "q2", "q3"];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn loaded_nexmark_topics_run_q0_to_q2_and_verify_against_the_batch_answer() {
+async fn loaded_nexmark_topics_run_q0_to_q3_and_verify_against_the_batch_answer() {
     const EVENTS: u64 = 20_000;
     let bootstrap = crate::util::broker().await;
     let prefix = fresh_topic("nexmark");
@@ -89,8 +89,8 @@ async fn loaded_nexmark_topics_run_q0_to_q2_and_verify_against_the_batch_answer(
     let verified = sluice(&["verify", file]);
     let report = text(&verified);
     assert_eq!(verified.status.code(), Some(0), "{report}");
-    assert_eq!(report.matches("\nOK: ").count(), 3, "{report}");
-    // q0 and q1 pass every bid through; q2 keeps some, not none.
+    assert_eq!(report.matches("\nOK: ").count(), 4, "{report}");
+    // q0 and q1 pass every bid through; q2 and q3 keep some, not none.
     assert_eq!(
         report
             .matches("equals the batch answer (18400 rows)")

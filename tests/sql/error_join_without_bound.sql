@@ -3,4 +3,4 @@ CREATE STREAM events (k BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts)
 CREATE STREAM auctions (id BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts)
     WITH (connector = 'files', path = 'data/auctions', format = 'json');
 CREATE STREAM out WITH (connector = 'console');
-INSERT INTO out SELECT e.k FROM events e JOIN auctions a ON e.k = a.id;
+INSERT INTO out SELECT e.k FROM events e LEFT JOIN auctions a ON e.k = a.id;
