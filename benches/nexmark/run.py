@@ -3,9 +3,9 @@
 benches/run-nexmark.sh, which builds, starts the broker and sets up Spark).
 
 For each query (benches/nexmark/q*.sql) and round: Sluice drains the loaded
-topics the query reads (bid; q3: auction and person) into a fresh Kafka
-topic, exactly-once, epochs capped at CAP records per input stream (q3:
-CAP_Q3); then Spark does the same with Trigger.AvailableNow and
+topics the query reads (bid; q3, q8: auction and person) into a fresh
+Kafka topic, exactly-once, epochs capped at CAP records per input stream
+(q3: CAP_Q3, q8: CAP_Q8); then Spark does the same with Trigger.AvailableNow and
 maxOffsetsPerTrigger = the same cap, at-least-once. Both read the same
 topics on the same broker.
 
@@ -41,10 +41,10 @@ BOOTSTRAP = env("BOOTSTRAP", "127.0.0.1:9092")
 BROKER_PID = int(env("BROKER_PID", "0"))
 PREFIX = env("PREFIX", "")
 CAP = int(env("CAP", "500000"))
-# q3 reads only people and auctions (4 in 50 events): smaller epochs, so
-# that its run has several.
-CAPS = {"q3": int(env("CAP_Q3", str(CAP // 10)))}
-QUERIES = env("QUERIES", "q0 q1 q2 q3").split()
+# q3 and q8 read only people and auctions (4 in 50 events): smaller
+# epochs, so that their runs have several.
+CAPS = {q: int(env("CAP_" + q.upper(), str(CAP // 10))) for q in ("q3", "q8")}
+QUERIES = env("QUERIES", "q0 q1 q2 q3 q7 q8").split()
 ROUNDS = int(env("ROUNDS", "1"))
 OUT = env("OUT", "/tmp")
 

@@ -126,6 +126,14 @@ impl BatchQuery {
     /// Why the batch answer would not be what this query emits, if it
     /// would not.
     pub fn unsupported(&self) -> Option<String> {
+        if !self.plan.stages.is_empty() {
+            return Some(
+                "this query chains stateful operators, each of which emits a window once the \
+                 watermark closes it; one batch query cannot tell which rows that let through, \
+                 so verify checks queries with one stateful operator"
+                    .into(),
+            );
+        }
         if let Some(a) = &self.plan.aggregate {
             if a.window.as_ref().is_some_and(|w| w.session.is_some()) {
                 return Some(

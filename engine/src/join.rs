@@ -50,6 +50,7 @@ use crate::error::{Result, SluiceError};
 use crate::state::{ipc_bytes, read_ipc, split_two_parts, two_parts};
 use crate::table::EpochBatches;
 use crate::watermark::nanos;
+use crate::window::time_offset;
 
 /// Name of the row id column added to left rows.
 pub(crate) const ROW_ID: &str = "__sluice_row";
@@ -57,13 +58,35 @@ pub(crate) const ROW_ID: &str = "__sluice_row";
 pub(crate) const MATCHED: &str = "__sluice_matched";
 
 /// The time condition of an interval join: `left.ts - right.ts` lies in
-/// `[lo_ns, hi_ns]`.
+/// `[lo_ns, hi_ns]`. The columns are event times or window bounds (see
+/// [`time_offset`]): every row still to come on a side has `ts +
+/// to_end_ns ≥` the watermark.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TimeBounds {
     pub left_ts: Column,
     pub right_ts: Column,
     pub lo_ns: i64,
     pub hi_ns: i64,
+    pub left_to_end_ns: i64,
+    pub right_to_end_ns: i64,
+}
+
+impl TimeBounds {
+    /// Left rows with `ts` below this can meet no right row still to come
+    /// (which has `right.ts ≥ W - right_to_end`, and must have `right.ts ≤
+    /// left.ts - lo`).
+    fn left_expiry(&self, watermark: i64) -> i64 {
+        watermark
+            .saturating_add(self.lo_ns)
+            .saturating_sub(self.right_to_end_ns)
+    }
+
+    /// Right rows with `ts` below this can meet no left row still to come.
+    fn right_expiry(&self, watermark: i64) -> i64 {
+        watermark
+            .saturating_sub(self.hi_ns)
+            .saturating_sub(self.left_to_end_ns)
+    }
 }
 
 /// What does not change while the query runs.
@@ -208,9 +231,9 @@ impl JoinOperator {
         if let (Some(w), Some(b), Some((left_ts, right_ts))) =
             (watermark, &self.config.bounds, self.time_columns)
         {
-            let (gone, kept) = split_before(&left, left_ts, w.saturating_add(b.lo_ns))?;
+            let (gone, kept) = split_before(&left, left_ts, b.left_expiry(w))?;
             left = kept;
-            right = split_before(&right, right_ts, w.saturating_sub(b.hi_ns))?.1;
+            right = split_before(&right, right_ts, b.right_expiry(w))?.1;
             if self.config.join_type == JoinType::Left && gone.num_rows() > 0 {
                 let unmatched = not(gone.column(left_width - 1).as_boolean())?;
                 outer = Some(filter_record_batch(&gone, &unmatched)?);
@@ -320,18 +343,32 @@ pub(crate) fn left_state_fields() -> [Field; 2] {
     ]
 }
 
-/// Finds the time condition in an interval join's filter: conjuncts like
-/// `l.ts >= r.ts`, `l.ts <= r.ts + INTERVAL '1' HOUR` or
-/// `l.ts BETWEEN r.ts - ... AND r.ts + ...` that bound `l.ts - r.ts` both
-/// ways, on one pair of columns.
+/// Finds the time condition of an interval join: conjuncts of its filter
+/// like `l.ts >= r.ts`, `l.ts <= r.ts + INTERVAL '1' HOUR` or `l.ts BETWEEN
+/// r.ts - ... AND r.ts + ...`, and equalities among its keys of two time
+/// columns (`l.window_start = r.window_start`: a window join), that bound
+/// `l.ts - r.ts` both ways, on one pair of columns. Comparisons use any
+/// columns (the planner then asks for watermarks); equalities only time
+/// columns, as other keys are no bound.
 pub(crate) fn time_bounds(
     filter: Option<&Expr>,
+    keys: &[(Expr, Expr)],
     left: &DFSchema,
     right: &DFSchema,
+    watermarked: &[String],
 ) -> Option<TimeBounds> {
     let mut conjuncts = Vec::new();
     if let Some(f) = filter {
         split_conjuncts(f, &mut conjuncts);
+    }
+    for (l, r) in keys {
+        let is_time = |e: &Expr, schema: &DFSchema| {
+            term(e).is_some_and(|(c, _)| column_offset(schema, &c, watermarked).is_some())
+        };
+        if is_time(l, left) && is_time(r, right) {
+            conjuncts.push((l.clone(), Operator::GtEq, r.clone()));
+            conjuncts.push((l.clone(), Operator::LtEq, r.clone()));
+        }
     }
     let mut found: Option<(Column, Column)> = None;
     let (mut lo, mut hi) = (None::<i64>, None::<i64>);
@@ -361,12 +398,27 @@ pub(crate) fn time_bounds(
         }
     }
     let ((left_ts, right_ts), lo_ns, hi_ns) = (found?, lo?, hi?);
+    let offset = |schema: &DFSchema, c: &Column| column_offset(schema, c, watermarked).unwrap_or(0);
     Some(TimeBounds {
+        left_to_end_ns: offset(left, &left_ts),
+        right_to_end_ns: offset(right, &right_ts),
         left_ts,
         right_ts,
         lo_ns,
         hi_ns,
     })
+}
+
+/// Whether `c` is a time column of `schema`: watermarked, or a window
+/// bound over a watermarked column.
+pub(crate) fn is_time_column(schema: &DFSchema, c: &Column, watermarked: &[String]) -> bool {
+    column_offset(schema, c, watermarked).is_some()
+}
+
+/// [`time_offset`] of column `c` of `schema`.
+fn column_offset(schema: &DFSchema, c: &Column, watermarked: &[String]) -> Option<i64> {
+    let (_, field) = schema.qualified_field_from_column(c).ok()?;
+    time_offset(field, watermarked)
 }
 
 fn split_conjuncts(e: &Expr, out: &mut Vec<(Expr, Operator, Expr)>) {

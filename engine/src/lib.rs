@@ -89,6 +89,7 @@ pub use source::{
     DeadLetter, FilesConnector, GroupOffsets, LazyInput, LazyPartition, MemorySourceFactory,
     MemoryStream, Offset, Partitions, RateConnector, Rejected, Source, SourceFactory,
 };
+pub use state::KeyedState;
 pub use statement_set::StatementSet;
 pub use table::{StreamDefinition, StreamTable};
 pub use trigger::{OutputMode, Trigger};

@@ -1,12 +1,22 @@
 //! The query's stateful operator, if it has one: the one interface the
-//! epoch loop drives, whatever the operator is.
+//! epoch loop drives, whatever the operator is. A query with several
+//! stateful operators (an aggregation over a join, a join of a windowed
+//! aggregation with a stream, ...) runs them as one [`Operator::Pipeline`]:
+//! innermost first, each handing what it emits to the one above it
+//! through the scan that replaced it in that one's plan (see the planner's
+//! `split_stages`).
 
+use std::sync::Arc;
+
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::execution::SessionState;
 
 use crate::aggregate::AggregateOperator;
-use crate::error::Result;
+use crate::error::{Result, SluiceError};
 use crate::join::JoinOperator;
+use crate::planner::{IncrementalPlan, StageConfig};
 use crate::sink::EpochOutput;
+use crate::table::EpochBatches;
 
 /// A committed chain of state files, read one at a time as it is applied
 /// (a snapshot, then the deltas after it), so that restoring holds one
@@ -32,8 +42,49 @@ pub(crate) enum Staged {
 pub(crate) enum Operator {
     /// GROUP BY, windowed aggregation, deduplication.
     Aggregate(Box<AggregateOperator>),
-    /// Stream–stream interval join.
+    /// Stream–stream join.
     Join(Box<JoinOperator>),
+    /// Several operators, innermost first; the last one's output is the
+    /// query's. Its state is every operator's, as one snapshot per epoch.
+    Pipeline(Vec<PipelineStage>),
+}
+
+/// One operator of an [`Operator::Pipeline`].
+#[derive(Debug)]
+pub(crate) struct PipelineStage {
+    pub operator: Operator,
+    /// Where its rows go for the operator above; `None` for the last.
+    pub link: Option<Arc<EpochBatches>>,
+}
+
+impl Operator {
+    /// The operator of a planned query: its stages and the outermost one.
+    pub(crate) fn for_plan(plan: &mut IncrementalPlan) -> Result<Option<Self>> {
+        let root = match (plan.aggregate.take(), plan.join.take()) {
+            (Some(a), _) => Self::Aggregate(Box::new(AggregateOperator::new(a))),
+            (None, Some(j)) => Self::Join(Box::new(JoinOperator::new(j)?)),
+            (None, None) => return Ok(None),
+        };
+        if plan.stages.is_empty() {
+            return Ok(Some(root));
+        }
+        let mut stages = Vec::with_capacity(plan.stages.len() + 1);
+        for stage in plan.stages.drain(..) {
+            let operator = match stage.config {
+                StageConfig::Aggregate(a) => Self::Aggregate(Box::new(AggregateOperator::new(*a))),
+                StageConfig::Join(j) => Self::Join(Box::new(JoinOperator::new(*j)?)),
+            };
+            stages.push(PipelineStage {
+                operator,
+                link: Some(stage.link),
+            });
+        }
+        stages.push(PipelineStage {
+            operator: root,
+            link: None,
+        });
+        Ok(Some(Self::Pipeline(stages)))
+    }
 }
 
 impl Operator {
@@ -42,6 +93,7 @@ impl Operator {
         match self {
             Self::Aggregate(_) => "aggregate",
             Self::Join(_) => "join",
+            Self::Pipeline(_) => "pipeline",
         }
     }
 
@@ -51,6 +103,7 @@ impl Operator {
         match self {
             Self::Aggregate(a) => a.is_windowed(),
             Self::Join(j) => j.is_bounded(),
+            Self::Pipeline(stages) => stages.iter().any(|s| s.operator.drops_late()),
         }
     }
 
@@ -67,6 +120,13 @@ impl Operator {
                 rows: j.run_epoch(session, watermark).await?,
                 retracted: None,
             }),
+            Self::Pipeline(stages) => {
+                let out = run_pipeline(stages, session, watermark).await;
+                for link in stages.iter().filter_map(|s| s.link.as_ref()) {
+                    link.set_input(Vec::new());
+                }
+                out
+            }
         }
     }
 
@@ -76,8 +136,16 @@ impl Operator {
     pub(crate) fn stage(&mut self, full: bool) -> Result<Staged> {
         match self {
             Self::Aggregate(a) => a.stage(full),
-            // The join's buffers are bounded by the watermark: always whole.
+            // The join's buffers are bounded by the watermark (or small):
+            // always whole; so is a pipeline's state.
             Self::Join(_) => Ok(Staged::Snapshot),
+            Self::Pipeline(stages) => {
+                for s in stages.iter_mut() {
+                    // Any delta counted so far is in the snapshot.
+                    s.operator.stage(true)?;
+                }
+                Ok(Staged::Snapshot)
+            }
         }
     }
 
@@ -88,7 +156,18 @@ impl Operator {
             Self::Aggregate(a) => a.write_snapshot(w),
             Self::Join(j) => w
                 .write_all(&j.snapshot()?)
-                .map_err(|e| crate::error::SluiceError::io("writing the join's state", e)),
+                .map_err(|e| SluiceError::io("writing the join's state", e)),
+            // Each stage's snapshot, as one part each (see `parts`).
+            Self::Pipeline(stages) => {
+                for s in stages.iter_mut() {
+                    let mut bytes = Vec::new();
+                    s.operator.write_snapshot(&mut bytes)?;
+                    w.write_all(&(bytes.len() as u64).to_le_bytes())
+                        .and_then(|()| w.write_all(&bytes))
+                        .map_err(|e| SluiceError::io("writing the pipeline's state", e))?;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -107,10 +186,31 @@ impl Operator {
                     Ok(())
                 }
                 (Some(snapshot), None) => j.restore(&snapshot?),
-                (Some(_), Some(_)) => Err(crate::error::SluiceError::Internal(
+                (Some(_), Some(_)) => Err(SluiceError::Internal(
                     "the join's state is committed as one snapshot, not a chain".into(),
                 )),
             },
+            Self::Pipeline(stages) => {
+                let snapshot = match (chain.next(), chain.next()) {
+                    (None, _) => None,
+                    (Some(snapshot), None) => Some(snapshot?),
+                    (Some(_), Some(_)) => {
+                        return Err(SluiceError::Internal(
+                            "a pipeline's state is committed as one snapshot, not a chain".into(),
+                        ))
+                    }
+                };
+                let parts = match &snapshot {
+                    Some(bytes) => parts(bytes, stages.len())?,
+                    None => vec![&[][..]; stages.len()],
+                };
+                for (s, part) in stages.iter_mut().zip(parts) {
+                    // An empty part: that stage had no state yet.
+                    let mut chain = (!part.is_empty()).then(|| Ok(part.to_vec())).into_iter();
+                    Box::pin(s.operator.restore(session, &mut chain)).await?;
+                }
+                Ok(())
+            }
         }
     }
 
@@ -119,6 +219,60 @@ impl Operator {
         match self {
             Self::Aggregate(a) => a.state_size(),
             Self::Join(j) => j.state_size(),
+            Self::Pipeline(stages) => stages
+                .iter()
+                .map(|s| s.operator.state_size())
+                .fold((0, 0), |(r, b), (sr, sb)| (r + sr, b + sb)),
         }
     }
+}
+
+/// Runs a pipeline's stages in order, each one's rows handed to the next.
+async fn run_pipeline(
+    stages: &mut [PipelineStage],
+    session: &SessionState,
+    watermark: Option<i64>,
+) -> Result<EpochOutput> {
+    let mut last = EpochOutput::default();
+    for stage in stages.iter_mut() {
+        let out = Box::pin(stage.operator.run_epoch(session, watermark)).await?;
+        match &stage.link {
+            Some(link) => {
+                // Same columns; DataFusion's output may differ in field
+                // metadata or nullability from the scan's schema.
+                let schema = link.schema_ref();
+                let rows = out
+                    .rows
+                    .iter()
+                    .map(|b| RecordBatch::try_new(Arc::clone(&schema), b.columns().to_vec()))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                link.set_input(vec![rows]);
+            }
+            None => last = out,
+        }
+    }
+    Ok(last)
+}
+
+/// A pipeline snapshot's `n` parts: each a length (8 bytes, little
+/// endian), then that many bytes.
+fn parts(mut bytes: &[u8], n: usize) -> Result<Vec<&[u8]>> {
+    let damaged = || SluiceError::Internal("the pipeline's state snapshot is truncated".into());
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let (len, rest) = bytes.split_first_chunk::<8>().ok_or_else(damaged)?;
+        let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| damaged())?;
+        if rest.len() < len {
+            return Err(damaged());
+        }
+        let (part, rest) = rest.split_at(len);
+        out.push(part);
+        bytes = rest;
+    }
+    if !bytes.is_empty() {
+        return Err(SluiceError::Internal(
+            "the pipeline's state snapshot has more parts than the query has operators".into(),
+        ));
+    }
+    Ok(out)
 }

@@ -25,7 +25,7 @@ use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableScan}
 use crate::aggregate::AggregateConfig;
 use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
-use crate::join::{left_state_fields, time_bounds, JoinConfig};
+use crate::join::{is_time_column, left_state_fields, time_bounds, JoinConfig};
 use crate::source::Source;
 use crate::table::{as_stream_table, EpochBatches, StreamTable};
 use crate::trigger::OutputMode;
@@ -61,6 +61,10 @@ pub(crate) struct IncrementalPlan {
     pub aggregate: Option<AggregateConfig>,
     /// The interval join, when the query has one; `logical` is then unused.
     pub join: Option<JoinConfig>,
+    /// The stateful operators under the one above (`aggregate` or `join`),
+    /// innermost first, when the query has several: each feeds what it
+    /// emits to the operator above it.
+    pub stages: Vec<Stage>,
     /// The session state epochs are planned with.
     pub state: SessionState,
     /// Output columns carrying the whole GROUP BY key (see
@@ -68,6 +72,22 @@ pub(crate) struct IncrementalPlan {
     pub key_columns: Vec<String>,
     /// The inputs' event-time watermarks.
     pub watermarks: WatermarkTracker,
+}
+
+/// A stateful operator that feeds another one (see [`split_stages`]).
+#[derive(Debug)]
+pub(crate) struct Stage {
+    pub config: StageConfig,
+    /// Where its rows go each epoch: the scan that replaced it (and the
+    /// stateless segment above it) in the plan of the operator above.
+    pub link: Arc<EpochBatches>,
+}
+
+/// What a [`Stage`] runs.
+#[derive(Debug)]
+pub(crate) enum StageConfig {
+    Aggregate(Box<AggregateConfig>),
+    Join(Box<JoinConfig>),
 }
 
 /// Optimizer rules that would take an aggregation apart in ways the
@@ -146,6 +166,7 @@ pub(crate) fn plan_query(
     }))?;
     let logical = state.optimize(&bound)?;
     let output_schema = Arc::new(logical.schema().as_arrow().clone());
+    let (logical, stages) = split_stages(logical, &watermarked)?;
     let mut aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
     let join = match aggregate {
         Some(_) => None,
@@ -173,9 +194,109 @@ pub(crate) fn plan_query(
         mode,
         aggregate,
         join,
+        stages,
         state,
         watermarks,
     })
+}
+
+/// Whether `node` keeps state across epochs: an aggregation (GROUP BY,
+/// DISTINCT) or a join of two streams.
+fn is_stateful(node: &LogicalPlan) -> bool {
+    match node {
+        LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => true,
+        LogicalPlan::Join(j) => reads_stream(&j.left) && reads_stream(&j.right),
+        _ => false,
+    }
+}
+
+/// The stateful nodes over streams, outermost first (pre-order).
+fn stateful_nodes(plan: &LogicalPlan) -> Vec<&LogicalPlan> {
+    streaming_nodes(plan)
+        .into_iter()
+        .filter(|n| is_stateful(n))
+        .collect()
+}
+
+/// The table name of the scan that replaces the `i`-th stage.
+const STAGE_OUTPUT: &str = "__sluice_stage";
+
+/// Splits a plan with several stateful operators into stages, innermost
+/// first, until one is left (returned in the plan, for `split_aggregate`
+/// or `split_join`). Each step takes an innermost operator N and the
+/// input C of the nearest stateful operator above it that holds N: N with
+/// the stateless segment up to the top of C becomes a stage, and C a scan
+/// of what that stage emits.
+///
+/// A stage must emit only rows that never change, as the operator above
+/// takes each row as a new one: joins and aggregations over event-time
+/// windows (emitted once, when the watermark closes the window). An
+/// aggregation without a window, whose rows change every epoch, would need
+/// retractions downstream, and is refused.
+fn split_stages(
+    mut plan: LogicalPlan,
+    watermarked: &[String],
+) -> Result<(LogicalPlan, Vec<Stage>)> {
+    let mut stages = Vec::new();
+    loop {
+        let nodes = stateful_nodes(&plan);
+        if nodes.len() <= 1 {
+            return Ok((plan, stages));
+        }
+        // Pre-order: the last node has no stateful node below it.
+        let inner = nodes[nodes.len() - 1];
+        let holds = |p: &LogicalPlan| p.exists(|n| Ok(n == inner)).unwrap_or(false);
+        let Some(parent) = nodes[..nodes.len() - 1].iter().rev().find(|n| holds(n)) else {
+            return Err(SluiceError::plan(
+                "this query cannot run on a stream: it combines stateful operators side by \
+                 side (e.g. a UNION of aggregations); write each to a stream and combine those",
+            ));
+        };
+        let Some(child) = parent.inputs().into_iter().find(|c| holds(c)).cloned() else {
+            return Err(SluiceError::Internal("a stage's input vanished".into()));
+        };
+        if stateful_nodes(&child).len() != 1 {
+            return Err(SluiceError::plan(
+                "this query cannot run on a stream: an operator reads several stateful \
+                 operators through one input (e.g. a UNION of aggregations); write each to a \
+                 stream and combine those",
+            ));
+        }
+        let config = match inner {
+            LogicalPlan::Join(_) => {
+                let join = split_join(&child, watermarked)?
+                    .ok_or_else(|| SluiceError::Internal("a stage's join vanished".into()))?;
+                StageConfig::Join(Box::new(join))
+            }
+            _ => {
+                let agg = split_aggregate(&child, OutputMode::Append, false, watermarked)?
+                    .ok_or_else(|| SluiceError::Internal("a stage's aggregate vanished".into()))?;
+                if agg.window.is_none() {
+                    return Err(SluiceError::plan(
+                        "this query cannot run on a stream: it feeds an aggregation without an \
+                         event-time window into another stateful operator. Its rows change \
+                         every epoch, and the operator above would take each change as a new \
+                         row; group the inner aggregation by a TUMBLE or HOP window over a \
+                         watermarked column (its rows are then final when emitted), or write \
+                         it to a stream",
+                    ));
+                }
+                StageConfig::Aggregate(Box::new(agg))
+            }
+        };
+        let name = format!("{STAGE_OUTPUT}{}", stages.len());
+        let (scan, link) = batches_scan(&name, child.schema(), &[])?;
+        plan = plan
+            .transform_up(|n| {
+                Ok(if n == child {
+                    Transformed::yes(scan.clone())
+                } else {
+                    Transformed::no(n)
+                })
+            })?
+            .data;
+        stages.push(Stage { config, link });
+    }
 }
 
 /// The output columns that pass the group key through unchanged, if every
@@ -352,8 +473,10 @@ fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<Option<JoinC
     }
     let bounds = time_bounds(
         join.filter.as_ref(),
+        &join.on,
         join.left.schema(),
         join.right.schema(),
+        watermarked,
     );
     match &bounds {
         None if join.join_type != JoinType::Inner => {
@@ -367,8 +490,11 @@ fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<Option<JoinC
         }
         None => {}
         Some(bounds) => {
-            for ts in [&bounds.left_ts, &bounds.right_ts] {
-                if !watermarked.contains(&ts.name) {
+            for (ts, side) in [
+                (&bounds.left_ts, join.left.schema()),
+                (&bounds.right_ts, join.right.schema()),
+            ] {
+                if !is_time_column(side, ts, watermarked) {
                     return Err(SluiceError::plan(format!(
                         "the join's time bound uses '{ts}', which has no watermark, so the join \
                          could never forget a row: declare WATERMARK FOR {} AS {} - INTERVAL \
@@ -448,15 +574,24 @@ fn streaming_nodes(plan: &LogicalPlan) -> Vec<&LogicalPlan> {
     out
 }
 
-/// Whether `plan` scans a stream.
+/// Whether `plan` scans a stream, or the output of a stage (see
+/// [`split_stages`]).
 fn reads_stream(plan: &LogicalPlan) -> bool {
     plan.exists(|n| {
         Ok(matches!(n, LogicalPlan::TableScan(scan)
-            if source_as_provider(&scan.source)
+            if scan.table_name.table().starts_with(STAGE_OUTPUT)
+                || source_as_provider(&scan.source)
                 .ok()
                 .is_some_and(|p| as_stream_table(&p).is_some())))
     })
     .unwrap_or(false)
+}
+
+/// The kind of a query's outermost stateful operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Root {
+    Aggregate,
+    Join,
 }
 
 /// What [`check_incremental`] found.
@@ -470,10 +605,11 @@ struct Checked {
 
 fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Checked> {
     let mut problem = None;
-    let mut aggregates = 0;
+    // The outermost stateful operator decides the output mode; those under
+    // it are stages (see `split_stages`).
+    let mut root = None;
     let mut window = None;
     let mut dedup = false;
-    let mut joins = 0;
     // Scans come first: a plan is visited top-down, so collect them before.
     let mut watermarked = Vec::new();
     plan.apply(|node| {
@@ -509,45 +645,31 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
                 })
             }
             LogicalPlan::Aggregate(agg) => {
-                aggregates += 1;
-                window = event_time_key(agg, &watermarked);
-                if aggregates > 1 {
-                    Some(
-                        "aggregates an aggregation (or counts DISTINCT next to other \
-                         aggregates); one GROUP BY per query is supported: write the inner one \
-                         to a stream and aggregate that"
-                            .to_string(),
-                    )
-                } else if agg
-                    .group_expr
+                if root.is_none() {
+                    root = Some(Root::Aggregate);
+                    window = event_time_key(agg, &watermarked);
+                }
+                agg.group_expr
                     .iter()
                     .any(|e| matches!(e, Expr::GroupingSet(_)))
-                {
-                    Some("uses GROUPING SETS / CUBE / ROLLUP, which is not supported".to_string())
-                } else {
-                    None
-                }
+                    .then(|| {
+                        "uses GROUPING SETS / CUBE / ROLLUP, which is not supported".to_string()
+                    })
             }
             // Deduplication: DataFusion turns it into an aggregation keyed by
             // the distinct columns, which emits each key once (see
             // `aggregate`).
             LogicalPlan::Distinct(_) => {
-                aggregates += 1;
-                dedup = true;
-                (aggregates > 1).then(|| {
-                    "deduplicates an aggregation; one DISTINCT or GROUP BY per query is \
-                     supported"
-                        .to_string()
-                })
+                if root.is_none() {
+                    root = Some(Root::Aggregate);
+                    dedup = true;
+                }
+                None
             }
             LogicalPlan::Join(j) => match (reads_stream(&j.left), reads_stream(&j.right)) {
                 (true, true) => {
-                    joins += 1;
-                    (joins > 1).then(|| {
-                        "joins more than two streams; one join per query is supported: write \
-                         the first join to a stream and join that"
-                            .to_string()
-                    })
+                    root.get_or_insert(Root::Join);
+                    None
                 }
                 // A stream against a static table: stateless, each epoch's
                 // rows join the table, unless the table's unmatched rows
@@ -612,13 +734,7 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
             watermarked: watermarked.clone(),
         })
     };
-    if joins > 0 {
-        if aggregates > 0 {
-            return Err(SluiceError::plan(
-                "this query cannot run on a stream: it aggregates (or deduplicates) a join, \
-                 which is not supported yet; write the join to a stream and aggregate that",
-            ));
-        }
+    if root == Some(Root::Join) {
         // A joined pair never changes once emitted.
         return match mode {
             Some(OutputMode::Complete) => Err(SluiceError::plan(
@@ -651,14 +767,14 @@ fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Che
             None => OutputMode::Update,
         });
     }
-    checked(match (aggregates, mode) {
-        (0, Some(OutputMode::Complete)) => {
+    checked(match (root, mode) {
+        (None, Some(OutputMode::Complete)) => {
             return Err(SluiceError::plan(
                 "output mode 'complete' needs an aggregation (it re-emits the whole result \
                  table); this query is stateless: use 'append'",
             ))
         }
-        (0, m) => m.unwrap_or(OutputMode::Append),
+        (None, m) => m.unwrap_or(OutputMode::Append),
         (_, Some(OutputMode::Append)) => {
             return Err(SluiceError::plan(
                 "output mode 'append' emits only rows that never change, but a GROUP BY without \
@@ -766,47 +882,26 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
             format!("min({}) of the largest event time read", marks.join(", "))
         }
     ));
-    let indent = |out: &mut String, p: &LogicalPlan| {
-        for line in p.display_indent().to_string().lines() {
-            out.push_str("    ");
-            out.push_str(line);
-            out.push('\n');
+    let n = plan.stages.len() + 1;
+    for (i, stage) in plan.stages.iter().enumerate() {
+        let header = format!(
+            "stateful operator {} of {n} (its rows go to {STAGE_OUTPUT}{i}, read above it):",
+            i + 1
+        );
+        match &stage.config {
+            StageConfig::Aggregate(a) => {
+                explain_aggregate(&mut out, &header, a, OutputMode::Append)
+            }
+            StageConfig::Join(j) => explain_join(&mut out, &header, j),
         }
+    }
+    let header = if n > 1 {
+        format!("stateful operator {n} of {n} (the query's output):")
+    } else {
+        "stateful operators:".to_string()
     };
     if let Some(j) = &plan.join {
-        let d = |ns: i64| {
-            let sign = if ns < 0 { "-" } else { "+" };
-            format!(
-                "{sign} {:?}",
-                std::time::Duration::from_nanos(ns.unsigned_abs())
-            )
-        };
-        match &j.bounds {
-            Some(b) => out.push_str(&format!(
-                "stateful operators:\n  interval join ({}), {} - {} within [{}, {}]; each side's \
-                 rows are kept until the watermark rules out a partner{}\n",
-                j.join_type,
-                b.left_ts,
-                b.right_ts,
-                d(b.lo_ns),
-                d(b.hi_ns),
-                if j.join_type == JoinType::Left {
-                    ", then unmatched left rows are emitted with nulls"
-                } else {
-                    ""
-                }
-            )),
-            None => out.push_str(
-                "stateful operators:\n  join (Inner) without a time bound; each side's rows are \
-                 kept for ever, so the state grows with the input\n",
-            ),
-        }
-        out.push_str("left side (per epoch):\n");
-        indent(&mut out, &j.left);
-        out.push_str("right side (per epoch):\n");
-        indent(&mut out, &j.right);
-        out.push_str("stateless segment after the join:\n");
-        indent(&mut out, &j.tail);
+        explain_join(&mut out, &header, j);
         return out;
     }
     match &plan.aggregate {
@@ -815,41 +910,90 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
             out.push_str("stateless segment (runs over each epoch's batches):\n");
             indent(&mut out, &plan.logical);
         }
-        Some(agg) => {
-            if let LogicalPlan::Aggregate(a) = &agg.aggregate {
-                let keys: Vec<String> = a.group_expr.iter().map(|e| e.to_string()).collect();
-                out.push_str(&format!(
-                    "stateful operators:\n  aggregate (Partial -> PartialReduce with stored \
-                     states -> Final), state keyed by [{}]\n",
-                    keys.join(", ")
-                ));
-                if let Some(w) = &agg.window {
-                    let key = a.schema.field(w.column).name();
-                    out.push_str(&format!(
-                        "  event-time windows on '{}': a window's group is final when the \
-                         watermark reaches {key}{}; {} then evicted\n",
-                        w.time_column,
-                        if w.to_end_ns == 0 {
-                            String::new()
-                        } else {
-                            format!(
-                                " + {:?}",
-                                std::time::Duration::from_nanos(w.to_end_ns as u64)
-                            )
-                        },
-                        if plan.mode == OutputMode::Append {
-                            "emitted once and"
-                        } else {
-                            "its state is"
-                        }
-                    ));
-                }
-            }
-            out.push_str("aggregate and the stateless segment under it (per epoch):\n");
-            indent(&mut out, &agg.aggregate);
-            out.push_str("stateless segment after it:\n");
-            indent(&mut out, &agg.tail);
-        }
+        Some(agg) => explain_aggregate(&mut out, &header, agg, plan.mode),
     }
     out
+}
+
+/// `p` indented under a heading of [`explain`].
+fn indent(out: &mut String, p: &LogicalPlan) {
+    for line in p.display_indent().to_string().lines() {
+        out.push_str("    ");
+        out.push_str(line);
+        out.push('\n');
+    }
+}
+
+/// A join's part of [`explain`].
+fn explain_join(out: &mut String, header: &str, j: &JoinConfig) {
+    let d = |ns: i64| {
+        let sign = if ns < 0 { "-" } else { "+" };
+        format!(
+            "{sign} {:?}",
+            std::time::Duration::from_nanos(ns.unsigned_abs())
+        )
+    };
+    match &j.bounds {
+        Some(b) => out.push_str(&format!(
+            "{header}\n  interval join ({}), {} - {} within [{}, {}]; each side's rows are kept \
+             until the watermark rules out a partner{}\n",
+            j.join_type,
+            b.left_ts,
+            b.right_ts,
+            d(b.lo_ns),
+            d(b.hi_ns),
+            if j.join_type == JoinType::Left {
+                ", then unmatched left rows are emitted with nulls"
+            } else {
+                ""
+            }
+        )),
+        None => out.push_str(&format!(
+            "{header}\n  join (Inner) without a time bound; each side's rows are kept for ever, \
+             so the state grows with the input\n"
+        )),
+    }
+    out.push_str("left side (per epoch):\n");
+    indent(out, &j.left);
+    out.push_str("right side (per epoch):\n");
+    indent(out, &j.right);
+    out.push_str("stateless segment after the join:\n");
+    indent(out, &j.tail);
+}
+
+/// An aggregation's part of [`explain`].
+fn explain_aggregate(out: &mut String, header: &str, agg: &AggregateConfig, mode: OutputMode) {
+    if let LogicalPlan::Aggregate(a) = &agg.aggregate {
+        let keys: Vec<String> = a.group_expr.iter().map(|e| e.to_string()).collect();
+        out.push_str(&format!(
+            "{header}\n  aggregate (Partial -> PartialReduce with stored states -> Final), state \
+             keyed by [{}]\n",
+            keys.join(", ")
+        ));
+        if let Some(w) = &agg.window {
+            let key = a.schema.field(w.column).name();
+            out.push_str(&format!(
+                "  event-time windows on '{}': a window's group is final when the watermark \
+                 reaches {key}{}; {} then evicted\n",
+                w.time_column,
+                if w.to_end_ns == 0 {
+                    String::new()
+                } else {
+                    format!(
+                        " + {:?}",
+                        std::time::Duration::from_nanos(w.to_end_ns as u64)
+                    )
+                },
+                if mode == OutputMode::Append {
+                    "emitted once and"
+                } else {
+                    "its state is"
+                }
+            ));
+        }
+    }
+    out.push_str("aggregate and the stateless segment under it (per epoch):\n");
+    indent(out, &agg.aggregate);
+    out.push_str("stateless segment after it:\n");
+    indent(out, &agg.tail);
 }

@@ -46,7 +46,36 @@ use crate::window::WindowKey;
 /// allocation per key. Upserts keep existing keys at their positions and
 /// append new ones, so the index only grows; removals (closed windows,
 /// merged sessions, evictions) compact the rows and rebuild it.
-pub(crate) struct KeyedState {
+///
+/// Public so that its hot paths can be measured on their own
+/// (`benches/micro.rs`); the engine's operators are its users.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use sluice_engine::arrow::array::{Int64Array, RecordBatch};
+/// # use sluice_engine::arrow::datatypes::{DataType, Field, Schema};
+/// use sluice_engine::KeyedState;
+///
+/// let schema = Arc::new(Schema::new(vec![
+///     Field::new("auction", DataType::Int64, false),
+///     Field::new("count", DataType::Int64, false),
+/// ]));
+/// let rows = |keys: Vec<i64>, counts: Vec<i64>| {
+///     RecordBatch::try_new(Arc::clone(&schema), vec![
+///         Arc::new(Int64Array::from(keys)), Arc::new(Int64Array::from(counts)),
+///     ]).unwrap()
+/// };
+/// let mut state = KeyedState::new(Arc::clone(&schema), 1)?; // keyed by `auction`
+/// state.upsert(&[rows(vec![1, 2], vec![10, 20])])?;
+/// state.upsert(&[rows(vec![2, 3], vec![21, 30])])?; // 2 replaced, 3 added
+/// assert_eq!(state.num_rows(), 3);
+/// let stored = state.lookup(&[rows(vec![2], vec![0])])?;
+/// assert_eq!(stored, rows(vec![2], vec![21]));
+/// let delta = state.delta()?; // what changed, for the checkpoint
+/// # assert!(!delta.is_empty());
+/// # Ok::<(), sluice_engine::SluiceError>(())
+/// ```
+pub struct KeyedState {
     schema: SchemaRef,
     key_columns: usize,
     converter: RowConverter,
@@ -74,7 +103,7 @@ impl std::fmt::Debug for KeyedState {
 
 impl KeyedState {
     /// Empty state with `schema`, keyed by its first `key_columns` columns.
-    pub(crate) fn new(schema: SchemaRef, key_columns: usize) -> Result<Self> {
+    pub fn new(schema: SchemaRef, key_columns: usize) -> Result<Self> {
         // A global aggregate has one key, the empty one: encode a constant.
         let fields = if key_columns == 0 {
             vec![SortField::new(DataType::Boolean)]
@@ -145,7 +174,7 @@ impl KeyedState {
     }
 
     /// The stored rows of the keys that appear in `probe`.
-    pub(crate) fn lookup(&self, probe: &[RecordBatch]) -> Result<RecordBatch> {
+    pub fn lookup(&self, probe: &[RecordBatch]) -> Result<RecordBatch> {
         let mut wanted = Vec::new();
         let mut seen = HashSet::new();
         for batch in probe {
@@ -172,7 +201,7 @@ impl KeyedState {
     /// Replaces the rows of the keys in `new` (one row per key) and adds
     /// the keys not yet stored: stored keys keep their positions, new keys
     /// go to the end.
-    pub(crate) fn upsert(&mut self, new: &[RecordBatch]) -> Result<()> {
+    pub fn upsert(&mut self, new: &[RecordBatch]) -> Result<()> {
         let new = concat_batches(&self.schema, new)?;
         if new.num_rows() == 0 {
             return Ok(());
@@ -291,7 +320,7 @@ impl KeyedState {
     /// rows of the keys upserted, and the keys removed (and not back). As
     /// bytes: the first part's length (8 bytes, little endian), then two
     /// Arrow IPC files, upserted rows and removed keys.
-    pub(crate) fn delta(&mut self) -> Result<Vec<u8>> {
+    pub fn delta(&mut self) -> Result<Vec<u8>> {
         let upserts = filter_record_batch(&self.rows, &BooleanArray::from(self.changed.clone()))?;
         let key_columns: Vec<usize> = (0..self.key_columns).collect();
         let mut gone = Vec::new();
@@ -313,7 +342,7 @@ impl KeyedState {
 
     /// Applies a [`delta`](Self::delta): removes its keys, then upserts
     /// its rows.
-    pub(crate) fn apply_delta(&mut self, bytes: &[u8]) -> Result<()> {
+    pub fn apply_delta(&mut self, bytes: &[u8]) -> Result<()> {
         let (upserts, gone) = split_two_parts(bytes, "the state delta")?;
         let upserts = read_ipc(upserts, &self.schema)?;
         let key_columns: Vec<usize> = (0..self.key_columns).collect();
@@ -334,17 +363,17 @@ impl KeyedState {
     }
 
     /// Every stored row.
-    pub(crate) fn all(&self) -> &RecordBatch {
+    pub fn all(&self) -> &RecordBatch {
         &self.rows
     }
 
     /// Number of keys held.
-    pub(crate) fn num_rows(&self) -> u64 {
+    pub fn num_rows(&self) -> u64 {
         self.rows.num_rows() as u64
     }
 
     /// Bytes held: the rows, the encoded keys and the index.
-    pub(crate) fn num_bytes(&self) -> u64 {
+    pub fn num_bytes(&self) -> u64 {
         let index = self.index.capacity() * (std::mem::size_of::<u32>() + 1);
         (self.rows.get_array_memory_size() + self.keys.size() + index) as u64
     }
@@ -356,7 +385,7 @@ impl KeyedState {
     }
 
     /// Writes the whole state into `w` as an Arrow IPC file.
-    pub(crate) fn snapshot_to(&self, w: &mut dyn std::io::Write) -> Result<()> {
+    pub fn snapshot_to(&self, w: &mut dyn std::io::Write) -> Result<()> {
         let mut writer = FileWriter::try_new(w, &self.schema)?;
         writer.write(&self.rows)?;
         writer.finish()?;
@@ -364,7 +393,7 @@ impl KeyedState {
     }
 
     /// Replaces the state with a snapshot's.
-    pub(crate) fn restore(&mut self, bytes: &[u8]) -> Result<()> {
+    pub fn restore(&mut self, bytes: &[u8]) -> Result<()> {
         let rows = read_ipc(bytes, &self.schema)?;
         self.set_rows(rows)?;
         self.clear_changes();

@@ -30,7 +30,6 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::aggregate::AggregateOperator;
 use crate::batch::BatchQuery;
 use crate::checkpoint::Checkpoint;
 use crate::connector::SinkArgs;
@@ -39,7 +38,6 @@ use crate::error::{Result, SluiceError};
 use crate::frame::{
     DataStreamWriter, SinkChoice, DEFAULT_RETAINED_SNAPSHOTS, DEFAULT_SNAPSHOT_EVERY,
 };
-use crate::join::JoinOperator;
 use crate::operator::Operator;
 use crate::query::{QueryShared, StreamingQuery};
 use crate::session::Session;
@@ -152,11 +150,7 @@ impl StatementSet {
         let mut branches = Vec::with_capacity(statements);
         for (i, writer) in self.writers.iter().enumerate() {
             let mut plan = writer.plan_with_keys(&key_prefix(i, statements, writer))?;
-            let operator = match (plan.aggregate.take(), plan.join.take()) {
-                (Some(a), _) => Some(Operator::Aggregate(Box::new(AggregateOperator::new(a)))),
-                (None, Some(j)) => Some(Operator::Join(Box::new(JoinOperator::new(j)?))),
-                (None, None) => None,
-            };
+            let operator = Operator::for_plan(&mut plan)?;
             branches.push(Branch::new(plan, operator, i, statements));
         }
         let name = self

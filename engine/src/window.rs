@@ -322,6 +322,23 @@ pub(crate) fn window_key<'a>(fields: impl IntoIterator<Item = &'a Field>) -> Opt
     Some(key)
 }
 
+/// For a column that event time bounds from below for every row still to
+/// come: how far its values may lie behind the row's event time. A
+/// watermarked column: 0 (rows behind the watermark are late). A TUMBLE or
+/// HOP bound over one: the distance to the window's end (a row's window
+/// ends after its event time). Anything else, SESSION bounds included: None.
+pub(crate) fn time_offset(field: &Field, watermarked: &[String]) -> Option<i64> {
+    if watermarked.contains(field.name()) {
+        return Some(0);
+    }
+    let md = field.metadata();
+    if md.contains_key(SESSION_BY) || !watermarked.contains(md.get(TIME_COLUMN)?) {
+        return None;
+    }
+    md.get(BOUND)?;
+    md.get(TO_END_NS)?.parse().ok()
+}
+
 /// Whether `field` is a SESSION window bound.
 pub(crate) fn is_session_bound(field: &Field) -> bool {
     field.metadata().contains_key(SESSION_BY)

@@ -12,6 +12,9 @@ use datafusion::arrow::json::LineDelimitedWriter;
 use datafusion::arrow::record_batch::RecordBatch;
 use sluice_engine::{columns, Result, SluiceError};
 
+/// A message's key (if any) and value.
+pub type Message = (Option<Vec<u8>>, Vec<u8>);
+
 /// A message format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -60,6 +63,37 @@ impl Format {
             }
         }
         Ok(())
+    }
+
+    /// One message per row of `batch`: the row in this format, keyed by
+    /// the columns `key_fields` as a JSON object (no key when empty). What
+    /// a Kafka sink sends, public so that `benches/micro.rs` can measure it.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use sluice_engine::arrow::array::{Int64Array, RecordBatch};
+    /// # use sluice_engine::arrow::datatypes::{DataType, Field, Schema};
+    /// use sluice_kafka::Format;
+    ///
+    /// let schema = Arc::new(Schema::new(vec![
+    ///     Field::new("auction", DataType::Int64, false),
+    ///     Field::new("n", DataType::Int64, false),
+    /// ]));
+    /// let batch = RecordBatch::try_new(schema, vec![
+    ///     Arc::new(Int64Array::from(vec![7])), Arc::new(Int64Array::from(vec![3])),
+    /// ])?;
+    /// let messages = Format::Json.messages(&batch, &[0])?;
+    /// assert_eq!(messages[0].0.as_deref(), Some(&br#"{"auction":7}"#[..]));
+    /// assert_eq!(messages[0].1, br#"{"auction":7,"n":3}"#);
+    /// # Ok::<(), sluice_engine::SluiceError>(())
+    /// ```
+    pub fn messages(&self, batch: &RecordBatch, key_fields: &[usize]) -> Result<Vec<Message>> {
+        let values = self.encode(batch)?;
+        if key_fields.is_empty() {
+            return Ok(values.into_iter().map(|v| (None, v)).collect());
+        }
+        let keys = Format::Json.encode(&batch.project(key_fields)?)?;
+        Ok(keys.into_iter().map(Some).zip(values).collect())
     }
 
     /// One encoded message per row of `batch`.

@@ -53,6 +53,7 @@ mod transactional_sink;
 mod verify;
 
 pub use connector::KafkaConnector;
-pub use encode::Format;
+pub use encode::{Format, Message};
 pub use progress_topic::last_committed;
+pub use source::decode_json;
 pub use verify::{verify, Verdict};

@@ -16,8 +16,7 @@ use sluice_engine::{columns, DeadLetter, EpochCommit, GroupOffsets, Result, Slui
 
 use crate::encode::Format;
 
-/// A message's key (if any) and value.
-pub(crate) type Message = (Option<Vec<u8>>, Vec<u8>);
+pub(crate) use crate::encode::Message;
 
 /// Header naming the query that wrote a record.
 pub(crate) const QUERY_ID_HEADER: &str = "sluice.query.id";
@@ -140,12 +139,7 @@ impl SinkConfig {
     /// Each row of `batch` as a message: its key (the key fields as a JSON
     /// object, when there are key fields) and its value.
     pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Vec<Message>> {
-        let values = self.format.encode(batch)?;
-        if self.key_fields.is_empty() {
-            return Ok(values.into_iter().map(|v| (None, v)).collect());
-        }
-        let keys = Format::Json.encode(&batch.project(&self.key_fields)?)?;
-        Ok(keys.into_iter().map(Some).zip(values).collect())
+        self.format.messages(batch, &self.key_fields)
     }
 
     /// Enqueues everything epoch `commit` writes: every row of `batches`

@@ -12,7 +12,7 @@ use sluice::arrow::compute::cast;
 use sluice::arrow::datatypes::{DataType, Field, Int64Type, IntervalMonthDayNano, Schema};
 use sluice::datafusion::common::{JoinType, ScalarValue};
 use sluice::datafusion::prelude::*;
-use sluice::{MemorySink, MemoryStream, OutputMode, Session, Trigger};
+use sluice::{MemorySink, MemoryStream, OutputMode, Session, Trigger, Window};
 
 use crate::util::{
     block_on, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
@@ -102,11 +102,28 @@ fn interval(ms: i64) -> Expr {
     )))
 }
 
-/// The join condition: the key, and with `bounded` the time bound.
-fn condition(bounded: bool) -> Vec<Expr> {
+/// Which join of the two streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// On the key and `l.ts - r.ts` within `[LO_MS, HI_MS]`.
+    Interval,
+    /// On the key alone.
+    Unbounded,
+    /// On the key and the same TUMBLE window of `WINDOW_MS`.
+    Window,
+}
+
+const WINDOW_MS: i64 = 2_000;
+
+/// The join condition: the key, and the time bound of `shape`.
+fn condition(shape: Shape) -> Vec<Expr> {
     let mut on = vec![col("l.k").eq(col("r.k"))];
-    if bounded {
-        on.push(col("l.ts").between(col("r.ts") + interval(LO_MS), col("r.ts") + interval(HI_MS)));
+    match shape {
+        Shape::Interval => on.push(
+            col("l.ts").between(col("r.ts") + interval(LO_MS), col("r.ts") + interval(HI_MS)),
+        ),
+        Shape::Unbounded => {}
+        Shape::Window => on.push(col("l.window_start").eq(col("r.window_start"))),
     }
     on
 }
@@ -143,7 +160,8 @@ fn rows_of(batches: &[RecordBatch]) -> Vec<Joined> {
 use sluice::arrow::array::Array;
 
 /// DataFusion's batch join over the rows that were not late.
-async fn batch_answer(kept: &[Vec<Row>; 2], join_type: JoinType, bounded: bool) -> Vec<Joined> {
+async fn batch_answer(kept: &[Vec<Row>; 2], join_type: JoinType, shape: Shape) -> Vec<Joined> {
+    assert_ne!(shape, Shape::Window, "see window_answer");
     let ctx = SessionContext::new();
     let l = ctx
         .read_batch(to_batch(&kept[0]))
@@ -156,7 +174,7 @@ async fn batch_answer(kept: &[Vec<Row>; 2], join_type: JoinType, bounded: bool) 
         .alias("r")
         .unwrap();
     let out = l
-        .join_on(r, join_type, condition(bounded))
+        .join_on(r, join_type, condition(shape))
         .unwrap()
         .select(output_columns())
         .unwrap()
@@ -179,7 +197,7 @@ struct Run {
 async fn run_streaming(
     epochs: &[[Vec<Row>; 2]],
     join_type: JoinType,
-    bounded: bool,
+    shape: Shape,
     step: bool,
     rng: &mut Lcg,
     dir: &std::path::Path,
@@ -205,18 +223,21 @@ async fn run_streaming(
         }
         let session = Session::new();
         let side = |i: usize, name: &str| {
-            session
+            let mut frame = session
                 .read_stream()
                 .memory(&inputs[i])
                 .unwrap()
                 .with_watermark("ts", Duration::from_millis(DELAY_MS as u64))
-                .unwrap()
-                .alias(name)
-                .unwrap()
+                .unwrap();
+            if shape == Shape::Window {
+                let size = Duration::from_millis(WINDOW_MS as u64);
+                frame = frame.window(Window::tumble("ts", size)).unwrap();
+            }
+            frame.alias(name).unwrap()
         };
         let out = MemorySink::new();
         let query = side(0, "l")
-            .join(side(1, "r"), join_type, condition(bounded))
+            .join(side(1, "r"), join_type, condition(shape))
             .unwrap()
             .select(output_columns())
             .unwrap()
@@ -263,12 +284,19 @@ fn inner_interval_join_equals_the_batch_join_across_restarts() {
             let mut rng = Lcg(seed);
             let epochs = input(&mut rng, 16, step);
             let dir = tempfile::tempdir().unwrap();
-            let run =
-                run_streaming(&epochs, JoinType::Inner, true, step, &mut rng, dir.path()).await;
+            let run = run_streaming(
+                &epochs,
+                JoinType::Inner,
+                Shape::Interval,
+                step,
+                &mut rng,
+                dir.path(),
+            )
+            .await;
             let (kept, late, _) = judge(&epochs);
             assert!(late > 0, "seed {seed}: the input should have late rows");
             assert_eq!(run.late_rows, late, "seed {seed}");
-            let expected = batch_answer(&kept, JoinType::Inner, true).await;
+            let expected = batch_answer(&kept, JoinType::Inner, Shape::Interval).await;
             assert!(!expected.is_empty(), "seed {seed}: no pairs");
             assert_eq!(run.rows, expected, "seed {seed}");
             let total: usize = kept.iter().map(Vec::len).sum();
@@ -288,14 +316,21 @@ fn left_interval_join_emits_unmatched_rows_once_the_watermark_passes() {
             let mut rng = Lcg(seed);
             let epochs = input(&mut rng, 16, step);
             let dir = tempfile::tempdir().unwrap();
-            let run =
-                run_streaming(&epochs, JoinType::Left, true, step, &mut rng, dir.path()).await;
+            let run = run_streaming(
+                &epochs,
+                JoinType::Left,
+                Shape::Interval,
+                step,
+                &mut rng,
+                dir.path(),
+            )
+            .await;
             let (kept, late, watermark) = judge(&epochs);
             assert_eq!(run.late_rows, late, "seed {seed}");
             let watermark = watermark.unwrap();
             // Matched pairs all appear; an unmatched left row appears once no
             // right row can match it any more: l.ts - LO < watermark.
-            let expected: Vec<Joined> = batch_answer(&kept, JoinType::Left, true)
+            let expected: Vec<Joined> = batch_answer(&kept, JoinType::Left, Shape::Interval)
                 .await
                 .into_iter()
                 .filter(|j| j.3.is_some() || j.2 - LO_MS < watermark)
@@ -322,19 +357,75 @@ fn unbounded_inner_join_equals_the_batch_join_across_restarts() {
             let mut rng = Lcg(seed);
             let epochs = input(&mut rng, 16, step);
             let dir = tempfile::tempdir().unwrap();
-            let run =
-                run_streaming(&epochs, JoinType::Inner, false, step, &mut rng, dir.path()).await;
+            let run = run_streaming(
+                &epochs,
+                JoinType::Inner,
+                Shape::Unbounded,
+                step,
+                &mut rng,
+                dir.path(),
+            )
+            .await;
             // Without a time bound nothing is late and nothing is forgotten:
             // the answer is the batch join of every row read.
             let all = [0, 1].map(|side| epochs.iter().flat_map(|e| e[side].clone()).collect());
             assert_eq!(run.late_rows, 0, "seed {seed}");
-            let expected = batch_answer(&all, JoinType::Inner, false).await;
+            let expected = batch_answer(&all, JoinType::Inner, Shape::Unbounded).await;
             assert!(!expected.is_empty(), "seed {seed}: no pairs");
             assert_eq!(run.rows, expected, "seed {seed}");
             let total: usize = all.iter().map(Vec::len).sum();
             assert_eq!(
                 run.state_rows as usize, total,
                 "seed {seed}: every row stays"
+            );
+        })
+    });
+}
+
+/// The window join's pairs, by nested loops over the rows that were not
+/// late: same key, same `[k·WINDOW_MS, (k+1)·WINDOW_MS)`.
+fn window_answer(kept: &[Vec<Row>; 2]) -> Vec<Joined> {
+    let window = |ts: i64| ts.div_euclid(WINDOW_MS);
+    let mut out = Vec::new();
+    for l in &kept[0] {
+        for r in kept[1]
+            .iter()
+            .filter(|r| r.0 == l.0 && window(r.2) == window(l.2))
+        {
+            out.push((l.0, l.1, l.2, Some(r.1), Some(r.2)));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn window_join_equals_the_pairs_of_each_window_across_restarts() {
+    property(4, |seed| {
+        let step = seed % 2 == 0;
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let epochs = input(&mut rng, 16, step);
+            let dir = tempfile::tempdir().unwrap();
+            let run = run_streaming(
+                &epochs,
+                JoinType::Inner,
+                Shape::Window,
+                step,
+                &mut rng,
+                dir.path(),
+            )
+            .await;
+            let (kept, late, _) = judge(&epochs);
+            assert!(late > 0, "seed {seed}: the input should have late rows");
+            assert_eq!(run.late_rows, late, "seed {seed}");
+            let expected = window_answer(&kept);
+            assert!(!expected.is_empty(), "seed {seed}: no pairs");
+            assert_eq!(run.rows, expected, "seed {seed}");
+            let total: usize = kept.iter().map(Vec::len).sum();
+            assert!(
+                (run.state_rows as usize) < total,
+                "seed {seed}: rows of closed windows leave the state"
             );
         })
     });
@@ -355,7 +446,7 @@ async fn a_left_join_without_a_time_bound_is_refused_with_what_to_add() {
             .unwrap()
     };
     let err = side(0, "l")
-        .join(side(1, "r"), JoinType::Left, condition(false))
+        .join(side(1, "r"), JoinType::Left, condition(Shape::Unbounded))
         .unwrap()
         .write_stream()
         .memory(&MemorySink::new())

@@ -10,6 +10,7 @@ mod golden;
 mod joins;
 mod kafka;
 mod nexmark;
+mod pipelines;
 mod util;
 mod verify;
 mod windows;

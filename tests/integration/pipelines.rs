@@ -1,0 +1,318 @@
+//! Queries of several stateful operators, run as one pipeline: a windowed
+//! aggregation feeding a join (Nexmark q7's shape) and a join feeding an
+//! aggregation, each checked across restarts against an answer computed
+//! here with plain loops over the rules of `watermark` and `window`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use sluice::arrow::array::{Array, AsArray, RecordBatch};
+use sluice::arrow::compute::cast;
+use sluice::arrow::datatypes::{DataType, Int64Type, IntervalMonthDayNano};
+use sluice::datafusion::common::{JoinType, ScalarValue};
+use sluice::datafusion::functions_aggregate::expr_fn::{count, max};
+use sluice::datafusion::prelude::*;
+use sluice::{MemorySink, MemoryStream, OutputMode, Session, StreamFrame, Trigger, Window};
+
+use crate::util::{
+    block_on, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
+};
+
+const DELAY_MS: i64 = 1_000;
+const WINDOW_MS: i64 = 2_000;
+
+fn interval(ms: i64) -> Expr {
+    lit(ScalarValue::IntervalMonthDayNano(Some(
+        IntervalMonthDayNano::new(0, 0, ms * 1_000_000),
+    )))
+}
+
+/// Per epoch some rows around a rising clock, small values (so that a
+/// window's maximum is often tied), and now and then a surely late row.
+fn input(rng: &mut Lcg, epochs: usize) -> Vec<Vec<Row>> {
+    let start = 1_700_000_000_000i64;
+    let mut clock = start;
+    let mut id = 0;
+    (0..epochs)
+        .map(|e| {
+            clock += 300 + rng.next(1_500) as i64;
+            let mut rows: Vec<Row> = (0..1 + rng.next(10))
+                .map(|_| {
+                    id += 1;
+                    (id, rng.next(8) as i64, clock - rng.next(3_000) as i64)
+                })
+                .collect();
+            if e > 0 && e % 3 == 0 {
+                id += 1;
+                rows.push((id, 99, start - 60_000));
+            }
+            rows
+        })
+        .collect()
+}
+
+/// The rows that are not late, and the watermark after the last epoch.
+fn judge(epochs: &[Vec<Row>]) -> (Vec<Row>, u64, Option<i64>) {
+    let (mut kept, mut late, mut mark) = (Vec::new(), 0, None::<i64>);
+    for rows in epochs {
+        for r in rows {
+            if mark.is_some_and(|w| r.2 < w) {
+                late += 1;
+            } else {
+                kept.push(*r);
+            }
+        }
+        if let Some(latest) = rows.iter().map(|r| r.2).max() {
+            mark = Some(mark.map_or(latest - DELAY_MS, |m| m.max(latest - DELAY_MS)));
+        }
+    }
+    (kept, late, mark)
+}
+
+fn ints(b: &RecordBatch, name: &str) -> Vec<Option<i64>> {
+    let a = cast(b.column_by_name(name).unwrap(), &DataType::Int64).unwrap();
+    let a = a.as_primitive::<Int64Type>();
+    (0..a.len())
+        .map(|i| (!a.is_null(i)).then(|| a.value(i)))
+        .collect()
+}
+
+struct Run {
+    /// Every epoch's output rows, in order.
+    batches: Vec<RecordBatch>,
+    late_rows: u64,
+    state_rows: u64,
+}
+
+/// Runs `query` (built over the session's memory stream `events`) epoch by
+/// epoch, one epoch of `epochs` at a time, restarting from the checkpoint
+/// at random.
+async fn run(
+    epochs: &[Vec<Row>],
+    mode: OutputMode,
+    rng: &mut Lcg,
+    query: impl Fn(&dyn Fn() -> StreamFrame) -> StreamFrame,
+) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let input = MemoryStream::new(schema());
+    let mut out = Run {
+        batches: Vec::new(),
+        late_rows: 0,
+        state_rows: 0,
+    };
+    let mut fed = 0;
+    while fed < epochs.len() {
+        let session = Session::new();
+        let events = || {
+            session
+                .read_stream()
+                .memory(&input)
+                .unwrap()
+                .with_watermark("ts", Duration::from_millis(DELAY_MS as u64))
+                .unwrap()
+        };
+        let sink = MemorySink::new();
+        let running = query(&events)
+            .write_stream()
+            .memory(&sink)
+            .output_mode(mode)
+            .trigger(Trigger::ProcessingTime(Duration::ZERO))
+            .checkpoint_location(dir.path())
+            .start()
+            .await
+            .unwrap();
+        for rows in epochs[fed..].iter().take(1 + rng.next(5) as usize) {
+            input.add_batch(to_batch(rows)).unwrap();
+            running.process_all_available().await.unwrap();
+            fed += 1;
+        }
+        for p in running.recent_progress() {
+            out.late_rows += p.late_rows;
+            out.state_rows = p.state_rows;
+        }
+        running.stop().await.unwrap();
+        for e in sink.epochs() {
+            out.batches.extend(sink.epoch_batches(e));
+        }
+    }
+    out
+}
+
+/// Nexmark q7's shape: each closed window's highest value, joined back
+/// with the rows that have it.
+fn top_rows(events: &dyn Fn() -> StreamFrame) -> StreamFrame {
+    let size = Duration::from_millis(WINDOW_MS as u64);
+    let tops = events()
+        .window(Window::tumble("ts", size))
+        .unwrap()
+        .aggregate(
+            vec![col("window_start"), col("window_end")],
+            vec![max(col("v")).alias("top")],
+        )
+        .unwrap()
+        .alias("m")
+        .unwrap();
+    events()
+        .alias("e")
+        .unwrap()
+        .join(
+            tops,
+            JoinType::Inner,
+            vec![
+                col("e.v").eq(col("m.top")),
+                col("e.ts").between(
+                    col("m.window_end") - interval(WINDOW_MS),
+                    col("m.window_end"),
+                ),
+            ],
+        )
+        .unwrap()
+        .select(vec![
+            col("e.k").alias("id"),
+            col("e.v").alias("v"),
+            col("e.ts").alias("ts"),
+            col("m.window_end").alias("window_end"),
+        ])
+        .unwrap()
+}
+
+#[test]
+fn a_windowed_maximum_joined_back_with_its_rows_equals_the_loops_across_restarts() {
+    property(4, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let epochs = input(&mut rng, 24);
+            let run = run(&epochs, OutputMode::Append, &mut rng, top_rows).await;
+            let (kept, late, watermark) = judge(&epochs);
+            let watermark = watermark.unwrap();
+            // The windows closed by the last watermark, their highest value,
+            // and the rows with it in `[end - size, end]` (BETWEEN).
+            let mut tops: BTreeMap<i64, i64> = BTreeMap::new();
+            for r in &kept {
+                let end = (r.2.div_euclid(WINDOW_MS) + 1) * WINDOW_MS;
+                let top = tops.entry(end).or_insert(r.1);
+                *top = (*top).max(r.1);
+            }
+            let mut expected = Vec::new();
+            for (end, top) in tops.iter().filter(|(end, _)| **end <= watermark) {
+                for r in kept
+                    .iter()
+                    .filter(|r| r.1 == *top && (end - WINDOW_MS..=*end).contains(&r.2))
+                {
+                    expected.push((r.0, r.1, r.2, *end));
+                }
+            }
+            expected.sort();
+            let mut actual = Vec::new();
+            for b in &run.batches {
+                let (id, v, ts, end) = (
+                    ints(b, "id"),
+                    ints(b, "v"),
+                    ints(b, "ts"),
+                    ints(b, "window_end"),
+                );
+                for i in 0..b.num_rows() {
+                    actual.push((
+                        id[i].unwrap(),
+                        v[i].unwrap(),
+                        ts[i].unwrap(),
+                        end[i].unwrap(),
+                    ));
+                }
+            }
+            actual.sort();
+            assert!(late > 0, "seed {seed}: the input should have late rows");
+            assert_eq!(run.late_rows, 2 * late, "seed {seed}: both scans drop them");
+            assert!(expected.len() > 3, "seed {seed}: too few windows");
+            assert_eq!(actual, expected, "seed {seed}");
+            assert!(
+                (run.state_rows as usize) < kept.len(),
+                "seed {seed}: closed windows and their rows leave the state"
+            );
+        })
+    });
+}
+
+/// A join feeding an aggregation: per key, how many pairs of rows of one
+/// stream lie within a second of each other (a self interval join).
+fn pairs_per_key(events: &dyn Fn() -> StreamFrame) -> StreamFrame {
+    events()
+        .alias("a")
+        .unwrap()
+        .join(
+            events().alias("b").unwrap(),
+            JoinType::Inner,
+            vec![
+                col("a.v").eq(col("b.v")),
+                col("a.ts").between(col("b.ts") - interval(1_000), col("b.ts") + interval(1_000)),
+            ],
+        )
+        .unwrap()
+        .aggregate(vec![col("a.v")], vec![count(lit(1)).alias("pairs")])
+        .unwrap()
+        .select(vec![col("v"), col("pairs")])
+        .unwrap()
+}
+
+#[test]
+fn an_aggregation_over_an_interval_join_equals_the_loops_across_restarts() {
+    property(4, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let epochs = input(&mut rng, 24);
+            let run = run(&epochs, OutputMode::Update, &mut rng, pairs_per_key).await;
+            let (kept, _, _) = judge(&epochs);
+            let mut expected: BTreeMap<i64, i64> = BTreeMap::new();
+            for a in &kept {
+                for b in kept
+                    .iter()
+                    .filter(|b| b.1 == a.1 && (a.2 - b.2).abs() <= 1_000)
+                {
+                    let _ = b;
+                    *expected.entry(a.1).or_default() += 1;
+                }
+            }
+            // Update mode: the last row of each key is its count.
+            let mut actual: BTreeMap<i64, i64> = BTreeMap::new();
+            for b in &run.batches {
+                let (v, pairs) = (ints(b, "v"), ints(b, "pairs"));
+                for i in 0..b.num_rows() {
+                    actual.insert(v[i].unwrap(), pairs[i].unwrap());
+                }
+            }
+            assert!(!expected.is_empty(), "seed {seed}");
+            assert_eq!(actual, expected, "seed {seed}");
+        })
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aggregation_without_a_window_feeding_a_join_is_refused_with_why() {
+    let input = MemoryStream::new(schema());
+    let session = Session::new();
+    let events = || {
+        session
+            .read_stream()
+            .memory(&input)
+            .unwrap()
+            .with_watermark("ts", Duration::from_secs(1))
+            .unwrap()
+    };
+    let counts = events()
+        .aggregate(vec![col("v")], vec![count(lit(1)).alias("n")])
+        .unwrap()
+        .alias("c")
+        .unwrap();
+    let err = events()
+        .alias("e")
+        .unwrap()
+        .join(counts, JoinType::Inner, vec![col("e.v").eq(col("c.v"))])
+        .unwrap()
+        .write_stream()
+        .memory(&MemorySink::new())
+        .start()
+        .await
+        .unwrap_err();
+    assert!(err.is_user_error(), "{err}");
+    assert!(err.to_string().contains("TUMBLE or HOP"), "{err}");
+}
