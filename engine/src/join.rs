@@ -370,8 +370,9 @@ pub(crate) fn time_bounds(
             conjuncts.push((l.clone(), Operator::LtEq, r.clone()));
         }
     }
-    let mut found: Option<(Column, Column)> = None;
-    let (mut lo, mut hi) = (None::<i64>, None::<i64>);
+    // Per pair of columns, the tightest bounds on `left.ts - right.ts`.
+    type Bounds = ((Column, Column), Option<i64>, Option<i64>);
+    let mut pairs: Vec<Bounds> = Vec::new();
     for (l, op, r) in conjuncts {
         let (Some((cl, al)), Some((cr, ar))) = (term(&l), term(&r)) else {
             continue;
@@ -384,20 +385,39 @@ pub(crate) fn time_bounds(
         } else {
             continue;
         };
-        if found
-            .as_ref()
-            .is_some_and(|(a, b)| *a != lt_col || *b != rt_col)
+        let at = match pairs
+            .iter()
+            .position(|(p, _, _)| p.0 == lt_col && p.1 == rt_col)
         {
-            continue;
-        }
-        found = Some((lt_col, rt_col));
+            Some(i) => i,
+            None => {
+                pairs.push(((lt_col, rt_col), None, None));
+                pairs.len() - 1
+            }
+        };
+        let (_, lo, hi) = &mut pairs[at];
         match op {
-            Operator::GtEq | Operator::Gt => lo = Some(lo.map_or(c, |x| x.max(c))),
-            Operator::LtEq | Operator::Lt => hi = Some(hi.map_or(c, |x| x.min(c))),
+            Operator::GtEq | Operator::Gt => *lo = Some(lo.map_or(c, |x| x.max(c))),
+            Operator::LtEq | Operator::Lt => *hi = Some(hi.map_or(c, |x| x.min(c))),
             _ => {}
         }
     }
-    let ((left_ts, right_ts), lo_ns, hi_ns) = (found?, lo?, hi?);
+    // A pair bounded both ways; of time columns if there is one (`c.num >=
+    // m.maxn` next to a window equality is a filter, not the bound).
+    let is_time_pair = |(l, r): &(Column, Column)| {
+        column_offset(left, l, watermarked).is_some()
+            && column_offset(right, r, watermarked).is_some()
+    };
+    let mut bounded = pairs
+        .into_iter()
+        .filter_map(|(p, lo, hi)| Some((p, lo?, hi?)));
+    let mut first = bounded.next()?;
+    if !is_time_pair(&first.0) {
+        if let Some(time) = bounded.find(|(p, _, _)| is_time_pair(p)) {
+            first = time;
+        }
+    }
+    let ((left_ts, right_ts), lo_ns, hi_ns) = first;
     let offset = |schema: &DFSchema, c: &Column| column_offset(schema, c, watermarked).unwrap_or(0);
     Some(TimeBounds {
         left_to_end_ns: offset(left, &left_ts),
