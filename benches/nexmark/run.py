@@ -44,7 +44,7 @@ CAP = int(env("CAP", "500000"))
 # q3 and q8 read only people and auctions (4 in 50 events): smaller
 # epochs, so that their runs have several.
 CAPS = {q: int(env("CAP_" + q.upper(), str(CAP // 10))) for q in ("q3", "q8")}
-QUERIES = env("QUERIES", "q0 q1 q2 q3 q7 q8").split()
+QUERIES = env("QUERIES", "q0 q1 q2 q3 q5 q7 q8").split()
 ROUNDS = int(env("ROUNDS", "1"))
 OUT = env("OUT", "/tmp")
 
