@@ -56,15 +56,24 @@ pub(crate) async fn load(l: &Load) -> anyhow::Result<Vec<String>> {
     let checkpoint =
         std::env::temp_dir().join(format!("sluice-nexmark-load-{}", std::process::id()));
     let mut sql = "SET 'trigger' = 'available-now';\n".to_string();
+    // One generator partition: the events then reach each topic partition
+    // in event-time order. With several, the sink would write one
+    // partition's events (every time) before the next one's, so a reader
+    // would meet times going back, and any watermark would call most rows
+    // late. And no sticky partitioning: each message picks its partition,
+    // so the partitions stay even, and a reader taking the same number of
+    // records from each stays at the same event time in all of them.
     for table in TABLES {
         sql.push_str(&format!(
             "SET 'checkpoint.location' = '{checkpoint}';\n\
              CREATE STREAM nexmark_{table} WITH (connector = 'nexmark', table = '{table}', \
-               pace = 'none', 'max-events' = '{events}', 'events-per-second' = '{rate}', \
+               pace = 'none', 'num-partitions' = '1', 'max-events' = '{events}', \
+               'events-per-second' = '{rate}', \
                seed = '{seed}');\n\
              CREATE STREAM kafka_{table} WITH (connector = 'kafka', topic = '{prefix}-{table}', \
                'bootstrap.servers' = '{bootstrap}', format = 'json', \
-               'sink.delivery' = 'at-least-once');\n\
+               'sink.delivery' = 'at-least-once', \
+               'kafka.sticky.partitioning.linger.ms' = '0');\n\
              INSERT INTO kafka_{table} SELECT * FROM nexmark_{table};\n",
             checkpoint = checkpoint.join(table).display(),
             events = l.events,
