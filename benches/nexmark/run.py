@@ -14,7 +14,7 @@ after the first (the first also connects and warms up; Spark: JIT);
 CPU-seconds per million events of the engine (Sluice: the process; Spark:
 its JVM and the Python driver) and of the broker (its process, over the
 run); epoch duration p50/p99; peak RSS. Prints a Markdown table; raw JSON
-per run goes to OUT.
+per run goes to OUT (`run.py --table OUT/runs.json` prints its table again).
 """
 
 import json
@@ -47,6 +47,29 @@ CAPS = {q: int(env("CAP_" + q.upper(), str(CAP // 10))) for q in ("q3", "q8")}
 QUERIES = env("QUERIES", "q0 q1 q2 q3 q5 q7 q8").split()
 ROUNDS = int(env("ROUNDS", "1"))
 OUT = env("OUT", "/tmp")
+
+
+# The topics each query reads (the others read bid), and the records
+# `sluice nexmark load` writes to each: 1, 3 and 46 in every 50 events.
+TOPICS = {"q3": ("person", "auction"), "q8": ("person", "auction")}
+SHARE = {"person": 1, "auction": 3, "bid": 46}
+
+
+def events(query):
+    """The records the query's topics hold: each event counted once."""
+    return sum(int(env("N", "0")) * SHARE[t] // 50 for t in TOPICS.get(query, ("bid",)))
+
+
+def per_event(run):
+    """`run` with rows counted as events. A query that reads a topic on two
+    paths (q5, q7) may scan it twice (Sluice does; Spark shares one scan in
+    q5, not in q7), and its input rows then count each event twice."""
+    total = events(run["query"])
+    scans = max(1, round(run["input_rows"] / total)) if total else 1
+    if scans > 1:
+        run = dict(run, scans=scans, input_rows=run["input_rows"] // scans,
+                   steady_rows_per_s=run["steady_rows_per_s"] / scans)
+    return run
 
 
 def cap(query):
@@ -164,25 +187,32 @@ def main():
             # Alternate so that background noise hits both sides.
             for side in (sluice_run, spark_run):
                 log(f"round {round_}: {side.__name__.split('_')[0]} {query}")
-                run = side(query, round_)
+                run = per_event(side(query, round_))
                 run["round"] = round_
                 log(json.dumps(run))
                 runs.append(run)
     with open(os.path.join(OUT, "runs.json"), "w") as f:
         json.dump(runs, f, indent=1)
+    table(runs, os.path.join(OUT, "runs.json"))
+
+
+def table(runs, path):
+    """Prints the Markdown table of `runs` (read from `path`)."""
+    queries = list(dict.fromkeys(r["query"] for r in runs))
+    rounds = max(r["round"] for r in runs)
 
     def med(engine, query, key):
         xs = [r[key] for r in runs if r["engine"] == engine and r["query"] == query]
         return statistics.median(xs) if xs else float("nan")
 
     print(f"### Nexmark over Kafka, epochs of {CAP} records per stream "
-          f"({', '.join(f'{q}: {c}' for q, c in CAPS.items())}), median of {ROUNDS} round(s)\n")
+          f"({', '.join(f'{q}: {c}' for q, c in CAPS.items())}), median of {rounds} round(s)\n")
     print("| query | Sluice events/s | Spark events/s | Sluice / Spark | CPU-s per M events, "
           "Sluice / Spark | broker CPU-s per M events, Sluice run / Spark run | "
           "epoch ms p50 / p99, Sluice | epoch ms p50 / p99, Spark | peak RSS MB, "
           "Sluice / Spark |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for q in QUERIES:
+    for q in queries:
         s_rate, k_rate = med("sluice", q, "steady_rows_per_s"), med("spark", q, "steady_rows_per_s")
         rows = med("sluice", q, "input_rows")
         print(
@@ -198,8 +228,13 @@ def main():
         )
     print("\nSluice writes exactly-once (Kafka transactions); Spark's Kafka sink is "
           "at-least-once. events/s leaves out each run's first epoch. Raw JSON: "
-          f"{os.path.join(OUT, 'runs.json')}")
+          f"{path}")
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        # Prints the table of an earlier run again: run.py --table OUT/runs.json
+        with open(sys.argv[2]) as f:
+            table([per_event(r) for r in json.load(f)], sys.argv[2])
+    else:
+        main()

@@ -47,7 +47,7 @@ use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 use datafusion::physical_plan::collect;
 
 use crate::error::{Result, SluiceError};
-use crate::state::{ipc_bytes, read_ipc, split_two_parts, two_parts};
+use crate::state::{compact_views, ipc_bytes, read_ipc, split_two_parts, two_parts};
 use crate::table::EpochBatches;
 use crate::watermark::nanos;
 use crate::window::time_offset;
@@ -239,8 +239,8 @@ impl JoinOperator {
                 outer = Some(filter_record_batch(&gone, &unmatched)?);
             }
         }
-        self.left = left;
-        self.right = right;
+        self.left = compact_views(left)?;
+        self.right = compact_views(right)?;
 
         // Drop the bookkeeping columns; pad unmatched left rows with nulls.
         let schema = &self.config.output.schema_ref();

@@ -401,6 +401,33 @@ impl KeyedState {
     }
 }
 
+/// `batch` with its string and binary view columns copied into buffers of
+/// their own. A view array made by `filter` or `concat` still points into
+/// the buffers of the batches it came from, so state that keeps a few rows
+/// of every epoch (a join's buffers) would otherwise hold every epoch's
+/// whole input in memory, and write it to every snapshot.
+pub(crate) fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
+    let has_views = batch
+        .columns()
+        .iter()
+        .any(|c| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView));
+    if !has_views {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .map(|c| -> ArrayRef {
+            match c.data_type() {
+                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
+                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
+                _ => Arc::clone(c),
+            }
+        })
+        .collect();
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
 /// Two byte strings as one: the first's length (8 bytes, little endian),
 /// the first, the second. (A delta's upserts and removals; a join's two
 /// buffers.)
@@ -658,5 +685,26 @@ mod tests {
             got.column(1).as_primitive::<Int64Type>(),
             &Int64Array::from(vec![Some(11)])
         );
+    }
+
+    #[test]
+    fn compacted_views_stop_pointing_into_the_batches_they_came_from() {
+        use datafusion::arrow::array::StringViewArray;
+        let long: Vec<String> = (0..1000).map(|i| format!("{i:0>64}")).collect();
+        let strings = StringViewArray::from_iter_values(long.iter());
+        let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(vec![
+            datafusion::arrow::datatypes::Field::new("s", DataType::Utf8View, false),
+        ]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(strings)]).unwrap();
+        let one = filter_record_batch(
+            &batch,
+            &BooleanArray::from_iter((0..1000).map(|i| Some(i == 7))),
+        )
+        .unwrap();
+        // The filtered row still holds the whole input's 64 KB.
+        assert!(one.get_array_memory_size() > 60_000);
+        let compact = compact_views(one.clone()).unwrap();
+        assert_eq!(compact, one);
+        assert!(compact.get_array_memory_size() < 1_000);
     }
 }
