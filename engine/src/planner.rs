@@ -6,10 +6,13 @@
 //! optimises the plan once. Each epoch then turns that plan into a physical
 //! plan over the epoch's batches (see `epoch`).
 //!
-//! This version runs stateless queries — projection, filter, scalar
-//! functions, UDFs, unnest, union of streams — whose output per epoch depends
-//! only on the epoch's input. Operators that need state across epochs are
-//! rejected here, before anything runs, with what would work instead.
+//! Stateless parts (projection, filter, scalar functions, UDFs, unnest,
+//! union of streams) run as DataFusion plans over each epoch's batches.
+//! The stateful operators (aggregation, stream–stream join) are cut out of
+//! the plan: the outermost one becomes the query's `aggregate` or `join`,
+//! and any under it become stages that feed it (see [`split_stages`]).
+//! What cannot run incrementally is rejected here, before anything runs,
+//! with what would work instead.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
