@@ -647,8 +647,10 @@ impl EpochLoop {
                 })?;
                 let empty = range.end.is_null() || range.start.as_ref() == Some(&range.end);
                 // An input without a watermark can be generated while the
-                // plan runs; one with a watermark must be seen whole first.
-                let lazy = match empty || branch.plan.watermarks.tracks(index) {
+                // plan runs; one with a watermark must be seen whole first,
+                // and one that several scans read must be kept for all.
+                let whole = branch.plan.watermarks.tracks(index) || input.scans > 1;
+                let lazy = match empty || whole {
                     true => None,
                     false => input.source.read_lazily(range.start.as_ref(), &range.end)?,
                 };

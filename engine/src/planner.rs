@@ -47,6 +47,9 @@ pub(crate) struct Input {
     pub source: Arc<dyn Source>,
     /// For progress and EXPLAIN.
     pub description: String,
+    /// How many scans in the plan read it (a self-join, a stream on two
+    /// paths): each epoch's input is read once and handed to all of them.
+    pub scans: usize,
 }
 
 /// A query ready for the epoch loop.
@@ -122,7 +125,10 @@ pub(crate) fn plan_query(
         .with_optimizer_rules(rules)
         .build();
     let default_partitions = state.config().target_partitions();
-    let mut inputs = Vec::new();
+    let mut inputs: Vec<Input> = Vec::new();
+    // The stream tables bound so far (by identity: a DataFrame's streams may
+    // share a name) and their inputs.
+    let mut bound_tables: Vec<(*const (), usize)> = Vec::new();
     let bound = plan
         .clone()
         .transform_up(|node| {
@@ -133,6 +139,18 @@ pub(crate) fn plan_query(
             let Some(table) = as_stream_table(&provider) else {
                 return Ok(Transformed::no(LogicalPlan::TableScan(scan)));
             };
+            // A stream scanned again reads the same input: one read per
+            // epoch, and every path sees the same rows (and the same late
+            // ones), whatever arrives between two reads.
+            let identity = Arc::as_ptr(&provider) as *const ();
+            if let Some(&(_, i)) = bound_tables.iter().find(|(t, _)| *t == identity) {
+                let input = &mut inputs[i];
+                input.scans += 1;
+                return Ok(Transformed::yes(LogicalPlan::TableScan(TableScan {
+                    source: provider_as_source(Arc::clone(&input.table) as Arc<dyn TableProvider>),
+                    ..scan
+                })));
+            }
             let factory = table
                 .factory(registry, default_partitions)
                 .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
@@ -140,11 +158,13 @@ pub(crate) fn plan_query(
                 .create()
                 .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
             let instance = table.for_query();
+            bound_tables.push((identity, inputs.len()));
             inputs.push(Input {
                 key: format!("{key_prefix}{}:{}", inputs.len(), table.definition().name),
                 table: Arc::clone(&instance),
                 source,
                 description: format!("{} ← {}", table.definition().name, factory.describe()),
+                scans: 1,
             });
             Ok(Transformed::yes(LogicalPlan::TableScan(TableScan {
                 source: provider_as_source(instance),
