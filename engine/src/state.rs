@@ -24,12 +24,13 @@ use std::io::Cursor;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    downcast_primitive, Array, ArrayRef, ArrowPrimitiveType, AsArray, BooleanArray, RecordBatch,
-    UInt32Array,
+    downcast_primitive, Array, ArrayRef, ArrowPrimitiveType, AsArray, BooleanArray,
+    GenericByteViewArray, RecordBatch, UInt32Array,
 };
 use datafusion::arrow::compute::{
     concat_batches, filter_record_batch, interleave, not, take_record_batch,
 };
+use datafusion::arrow::datatypes::ByteViewType;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
@@ -228,7 +229,7 @@ impl KeyedState {
             .zip(new.columns())
             .map(|(old, new)| placement.apply(old, new))
             .collect::<Result<Vec<_>>>()?;
-        self.rows = RecordBatch::try_new(Arc::clone(&self.schema), columns)?;
+        self.rows = compact_views(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)?;
         for (k, &j) in placement.appended.iter().enumerate() {
             let key = new_keys.row(j);
             let hash = self.hasher.hash_one(key.as_ref());
@@ -401,17 +402,15 @@ impl KeyedState {
     }
 }
 
-/// `batch` with its string and binary view columns copied into buffers of
-/// their own. A view array made by `filter` or `concat` still points into
-/// the buffers of the batches it came from, so state that keeps a few rows
-/// of every epoch (a join's buffers) would otherwise hold every epoch's
-/// whole input in memory, and write it to every snapshot.
+/// `batch` with each string or binary view column that holds buffers of
+/// much more than its values copied into buffers of its own. A view array
+/// made by `filter`, `concat` or `interleave` still points into the
+/// buffers of the arrays it came from, so state that keeps some rows of
+/// every epoch (a join's buffers; stored groups with long string keys or
+/// values) would otherwise hold every epoch's input in memory, and write it
+/// to every snapshot.
 pub(crate) fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
-    let has_views = batch
-        .columns()
-        .iter()
-        .any(|c| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView));
-    if !has_views {
+    if !batch.columns().iter().any(pins_unused_bytes) {
         return Ok(batch);
     }
     let columns = batch
@@ -419,13 +418,35 @@ pub(crate) fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
         .iter()
         .map(|c| -> ArrayRef {
             match c.data_type() {
-                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
-                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
+                DataType::Utf8View if pins_unused_bytes(c) => Arc::new(c.as_string_view().gc()),
+                DataType::BinaryView if pins_unused_bytes(c) => Arc::new(c.as_binary_view().gc()),
                 _ => Arc::clone(c),
             }
         })
         .collect();
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
+}
+
+/// Whether `column` is a view array whose buffers hold more than twice
+/// the bytes its values use (plus a little).
+fn pins_unused_bytes(column: &ArrayRef) -> bool {
+    fn held_and_used<T: ByteViewType + ?Sized>(a: &GenericByteViewArray<T>) -> (usize, usize) {
+        let held = a.data_buffers().iter().map(|b| b.len()).sum();
+        // Values of up to 12 bytes live in the view itself.
+        let used = a
+            .views()
+            .iter()
+            .map(|v| *v as u32 as usize)
+            .filter(|&len| len > 12)
+            .sum();
+        (held, used)
+    }
+    let (held, used) = match column.data_type() {
+        DataType::Utf8View => held_and_used(column.as_string_view()),
+        DataType::BinaryView => held_and_used(column.as_binary_view()),
+        _ => return false,
+    };
+    held > 2 * used + 4096
 }
 
 /// Two byte strings as one: the first's length (8 bytes, little endian),
@@ -706,5 +727,46 @@ mod tests {
         let compact = compact_views(one.clone()).unwrap();
         assert_eq!(compact, one);
         assert!(compact.get_array_memory_size() < 1_000);
+    }
+
+    #[test]
+    fn stored_long_string_keys_do_not_pin_the_batches_they_came_from() {
+        use datafusion::arrow::array::StringViewArray;
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8View, false),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let hot: Vec<String> = (0..1000).map(|i| format!("{i:0>40}")).collect();
+        let mut state = KeyedState::new(Arc::clone(&schema), 1).unwrap();
+        // Every epoch updates the same hot keys and adds one cold key that
+        // never changes again: without compaction each cold key would keep
+        // its whole batch's strings alive, one more batch per epoch.
+        for epoch in 0..50usize {
+            let mut keys = hot.clone();
+            keys.push(format!("cold{epoch:0>40}"));
+            let batch = RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(StringViewArray::from_iter_values(keys.iter())),
+                    Arc::new(Int64Array::from(vec![epoch as i64; keys.len()])),
+                ],
+            )
+            .unwrap();
+            state.upsert(&[batch]).unwrap();
+        }
+        assert_eq!(state.num_rows(), 1050);
+        let live = 1000 * 40 + 50 * 44;
+        let held: usize = state
+            .all()
+            .column(0)
+            .as_string_view()
+            .data_buffers()
+            .iter()
+            .map(|b| b.len())
+            .sum();
+        assert!(
+            held <= 2 * live + 4096,
+            "{held} bytes held for {live} bytes of keys"
+        );
     }
 }
