@@ -137,15 +137,9 @@ impl Operator {
         match self {
             Self::Aggregate(a) => a.stage(full),
             // The join's buffers are bounded by the watermark (or small):
-            // always whole; so is a pipeline's state.
-            Self::Join(_) => Ok(Staged::Snapshot),
-            Self::Pipeline(stages) => {
-                for s in stages.iter_mut() {
-                    // Any delta counted so far is in the snapshot.
-                    s.operator.stage(true)?;
-                }
-                Ok(Staged::Snapshot)
-            }
+            // always whole; so is a pipeline's state (writing its snapshot
+            // restarts its aggregations' change counts).
+            Self::Join(_) | Self::Pipeline(_) => Ok(Staged::Snapshot),
         }
     }
 
@@ -180,26 +174,15 @@ impl Operator {
     ) -> Result<()> {
         match self {
             Self::Aggregate(a) => a.restore(session, chain).await,
-            Self::Join(j) => match (chain.next(), chain.next()) {
-                (None, _) => {
+            Self::Join(j) => match single_snapshot(chain, "join")? {
+                None => {
                     j.clear();
                     Ok(())
                 }
-                (Some(snapshot), None) => j.restore(&snapshot?),
-                (Some(_), Some(_)) => Err(SluiceError::Internal(
-                    "the join's state is committed as one snapshot, not a chain".into(),
-                )),
+                Some(snapshot) => j.restore(&snapshot),
             },
             Self::Pipeline(stages) => {
-                let snapshot = match (chain.next(), chain.next()) {
-                    (None, _) => None,
-                    (Some(snapshot), None) => Some(snapshot?),
-                    (Some(_), Some(_)) => {
-                        return Err(SluiceError::Internal(
-                            "a pipeline's state is committed as one snapshot, not a chain".into(),
-                        ))
-                    }
-                };
+                let snapshot = single_snapshot(chain, "pipeline")?;
                 let parts = match &snapshot {
                     Some(bytes) => parts(bytes, stages.len())?,
                     None => vec![&[][..]; stages.len()],
@@ -224,6 +207,18 @@ impl Operator {
                 .map(|s| s.operator.state_size())
                 .fold((0, 0), |(r, b), (sr, sb)| (r + sr, b + sb)),
         }
+    }
+}
+
+/// The one snapshot an operator that stages only snapshots committed, if
+/// any.
+fn single_snapshot(chain: StateChain<'_>, what: &str) -> Result<Option<Vec<u8>>> {
+    match (chain.next(), chain.next()) {
+        (None, _) => Ok(None),
+        (Some(snapshot), None) => Ok(Some(snapshot?)),
+        (Some(_), Some(_)) => Err(SluiceError::Internal(format!(
+            "the {what}'s state is committed as one snapshot, not a chain"
+        ))),
     }
 }
 
