@@ -276,27 +276,26 @@ async fn run_streaming(
     run
 }
 
-#[test]
-fn inner_interval_join_equals_the_batch_join_across_restarts() {
+/// A time-bounded inner join (`Interval` or `Window`) emits exactly the
+/// pairs of the rows that were not late (`Interval`: DataFusion's batch
+/// join; `Window`: [`window_answer`]), and its state forgets rows no
+/// partner can reach any more.
+fn bounded_inner_join_equals_its_answer_across_restarts(shape: Shape) {
     property(4, |seed| {
         let step = seed % 2 == 0;
         block_on(async move {
             let mut rng = Lcg(seed);
             let epochs = input(&mut rng, 16, step);
             let dir = tempfile::tempdir().unwrap();
-            let run = run_streaming(
-                &epochs,
-                JoinType::Inner,
-                Shape::Interval,
-                step,
-                &mut rng,
-                dir.path(),
-            )
-            .await;
+            let run =
+                run_streaming(&epochs, JoinType::Inner, shape, step, &mut rng, dir.path()).await;
             let (kept, late, _) = judge(&epochs);
             assert!(late > 0, "seed {seed}: the input should have late rows");
             assert_eq!(run.late_rows, late, "seed {seed}");
-            let expected = batch_answer(&kept, JoinType::Inner, Shape::Interval).await;
+            let expected = match shape {
+                Shape::Window => window_answer(&kept),
+                _ => batch_answer(&kept, JoinType::Inner, shape).await,
+            };
             assert!(!expected.is_empty(), "seed {seed}: no pairs");
             assert_eq!(run.rows, expected, "seed {seed}");
             let total: usize = kept.iter().map(Vec::len).sum();
@@ -306,6 +305,11 @@ fn inner_interval_join_equals_the_batch_join_across_restarts() {
             );
         })
     });
+}
+
+#[test]
+fn inner_interval_join_equals_the_batch_join_across_restarts() {
+    bounded_inner_join_equals_its_answer_across_restarts(Shape::Interval);
 }
 
 #[test]
@@ -401,34 +405,7 @@ fn window_answer(kept: &[Vec<Row>; 2]) -> Vec<Joined> {
 
 #[test]
 fn window_join_equals_the_pairs_of_each_window_across_restarts() {
-    property(4, |seed| {
-        let step = seed % 2 == 0;
-        block_on(async move {
-            let mut rng = Lcg(seed);
-            let epochs = input(&mut rng, 16, step);
-            let dir = tempfile::tempdir().unwrap();
-            let run = run_streaming(
-                &epochs,
-                JoinType::Inner,
-                Shape::Window,
-                step,
-                &mut rng,
-                dir.path(),
-            )
-            .await;
-            let (kept, late, _) = judge(&epochs);
-            assert!(late > 0, "seed {seed}: the input should have late rows");
-            assert_eq!(run.late_rows, late, "seed {seed}");
-            let expected = window_answer(&kept);
-            assert!(!expected.is_empty(), "seed {seed}: no pairs");
-            assert_eq!(run.rows, expected, "seed {seed}");
-            let total: usize = kept.iter().map(Vec::len).sum();
-            assert!(
-                (run.state_rows as usize) < total,
-                "seed {seed}: rows of closed windows leave the state"
-            );
-        })
-    });
+    bounded_inner_join_equals_its_answer_across_restarts(Shape::Window);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,16 +8,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use sluice::arrow::array::{Array, AsArray, RecordBatch};
-use sluice::arrow::compute::cast;
-use sluice::arrow::datatypes::{DataType, Int64Type, IntervalMonthDayNano};
+use sluice::arrow::array::{Array, RecordBatch};
+use sluice::arrow::datatypes::IntervalMonthDayNano;
 use sluice::datafusion::common::{JoinType, ScalarValue};
 use sluice::datafusion::functions_aggregate::expr_fn::{count, max};
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session, StreamFrame, Trigger, Window};
 
 use crate::util::{
-    block_on, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
+    block_on, ints, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
 };
 
 const DELAY_MS: i64 = 1_000;
@@ -71,16 +70,8 @@ fn judge(epochs: &[Vec<Row>]) -> (Vec<Row>, u64, Option<i64>) {
     (kept, late, mark)
 }
 
-fn ints(b: &RecordBatch, name: &str) -> Vec<Option<i64>> {
-    let a = cast(b.column_by_name(name).unwrap(), &DataType::Int64).unwrap();
-    let a = a.as_primitive::<Int64Type>();
-    (0..a.len())
-        .map(|i| (!a.is_null(i)).then(|| a.value(i)))
-        .collect()
-}
-
 struct Run {
-    /// Every epoch's output rows, in order.
+    /// Every epoch's output rows, in order; none of them null.
     batches: Vec<RecordBatch>,
     late_rows: u64,
     state_rows: u64,
@@ -130,6 +121,12 @@ async fn run(
         for e in sink.epochs() {
             out.batches.extend(sink.epoch_batches(e));
         }
+    }
+    for b in &out.batches {
+        assert!(
+            b.columns().iter().all(|c| c.null_count() == 0),
+            "a null in {b:?}"
+        );
     }
     out
 }
@@ -199,23 +196,16 @@ fn a_windowed_maximum_joined_back_with_its_rows_equals_the_loops_across_restarts
                 }
             }
             expected.sort();
-            let mut actual = Vec::new();
-            for b in &run.batches {
-                let (id, v, ts, end) = (
-                    ints(b, "id"),
-                    ints(b, "v"),
-                    ints(b, "ts"),
-                    ints(b, "window_end"),
-                );
-                for i in 0..b.num_rows() {
-                    actual.push((
-                        id[i].unwrap(),
-                        v[i].unwrap(),
-                        ts[i].unwrap(),
-                        end[i].unwrap(),
-                    ));
-                }
-            }
+            let b = &run.batches;
+            let (id, v, ts, end) = (
+                ints(b, "id"),
+                ints(b, "v"),
+                ints(b, "ts"),
+                ints(b, "window_end"),
+            );
+            let mut actual: Vec<_> = (0..id.len())
+                .map(|i| (id[i], v[i], ts[i], end[i]))
+                .collect();
             actual.sort();
             assert!(late > 0, "seed {seed}: the input should have late rows");
             assert_eq!(run.late_rows, late, "seed {seed}: one read of the stream");
@@ -297,13 +287,9 @@ fn the_most_frequent_values_per_window_equal_the_loops_across_restarts() {
                 .map(|((end, v), n)| (*v, *n, *end))
                 .collect();
             expected.sort();
-            let mut actual = Vec::new();
-            for b in &run.batches {
-                let (v, n, end) = (ints(b, "v"), ints(b, "n"), ints(b, "window_end"));
-                for i in 0..b.num_rows() {
-                    actual.push((v[i].unwrap(), n[i].unwrap(), end[i].unwrap()));
-                }
-            }
+            let b = &run.batches;
+            let (v, n, end) = (ints(b, "v"), ints(b, "n"), ints(b, "window_end"));
+            let mut actual: Vec<_> = (0..v.len()).map(|i| (v[i], n[i], end[i])).collect();
             actual.sort();
             assert!(expected.len() > 3, "seed {seed}: too few windows");
             assert_eq!(actual, expected, "seed {seed}");
@@ -351,13 +337,8 @@ fn an_aggregation_over_an_interval_join_equals_the_loops_across_restarts() {
                 }
             }
             // Update mode: the last row of each key is its count.
-            let mut actual: BTreeMap<i64, i64> = BTreeMap::new();
-            for b in &run.batches {
-                let (v, pairs) = (ints(b, "v"), ints(b, "pairs"));
-                for i in 0..b.num_rows() {
-                    actual.insert(v[i].unwrap(), pairs[i].unwrap());
-                }
-            }
+            let (v, pairs) = (ints(&run.batches, "v"), ints(&run.batches, "pairs"));
+            let actual: BTreeMap<i64, i64> = v.into_iter().zip(pairs).collect();
             assert!(!expected.is_empty(), "seed {seed}");
             assert_eq!(actual, expected, "seed {seed}");
         })

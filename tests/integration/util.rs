@@ -51,15 +51,18 @@ pub fn batch(ids: std::ops::Range<i64>) -> RecordBatch {
     .expect("valid batch")
 }
 
-/// The Int64 column `name` of every batch, concatenated.
+/// The column `name` of every batch as Int64 (timestamps as their
+/// numbers), concatenated.
 pub fn ints(batches: &[RecordBatch], name: &str) -> Vec<i64> {
     use sluice::arrow::array::AsArray;
-    use sluice::arrow::datatypes::Int64Type;
+    use sluice::arrow::compute::cast;
+    use sluice::arrow::datatypes::{DataType, Int64Type};
     batches
         .iter()
         .flat_map(|b| {
-            b.column_by_name(name)
-                .expect("column exists")
+            let column = b.column_by_name(name).expect("column exists");
+            cast(column, &DataType::Int64)
+                .expect("an integer or timestamp column")
                 .as_primitive::<Int64Type>()
                 .values()
                 .to_vec()
