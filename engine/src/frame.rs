@@ -256,19 +256,38 @@ impl StreamFrame {
             sink: SinkChoice::None,
             options: Options::new(),
             output_mode: None,
-            checkpoint: None,
-            trigger: Trigger::default(),
-            name: None,
-            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
-            retained_snapshots: DEFAULT_RETAINED_SNAPSHOTS,
+            settings: QuerySettings::default(),
         }
     }
 }
 
-/// State files per chain (a snapshot and its deltas) before a new snapshot.
-pub(crate) const DEFAULT_SNAPSHOT_EVERY: u64 = 10;
-/// Snapshots, with their deltas, kept in the checkpoint.
-pub(crate) const DEFAULT_RETAINED_SNAPSHOTS: usize = 2;
+/// What a query needs besides its statements, however many it has: a
+/// [`DataStreamWriter`] started alone hands its own to the
+/// [`StatementSet`](crate::StatementSet) of one it runs as.
+#[derive(Debug, Clone)]
+pub(crate) struct QuerySettings {
+    pub checkpoint: Option<PathBuf>,
+    pub trigger: Trigger,
+    /// Also the statement's name within a set.
+    pub name: Option<String>,
+    /// State files per chain (a snapshot and its deltas) before a new
+    /// snapshot.
+    pub snapshot_every: u64,
+    /// Snapshots, with their deltas, kept in the checkpoint.
+    pub retained_snapshots: usize,
+}
+
+impl Default for QuerySettings {
+    fn default() -> Self {
+        Self {
+            checkpoint: None,
+            trigger: Trigger::default(),
+            name: None,
+            snapshot_every: 10,
+            retained_snapshots: 2,
+        }
+    }
+}
 
 #[derive(Debug)]
 pub(crate) enum SinkChoice {
@@ -284,11 +303,7 @@ pub struct DataStreamWriter {
     pub(crate) sink: SinkChoice,
     pub(crate) options: Options,
     output_mode: Option<OutputMode>,
-    checkpoint: Option<PathBuf>,
-    trigger: Trigger,
-    pub(crate) name: Option<String>,
-    snapshot_every: u64,
-    retained_snapshots: usize,
+    pub(crate) settings: QuerySettings,
 }
 
 impl DataStreamWriter {
@@ -335,13 +350,13 @@ impl DataStreamWriter {
     /// Where the query records its progress; required by sinks whose output
     /// outlives the process (Kafka, files).
     pub fn checkpoint_location(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.checkpoint = Some(dir.into());
+        self.settings.checkpoint = Some(dir.into());
         self
     }
 
     /// When epochs run.
     pub fn trigger(mut self, trigger: Trigger) -> Self {
-        self.trigger = trigger;
+        self.settings.trigger = trigger;
         self
     }
 
@@ -350,7 +365,7 @@ impl DataStreamWriter {
     /// 1 writes a snapshot every epoch). Restoring reads the last snapshot
     /// and at most `epochs - 1` deltas.
     pub fn state_snapshot_interval(mut self, epochs: u64) -> Self {
-        self.snapshot_every = epochs.max(1);
+        self.settings.snapshot_every = epochs.max(1);
         self
     }
 
@@ -358,13 +373,13 @@ impl DataStreamWriter {
     /// (default 2); older state files are deleted once a newer snapshot is
     /// committed.
     pub fn state_retained_snapshots(mut self, snapshots: usize) -> Self {
-        self.retained_snapshots = snapshots.max(1);
+        self.settings.retained_snapshots = snapshots.max(1);
         self
     }
 
     /// The query's name (progress, logs, metrics).
     pub fn query_name(mut self, name: &str) -> Self {
-        self.name = Some(name.to_string());
+        self.settings.name = Some(name.to_string());
         self
     }
 
@@ -398,7 +413,7 @@ impl DataStreamWriter {
     /// `sluice verify` compares a running query's output with), opening
     /// nothing: see [`BatchQuery`].
     pub fn batch_query(&self) -> Result<BatchQuery> {
-        self.batch_query_in("", self.checkpoint.clone())
+        self.batch_query_in("", self.settings.checkpoint.clone())
     }
 
     /// The batch query of this writer as a statement of a query whose
@@ -409,7 +424,7 @@ impl DataStreamWriter {
         checkpoint: Option<PathBuf>,
     ) -> Result<BatchQuery> {
         Ok(BatchQuery {
-            name: self.name.clone(),
+            name: self.settings.name.clone(),
             sink: match &self.sink {
                 SinkChoice::Connector(c) => Some(c.clone()),
                 SinkChoice::None | SinkChoice::Instance(_) => None,
@@ -424,16 +439,10 @@ impl DataStreamWriter {
     /// loop on the current tokio runtime. Mistakes in the query or options
     /// are reported here, before anything runs.
     pub async fn start(mut self) -> Result<StreamingQuery> {
-        let mut set = StatementSet::new(&self.frame.session)
-            .trigger(self.trigger)
-            .state_snapshot_interval(self.snapshot_every)
-            .state_retained_snapshots(self.retained_snapshots);
-        if let Some(dir) = self.checkpoint.take() {
-            set = set.checkpoint_location(dir);
-        }
-        if let Some(name) = self.name.take() {
-            set = set.query_name(&name);
-        }
-        set.add_insert(self).start().await
+        let settings = std::mem::take(&mut self.settings);
+        StatementSet::with_settings(&self.frame.session, settings)
+            .add_insert(self)
+            .start()
+            .await
     }
 }

@@ -35,9 +35,7 @@ use crate::checkpoint::Checkpoint;
 use crate::connector::SinkArgs;
 use crate::epoch::{Branch, EpochLoop};
 use crate::error::{Result, SluiceError};
-use crate::frame::{
-    DataStreamWriter, SinkChoice, DEFAULT_RETAINED_SNAPSHOTS, DEFAULT_SNAPSHOT_EVERY,
-};
+use crate::frame::{DataStreamWriter, QuerySettings, SinkChoice};
 use crate::operator::Operator;
 use crate::query::{QueryShared, StreamingQuery};
 use crate::session::Session;
@@ -51,24 +49,21 @@ use crate::trigger::Trigger;
 pub struct StatementSet {
     session: Session,
     writers: Vec<DataStreamWriter>,
-    checkpoint: Option<PathBuf>,
-    trigger: Trigger,
-    name: Option<String>,
-    snapshot_every: u64,
-    retained_snapshots: usize,
+    settings: QuerySettings,
 }
 
 impl StatementSet {
     /// An empty set on `session`.
     pub fn new(session: &Session) -> Self {
+        Self::with_settings(session, QuerySettings::default())
+    }
+
+    /// An empty set with `settings` (a writer started alone).
+    pub(crate) fn with_settings(session: &Session, settings: QuerySettings) -> Self {
         Self {
             session: session.clone(),
             writers: Vec::new(),
-            checkpoint: None,
-            trigger: Trigger::default(),
-            name: None,
-            snapshot_every: DEFAULT_SNAPSHOT_EVERY,
-            retained_snapshots: DEFAULT_RETAINED_SNAPSHOTS,
+            settings,
         }
     }
 
@@ -81,31 +76,31 @@ impl StatementSet {
 
     /// Where the query keeps its checkpoint.
     pub fn checkpoint_location(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.checkpoint = Some(dir.into());
+        self.settings.checkpoint = Some(dir.into());
         self
     }
 
     /// When epochs run.
     pub fn trigger(mut self, trigger: Trigger) -> Self {
-        self.trigger = trigger;
+        self.settings.trigger = trigger;
         self
     }
 
     /// The query's name (progress, logs, metrics).
     pub fn query_name(mut self, name: &str) -> Self {
-        self.name = Some(name.to_string());
+        self.settings.name = Some(name.to_string());
         self
     }
 
     /// See [`DataStreamWriter::state_snapshot_interval`].
     pub fn state_snapshot_interval(mut self, epochs: u64) -> Self {
-        self.snapshot_every = epochs.max(1);
+        self.settings.snapshot_every = epochs.max(1);
         self
     }
 
     /// See [`DataStreamWriter::state_retained_snapshots`].
     pub fn state_retained_snapshots(mut self, snapshots: usize) -> Self {
-        self.retained_snapshots = snapshots.max(1);
+        self.settings.retained_snapshots = snapshots.max(1);
         self
     }
 
@@ -130,7 +125,12 @@ impl StatementSet {
         self.writers
             .iter()
             .enumerate()
-            .map(|(i, w)| w.batch_query_in(&key_prefix(i, statements, w), self.checkpoint.clone()))
+            .map(|(i, w)| {
+                w.batch_query_in(
+                    &key_prefix(i, statements, w),
+                    self.settings.checkpoint.clone(),
+                )
+            })
             .collect()
     }
 
@@ -154,11 +154,13 @@ impl StatementSet {
             branches.push(Branch::new(plan, operator, i, statements));
         }
         let name = self
+            .settings
             .name
             .clone()
             .unwrap_or_else(|| format!("query-{}", session.next_number()));
         let new_id = uuid::Uuid::new_v4().to_string();
         let checkpoint = self
+            .settings
             .checkpoint
             .as_ref()
             .map(|dir| Checkpoint::open(dir, &new_id))
@@ -203,14 +205,14 @@ impl StatementSet {
         let mut epochs = EpochLoop {
             shared: Arc::clone(&shared),
             branches,
-            snapshot_every: self.snapshot_every,
-            retained_snapshots: self.retained_snapshots,
+            snapshot_every: self.settings.snapshot_every,
+            retained_snapshots: self.settings.retained_snapshots,
             recoveries: 0,
             sink_description: sink.describe(),
             sink,
             checkpoint,
             temp_dir,
-            trigger: self.trigger,
+            trigger: self.settings.trigger,
             listeners: session.listeners(),
         };
         let recovered = epochs.recover().await?;
@@ -228,7 +230,7 @@ impl StatementSet {
 /// reordered or renamed is refused rather than restored into the wrong
 /// statement.
 fn key_prefix(index: usize, statements: usize, writer: &DataStreamWriter) -> String {
-    match (statements, &writer.name) {
+    match (statements, &writer.settings.name) {
         (1, _) => String::new(),
         (_, Some(name)) => format!("{index}.{name}/"),
         (_, None) => format!("{index}/"),
