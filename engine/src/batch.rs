@@ -28,10 +28,11 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::JoinType;
 use datafusion::physical_plan::collect;
 
+use crate::aggregate::AggregateConfig;
 use crate::connector::SinkArgs;
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
-use crate::planner::IncrementalPlan;
+use crate::planner::{IncrementalPlan, StageConfig};
 use crate::source::{Partitions, Source};
 use crate::trigger::OutputMode;
 use crate::window::WindowKey;
@@ -126,11 +127,30 @@ impl BatchQuery {
     /// Why the batch answer would not be what this query emits, if it
     /// would not.
     pub fn unsupported(&self) -> Option<String> {
-        if !self.plan.stages.is_empty() {
+        // A chain of stateful operators is one batch query when each of
+        // its operators emits what a batch query would: not windows, which
+        // are emitted as the watermark closes them, nor a LEFT join's
+        // unmatched rows, emitted as it passes them.
+        let windowed = |a: &AggregateConfig| a.window.is_some() && a.mode != OutputMode::Complete;
+        for stage in &self.plan.stages {
+            let waits = match &stage.config {
+                StageConfig::Aggregate(a) => windowed(a),
+                StageConfig::Join(j) => j.join_type != JoinType::Inner,
+            };
+            if waits {
+                return Some(
+                    "this query chains stateful operators, and one of them emits a window \
+                     (or a LEFT join's unmatched row) once the watermark passes it; one batch \
+                     query cannot tell which rows that let through, so verify checks chains \
+                     of inner joins and aggregations without a window"
+                        .into(),
+                );
+            }
+        }
+        if !self.plan.stages.is_empty() && self.plan.aggregate.as_ref().is_some_and(windowed) {
             return Some(
-                "this query chains stateful operators, each of which emits a window once the \
-                 watermark closes it; one batch query cannot tell which rows that let through, \
-                 so verify checks queries with one stateful operator"
+                "this query chains stateful operators under a windowed aggregation; verify \
+                 checks such a window only over one stateful operator"
                     .into(),
             );
         }
@@ -184,6 +204,10 @@ impl BatchQuery {
 
     async fn run(&self, watermark: Option<i64>) -> Result<Vec<RecordBatch>> {
         let state = &self.plan.state;
+        if let Some(whole) = &self.plan.unsplit {
+            let physical = state.create_physical_plan(whole).await?;
+            return Ok(collect(physical, state.task_ctx()).await?);
+        }
         let Some(agg) = &self.plan.aggregate else {
             let physical = state.create_physical_plan(&self.plan.logical).await?;
             return Ok(collect(physical, state.task_ctx()).await?);

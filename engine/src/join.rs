@@ -21,6 +21,9 @@
 //!    with `ts - lo < W` and a right row with `ts + hi < W` can meet no
 //!    future partner. A left outer join emits its evicted left rows that
 //!    never matched, padded with nulls — once, when no match can come.
+//!    The two halves of the bound may use other columns: with `b.ts
+//!    BETWEEN a.ts AND a.expires` an auction is kept until `a.expires < W`
+//!    (see [`TimeBounds`]).
 //!
 //! Left rows carry a row id and a matched flag, so matches found in any
 //! epoch are remembered across restarts (the buffers are the operator's
@@ -57,35 +60,61 @@ pub(crate) const ROW_ID: &str = "__sluice_row";
 /// Name of the matched flag column added to left rows.
 pub(crate) const MATCHED: &str = "__sluice_matched";
 
-/// The time condition of an interval join: `left.ts - right.ts` lies in
-/// `[lo_ns, hi_ns]`. The columns are event times or window bounds (see
-/// [`time_offset`]): every row still to come on a side has `ts +
-/// to_end_ns ≥` the watermark.
+/// One half of an interval join's time condition: `left.x - right.y ≥ ns`
+/// (a lower bound) or `≤ ns` (an upper bound).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Bound {
+    pub left: Column,
+    pub right: Column,
+    pub ns: i64,
+    /// [`time_offset`] of the side's time column: the right one in a lower
+    /// bound, the left one in an upper bound.
+    pub to_end_ns: i64,
+}
+
+/// The time condition of an interval join, which may bound each side by
+/// another pair of columns (`b.ts BETWEEN a.ts AND a.expires`, Nexmark q4).
+/// Each half rules out one side's rows: every row still to come on a side
+/// has `ts + to_end_ns ≥` the watermark W for its time columns (event times
+/// or window bounds, see [`time_offset`]), so
+/// - the lower bound, `left.x - right.y ≥ lo` with `right.y` a time column,
+///   says a left row with `x < W + lo - to_end` meets no right row to come;
+/// - the upper bound, `left.x - right.y ≤ hi` with `left.x` a time column,
+///   says a right row with `y < W - hi - to_end` meets no left row to come.
+///
+/// The other column of each half (`a.expires`) needs no watermark.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TimeBounds {
-    pub left_ts: Column,
-    pub right_ts: Column,
-    pub lo_ns: i64,
-    pub hi_ns: i64,
-    pub left_to_end_ns: i64,
-    pub right_to_end_ns: i64,
+    pub lower: Bound,
+    pub upper: Bound,
 }
 
 impl TimeBounds {
-    /// Left rows with `ts` below this can meet no right row still to come
-    /// (which has `right.ts ≥ W - right_to_end`, and must have `right.ts ≤
-    /// left.ts - lo`).
+    /// Left rows with `lower.left` below this can meet no right row still
+    /// to come.
     fn left_expiry(&self, watermark: i64) -> i64 {
         watermark
-            .saturating_add(self.lo_ns)
-            .saturating_sub(self.right_to_end_ns)
+            .saturating_add(self.lower.ns)
+            .saturating_sub(self.lower.to_end_ns)
     }
 
-    /// Right rows with `ts` below this can meet no left row still to come.
+    /// Right rows with `upper.right` below this can meet no left row still
+    /// to come.
     fn right_expiry(&self, watermark: i64) -> i64 {
         watermark
-            .saturating_sub(self.hi_ns)
-            .saturating_sub(self.left_to_end_ns)
+            .saturating_sub(self.upper.ns)
+            .saturating_sub(self.upper.to_end_ns)
+    }
+
+    /// The columns that need a watermark: those whose future values the
+    /// watermark bounds from below, one per side.
+    pub(crate) fn time_columns(&self) -> [&Column; 2] {
+        [&self.upper.left, &self.lower.right]
+    }
+
+    /// The columns compared with the expiries, one per side.
+    pub(crate) fn expiry_columns(&self) -> [&Column; 2] {
+        [&self.lower.left, &self.upper.right]
     }
 }
 
@@ -118,7 +147,8 @@ pub(crate) struct JoinOperator {
     /// Right rows read so far and still able to match.
     right: RecordBatch,
     next_row_id: u64,
-    /// The columns of the time bound in the left and right buffers.
+    /// The columns compared with the expiries in the left and right
+    /// buffers.
     time_columns: Option<(usize, usize)>,
 }
 
@@ -126,8 +156,8 @@ impl JoinOperator {
     pub(crate) fn new(config: JoinConfig) -> Result<Self> {
         let time_columns = match &config.bounds {
             Some(b) => Some((
-                config.left.schema().index_of_column(&b.left_ts)?,
-                config.right.schema().index_of_column(&b.right_ts)?,
+                config.left.schema().index_of_column(&b.lower.left)?,
+                config.right.schema().index_of_column(&b.upper.right)?,
             )),
             None => None,
         };
@@ -344,12 +374,12 @@ pub(crate) fn left_state_fields() -> [Field; 2] {
 }
 
 /// Finds the time condition of an interval join: conjuncts of its filter
-/// like `l.ts >= r.ts`, `l.ts <= r.ts + INTERVAL '1' HOUR` or `l.ts BETWEEN
-/// r.ts - ... AND r.ts + ...`, and equalities among its keys of two time
-/// columns (`l.window_start = r.window_start`: a window join), that bound
-/// `l.ts - r.ts` both ways, on one pair of columns. Comparisons use any
-/// columns (the planner then asks for watermarks); equalities only time
-/// columns, as other keys are no bound.
+/// like `l.ts >= r.ts`, `l.ts <= r.ts + INTERVAL '1' HOUR` or `r.ts BETWEEN
+/// l.ts AND l.expires`, and equalities among its keys of two time columns
+/// (`l.window_start = r.window_start`: a window join), that bound `l.x -
+/// r.y` from below and from above, each on some pair of columns.
+/// Comparisons use any columns (the planner then asks for watermarks);
+/// equalities only time columns, as other keys are no bound.
 pub(crate) fn time_bounds(
     filter: Option<&Expr>,
     keys: &[(Expr, Expr)],
@@ -402,30 +432,42 @@ pub(crate) fn time_bounds(
             _ => {}
         }
     }
-    // A pair bounded both ways; of time columns if there is one (`c.num >=
-    // m.maxn` next to a window equality is a filter, not the bound).
-    let is_time_pair = |(l, r): &(Column, Column)| {
-        column_offset(left, l, watermarked).is_some()
-            && column_offset(right, r, watermarked).is_some()
-    };
-    let mut bounded = pairs
-        .into_iter()
-        .filter_map(|(p, lo, hi)| Some((p, lo?, hi?)));
-    let mut first = bounded.next()?;
-    if !is_time_pair(&first.0) {
-        if let Some(time) = bounded.find(|(p, _, _)| is_time_pair(p)) {
-            first = time;
+    // Of the pairs that give each half, the one whose column the watermark
+    // bounds, then one of time columns only, then one bounded both ways:
+    // `c.num >= m.maxn` next to a window equality is a filter, not the bound.
+    let is_time = |schema: &DFSchema, c: &Column| column_offset(schema, c, watermarked).is_some();
+    let pick = |lower: bool| {
+        let mut best: Option<(Bound, (bool, bool, bool))> = None;
+        for ((l, r), lo, hi) in &pairs {
+            let Some(ns) = (if lower { *lo } else { *hi }) else {
+                continue;
+            };
+            let (time, other) = if lower {
+                (is_time(right, r), is_time(left, l))
+            } else {
+                (is_time(left, l), is_time(right, r))
+            };
+            let rank = (time, other, lo.is_some() && hi.is_some());
+            if best.as_ref().is_none_or(|(_, b)| rank > *b) {
+                let to_end_ns = if lower {
+                    column_offset(right, r, watermarked)
+                } else {
+                    column_offset(left, l, watermarked)
+                };
+                let bound = Bound {
+                    left: l.clone(),
+                    right: r.clone(),
+                    ns,
+                    to_end_ns: to_end_ns.unwrap_or(0),
+                };
+                best = Some((bound, rank));
+            }
         }
-    }
-    let ((left_ts, right_ts), lo_ns, hi_ns) = first;
-    let offset = |schema: &DFSchema, c: &Column| column_offset(schema, c, watermarked).unwrap_or(0);
+        best.map(|(b, _)| b)
+    };
     Some(TimeBounds {
-        left_to_end_ns: offset(left, &left_ts),
-        right_to_end_ns: offset(right, &right_ts),
-        left_ts,
-        right_ts,
-        lo_ns,
-        hi_ns,
+        lower: pick(true)?,
+        upper: pick(false)?,
     })
 }
 

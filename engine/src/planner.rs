@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
@@ -25,7 +25,7 @@ use datafusion::common::{DFSchema, JoinType};
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableScan};
 
-use crate::aggregate::AggregateConfig;
+use crate::aggregate::{over_changelog, AggregateConfig, SIGN};
 use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
 use crate::join::{is_time_column, left_state_fields, time_bounds, JoinConfig};
@@ -71,6 +71,9 @@ pub(crate) struct IncrementalPlan {
     /// innermost first, when the query has several: each feeds what it
     /// emits to the operator above it.
     pub stages: Vec<Stage>,
+    /// With stages, the plan before it was split into them: what one batch
+    /// query runs for the batch answer.
+    pub unsplit: Option<LogicalPlan>,
     /// The session state epochs are planned with.
     pub state: SessionState,
     /// Output columns carrying the whole GROUP BY key (see
@@ -101,6 +104,25 @@ pub(crate) enum StageConfig {
 /// two nested aggregations would keep only the inner one's state.
 const UNSUPPORTED_RULES: &[&str] = &["single_distinct_aggregation_to_group_by"];
 
+/// Rules run when the query is planned, but not again on the operators'
+/// plans each epoch: computing equal aggregate expressions once (the sums
+/// [`over_changelog`] writes after planning) would leave the operator's
+/// partial states with fewer columns than its aggregation's output.
+const PLANNING_ONLY_RULES: &[&str] = &["common_sub_expression_eliminate"];
+
+/// `state` without the optimizer rules named in `without`.
+fn without_rules(state: &SessionState, without: &[&[&str]]) -> SessionState {
+    let rules = state
+        .optimizers()
+        .iter()
+        .filter(|r| !without.iter().any(|names| names.contains(&r.name())))
+        .cloned()
+        .collect();
+    SessionStateBuilder::new_from_existing(state.clone())
+        .with_optimizer_rules(rules)
+        .build()
+}
+
 /// Checks that `plan` can run incrementally in `mode` (derived when
 /// `None`), and binds it; its inputs' keys start with `key_prefix`.
 pub(crate) fn plan_query(
@@ -115,15 +137,8 @@ pub(crate) fn plan_query(
         dedup,
         watermarked,
     } = check_incremental(plan, mode)?;
-    let rules = state
-        .optimizers()
-        .iter()
-        .filter(|r| !UNSUPPORTED_RULES.contains(&r.name()))
-        .cloned()
-        .collect();
-    let state = SessionStateBuilder::new_from_existing(state.clone())
-        .with_optimizer_rules(rules)
-        .build();
+    let planning = without_rules(state, &[UNSUPPORTED_RULES]);
+    let state = without_rules(state, &[UNSUPPORTED_RULES, PLANNING_ONLY_RULES]);
     let default_partitions = state.config().target_partitions();
     let mut inputs: Vec<Input> = Vec::new();
     // The stream tables bound so far (by identity: a DataFrame's streams may
@@ -187,9 +202,11 @@ pub(crate) fn plan_query(
             def.watermark.as_ref(),
         )
     }))?;
-    let logical = state.optimize(&bound)?;
+    let logical = planning.optimize(&bound)?;
     let output_schema = Arc::new(logical.schema().as_arrow().clone());
+    let unsplit = logical.clone();
     let (logical, stages) = split_stages(logical, &watermarked)?;
+    let unsplit = (!stages.is_empty()).then_some(unsplit);
     let mut aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
     let join = match aggregate {
         Some(_) => None,
@@ -218,6 +235,7 @@ pub(crate) fn plan_query(
         aggregate,
         join,
         stages,
+        unsplit,
         state,
         watermarks,
     })
@@ -251,11 +269,12 @@ const STAGE_OUTPUT: &str = "__sluice_stage";
 /// the stateless segment up to the top of C becomes a stage, and C a scan
 /// of what that stage emits.
 ///
-/// A stage must emit only rows that never change, as the operator above
-/// takes each row as a new one: joins and aggregations over event-time
-/// windows (emitted once, when the watermark closes the window). An
-/// aggregation without a window, whose rows change every epoch, would need
-/// retractions downstream, and is refused.
+/// A join's rows and those of an aggregation over event-time windows
+/// (emitted once, when the watermark closes the window) never change, and
+/// the operator above takes each as a new row. An aggregation without a
+/// window changes its rows every epoch: it emits a changelog, which only an
+/// aggregation can read (see [`over_changelog`]); under a join it is
+/// refused.
 fn split_stages(
     mut plan: LogicalPlan,
     watermarked: &[String],
@@ -285,34 +304,58 @@ fn split_stages(
                  stream and combine those",
             ));
         }
-        let config = match inner {
+        let parent = (*parent).clone();
+        // A stage's rows go to the operator above through a scan of its
+        // output, which replaces `from` by `to` in the plan: usually the
+        // stage with the scan, an aggregation of a changelog with the
+        // aggregation above rewritten over it.
+        let name = format!("{STAGE_OUTPUT}{}", stages.len());
+        let (config, link, from, to) = match inner {
             LogicalPlan::Join(_) => {
                 let join = split_join(&child, watermarked)?
                     .ok_or_else(|| SluiceError::Internal("a stage's join vanished".into()))?;
-                StageConfig::Join(Box::new(join))
+                let (scan, link) = batches_scan(&name, child.schema(), &[])?;
+                (StageConfig::Join(Box::new(join)), link, child, scan)
             }
             _ => {
+                let vanished = || SluiceError::Internal("a stage's aggregate vanished".into());
                 let agg = split_aggregate(&child, OutputMode::Append, false, watermarked)?
-                    .ok_or_else(|| SluiceError::Internal("a stage's aggregate vanished".into()))?;
-                if agg.window.is_none() {
-                    return Err(SluiceError::plan(
-                        "this query cannot run on a stream: it feeds an aggregation without an \
-                         event-time window into another stateful operator. Its rows change \
-                         every epoch, and the operator above would take each change as a new \
-                         row; group the inner aggregation by a TUMBLE or HOP window over a \
-                         watermarked column (its rows are then final when emitted), or write \
-                         it to a stream",
-                    ));
+                    .ok_or_else(vanished)?;
+                if agg.window.is_some() {
+                    let (scan, link) = batches_scan(&name, child.schema(), &[])?;
+                    (StageConfig::Aggregate(Box::new(agg)), link, child, scan)
+                } else {
+                    // Its rows change every epoch: only an aggregation can
+                    // take an old row back.
+                    let LogicalPlan::Aggregate(above) = &parent else {
+                        return Err(SluiceError::plan(
+                            "this query cannot run on a stream: it feeds an aggregation \
+                             without an event-time window into a join. Its rows change every \
+                             epoch, and a join cannot take a row it has matched back; group \
+                             the aggregation by a TUMBLE or HOP window over a watermarked \
+                             column (its rows are then final when emitted), or write it to a \
+                             stream",
+                        ));
+                    };
+                    let mut agg = split_aggregate(&child, OutputMode::Update, false, watermarked)?
+                        .ok_or_else(vanished)?;
+                    agg.changelog = true;
+                    let sign = Field::new(SIGN, DataType::Int64, false);
+                    let (scan, link) = batches_scan(&name, child.schema(), &[sign])?;
+                    let rewritten = over_changelog(above, scan)?;
+                    (
+                        StageConfig::Aggregate(Box::new(agg)),
+                        link,
+                        parent,
+                        rewritten,
+                    )
                 }
-                StageConfig::Aggregate(Box::new(agg))
             }
         };
-        let name = format!("{STAGE_OUTPUT}{}", stages.len());
-        let (scan, link) = batches_scan(&name, child.schema(), &[])?;
         plan = plan
             .transform_up(|n| {
-                Ok(if n == child {
-                    Transformed::yes(scan.clone())
+                Ok(if n == from {
+                    Transformed::yes(to.clone())
                 } else {
                     Transformed::no(n)
                 })
@@ -404,6 +447,7 @@ fn split_aggregate(
         window,
         dedup,
         retract_keys: Vec::new(),
+        changelog: false,
     }))
 }
 
@@ -513,16 +557,24 @@ fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<Option<JoinC
         }
         None => {}
         Some(bounds) => {
-            for (ts, side) in [
-                (&bounds.left_ts, join.left.schema()),
-                (&bounds.right_ts, join.right.schema()),
-            ] {
+            let sides = [join.left.schema(), join.right.schema()];
+            for (ts, side) in bounds.time_columns().into_iter().zip(sides) {
                 if !is_time_column(side, ts, watermarked) {
                     return Err(SluiceError::plan(format!(
                         "the join's time bound uses '{ts}', which has no watermark, so the join \
                          could never forget a row: declare WATERMARK FOR {} AS {} - INTERVAL \
                          '...' on its stream",
                         ts.name, ts.name
+                    )));
+                }
+            }
+            for (c, side) in bounds.expiry_columns().into_iter().zip(sides) {
+                let (_, field) = side.qualified_field_from_column(c)?;
+                if !matches!(field.data_type(), DataType::Timestamp(..)) {
+                    return Err(SluiceError::plan(format!(
+                        "the join's time bound compares '{c}', which is a {} and not a \
+                         timestamp; compare timestamp columns (CAST it to TIMESTAMP)",
+                        field.data_type()
                     )));
                 }
             }
@@ -957,20 +1009,38 @@ fn explain_join(out: &mut String, header: &str, j: &JoinConfig) {
         )
     };
     match &j.bounds {
-        Some(b) => out.push_str(&format!(
-            "{header}\n  interval join ({}), {} - {} within [{}, {}]; each side's rows are kept \
-             until the watermark rules out a partner{}\n",
-            j.join_type,
-            b.left_ts,
-            b.right_ts,
-            d(b.lo_ns),
-            d(b.hi_ns),
-            if j.join_type == JoinType::Left {
-                ", then unmatched left rows are emitted with nulls"
+        Some(b) => {
+            let (lo, hi) = (&b.lower, &b.upper);
+            let condition = if (&lo.left, &lo.right) == (&hi.left, &hi.right) {
+                format!(
+                    "{} - {} within [{}, {}]",
+                    lo.left,
+                    lo.right,
+                    d(lo.ns),
+                    d(hi.ns)
+                )
             } else {
-                ""
-            }
-        )),
+                format!(
+                    "{} - {} >= {} and {} - {} <= {}",
+                    lo.left,
+                    lo.right,
+                    d(lo.ns),
+                    hi.left,
+                    hi.right,
+                    d(hi.ns)
+                )
+            };
+            out.push_str(&format!(
+                "{header}\n  interval join ({}), {condition}; each side's rows are kept until the \
+                 watermark rules out a partner{}\n",
+                j.join_type,
+                if j.join_type == JoinType::Left {
+                    ", then unmatched left rows are emitted with nulls"
+                } else {
+                    ""
+                }
+            ))
+        }
         None => out.push_str(&format!(
             "{header}\n  join (Inner) without a time bound; each side's rows are kept for ever, \
              so the state grows with the input\n"

@@ -111,6 +111,21 @@ enum Shape {
     Unbounded,
     /// On the key and the same TUMBLE window of `WINDOW_MS`.
     Window,
+    /// On the key and `r.ts BETWEEN l.ts AND l.closes`: a bound by two
+    /// columns of the left side (Nexmark q4's auction and its expiry), with
+    /// `closes` ([`closes`]) not watermarked and varying per row.
+    TwoColumns,
+}
+
+/// The left side's rows with `closes`, 1 or 3 seconds after `ts`.
+fn with_closes() -> Vec<Expr> {
+    let closes = when(
+        (col("v") % lit(2i64)).eq(lit(0i64)),
+        col("ts") + interval(1_000),
+    )
+    .otherwise(col("ts") + interval(3_000))
+    .unwrap();
+    vec![col("k"), col("v"), col("ts"), closes.alias("closes")]
 }
 
 const WINDOW_MS: i64 = 2_000;
@@ -124,6 +139,7 @@ fn condition(shape: Shape) -> Vec<Expr> {
         ),
         Shape::Unbounded => {}
         Shape::Window => on.push(col("l.window_start").eq(col("r.window_start"))),
+        Shape::TwoColumns => on.push(col("r.ts").between(col("l.ts"), col("l.closes"))),
     }
     on
 }
@@ -163,11 +179,11 @@ use sluice::arrow::array::Array;
 async fn batch_answer(kept: &[Vec<Row>; 2], join_type: JoinType, shape: Shape) -> Vec<Joined> {
     assert_ne!(shape, Shape::Window, "see window_answer");
     let ctx = SessionContext::new();
-    let l = ctx
-        .read_batch(to_batch(&kept[0]))
-        .unwrap()
-        .alias("l")
-        .unwrap();
+    let mut l = ctx.read_batch(to_batch(&kept[0])).unwrap();
+    if shape == Shape::TwoColumns {
+        l = l.select(with_closes()).unwrap();
+    }
+    let l = l.alias("l").unwrap();
     let r = ctx
         .read_batch(to_batch(&kept[1]))
         .unwrap()
@@ -233,6 +249,9 @@ async fn run_streaming(
                 let size = Duration::from_millis(WINDOW_MS as u64);
                 frame = frame.window(Window::tumble("ts", size)).unwrap();
             }
+            if shape == Shape::TwoColumns && i == 0 {
+                frame = frame.select(with_closes()).unwrap();
+            }
             frame.alias(name).unwrap()
         };
         let out = MemorySink::new();
@@ -276,7 +295,7 @@ async fn run_streaming(
     run
 }
 
-/// A time-bounded inner join (`Interval` or `Window`) emits exactly the
+/// A time-bounded inner join (`Interval`, `Window`, `TwoColumns`) emits exactly the
 /// pairs of the rows that were not late (`Interval`: DataFusion's batch
 /// join; `Window`: [`window_answer`]), and its state forgets rows no
 /// partner can reach any more.
@@ -406,6 +425,11 @@ fn window_answer(kept: &[Vec<Row>; 2]) -> Vec<Joined> {
 #[test]
 fn window_join_equals_the_pairs_of_each_window_across_restarts() {
     bounded_inner_join_equals_its_answer_across_restarts(Shape::Window);
+}
+
+#[test]
+fn join_bounded_by_two_columns_equals_the_batch_join_across_restarts() {
+    bounded_inner_join_equals_its_answer_across_restarts(Shape::TwoColumns);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,7 +11,7 @@ use std::time::Duration;
 use sluice::arrow::array::{Array, RecordBatch};
 use sluice::arrow::datatypes::IntervalMonthDayNano;
 use sluice::datafusion::common::{JoinType, ScalarValue};
-use sluice::datafusion::functions_aggregate::expr_fn::{count, max};
+use sluice::datafusion::functions_aggregate::expr_fn::{avg, count, max, sum};
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session, StreamFrame, Trigger, Window};
 
@@ -73,6 +73,8 @@ fn judge(epochs: &[Vec<Row>]) -> (Vec<Row>, u64, Option<i64>) {
 struct Run {
     /// Every epoch's output rows, in order; none of them null.
     batches: Vec<RecordBatch>,
+    /// Per epoch, its rows and the keys it retracted.
+    epochs: Vec<(Vec<RecordBatch>, Option<RecordBatch>)>,
     late_rows: u64,
     state_rows: u64,
 }
@@ -89,6 +91,7 @@ async fn run(
     let input = MemoryStream::new(schema());
     let mut out = Run {
         batches: Vec::new(),
+        epochs: Vec::new(),
         late_rows: 0,
         state_rows: 0,
     };
@@ -120,6 +123,8 @@ async fn run(
         }
         for e in sink.epochs() {
             out.batches.extend(sink.epoch_batches(e));
+            out.epochs
+                .push((sink.epoch_batches(e), sink.epoch_retracted(e)));
         }
     }
     for b in &out.batches {
@@ -343,6 +348,110 @@ fn an_aggregation_over_an_interval_join_equals_the_loops_across_restarts() {
             assert_eq!(actual, expected, "seed {seed}");
         })
     });
+}
+
+/// Nexmark q4's shape: an aggregation over an aggregation without a
+/// window, whose rows change every epoch. Per value, its count and highest
+/// key; then per bucket of counts (`n / 4`), how many values, and the sum
+/// and mean of their highest keys. A value moves to the next bucket as its
+/// count grows, and a bucket left empty is retracted.
+fn buckets_of_counts(events: &dyn Fn() -> StreamFrame) -> StreamFrame {
+    events()
+        .aggregate(
+            vec![col("v")],
+            vec![count(lit(1)).alias("n"), max(col("k")).alias("top")],
+        )
+        .unwrap()
+        .aggregate(
+            vec![(col("n") / lit(4i64)).alias("bucket")],
+            vec![
+                count(col("top")).alias("values"),
+                sum(col("top")).alias("total"),
+                avg(col("top")).alias("mean"),
+            ],
+        )
+        .unwrap()
+}
+
+#[test]
+fn an_aggregation_over_a_changing_aggregation_equals_the_loops_across_restarts() {
+    use sluice::arrow::array::AsArray;
+    use sluice::arrow::datatypes::Float64Type;
+    property(4, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let epochs = input(&mut rng, 24);
+            let run = run(&epochs, OutputMode::Update, buckets_of_counts).await;
+            // No operator is bounded by event time, so no row is late.
+            assert_eq!(run.late_rows, 0, "seed {seed}");
+            let mut per_value: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+            for r in epochs.iter().flatten() {
+                let (n, top) = per_value.entry(r.1).or_insert((0, r.0));
+                *n += 1;
+                *top = (*top).max(r.0);
+            }
+            let mut expected: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+            for (n, top) in per_value.values() {
+                let (values, total) = expected.entry(n / 4).or_default();
+                *values += 1;
+                *total += top;
+            }
+            // The output folded by key, as an upsert sink keeps it.
+            let mut actual: BTreeMap<i64, (i64, i64, f64)> = BTreeMap::new();
+            let mut retractions = 0;
+            for (rows, retracted) in &run.epochs {
+                let (bucket, values, total) = (
+                    ints(rows, "bucket"),
+                    ints(rows, "values"),
+                    ints(rows, "total"),
+                );
+                let mean: Vec<f64> = rows
+                    .iter()
+                    .flat_map(|b| b["mean"].as_primitive::<Float64Type>().values().to_vec())
+                    .collect();
+                for i in 0..bucket.len() {
+                    actual.insert(bucket[i], (values[i], total[i], mean[i]));
+                }
+                for gone in ints(retracted.as_slice(), "bucket") {
+                    retractions += 1;
+                    assert!(
+                        actual.remove(&gone).is_some(),
+                        "seed {seed}: {gone} was not out"
+                    );
+                }
+            }
+            let expected: BTreeMap<i64, (i64, i64, f64)> = expected
+                .into_iter()
+                .map(|(b, (values, total))| (b, (values, total, total as f64 / values as f64)))
+                .collect();
+            assert!(
+                retractions > 0,
+                "seed {seed}: the low buckets empty as counts grow"
+            );
+            assert_eq!(actual, expected, "seed {seed}");
+        })
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_maximum_over_a_changing_aggregation_is_refused_with_why() {
+    let input = MemoryStream::new(schema());
+    let err = Session::new()
+        .read_stream()
+        .memory(&input)
+        .unwrap()
+        .aggregate(vec![col("v")], vec![count(lit(1)).alias("n")])
+        .unwrap()
+        .aggregate(vec![], vec![max(col("n")).alias("most")])
+        .unwrap()
+        .write_stream()
+        .memory(&MemorySink::new())
+        .output_mode(OutputMode::Update)
+        .start()
+        .await
+        .unwrap_err();
+    assert!(err.is_user_error(), "{err}");
+    assert!(err.to_string().contains("only count, sum and avg"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

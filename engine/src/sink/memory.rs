@@ -12,7 +12,8 @@ use super::Sink;
 use crate::checkpoint::EpochCommit;
 use crate::error::Result;
 
-/// Output collected per epoch. An epoch written twice (replayed after a
+/// Output collected per epoch: its rows and, in update mode, the keys of
+/// the groups it retracted. An epoch written twice (replayed after a
 /// restart within one process) is kept once, as Spark's memory sink does.
 ///
 /// ```no_run
@@ -25,7 +26,13 @@ use crate::error::Result;
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct MemorySink {
-    epochs: Arc<Mutex<BTreeMap<u64, Vec<RecordBatch>>>>,
+    epochs: Arc<Mutex<BTreeMap<u64, Written>>>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Written {
+    rows: Vec<RecordBatch>,
+    retracted: Option<RecordBatch>,
 }
 
 impl MemorySink {
@@ -41,12 +48,25 @@ impl MemorySink {
 
     /// All rows written so far, epoch by epoch.
     pub fn batches(&self) -> Vec<RecordBatch> {
-        self.lock().values().flatten().cloned().collect()
+        self.lock()
+            .values()
+            .flat_map(|w| w.rows.iter().cloned())
+            .collect()
     }
 
     /// The rows of one epoch.
     pub fn epoch_batches(&self, epoch: u64) -> Vec<RecordBatch> {
-        self.lock().get(&epoch).cloned().unwrap_or_default()
+        self.lock()
+            .get(&epoch)
+            .map(|w| w.rows.clone())
+            .unwrap_or_default()
+    }
+
+    /// The keys of the groups one epoch retracted: groups that left an
+    /// update-mode output (HAVING, or a count fallen to 0 over a
+    /// changelog), which an upsert sink deletes.
+    pub fn epoch_retracted(&self, epoch: u64) -> Option<RecordBatch> {
+        self.lock().get(&epoch).and_then(|w| w.retracted.clone())
     }
 
     /// All rows as one batch with `schema` (empty when nothing was written).
@@ -58,12 +78,12 @@ impl MemorySink {
     pub fn num_rows(&self) -> usize {
         self.lock()
             .values()
-            .flatten()
+            .flat_map(|w| &w.rows)
             .map(RecordBatch::num_rows)
             .sum()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Vec<RecordBatch>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Written>> {
         self.epochs.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -71,8 +91,12 @@ impl MemorySink {
 #[async_trait]
 impl Sink for MemorySink {
     async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
-        let epoch = epoch.plan.epoch;
-        self.lock().entry(epoch).or_insert_with(|| batches.to_vec());
+        self.lock()
+            .entry(epoch.plan.epoch)
+            .or_insert_with(|| Written {
+                rows: batches.to_vec(),
+                retracted: epoch.retracted.clone(),
+            });
         Ok(())
     }
 

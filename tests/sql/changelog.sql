@@ -1,0 +1,18 @@
+-- Nexmark q4's shape: each auction's highest v among the events made while
+-- it was open (a join bounded by two of the auction's columns: it opens at
+-- ts and closes 5 seconds later), then the count and average of those
+-- maxima. The maxima change as events arrive, so the outer aggregation
+-- takes each old maximum back as it adds the new one.
+SET 'trigger' = 'available-now';
+CREATE STREAM events (k BIGINT, v BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '1' SECOND)
+    WITH (connector = 'files', path = 'data/events', format = 'json', 'max_files_per_epoch' = '1');
+CREATE STREAM auctions (id BIGINT, seller VARCHAR, ts TIMESTAMP, WATERMARK FOR ts AS ts)
+    WITH (connector = 'files', path = 'data/auctions', format = 'json', 'max_files_per_epoch' = '1');
+CREATE STREAM out WITH (connector = 'console');
+INSERT INTO out
+SELECT count(*) AS auctions, sum(q.top) AS total, avg(q.top) AS mean
+FROM (SELECT a.id, max(e.v) AS top
+      FROM (SELECT id, ts, ts + INTERVAL '5' SECOND AS closes FROM auctions) a
+      JOIN events e ON e.k = a.id
+      WHERE e.ts BETWEEN a.ts AND a.closes
+      GROUP BY a.id) q;
