@@ -3,9 +3,15 @@
 //! in update mode → blackhole, with the state snapshot written to the
 //! checkpoint every epoch. Reports rows per second of epoch execution,
 //! epoch latency p50/p99 and the state phase (snapshot write) per epoch,
-//! then the restore time of the last snapshot.
+//! then the restore time of the last snapshot, and DataFusion alone on the
+//! same GROUP BY over an epoch's rows already in memory (the physical
+//! limit: one batch aggregation, no state).
 //!
 //!     cargo bench --bench aggregate -- [--rows-per-second R] [--epochs N] [--keys K]
+//!
+//! With `--seed-topic T [--bootstrap B]` it runs the seed pipeline instead
+//! (`examples/seed.sql`: `GROUP BY value % 4 AS bucket` with `count(*)`,
+//! `sum(value)`, `max(timestamp)`) into the Kafka topic T, exactly once.
 //!
 //! The last line of stdout is a JSON object; `benches/run-aggregate.sh`
 //! runs this side by side with Spark.
@@ -14,7 +20,7 @@ mod common;
 
 use std::time::Instant;
 
-use sluice::datafusion::functions_aggregate::expr_fn::{count, max};
+use sluice::datafusion::functions_aggregate::expr_fn::{count, max, sum};
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, OutputMode};
 
@@ -23,9 +29,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = common::args();
     let checkpoint = tempfile::tempdir()?;
     let session = common::session(a.partitions);
+    let seed = common::flag("--seed-topic");
+    let keys = if seed.is_some() { 4 } else { a.keys as i64 };
     let frame = || -> sluice::Result<sluice::StreamFrame> {
-        common::rate(&session, &a)?.aggregate(
-            vec![(col("value") % lit(a.keys as i64)).alias("k")],
+        let rate = common::rate(&session, &a)?;
+        if seed.is_some() {
+            return rate.aggregate(
+                vec![(col("value") % lit(4i64)).alias("bucket")],
+                vec![
+                    count(lit(1)).alias("ticks"),
+                    sum(col("value")).alias("total"),
+                    max(col("timestamp")).alias("last_tick"),
+                ],
+            );
+        }
+        rate.aggregate(
+            vec![(col("value") % lit(keys)).alias("k")],
             vec![
                 count(lit(1)).alias("n"),
                 max(col("timestamp")).alias("last"),
@@ -34,7 +53,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let dir = checkpoint.path().to_path_buf();
     let progress = common::run(&session, frame()?, &a, |w| {
-        w.output_mode(OutputMode::Update).checkpoint_location(&dir)
+        let w = w.output_mode(OutputMode::Update).checkpoint_location(&dir);
+        match &seed {
+            Some(topic) => w.format("kafka").option("topic", topic).option(
+                "bootstrap.servers",
+                common::flag("--bootstrap").unwrap_or_else(|| "127.0.0.1:9092".into()),
+            ),
+            None => w,
+        }
     })
     .await?;
     let mut report = common::report(&progress);
@@ -52,7 +78,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let restore_ms = t.elapsed().as_secs_f64() * 1e3;
     query.stop().await?;
     report["restore_ms"] = restore_ms.into();
-    report["keys"] = a.keys.into();
+    // The physical limit: DataFusion's batch GROUP BY over an epoch's rows,
+    // already decoded to Arrow.
+    let rows = report["median_input_rows"].as_f64().unwrap_or(1.0) as usize;
+    let sql = if seed.is_some() {
+        "SELECT value % 4 AS bucket, count(*) AS ticks, sum(value) AS total, \
+         max(timestamp) AS last_tick FROM t GROUP BY value % 4"
+            .to_string()
+    } else {
+        format!(
+            "SELECT value % {keys} AS k, count(*) AS n, max(timestamp) AS last FROM t \
+             GROUP BY value % {keys}"
+        )
+    };
+    let df = common::sorted(common::datafusion_alone(&a, rows.max(1), &sql).await?);
+    report["datafusion_alone_median_rows_per_s"] = common::percentile(&df, 0.5).into();
+    report["keys"] = keys.into();
+    report["pipeline"] = if seed.is_some() { "seed" } else { "group-by" }.into();
     println!("{report}");
     Ok(())
 }

@@ -12,7 +12,7 @@
 #   CAP      records per epoch and stream on both sides                (default 500000)
 #   CAP_Q3, CAP_Q8  the same for q3 and q8, which read only people and
 #            auctions                                                  (default CAP/10)
-#   QUERIES  which queries                                              (default "q0 q1 q2 q3 q5 q7 q8")
+#   QUERIES  which queries                                              (default "q0 q1 q2 q3 q4 q5 q7 q8")
 #   ROUNDS   rounds                                                     (default 2)
 #   OUT      directory for raw JSON + logs  (default target/bench-results/nexmark-<time>)
 set -euo pipefail
@@ -20,7 +20,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-export N="${N:-4000000}" CAP="${CAP:-500000}" QUERIES="${QUERIES:-q0 q1 q2 q3 q5 q7 q8}" ROUNDS="${ROUNDS:-2}"
+export N="${N:-4000000}" CAP="${CAP:-500000}" QUERIES="${QUERIES:-q0 q1 q2 q3 q4 q5 q7 q8}" ROUNDS="${ROUNDS:-2}"
 export OUT="${OUT:-$ROOT/target/bench-results/nexmark-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 log() { echo "[run-nexmark] $*" >&2; }

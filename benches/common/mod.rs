@@ -3,13 +3,22 @@
 #![allow(dead_code)] // each bench uses its own subset
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use sluice::arrow::array::{Int64Array, TimestampNanosecondArray};
+use sluice::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use sluice::arrow::record_batch::RecordBatch;
+use sluice::datafusion::catalog::MemTable;
+use sluice::datafusion::prelude::{SessionConfig, SessionContext};
 
 use sluice::{QueryProgress, Session, StreamFrame, StreamingQueryListener, Trigger};
 
-/// `--rows-per-second R --epochs N --warmup W --partitions P --keys K`.
+/// `--rows-per-second R --epochs N --warmup W --partitions P --keys K
+/// [--rows-per-batch B]`.
 pub struct Args {
     pub rows_per_second: u64,
+    /// Fixed-size epochs of B rows (the rate source's `rows_per_batch`).
+    pub rows_per_batch: Option<u64>,
     pub epochs: usize,
     pub warmup: usize,
     pub partitions: usize,
@@ -19,6 +28,7 @@ pub struct Args {
 pub fn args() -> Args {
     let mut a = Args {
         rows_per_second: 4_000_000,
+        rows_per_batch: None,
         epochs: 20,
         warmup: 3,
         partitions: 2,
@@ -30,6 +40,7 @@ pub fn args() -> Args {
         let value = argv.get(i + 1).and_then(|v| v.parse::<u64>().ok());
         match (argv[i].as_str(), value) {
             ("--rows-per-second", Some(v)) => a.rows_per_second = v,
+            ("--rows-per-batch", Some(v)) => a.rows_per_batch = Some(v),
             ("--epochs", Some(v)) => a.epochs = v as usize,
             ("--warmup", Some(v)) => a.warmup = v as usize,
             ("--partitions", Some(v)) => a.partitions = v as usize,
@@ -80,7 +91,6 @@ pub fn collect_progress(session: &Session) -> impl Fn() -> Vec<QueryProgress> {
 
 /// A session planning with `partitions` partitions.
 pub fn session(partitions: usize) -> Session {
-    use sluice::datafusion::prelude::{SessionConfig, SessionContext};
     Session::with_context(SessionContext::new_with_config(
         SessionConfig::new().with_target_partitions(partitions),
     ))
@@ -88,12 +98,15 @@ pub fn session(partitions: usize) -> Session {
 
 /// The rate source the benchmarks read.
 pub fn rate(session: &Session, a: &Args) -> sluice::Result<StreamFrame> {
-    session
+    let mut reader = session
         .read_stream()
         .format("rate")
         .option("rows_per_second", a.rows_per_second.to_string())
-        .option("num_partitions", a.partitions.to_string())
-        .load()
+        .option("num_partitions", a.partitions.to_string());
+    if let Some(b) = a.rows_per_batch {
+        reader = reader.option("rows_per_batch", b.to_string());
+    }
+    reader.load()
 }
 
 /// Runs `frame` into the blackhole with 1 s epochs for warm-up + measured
@@ -179,4 +192,56 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// DataFusion alone, the physical limit of a pipeline: `sql` over a table
+/// `t` of `rows` rate-source rows (`timestamp`, `value`), already in memory
+/// in the source's partitions, as one batch query per measured epoch;
+/// returns each one's rows per second.
+pub async fn datafusion_alone(
+    a: &Args,
+    rows: usize,
+    sql: &str,
+) -> Result<Vec<f64>, Box<dyn std::error::Error>> {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new(
+            "timestamp",
+            DataType::Timestamp(TimeUnit::Nanosecond, None),
+            false,
+        ),
+        Field::new("value", DataType::Int64, false),
+    ]));
+    let per_partition = rows / a.partitions;
+    let mut partitions = Vec::new();
+    for p in 0..a.partitions {
+        let mut batches = Vec::new();
+        let mut start = 0;
+        while start < per_partition {
+            let n = (per_partition - start).min(64 * 1024);
+            let values = Int64Array::from_iter_values(
+                (start..start + n).map(|i| (i * a.partitions + p) as i64),
+            );
+            let ts = TimestampNanosecondArray::from_iter_values(
+                (start..start + n).map(|i| i as i64 * 250),
+            );
+            batches.push(RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(ts), Arc::new(values)],
+            )?);
+            start += n;
+        }
+        partitions.push(batches);
+    }
+    let ctx =
+        SessionContext::new_with_config(SessionConfig::new().with_target_partitions(a.partitions));
+    ctx.register_table("t", Arc::new(MemTable::try_new(schema, partitions)?))?;
+    let mut rates = Vec::new();
+    for _ in 0..a.epochs {
+        let t = Instant::now();
+        let out = ctx.sql(sql).await?.collect_partitioned().await?;
+        let secs = t.elapsed().as_secs_f64();
+        std::hint::black_box(out);
+        rates.push(rows as f64 / secs);
+    }
+    Ok(rates)
 }

@@ -52,7 +52,10 @@ def main():
     runs = json.load(open(runs_path))
     queries = sorted({r["query"] for r in runs})
     os.makedirs(out, exist_ok=True)
-    per_m = lambda e, q, key: median_of(runs, e, q, key) / (median_of(runs, e, q, "input_rows") / 1e6)
+    def per_m(e, q, key):
+        rows = median_of(runs, e, q, "input_rows")
+        return median_of(runs, e, q, key) / (rows / 1e6) if rows else 0.0
+
     written = [
         bars(os.path.join(out, "events_per_second.png"),
              "Nexmark over Kafka: events/s (Sluice exactly-once, Spark at-least-once)",

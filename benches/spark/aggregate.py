@@ -8,10 +8,19 @@ Pipeline (the same shape as Sluice's `aggregate` bench):
          AGG count(*) AS n, max(timestamp) AS last
       -> update output mode, noop sink, processingTime trigger of 1 second
 
+With --rows-per-batch B every micro-batch holds B rows (Spark's
+rate-micro-batch source), however long the last one took: epochs of a
+fixed size, which Sluice's rate source gives with rows_per_batch.
+
+With --seed-topic it runs the seed pipeline instead (examples/seed.sql:
+GROUP BY value % 4 AS bucket with count(*), sum(value), max(timestamp)),
+into that Kafka topic keyed by bucket (Spark's Kafka sink: at-least-once).
+
 Spark runs as local[2] with spark.sql.shuffle.partitions=2 (so 2 state store
 partitions) and the UI off. The state store is Spark's default
-(HDFS-backed, checkpointed to a directory under /tmp); the provider class in
-effect is reported as "state_store_provider".
+(HDFS-backed, checkpointed to a directory under /tmp), or RocksDB with
+--state-store rocksdb; the provider class in effect is reported as
+"state_store_provider".
 
 The first --warmup epochs (micro-batches with input) are discarded; the next
 --epochs are measured from the query's progress reports. For each measured
@@ -60,6 +69,12 @@ def percentile(values, q):
     return float(xs[lo] + (xs[hi] - xs[lo]) * frac)
 
 
+STATE_STORES = {
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+}
+
+
 def median_or_none(values):
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -91,6 +106,18 @@ def parse_args():
                    default=int(os.environ.get("K", 100_000)),
                    help="number of distinct grouping keys (value %% K)")
     p.add_argument("--driver-memory", default=os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
+    p.add_argument("--rows-per-batch", type=int, default=None,
+                   help="fixed-size micro-batches of this many rows (the rate-micro-batch "
+                        "source) instead of R rows per second")
+    p.add_argument("--state-store", choices=("hdfs", "rocksdb"),
+                   default=os.environ.get("SPARK_STATE_STORE", "hdfs"),
+                   help="Spark's state store: the default HDFS-backed one (every key on the "
+                        "JVM heap) or RocksDB (for millions of keys)")
+    p.add_argument("--seed-topic", default=None,
+                   help="run the seed pipeline instead (examples/seed.sql: GROUP BY value %% 4 "
+                        "with count, sum and max) into this Kafka topic, update mode")
+    p.add_argument("--bootstrap", default="127.0.0.1:9092")
+    p.add_argument("--jars", default="", help="spark-sql-kafka jars, comma-separated (--seed-topic)")
     p.add_argument("--timeout-s", type=float, default=None,
                    help="give up after this many seconds (default: generous, from the epoch count)")
     return p.parse_args()
@@ -101,13 +128,14 @@ def main():
     if args.epochs < 1 or args.warmup < 0 or args.rows_per_second < 1 or args.keys < 1:
         sys.exit("need --epochs >= 1, --warmup >= 0, --rows-per-second >= 1, --keys >= 1")
     total = args.warmup + args.epochs
-    timeout_s = args.timeout_s or (60.0 + 10.0 * total)
+    # Fixed-size batches over millions of keys take Spark many seconds each.
+    timeout_s = args.timeout_s or (60.0 + (60.0 if args.rows_per_batch else 10.0) * total)
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     from pyspark.sql import SparkSession  # imported late: --help works without pyspark
-    from pyspark.sql.functions import col, count, max as max_
+    from pyspark.sql.functions import col, count, max as max_, struct, sum as sum_, to_json
 
     workdir = tempfile.mkdtemp(prefix="sluice-spark-aggregate-", dir="/tmp")
     checkpoint = os.path.join(workdir, "checkpoint")
@@ -124,29 +152,53 @@ def main():
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.local.dir", os.path.join(workdir, "local"))
             .config("spark.sql.streaming.numRecentProgressUpdates", str(max(100, 4 * total)))
+            .config("spark.jars", args.jars)
+            .config("spark.sql.streaming.stateStore.providerClass", STATE_STORES[args.state_store])
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("WARN")
         version = spark.version
-        provider = spark.conf.get(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider")
+        provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass")
         log(f"spark {version}: R={args.rows_per_second} K={args.keys} "
             f"warmup={args.warmup} epochs={args.epochs} state store={provider}")
 
-        src = (
-            spark.readStream.format("rate")
-            .option("rowsPerSecond", args.rows_per_second)
-            .option("numPartitions", 2)
-            .option("rampUpTime", "0s")
-            .load()
-        )
-        out = (
-            src.groupBy((col("value") % args.keys).alias("k"))
-            .agg(count("*").alias("n"), max_("timestamp").alias("last"))
-        )
+        if args.rows_per_batch:
+            src = (
+                spark.readStream.format("rate-micro-batch")
+                .option("rowsPerBatch", args.rows_per_batch)
+                .option("numPartitions", 2)
+                .load()
+            )
+        else:
+            src = (
+                spark.readStream.format("rate")
+                .option("rowsPerSecond", args.rows_per_second)
+                .option("numPartitions", 2)
+                .option("rampUpTime", "0s")
+                .load()
+            )
+        if args.seed_topic:
+            # The seed pipeline: its four buckets, keyed by bucket, into Kafka.
+            out = (
+                src.groupBy((col("value") % 4).alias("bucket"))
+                .agg(count("*").alias("ticks"), sum_("value").alias("total"),
+                     max_("timestamp").alias("last_tick"))
+                .select(to_json(struct("bucket")).alias("key"),
+                        to_json(struct("*")).alias("value"))
+            )
+            writer = (
+                out.writeStream.outputMode("update").format("kafka")
+                .option("kafka.bootstrap.servers", args.bootstrap)
+                .option("topic", args.seed_topic)
+            )
+        else:
+            out = (
+                src.groupBy((col("value") % args.keys).alias("k"))
+                .agg(count("*").alias("n"), max_("timestamp").alias("last"))
+            )
+            writer = out.writeStream.outputMode("update").format("noop")
         query = (
-            out.writeStream.outputMode("update").format("noop")
+            writer
             .queryName("sluice_bench_aggregate")
             .option("checkpointLocation", checkpoint)
             .trigger(processingTime="1 second")
@@ -219,7 +271,9 @@ def main():
             # per-epoch offset-log/commit-log writes and planning.
             "median_addbatch_rows_per_s": round(statistics.median(add_rates), 1),
             "rows_per_second_target": args.rows_per_second,
-            "keys": args.keys,
+            "rows_per_batch": args.rows_per_batch,
+            "keys": 4 if args.seed_topic else args.keys,
+            "pipeline": "seed" if args.seed_topic else "group-by",
             "state_store_provider": provider,
             "warmup_epochs": args.warmup,
             "first_batch_id": measured[0]["batchId"],

@@ -10,6 +10,11 @@
 //! The anchor is set when a query (re)starts, so a restart after downtime
 //! continues the count without a burst of backlog, and since every value the
 //! rows depend on is in the offset, a replayed epoch yields the same rows.
+//!
+//! With `rows_per_batch` (Spark's `rate-micro-batch` source) every epoch
+//! gets that many rows however long the last one took, for benchmarks that
+//! compare engines epoch for epoch; timestamps still follow
+//! `rows_per_second`.
 
 use std::sync::{Arc, Mutex};
 
@@ -27,7 +32,7 @@ use crate::error::{Result, SluiceError};
 /// small enough to stay in cache-friendly chunks.
 const BATCH_ROWS: usize = 64 * 1024;
 
-const OPTIONS: &[&str] = &["rows_per_second", "num_partitions"];
+const OPTIONS: &[&str] = &["rows_per_second", "num_partitions", "rows_per_batch"];
 
 /// The `rate` connector.
 #[derive(Debug, Default)]
@@ -51,10 +56,14 @@ impl Connector for RateConnector {
             .options
             .take_parsed::<usize>("num_partitions", "a whole number of partitions")?
             .unwrap_or(args.default_partitions);
+        let rows_per_batch = args
+            .options
+            .take_parsed::<u64>("rows_per_batch", "a whole number of rows per epoch")?;
         args.options.finish("rate", OPTIONS)?;
-        if rows_per_second == 0 || num_partitions == 0 {
+        if rows_per_second == 0 || num_partitions == 0 || rows_per_batch == Some(0) {
             return Err(SluiceError::config(
-                "rate source: 'rows_per_second' and 'num_partitions' must be at least 1",
+                "rate source: 'rows_per_second', 'num_partitions' and 'rows_per_batch' must be \
+                 at least 1",
             ));
         }
         if let Some(declared) = &args.schema {
@@ -68,6 +77,7 @@ impl Connector for RateConnector {
         Ok(Arc::new(RateFactory {
             rows_per_second,
             num_partitions,
+            rows_per_batch,
         }))
     }
 }
@@ -88,6 +98,7 @@ pub(crate) fn rate_schema() -> SchemaRef {
 struct RateFactory {
     rows_per_second: u64,
     num_partitions: usize,
+    rows_per_batch: Option<u64>,
 }
 
 impl SourceFactory for RateFactory {
@@ -96,15 +107,18 @@ impl SourceFactory for RateFactory {
     }
 
     fn create(&self) -> Result<Arc<dyn Source>> {
-        Ok(Arc::new(RateSource::new(
-            self.rows_per_second,
-            self.num_partitions,
-        )))
+        let mut source = RateSource::new(self.rows_per_second, self.num_partitions);
+        source.rows_per_batch = self.rows_per_batch;
+        Ok(Arc::new(source))
     }
 
     fn describe(&self) -> String {
+        let batch = self
+            .rows_per_batch
+            .map(|n| format!(", {n} rows per epoch"))
+            .unwrap_or_default();
         format!(
-            "rate({} rows/s, {} partitions)",
+            "rate({} rows/s, {} partitions{batch})",
             self.rows_per_second, self.num_partitions
         )
     }
@@ -127,6 +141,8 @@ pub(crate) struct RateSource {
     anchor: Mutex<Option<(i64, i64)>>,
     /// Upper bound on `end` once prepared for available-now.
     cap: Mutex<Option<i64>>,
+    /// Rows per epoch, whatever the time (`rows_per_batch`).
+    rows_per_batch: Option<u64>,
 }
 
 impl RateSource {
@@ -138,6 +154,7 @@ impl RateSource {
             schema: rate_schema(),
             anchor: Mutex::new(None),
             cap: Mutex::new(None),
+            rows_per_batch: None,
         }
     }
 
@@ -265,6 +282,9 @@ impl Source for RateSource {
     async fn latest_offset(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
         let start_end = start.map(parse).transpose()?.map_or(0, |o| o.end);
         let (mut end, anchor_value, anchor_ms) = self.available_at(start_end, now_ms());
+        if let Some(n) = self.rows_per_batch {
+            end = start_end.saturating_add(i64::try_from(n).unwrap_or(i64::MAX));
+        }
         if let Some(cap) = *self.cap.lock().unwrap_or_else(|p| p.into_inner()) {
             end = end.min(cap);
         }
@@ -424,5 +444,26 @@ mod tests {
             .map(|p| p.collect::<Result<Vec<_>>>().unwrap())
             .collect();
         assert_eq!(a, c);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn rows_per_batch_gives_every_epoch_that_many_rows_whatever_the_time() {
+        let mut src = RateSource::new(1, 2);
+        src.rows_per_batch = Some(1_000);
+        let mut start = None;
+        for epoch in 1..=3i64 {
+            let end = src.latest_offset(start.as_ref()).await.unwrap().unwrap();
+            assert_eq!(parse(&end).unwrap().end, epoch * 1_000);
+            let rows: usize = src
+                .read(start.as_ref(), &end)
+                .await
+                .unwrap()
+                .iter()
+                .flatten()
+                .map(|b| b.num_rows())
+                .sum();
+            assert_eq!(rows, 1_000, "epoch {epoch}");
+            start = Some(end);
+        }
     }
 }

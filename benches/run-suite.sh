@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The whole benchmark suite in one command: every kind of result in
+# benches/README.md, measured on this machine in one run, written to
+# $OUT/suite.md (Markdown tables, with the machine and versions) and
+# $OUT/nexmark/charts/*.png.
+#
+# Sections, in order (each is a script or bench that also runs alone):
+#   0. the stateless pipeline (rate -> filter -> projection) vs Spark and vs
+#      DataFusion alone (run-stateless.sh)
+#   1. Nexmark q0-q8 over Kafka, Sluice exactly-once vs Spark (run-nexmark.sh)
+#   2. the seed pipeline (examples/seed.sql) at R rows/s into Kafka, vs Spark
+#      (run-aggregate.sh SEED=1)
+#   3. GROUP BY over 1 M and over 10 M keys in epochs of 1 M rows (1 s
+#      trigger), state checkpointed every epoch, vs Spark (on RocksDB at 10 M
+#      keys) and vs DataFusion's batch GROUP BY over the same rows
+#      (run-aggregate.sh B=...)
+#   4. the state store alone at 10 M keys: memory, snapshot, restore
+#      (cargo bench --bench state_memory)
+#   5. q0's physical limit: Kafka -> Kafka exactly-once vs a raw librdkafka
+#      copy (cargo bench --bench kafka_copy)
+#   6. end-to-end latency at 10 000 events/s, 100 ms epochs and back to back
+#      (cargo bench --bench latency)
+#   7. criterion micro-benchmarks of the hot paths (cargo bench --bench micro)
+#
+# Env:
+#   SCALE  full (default; about 1.5 h on 2 vCPUs) or smoke (every section
+#          briefly, a few minutes: checks the command end to end; its numbers
+#          are not for reporting)
+#   OUT    directory for everything (default target/bench-results/suite-<time>)
+# A section's own variables are set per section from SCALE.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+SCALE="${SCALE:-full}"
+OUT="${OUT:-$ROOT/target/bench-results/suite-$(date +%Y%m%d-%H%M%S)}"
+mkdir -p "$OUT"
+SUITE="$OUT/suite.md"
+log() { echo "[run-suite] $(date +%H:%M:%S) $*" >&2; }
+
+case "$SCALE" in
+  full)
+    STATELESS=(R=4000000 N=20 ROUNDS=2)
+    NEXMARK=(N=2000000 CAP=250000 ROUNDS=2)
+    SEED_LOAD=(R=4000000 N=20 WARMUP=5 ROUNDS=2)
+    K1M=(B=1000000 N=10 WARMUP=3 ROUNDS=2 K=1000000)
+    K10M=(B=1000000 N=5 WARMUP=10 ROUNDS=1 K=10000000 SPARK_STATE_STORE=rocksdb SPARK_DRIVER_MEMORY=6g)
+    STATE=(--keys 10000000 --batch 1000000 --updates 5)
+    COPY=(--records 2000000 --rounds 3)
+    LATENCY=(--rate 10000 --seconds 30)
+    MICRO=()
+    ;;
+  smoke)
+    STATELESS=(R=200000 N=3 WARMUP=2 ROUNDS=1)
+    NEXMARK=(N=100000 CAP=20000 ROUNDS=1)
+    SEED_LOAD=(R=200000 N=3 WARMUP=2 ROUNDS=1)
+    K1M=(B=200000 N=3 WARMUP=2 ROUNDS=1 K=1000000)
+    K10M=(B=200000 N=2 WARMUP=1 ROUNDS=1 K=10000000 SPARK_STATE_STORE=rocksdb)
+    STATE=(--keys 1000000 --batch 500000 --updates 1)
+    COPY=(--records 100000 --rounds 1)
+    LATENCY=(--rate 1000 --seconds 5 --warmup-seconds 2)
+    MICRO=(-- --sample-size 10 --warm-up-time 1 --measurement-time 2)
+    ;;
+  *) echo "SCALE is full or smoke, not '$SCALE'" >&2; exit 2 ;;
+esac
+
+log "building the benchmarks (release; not timed)"
+cargo bench --no-run >&2
+
+{
+  echo "# Sluice benchmark suite ($SCALE)"
+  echo
+  echo "$(date -u +%Y-%m-%dT%H:%MZ); $(nproc) vCPU, $(free -g | awk '/Mem:/ {print $2}') GiB;" \
+       "$(. /etc/os-release && echo "$PRETTY_NAME"); $(rustc --version);" \
+       "$(java -version 2>&1 | head -n 1); Sluice $(git rev-parse --short HEAD)"
+  echo
+} >"$SUITE"
+
+# Runs section $1 (a title), whose command is the rest, with its stdout (a
+# Markdown table) appended to the suite under the title.
+section() {
+  local title="$1"
+  shift
+  log "$title"
+  local file="$OUT/$(echo "$title" | tr -c 'a-zA-Z0-9\n' '-' | tr -s '-' | cut -c1-40).md"
+  # A failed section is reported in its place; the others still run.
+  if ! "$@" >"$file"; then
+    log "$title FAILED (its logs are under $OUT)"
+    echo "**Failed**: see the logs under \`$OUT\`." >>"$file"
+  fi
+  { echo "## $title"; echo; cat "$file"; echo; } >>"$SUITE"
+}
+
+# The JSON a bench printed last, as a table of its fields.
+json_table() {
+  python3 -c '
+import json, sys
+lines = [l for l in sys.stdin.read().splitlines() if l.strip()]
+obj = json.loads(lines[-1])
+print("| field | value |\n|---|---:|")
+def rows(prefix, obj):
+    for k, v in obj.items():
+        if isinstance(v, dict):
+            yield from rows(f"{prefix}{k}.", v)
+        else:
+            yield f"{prefix}{k}", (f"{v:,.1f}" if isinstance(v, float) else v)
+for k, v in rows("", obj):
+    print(f"| {k} | {v} |")
+'
+}
+export -f json_table
+
+section "0. The stateless pipeline, Sluice vs Spark" \
+  env "${STATELESS[@]}" OUT="$OUT/stateless" benches/run-stateless.sh
+section "1. Nexmark over Kafka, Sluice vs Spark" \
+  env "${NEXMARK[@]}" OUT="$OUT/nexmark" benches/run-nexmark.sh
+section "2. The seed pipeline into Kafka, Sluice vs Spark" \
+  env "${SEED_LOAD[@]}" SEED=1 OUT="$OUT/seed" benches/run-aggregate.sh
+section "3a. GROUP BY over 1 M keys, Sluice vs Spark" \
+  env "${K1M[@]}" OUT="$OUT/groupby-1m" benches/run-aggregate.sh
+section "3b. GROUP BY over 10 M keys, Sluice vs Spark (RocksDB)" \
+  env "${K10M[@]}" OUT="$OUT/groupby-10m" benches/run-aggregate.sh
+section "4. The state store at 10 M keys (Sluice alone)" \
+  bash -c "cargo bench --bench state_memory -- ${STATE[*]} 2>'$OUT/state_memory.err' | json_table"
+section "5. Kafka -> Kafka exactly-once vs a raw librdkafka copy" \
+  bash -c "cargo bench --bench kafka_copy -- ${COPY[*]} 2>'$OUT/kafka_copy.err' | grep '^|'"
+section "6a. End-to-end latency, 100 ms epochs" \
+  bash -c "cargo bench --bench latency -- ${LATENCY[*]} --interval-ms 100 2>'$OUT/latency-100.err' | json_table"
+section "6b. End-to-end latency, epochs back to back" \
+  bash -c "cargo bench --bench latency -- ${LATENCY[*]} --interval-ms 0 2>'$OUT/latency-0.err' | json_table"
+section "7. Micro-benchmarks (criterion)" \
+  bash -c "cargo bench --bench micro ${MICRO[*]} 2>&1 | grep -E '^[a-z_]+/|time:|thrpt:' | grep -v '%' | sed 's/^/    /'"
+
+log "done: $SUITE (charts in $OUT/nexmark/charts)"
+cat "$SUITE"
