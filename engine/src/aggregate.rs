@@ -19,10 +19,7 @@
 //! key's row is emitted the first time the key is seen, never again.
 //!
 //! An aggregation without a window that feeds another one (Nexmark q4's
-//! average of per-auction maxima) emits a changelog: each changed group's
-//! old row signed −1 and its new row +1 ([`SIGN`]). The aggregation above
-//! runs [`over_changelog`]: its functions become sums of signed values,
-//! which take an old row back as they add a new one.
+//! average of per-auction maxima) emits a changelog (see `changelog`).
 //!
 //! Event-time windows (a group key carrying a window bound, see `window`):
 //! once the watermark reaches a window's end its groups are final. Append
@@ -34,24 +31,18 @@ use std::sync::Arc;
 
 use std::collections::{HashMap, HashSet};
 
-use datafusion::arrow::array::{
-    ArrayRef, AsArray, BooleanArray, Int64Array, TimestampNanosecondArray,
-};
+use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, TimestampNanosecondArray};
 use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch};
-use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::arrow::datatypes::{DataType, Int64Type};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::row::{OwnedRow, RowConverter, Rows, SortField};
+use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::catalog::memory::MemorySourceConfig;
-use datafusion::common::{Column, ScalarValue};
 use datafusion::execution::SessionState;
-use datafusion::functions_aggregate::expr_fn::sum;
-use datafusion::logical_expr::expr_fn::{cast as cast_expr, when};
-use datafusion::logical_expr::{
-    lit, Aggregate, Expr, ExprSchemable, Filter, LogicalPlan, Projection,
-};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{collect, ExecutionPlan};
 
+use crate::changelog;
 use crate::error::{Result, SluiceError};
 use crate::operator::{Staged, StateChain};
 use crate::sink::EpochOutput;
@@ -86,13 +77,10 @@ pub(crate) struct AggregateConfig {
     pub retract_keys: Vec<String>,
     /// A stage feeding an aggregation above it, without a window: emit each
     /// changed group's previous row signed −1 and its new row +1, in a last
-    /// column [`SIGN`], so the aggregation above can take the old row back.
+    /// column [`changelog::SIGN`], so the aggregation above can take the old
+    /// row back.
     pub changelog: bool,
 }
-
-/// The column that signs a changelog's rows: 1 for a row added, −1 for a
-/// row taken back.
-pub(crate) const SIGN: &str = "__sluice_sign";
 
 /// A running GROUP BY.
 #[derive(Debug)]
@@ -282,7 +270,7 @@ impl AggregateOperator {
                 None => Vec::new(),
             };
             return Ok(EpochOutput {
-                rows: changelog(&old, &rows)?,
+                rows: changelog::signed(&old, &rows)?,
                 retracted: None,
             });
         }
@@ -345,170 +333,6 @@ impl AggregateOperator {
         self.state = Some(state);
         Ok(())
     }
-}
-
-/// The rows `old` signed −1 and `new` signed +1 (see [`SIGN`]), less the
-/// pairs that cancel: a group whose row did not change emits nothing.
-fn changelog(old: &[RecordBatch], new: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
-    let Some(schema) = old.iter().chain(new).next().map(|b| b.schema()) else {
-        return Ok(Vec::new());
-    };
-    let converter = RowConverter::new(
-        schema
-            .fields()
-            .iter()
-            .map(|f| SortField::new(f.data_type().clone()))
-            .collect(),
-    )?;
-    let encode = |batches: &[RecordBatch]| -> Result<Vec<Rows>> {
-        batches
-            .iter()
-            .map(|b| Ok(converter.convert_columns(b.columns())?))
-            .collect()
-    };
-    let (old_rows, new_rows) = (encode(old)?, encode(new)?);
-    let mut unmatched: HashMap<OwnedRow, usize> = HashMap::new();
-    for rows in &old_rows {
-        for r in rows.iter() {
-            *unmatched.entry(r.owned()).or_default() += 1;
-        }
-    }
-    // A new row equal to an old one cancels it: count the cancelled ones,
-    // then drop as many of the old rows.
-    let take = |pool: &mut HashMap<OwnedRow, usize>, r: &OwnedRow| match pool.get_mut(r) {
-        Some(n) if *n > 0 => {
-            *n -= 1;
-            true
-        }
-        _ => false,
-    };
-    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
-    fields.push(Field::new(SIGN, DataType::Int64, false));
-    let signed_schema = Arc::new(Schema::new(fields));
-    let mut out = Vec::new();
-    let mut signed = |b: &RecordBatch, mask: BooleanArray, sign: i64| -> Result<()> {
-        let b = filter_record_batch(b, &mask)?;
-        if b.num_rows() > 0 {
-            let mut columns = b.columns().to_vec();
-            columns.push(Arc::new(Int64Array::from(vec![sign; b.num_rows()])));
-            out.push(RecordBatch::try_new(Arc::clone(&signed_schema), columns)?);
-        }
-        Ok(())
-    };
-    let mut cancelled: HashMap<OwnedRow, usize> = HashMap::new();
-    for (b, rows) in new.iter().zip(&new_rows) {
-        let mask: BooleanArray = rows
-            .iter()
-            .map(|r| {
-                let r = r.owned();
-                let cancels = take(&mut unmatched, &r);
-                if cancels {
-                    *cancelled.entry(r).or_default() += 1;
-                }
-                Some(!cancels)
-            })
-            .collect();
-        signed(b, mask, 1)?;
-    }
-    for (b, rows) in old.iter().zip(&old_rows) {
-        let mask: BooleanArray = rows
-            .iter()
-            .map(|r| Some(!take(&mut cancelled, &r.owned())))
-            .collect();
-        signed(b, mask, -1)?;
-    }
-    Ok(out)
-}
-
-/// The aggregation `agg` over a changelog (`input`, whose last column is
-/// [`SIGN`]), with the same output: each function becomes sums of signed
-/// values, which take a row back by adding its negation —
-/// `count(*)` is `sum(sign)`, `count(x)` sums the signs of non-null `x`,
-/// `sum(x)` is `sum(x * sign)` (NULL when `count(x)` is 0), and `avg(x)` is
-/// `sum(x * sign) / count(x)`. A group whose rows were all taken back is
-/// dropped, so update mode retracts it. Functions that cannot take a value
-/// back from their state (min, max, ...) are refused, as in Flink, whose
-/// retracting min/max keep every value instead.
-pub(crate) fn over_changelog(agg: &Aggregate, input: LogicalPlan) -> Result<LogicalPlan> {
-    let sign = || Expr::Column(Column::from_name(SIGN));
-    let part = |name: &str| Expr::Column(Column::from_name(name));
-    let null_when_empty = |count: &str, value: Expr| {
-        when(part(count).eq(lit(0i64)), lit(ScalarValue::Null)).otherwise(value)
-    };
-    let mut sums = Vec::new();
-    let mut values = Vec::new();
-    for (i, e) in agg.aggr_expr.iter().enumerate() {
-        let refuse = || {
-            SluiceError::plan(format!(
-                "this query cannot run on a stream: it computes {e} over an aggregation \
-                 without an event-time window, whose rows change every epoch. Over such rows \
-                 only count, sum and avg (without DISTINCT or FILTER) can take an old value \
-                 back; group the inner aggregation by a TUMBLE or HOP window over a \
-                 watermarked column (its rows are then final), or write it to a stream"
-            ))
-        };
-        let Expr::AggregateFunction(f) = e.clone().unalias_nested().data else {
-            return Err(refuse());
-        };
-        let name = f.func.name().to_ascii_lowercase();
-        let p = &f.params;
-        if p.distinct || p.filter.is_some() || !p.order_by.is_empty() || p.args.len() != 1 {
-            return Err(refuse());
-        }
-        let x = p.args[0].clone();
-        let count = format!("__sluice_count{i}");
-        sums.push(sum(when(x.clone().is_null(), lit(0i64)).otherwise(sign())?).alias(&count));
-        let value = match name.as_str() {
-            "count" => part(&count),
-            "sum" | "avg" | "mean" => {
-                let x_type = x.get_type(input.schema())?;
-                let signed = if x_type.is_integer() {
-                    cast_expr(x, DataType::Int64) * sign()
-                } else if x_type.is_floating() {
-                    cast_expr(x, DataType::Float64) * cast_expr(sign(), DataType::Float64)
-                } else {
-                    return Err(refuse());
-                };
-                let total = format!("__sluice_sum{i}");
-                sums.push(sum(signed).alias(&total));
-                let value = if name == "sum" {
-                    part(&total)
-                } else {
-                    cast_expr(part(&total), DataType::Float64)
-                        / cast_expr(part(&count), DataType::Float64)
-                };
-                null_when_empty(&count, value)?
-            }
-            _ => return Err(refuse()),
-        };
-        let (_, field) = agg.schema.qualified_field(agg.group_expr.len() + i);
-        values.push(cast_expr(value, field.data_type().clone()));
-    }
-    const LIVE: &str = "__sluice_rows";
-    sums.push(sum(sign()).alias(LIVE));
-    let sums = Aggregate::try_new(Arc::new(input), agg.group_expr.clone(), sums)?;
-    let mut exprs: Vec<Expr> = sums
-        .schema
-        .columns()
-        .into_iter()
-        .take(agg.group_expr.len())
-        .map(Expr::Column)
-        .collect();
-    exprs.extend(values);
-    let exprs = exprs
-        .into_iter()
-        .zip(agg.schema.iter())
-        .map(|(e, (qualifier, field))| e.alias_qualified(qualifier.cloned(), field.name()))
-        .collect();
-    let live = Filter::try_new(
-        part(LIVE).gt(lit(0i64)),
-        Arc::new(LogicalPlan::Aggregate(sums)),
-    )?;
-    Ok(LogicalPlan::Projection(Projection::try_new_with_schema(
-        exprs,
-        Arc::new(LogicalPlan::Filter(live)),
-        Arc::clone(&agg.schema),
-    )?))
 }
 
 /// The keys (`keys`: the output's key columns) of rows `before` that are

@@ -43,6 +43,7 @@
 
 mod aggregate;
 mod batch;
+mod changelog;
 mod checkpoint;
 mod connector;
 mod epoch;

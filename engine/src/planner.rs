@@ -25,7 +25,8 @@ use datafusion::common::{DFSchema, JoinType};
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableScan};
 
-use crate::aggregate::{over_changelog, AggregateConfig, SIGN};
+use crate::aggregate::AggregateConfig;
+use crate::changelog::{over_changelog, SIGN};
 use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
 use crate::join::{is_time_column, left_state_fields, time_bounds, JoinConfig};
@@ -305,10 +306,10 @@ fn split_stages(
             ));
         }
         let parent = (*parent).clone();
-        // A stage's rows go to the operator above through a scan of its
-        // output, which replaces `from` by `to` in the plan: usually the
-        // stage with the scan, an aggregation of a changelog with the
-        // aggregation above rewritten over it.
+        // A stage's rows reach the operator above through a scan of its
+        // output: `from` is replaced by `to` in the plan. That is C by the
+        // scan, except under a changelog, where the aggregation above is
+        // replaced by its rewrite over the scan.
         let name = format!("{STAGE_OUTPUT}{}", stages.len());
         let (config, link, from, to) = match inner {
             LogicalPlan::Join(_) => {

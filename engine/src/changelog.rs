@@ -1,0 +1,257 @@
+//! Changelogs between stateful operators: how an aggregation whose rows
+//! change every epoch (no event-time window closes its groups) feeds an
+//! aggregation above it, as Flink's retract streams do.
+//!
+//! The aggregation below emits, per changed group, its previous row signed
+//! −1 and its new row signed +1 in a last column [`SIGN`] ([`signed`]); a
+//! group whose row did not change emits nothing. The aggregation above is
+//! rewritten at planning ([`over_changelog`]) so that each of its functions
+//! is a sum of signed values, which takes an old row back by adding its
+//! negation. Nexmark q4 (the average per category of each auction's
+//! highest bid) runs this way.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{BooleanArray, Int64Array};
+use datafusion::arrow::compute::filter_record_batch;
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::row::{OwnedRow, RowConverter, Rows, SortField};
+use datafusion::common::{Column, ScalarValue};
+use datafusion::functions_aggregate::expr_fn::sum;
+use datafusion::logical_expr::expr_fn::{cast, when};
+use datafusion::logical_expr::{
+    lit, Aggregate, Expr, ExprSchemable, Filter, LogicalPlan, Projection,
+};
+
+use crate::error::{Result, SluiceError};
+
+/// The column that signs a changelog's rows: 1 for a row added, −1 for a
+/// row taken back.
+pub(crate) const SIGN: &str = "__sluice_sign";
+
+/// The rows `old` signed −1 and `new` signed +1 (see [`SIGN`]), less the
+/// pairs that cancel: a group whose row did not change emits nothing.
+pub(crate) fn signed(old: &[RecordBatch], new: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
+    let Some(schema) = old.iter().chain(new).next().map(|b| b.schema()) else {
+        return Ok(Vec::new());
+    };
+    let converter = RowConverter::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| SortField::new(f.data_type().clone()))
+            .collect(),
+    )?;
+    let encode = |batches: &[RecordBatch]| -> Result<Vec<Rows>> {
+        batches
+            .iter()
+            .map(|b| Ok(converter.convert_columns(b.columns())?))
+            .collect()
+    };
+    let (old_rows, new_rows) = (encode(old)?, encode(new)?);
+    let mut unmatched: HashMap<OwnedRow, usize> = HashMap::new();
+    for rows in &old_rows {
+        for r in rows.iter() {
+            *unmatched.entry(r.owned()).or_default() += 1;
+        }
+    }
+    // A new row equal to an old one cancels it: count the cancelled ones,
+    // then drop as many of the old rows.
+    let take = |pool: &mut HashMap<OwnedRow, usize>, r: &OwnedRow| match pool.get_mut(r) {
+        Some(n) if *n > 0 => {
+            *n -= 1;
+            true
+        }
+        _ => false,
+    };
+    let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+    fields.push(Field::new(SIGN, DataType::Int64, false));
+    let signed_schema = Arc::new(Schema::new(fields));
+    let mut out = Vec::new();
+    let mut signed = |b: &RecordBatch, mask: BooleanArray, sign: i64| -> Result<()> {
+        let b = filter_record_batch(b, &mask)?;
+        if b.num_rows() > 0 {
+            let mut columns = b.columns().to_vec();
+            columns.push(Arc::new(Int64Array::from(vec![sign; b.num_rows()])));
+            out.push(RecordBatch::try_new(Arc::clone(&signed_schema), columns)?);
+        }
+        Ok(())
+    };
+    let mut cancelled: HashMap<OwnedRow, usize> = HashMap::new();
+    for (b, rows) in new.iter().zip(&new_rows) {
+        let mask: BooleanArray = rows
+            .iter()
+            .map(|r| {
+                let r = r.owned();
+                let cancels = take(&mut unmatched, &r);
+                if cancels {
+                    *cancelled.entry(r).or_default() += 1;
+                }
+                Some(!cancels)
+            })
+            .collect();
+        signed(b, mask, 1)?;
+    }
+    for (b, rows) in old.iter().zip(&old_rows) {
+        let mask: BooleanArray = rows
+            .iter()
+            .map(|r| Some(!take(&mut cancelled, &r.owned())))
+            .collect();
+        signed(b, mask, -1)?;
+    }
+    Ok(out)
+}
+
+/// The aggregation `agg` over a changelog (`input`, whose last column is
+/// [`SIGN`]), with the same output: each function becomes sums of signed
+/// values, which take a row back by adding its negation —
+/// `count(*)` is `sum(sign)`, `count(x)` sums the signs of non-null `x`,
+/// `sum(x)` is `sum(x * sign)` (NULL when `count(x)` is 0), and `avg(x)` is
+/// `sum(x * sign) / count(x)`. A group whose rows were all taken back is
+/// dropped, so update mode retracts it. Functions that cannot take a value
+/// back from their state (min, max, ...) are refused, as in Flink, whose
+/// retracting min/max keep every value instead.
+pub(crate) fn over_changelog(agg: &Aggregate, input: LogicalPlan) -> Result<LogicalPlan> {
+    let sign = || Expr::Column(Column::from_name(SIGN));
+    let part = |name: &str| Expr::Column(Column::from_name(name));
+    let null_when_empty = |count: &str, value: Expr| {
+        when(part(count).eq(lit(0i64)), lit(ScalarValue::Null)).otherwise(value)
+    };
+    let mut sums = Vec::new();
+    let mut values = Vec::new();
+    for (i, e) in agg.aggr_expr.iter().enumerate() {
+        let refuse = || {
+            SluiceError::plan(format!(
+                "this query cannot run on a stream: it computes {e} over an aggregation \
+                 without an event-time window, whose rows change every epoch. Over such rows \
+                 only count, sum and avg (without DISTINCT or FILTER) can take an old value \
+                 back; group the inner aggregation by a TUMBLE or HOP window over a \
+                 watermarked column (its rows are then final), or write it to a stream"
+            ))
+        };
+        let Expr::AggregateFunction(f) = e.clone().unalias_nested().data else {
+            return Err(refuse());
+        };
+        let name = f.func.name().to_ascii_lowercase();
+        let p = &f.params;
+        if p.distinct || p.filter.is_some() || !p.order_by.is_empty() || p.args.len() != 1 {
+            return Err(refuse());
+        }
+        let x = p.args[0].clone();
+        let count = format!("__sluice_count{i}");
+        sums.push(sum(when(x.clone().is_null(), lit(0i64)).otherwise(sign())?).alias(&count));
+        let value = match name.as_str() {
+            "count" => part(&count),
+            "sum" | "avg" | "mean" => {
+                let x_type = x.get_type(input.schema())?;
+                let signed = if x_type.is_integer() {
+                    cast(x, DataType::Int64) * sign()
+                } else if x_type.is_floating() {
+                    cast(x, DataType::Float64) * cast(sign(), DataType::Float64)
+                } else {
+                    return Err(refuse());
+                };
+                let total = format!("__sluice_sum{i}");
+                sums.push(sum(signed).alias(&total));
+                let value = if name == "sum" {
+                    part(&total)
+                } else {
+                    cast(part(&total), DataType::Float64) / cast(part(&count), DataType::Float64)
+                };
+                null_when_empty(&count, value)?
+            }
+            _ => return Err(refuse()),
+        };
+        let (_, field) = agg.schema.qualified_field(agg.group_expr.len() + i);
+        values.push(cast(value, field.data_type().clone()));
+    }
+    const LIVE: &str = "__sluice_rows";
+    sums.push(sum(sign()).alias(LIVE));
+    let sums = Aggregate::try_new(Arc::new(input), agg.group_expr.clone(), sums)?;
+    let mut exprs: Vec<Expr> = sums
+        .schema
+        .columns()
+        .into_iter()
+        .take(agg.group_expr.len())
+        .map(Expr::Column)
+        .collect();
+    exprs.extend(values);
+    let exprs = exprs
+        .into_iter()
+        .zip(agg.schema.iter())
+        .map(|(e, (qualifier, field))| e.alias_qualified(qualifier.cloned(), field.name()))
+        .collect();
+    let live = Filter::try_new(
+        part(LIVE).gt(lit(0i64)),
+        Arc::new(LogicalPlan::Aggregate(sums)),
+    )?;
+    Ok(LogicalPlan::Projection(Projection::try_new_with_schema(
+        exprs,
+        Arc::new(LogicalPlan::Filter(live)),
+        Arc::clone(&agg.schema),
+    )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{AsArray, StringArray};
+    use datafusion::arrow::datatypes::Int64Type;
+
+    fn rows(keys: &[&str], values: &[i64]) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, false),
+            Field::new("v", DataType::Int64, false),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(keys.to_vec())),
+                Arc::new(Int64Array::from(values.to_vec())),
+            ],
+        )
+        .unwrap()
+    }
+
+    /// (key, value, sign) of every signed row.
+    fn flat(batches: &[RecordBatch]) -> Vec<(String, i64, i64)> {
+        let mut out = Vec::new();
+        for b in batches {
+            assert_eq!(b.schema().field(2).name(), SIGN);
+            for i in 0..b.num_rows() {
+                out.push((
+                    b.column(0).as_string::<i32>().value(i).to_string(),
+                    b.column(1).as_primitive::<Int64Type>().value(i),
+                    b.column(2).as_primitive::<Int64Type>().value(i),
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn a_changed_row_is_taken_back_and_added_and_an_unchanged_one_cancels() {
+        let old = [rows(&["a", "b", "c"], &[1, 2, 7])];
+        let new = [rows(&["a", "b", "d"], &[1, 3, 7])];
+        assert_eq!(
+            flat(&signed(&old, &new).unwrap()),
+            vec![
+                ("b".into(), 2, -1),
+                ("b".into(), 3, 1),
+                ("c".into(), 7, -1),
+                ("d".into(), 7, 1),
+            ]
+        );
+        // Equal rows cancel one for one, as a multiset.
+        let old = [rows(&["x", "x"], &[5, 5])];
+        let new = [rows(&["x"], &[5])];
+        assert_eq!(
+            flat(&signed(&old, &new).unwrap()),
+            vec![("x".into(), 5, -1)]
+        );
+        assert!(signed(&[], &[]).unwrap().is_empty());
+    }
+}
