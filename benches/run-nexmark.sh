@@ -44,6 +44,8 @@ export SPARK_KAFKA_JARS="$(bash benches/spark/kafka-jars.sh | tail -n 1)"
 export PREFIX="nexmark-$N-$(date +%s)"
 log "loading $N events into $PREFIX-{person,auction,bid}"
 "$SLUICE_BIN" nexmark load --events "$N" --prefix "$PREFIX" --bootstrap "$BOOTSTRAP" >&2
+# For what runs on the same topics afterwards (run-suite.sh: q0 vs a raw copy).
+echo "$PREFIX" >"$OUT/prefix"
 
 python3 benches/nexmark/run.py
 

@@ -16,8 +16,9 @@
 #      (run-aggregate.sh B=...)
 #   4. the state store alone at 10 M keys: memory, snapshot, restore
 #      (cargo bench --bench state_memory)
-#   5. q0's physical limit: Kafka -> Kafka exactly-once vs a raw librdkafka
-#      copy (cargo bench --bench kafka_copy)
+#   5. the physical limit: Kafka -> Kafka exactly-once vs a raw librdkafka
+#      copy, of plain records and of Nexmark q0 over section 1's bid topic
+#      (cargo bench --bench kafka_copy)
 #   6. end-to-end latency at 10 000 events/s, 100 ms epochs and back to back
 #      (cargo bench --bench latency)
 #   7. criterion micro-benchmarks of the hot paths (cargo bench --bench micro)
@@ -124,6 +125,9 @@ section "4. The state store at 10 M keys (Sluice alone)" \
   bash -c "cargo bench --bench state_memory -- ${STATE[*]} 2>'$OUT/state_memory.err' | json_table"
 section "5. Kafka -> Kafka exactly-once vs a raw librdkafka copy" \
   bash -c "cargo bench --bench kafka_copy -- ${COPY[*]} 2>'$OUT/kafka_copy.err' | grep '^|'"
+section "5b. Nexmark q0 exactly-once vs a raw librdkafka copy of the same bid topic" \
+  bash -c "cargo bench --bench kafka_copy -- --nexmark-prefix \$(cat '$OUT/nexmark/prefix') \
+    ${COPY[*]} 2>'$OUT/kafka_copy_q0.err' | grep '^|'"
 section "6a. End-to-end latency, 100 ms epochs" \
   bash -c "cargo bench --bench latency -- ${LATENCY[*]} --interval-ms 100 2>'$OUT/latency-100.err' | json_table"
 section "6b. End-to-end latency, epochs back to back" \
