@@ -2,11 +2,19 @@
 //!
 //! Per epoch (DESIGN §3):
 //! 1. `Partial` over the epoch's rows gives per-key partial states;
-//! 2. `PartialReduce` over (those ∪ the stored states of the same keys)
-//!    gives the keys' new states, which replace the stored ones;
+//! 2. merging those with the stored states of the same keys gives the
+//!    keys' new states, which replace the stored ones;
 //! 3. `Final` over the new states (update mode) or over every stored state
 //!    (complete mode) gives the values to emit;
 //! 4. the query's stateless tail (projection, HAVING) runs over them.
+//!
+//! Steps 2 and 3 drive each function's `GroupsAccumulator` directly: the
+//! state store's index says which partial rows are one key
+//! ([`KeyedState::locate`]), so the accumulators merge by group index and
+//! no hash aggregation runs again over keys already hashed once. Where
+//! that cannot be (SESSION windows, whose groups merge; a function without
+//! a groups accumulator; a global aggregate) DataFusion's `PartialReduce`
+//! and `Final` steps run instead.
 //!
 //! So every aggregate function DataFusion has — count, sum, min, max, avg,
 //! count(DISTINCT), approx_distinct, stddev, array_agg, UDAFs — works
@@ -31,14 +39,14 @@ use std::sync::Arc;
 
 use std::collections::{HashMap, HashSet};
 
-use datafusion::arrow::array::{ArrayRef, AsArray, BooleanArray, TimestampNanosecondArray};
-use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch};
-use datafusion::arrow::datatypes::{DataType, Int64Type};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, TimestampNanosecondArray};
+use datafusion::arrow::compute::{cast, concat, concat_batches, filter_record_batch, interleave};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::execution::SessionState;
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::logical_expr::{EmitTo, LogicalPlan};
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{collect, ExecutionPlan};
 
@@ -46,7 +54,7 @@ use crate::changelog;
 use crate::error::{Result, SluiceError};
 use crate::operator::{Staged, StateChain};
 use crate::sink::EpochOutput;
-use crate::state::KeyedState;
+use crate::state::{KeyedState, Located};
 use crate::table::EpochBatches;
 use crate::trigger::OutputMode;
 use crate::watermark::nanos;
@@ -200,45 +208,62 @@ impl AggregateOperator {
         // The changed groups' states before this epoch, when retractions
         // are wanted (sessions merge and split, so not for them).
         let mut before = None;
+        let wanted = !self.config.retract_keys.is_empty() || self.config.changelog;
         let changed = if partials.is_empty() {
             Vec::new()
         } else {
-            let mut merge_input = partials.clone();
             let session = self.config.window.as_ref().and_then(|w| w.session.as_ref());
-            let stored = match session {
-                // The sessions of the same partitions may merge with the new
-                // rows: take them out, they come back merged.
-                Some(s) => {
-                    let partition: Vec<usize> = (0..group_columns)
-                        .filter(|&c| c != s.start && c != s.end)
-                        .collect();
-                    state.take_matching(&partials, &partition)?
-                }
-                None => state.lookup(&partials)?,
-            };
-            if stored.num_rows() > 0 {
+            let new_states = if session.is_none() && merges_directly(&phases.partial) {
+                let located = state.locate(&partials)?;
                 // Stored states come from an earlier epoch's plan: same
                 // columns, possibly other field metadata; rebind them.
-                let stored =
-                    RecordBatch::try_new(Arc::clone(&partial_schema), stored.columns().to_vec())?;
-                let wanted = !self.config.retract_keys.is_empty() || self.config.changelog;
-                if wanted && session.is_none() {
-                    before = Some(stored.clone());
+                let stored = RecordBatch::try_new(
+                    Arc::clone(&partial_schema),
+                    located.stored.columns().to_vec(),
+                )?;
+                let merged = merge_located(&phases.partial, &partials, &stored, &located)?;
+                if wanted && stored.num_rows() > 0 {
+                    before = Some(stored);
                 }
-                merge_input.push(stored);
-            }
-            if let Some(s) = session {
-                let all = concat_batches(&partial_schema, &merge_input)?;
-                merge_input = vec![merge_sessions(&all, s, group_columns)?];
-            }
-            let reduce =
-                Self::merge_exec(&phases.partial, AggregateMode::PartialReduce, merge_input)?;
-            let new_states: Vec<RecordBatch> = collect(reduce, Arc::clone(&task))
-                .await?
-                .into_iter()
-                .filter(|b| b.num_rows() > 0)
-                .map(|b| RecordBatch::try_new(Arc::clone(&partial_schema), b.columns().to_vec()))
-                .collect::<std::result::Result<_, _>>()?;
+                vec![merged]
+            } else {
+                let mut merge_input = partials.clone();
+                let stored = match session {
+                    // The sessions of the same partitions may merge with the
+                    // new rows: take them out, they come back merged.
+                    Some(s) => {
+                        let partition: Vec<usize> = (0..group_columns)
+                            .filter(|&c| c != s.start && c != s.end)
+                            .collect();
+                        state.take_matching(&partials, &partition)?
+                    }
+                    None => state.lookup(&partials)?,
+                };
+                if stored.num_rows() > 0 {
+                    let stored = RecordBatch::try_new(
+                        Arc::clone(&partial_schema),
+                        stored.columns().to_vec(),
+                    )?;
+                    if wanted && session.is_none() {
+                        before = Some(stored.clone());
+                    }
+                    merge_input.push(stored);
+                }
+                if let Some(s) = session {
+                    let all = concat_batches(&partial_schema, &merge_input)?;
+                    merge_input = vec![merge_sessions(&all, s, group_columns)?];
+                }
+                let reduce =
+                    Self::merge_exec(&phases.partial, AggregateMode::PartialReduce, merge_input)?;
+                collect(reduce, Arc::clone(&task))
+                    .await?
+                    .into_iter()
+                    .filter(|b| b.num_rows() > 0)
+                    .map(|b| {
+                        RecordBatch::try_new(Arc::clone(&partial_schema), b.columns().to_vec())
+                    })
+                    .collect::<std::result::Result<Vec<_>, _>>()?
+            };
             if self.config.dedup {
                 for b in &new_states {
                     first_seen.push(filter_record_batch(b, &state.unseen(b)?)?);
@@ -293,11 +318,15 @@ impl AggregateOperator {
         states: Vec<RecordBatch>,
     ) -> Result<Vec<RecordBatch>> {
         let task = session.task_ctx();
-        let finals = collect(
-            Self::merge_exec(&phases.partial, AggregateMode::Final, states)?,
-            Arc::clone(&task),
-        )
-        .await?;
+        let finals = if merges_directly(&phases.partial) {
+            vec![finals(&phases.partial, &states)?]
+        } else {
+            collect(
+                Self::merge_exec(&phases.partial, AggregateMode::Final, states)?,
+                Arc::clone(&task),
+            )
+            .await?
+        };
         // The tail reads the final values under the Aggregate's own schema.
         let out_schema = self.config.output.schema_ref();
         let finals = finals
@@ -333,6 +362,89 @@ impl AggregateOperator {
         self.state = Some(state);
         Ok(())
     }
+}
+
+/// Whether the epoch's partial states can be merged by driving the
+/// aggregation's accumulators directly ([`merge_located`], [`finals`]):
+/// one set of group keys (no grouping sets), at least one key (a global
+/// aggregate over no rows still has its one row), and every function
+/// with a groups accumulator.
+fn merges_directly(partial: &AggregateExec) -> bool {
+    partial.group_expr().is_single()
+        && !partial.group_expr().expr().is_empty()
+        && partial
+            .aggr_expr()
+            .iter()
+            .all(|e| e.groups_accumulator_supported())
+}
+
+/// The new partial states of the groups `located` found: per aggregate
+/// function, one accumulator merges the stored states and the epoch's
+/// partial states by group index, then gives its state back. The state
+/// store has already told which rows are one key, so no hash aggregation
+/// runs (DataFusion's `PartialReduce` would hash every key again).
+fn merge_located(
+    partial: &AggregateExec,
+    partials: &[RecordBatch],
+    stored: &RecordBatch,
+    located: &Located,
+) -> Result<RecordBatch> {
+    let schema = partial.schema();
+    let keys = partial.group_expr().expr().len();
+    let groups = stored.num_rows() + located.new_rows.len();
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    for c in 0..keys {
+        let new: Vec<&dyn Array> = partials.iter().map(|b| b.column(c).as_ref()).collect();
+        let new = interleave(&new, &located.new_rows)?;
+        columns.push(concat(&[stored.column(c).as_ref(), new.as_ref()])?);
+    }
+    let stored_groups: Vec<usize> = (0..stored.num_rows()).collect();
+    let mut at = keys;
+    for expr in partial.aggr_expr() {
+        let width = expr.state_fields()?.len();
+        let mut acc = expr.create_groups_accumulator()?;
+        acc.merge_batch(&stored.columns()[at..at + width], &stored_groups, groups)?;
+        for (batch, of_rows) in partials.iter().zip(&located.groups) {
+            acc.merge_batch(&batch.columns()[at..at + width], of_rows, groups)?;
+        }
+        columns.extend(acc.state(EmitTo::All)?);
+        at += width;
+    }
+    Ok(RecordBatch::try_new(schema, columns)?)
+}
+
+/// The final values of `states` (one row per key): the keys, then each
+/// function's accumulator fed its state and evaluated, as DataFusion's
+/// `Final` step does after hashing the keys, which are unique here.
+fn finals(partial: &AggregateExec, states: &[RecordBatch]) -> Result<RecordBatch> {
+    let states = concat_batches(&partial.schema(), states)?;
+    let keys = partial.group_expr().expr().len();
+    let n = states.num_rows();
+    let identity: Vec<usize> = (0..n).collect();
+    let mut columns: Vec<ArrayRef> = states.columns()[..keys].to_vec();
+    let mut fields: Vec<Field> = states.schema().fields()[..keys]
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut at = keys;
+    for expr in partial.aggr_expr() {
+        let width = expr.state_fields()?.len();
+        let mut acc = expr.create_groups_accumulator()?;
+        acc.merge_batch(&states.columns()[at..at + width], &identity, n)?;
+        let value = acc.evaluate(EmitTo::All)?;
+        fields.push(
+            expr.field()
+                .as_ref()
+                .clone()
+                .with_data_type(value.data_type().clone()),
+        );
+        columns.push(value);
+        at += width;
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
 }
 
 /// The keys (`keys`: the output's key columns) of rows `before` that are

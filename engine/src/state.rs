@@ -18,7 +18,7 @@
 //! Files older than the retained snapshots' chains are deleted once a newer
 //! chain is committed.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::io::Cursor;
 use std::sync::Arc;
@@ -188,6 +188,69 @@ impl KeyedState {
             }
         }
         Ok(take_record_batch(&self.rows, &UInt32Array::from(wanted))?)
+    }
+
+    /// Groups the rows of `probe` by key in one pass over the index: the
+    /// stored rows of the keys found, and for every probe row its group —
+    /// the stored keys first, in the order met, then the new keys. What an
+    /// aggregation needs to merge an epoch's partial states into the stored
+    /// ones without hashing the keys again.
+    pub(crate) fn locate(&self, probe: &[RecordBatch]) -> Result<Located> {
+        const NEW: usize = 1 << (usize::BITS - 1);
+        let encoded = probe
+            .iter()
+            .map(|b| self.encode(b))
+            .collect::<Result<Vec<_>>>()?;
+        let mut stored_group: HashMap<u32, usize> = HashMap::new();
+        let mut wanted: Vec<u32> = Vec::new();
+        let mut new_index: HashTable<usize> = HashTable::new();
+        let mut new_rows: Vec<(usize, usize)> = Vec::new();
+        let mut groups: Vec<Vec<usize>> = Vec::with_capacity(probe.len());
+        for (b, keys) in encoded.iter().enumerate() {
+            let mut of_batch = Vec::with_capacity(keys.num_rows());
+            for (r, key) in keys.iter().enumerate() {
+                let group = match self.find(key) {
+                    Some(pos) => *stored_group.entry(pos).or_insert_with(|| {
+                        wanted.push(pos);
+                        wanted.len() - 1
+                    }),
+                    None => {
+                        let hash = self.hasher.hash_one(key.as_ref());
+                        let same = |&i: &usize| {
+                            let (b2, r2) = new_rows[i];
+                            encoded[b2].row(r2) == key
+                        };
+                        let id = match new_index.find(hash, same) {
+                            Some(&i) => i,
+                            None => {
+                                new_rows.push((b, r));
+                                let hasher = &self.hasher;
+                                new_index.insert_unique(hash, new_rows.len() - 1, |&i| {
+                                    let (b2, r2) = new_rows[i];
+                                    hasher.hash_one(encoded[b2].row(r2).as_ref())
+                                });
+                                new_rows.len() - 1
+                            }
+                        };
+                        NEW | id
+                    }
+                };
+                of_batch.push(group);
+            }
+            groups.push(of_batch);
+        }
+        // New keys follow the stored ones.
+        let stored_count = wanted.len();
+        for g in groups.iter_mut().flatten() {
+            if *g & NEW != 0 {
+                *g = stored_count + (*g & !NEW);
+            }
+        }
+        Ok(Located {
+            stored: take_record_batch(&self.rows, &UInt32Array::from(wanted))?,
+            groups,
+            new_rows,
+        })
     }
 
     /// True for each row of `batch` whose key is not stored.
@@ -400,6 +463,19 @@ impl KeyedState {
         self.clear_changes();
         Ok(())
     }
+}
+
+/// The rows of a probe grouped by key (see [`KeyedState::locate`]).
+#[derive(Debug)]
+pub(crate) struct Located {
+    /// The stored rows of the keys found, in the order first met: groups
+    /// `0..stored.num_rows()`.
+    pub stored: RecordBatch,
+    /// Per probe batch, each row's group.
+    pub groups: Vec<Vec<usize>>,
+    /// Per new key, in group order after the stored ones: the (batch, row)
+    /// of the probe where it first appears.
+    pub new_rows: Vec<(usize, usize)>,
 }
 
 /// `batch` with each string or binary view column that holds buffers of
@@ -623,6 +699,29 @@ mod tests {
             .unwrap();
         let n = all.column(1).as_primitive::<Int64Type>().values().to_vec();
         assert_eq!(n, vec![1, 20, 30]);
+    }
+
+    #[test]
+    fn locate_groups_probe_rows_by_key_stored_keys_first() {
+        let mut s = KeyedState::new(batch(&[], &[]).schema(), 1).unwrap();
+        s.upsert(&[batch(&["a", "b", "c"], &[1, 2, 3])]).unwrap();
+        // Two probe batches (two partitions): keys repeat across them.
+        let probe = [
+            batch(&["x", "c", "a", "x"], &[0, 0, 0, 0]),
+            batch(&["a", "y", "c"], &[0, 0, 0]),
+        ];
+        let located = s.locate(&probe).unwrap();
+        let stored: Vec<i64> = located
+            .stored
+            .column(1)
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec();
+        // c then a, as met; b was not probed.
+        assert_eq!(stored, vec![3, 1]);
+        // Groups: c = 0, a = 1 (stored), then x = 2, y = 3 (new).
+        assert_eq!(located.groups, vec![vec![2, 0, 1, 2], vec![1, 3, 0]]);
+        assert_eq!(located.new_rows, vec![(0, 0), (1, 1)]);
     }
 
     #[test]
