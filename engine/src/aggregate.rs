@@ -213,7 +213,7 @@ impl AggregateOperator {
             Vec::new()
         } else {
             let session = self.config.window.as_ref().and_then(|w| w.session.as_ref());
-            let new_states = if session.is_none() && merges_directly(&phases.partial) {
+            if session.is_none() && merges_directly(&phases.partial) {
                 let located = state.locate(&partials)?;
                 // Stored states come from an earlier epoch's plan: same
                 // columns, possibly other field metadata; rebind them.
@@ -225,6 +225,14 @@ impl AggregateOperator {
                 if wanted && stored.num_rows() > 0 {
                     before = Some(stored);
                 }
+                if self.config.dedup {
+                    // A dedup key is emitted once: when it is not stored yet.
+                    first_seen.push(merged.slice(
+                        located.positions.len(),
+                        merged.num_rows() - located.positions.len(),
+                    ));
+                }
+                state.upsert_located(&located, &merged)?;
                 vec![merged]
             } else {
                 let mut merge_input = partials.clone();
@@ -255,22 +263,22 @@ impl AggregateOperator {
                 }
                 let reduce =
                     Self::merge_exec(&phases.partial, AggregateMode::PartialReduce, merge_input)?;
-                collect(reduce, Arc::clone(&task))
+                let new_states = collect(reduce, Arc::clone(&task))
                     .await?
                     .into_iter()
                     .filter(|b| b.num_rows() > 0)
                     .map(|b| {
                         RecordBatch::try_new(Arc::clone(&partial_schema), b.columns().to_vec())
                     })
-                    .collect::<std::result::Result<Vec<_>, _>>()?
-            };
-            if self.config.dedup {
-                for b in &new_states {
-                    first_seen.push(filter_record_batch(b, &state.unseen(b)?)?);
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                if self.config.dedup {
+                    for b in &new_states {
+                        first_seen.push(filter_record_batch(b, &state.unseen(b)?)?);
+                    }
                 }
+                state.upsert(&new_states)?;
+                new_states
             }
-            state.upsert(&new_states)?;
-            new_states
         };
         let closed = match (&self.config.window, watermark) {
             (Some(w), Some(watermark)) => Some(state.take_closed(w, watermark)?),

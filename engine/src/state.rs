@@ -246,10 +246,16 @@ impl KeyedState {
                 *g = stored_count + (*g & !NEW);
             }
         }
+        let mut new_keys = self.converter.empty_rows(new_rows.len(), 0);
+        for &(b, r) in &new_rows {
+            new_keys.push(encoded[b].row(r));
+        }
         Ok(Located {
-            stored: take_record_batch(&self.rows, &UInt32Array::from(wanted))?,
+            stored: take_record_batch(&self.rows, &UInt32Array::from(wanted.clone()))?,
+            positions: wanted,
             groups,
             new_rows,
+            new_keys,
         })
     }
 
@@ -271,16 +277,48 @@ impl KeyedState {
             return Ok(());
         }
         let new_keys = self.encode(&new)?;
-        let old_len = self.rows.num_rows();
         let mut placement = Placement::default();
+        let mut appended_keys = self.converter.empty_rows(0, 0);
         for (j, key) in new_keys.iter().enumerate() {
             match self.find(key) {
-                Some(i) => {
-                    placement.updates.push((i as usize, j));
-                    self.changed[i as usize] = true;
+                Some(i) => placement.updates.push((i as usize, j)),
+                None => {
+                    placement.appended.push(j);
+                    appended_keys.push(key);
                 }
-                None => placement.appended.push(j),
             }
+        }
+        self.place(&placement, &new, &appended_keys)
+    }
+
+    /// [`upsert`](Self::upsert) of the new states of the groups `located`
+    /// found, in its group order: the keys are already placed, so they are
+    /// not hashed again.
+    pub(crate) fn upsert_located(&mut self, located: &Located, new: &RecordBatch) -> Result<()> {
+        let stored = located.positions.len();
+        let placement = Placement {
+            updates: located
+                .positions
+                .iter()
+                .enumerate()
+                .map(|(g, &i)| (i as usize, g))
+                .collect(),
+            appended: (stored..new.num_rows()).collect(),
+        };
+        self.place(&placement, new, &located.new_keys)
+    }
+
+    /// Writes the rows of `new` where `placement` says, and indexes the
+    /// appended ones under `appended_keys` (their encoded keys, in order).
+    fn place(
+        &mut self,
+        placement: &Placement,
+        new: &RecordBatch,
+        appended_keys: &Rows,
+    ) -> Result<()> {
+        let old_len = self.rows.num_rows();
+        for &(i, _) in &placement.updates {
+            self.changed[i] = true;
         }
         let rows = std::mem::replace(
             &mut self.rows,
@@ -293,8 +331,7 @@ impl KeyedState {
             .map(|(old, new)| placement.apply(old, new))
             .collect::<Result<Vec<_>>>()?;
         self.rows = compact_views(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)?;
-        for (k, &j) in placement.appended.iter().enumerate() {
-            let key = new_keys.row(j);
+        for (k, key) in appended_keys.iter().enumerate() {
             let hash = self.hasher.hash_one(key.as_ref());
             self.keys.push(key);
             let (keys, hasher) = (&self.keys, &self.hasher);
@@ -476,6 +513,10 @@ pub(crate) struct Located {
     /// Per new key, in group order after the stored ones: the (batch, row)
     /// of the probe where it first appears.
     pub new_rows: Vec<(usize, usize)>,
+    /// Where the stored rows are in the state, in group order.
+    pub positions: Vec<u32>,
+    /// The new keys, encoded, in group order.
+    pub new_keys: Rows,
 }
 
 /// `batch` with each string or binary view column that holds buffers of
@@ -705,6 +746,7 @@ mod tests {
     fn locate_groups_probe_rows_by_key_stored_keys_first() {
         let mut s = KeyedState::new(batch(&[], &[]).schema(), 1).unwrap();
         s.upsert(&[batch(&["a", "b", "c"], &[1, 2, 3])]).unwrap();
+        s.clear_changes();
         // Two probe batches (two partitions): keys repeat across them.
         let probe = [
             batch(&["x", "c", "a", "x"], &[0, 0, 0, 0]),
@@ -722,6 +764,31 @@ mod tests {
         // Groups: c = 0, a = 1 (stored), then x = 2, y = 3 (new).
         assert_eq!(located.groups, vec![vec![2, 0, 1, 2], vec![1, 3, 0]]);
         assert_eq!(located.new_rows, vec![(0, 0), (1, 1)]);
+
+        // The groups' new rows, in group order, go where locate found them.
+        s.upsert_located(&located, &batch(&["c", "a", "x", "y"], &[30, 10, 7, 8]))
+            .unwrap();
+        assert_eq!(s.num_rows(), 5);
+        let all = s
+            .lookup(&[batch(&["a", "b", "c", "x", "y"], &[0; 5])])
+            .unwrap();
+        let n = all.column(1).as_primitive::<Int64Type>().values().to_vec();
+        assert_eq!(n, vec![10, 2, 30, 7, 8]);
+        // The delta holds what changed: applied to the state before, it
+        // gives the state after.
+        let mut again = KeyedState::new(s.all().schema(), 1).unwrap();
+        again
+            .upsert(&[batch(&["a", "b", "c"], &[1, 2, 3])])
+            .unwrap();
+        again.apply_delta(&s.delta().unwrap()).unwrap();
+        let n = again
+            .lookup(&[batch(&["a", "b", "c", "x", "y"], &[0; 5])])
+            .unwrap()
+            .column(1)
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec();
+        assert_eq!(n, vec![10, 2, 30, 7, 8]);
     }
 
     #[test]
