@@ -5,7 +5,8 @@
 //! DataFusion's accumulator state fields), plus a hash index from the key's
 //! row encoding (arrow-row) to the row. Per epoch the operator looks up the
 //! keys it saw ([`KeyedState::lookup`]) and replaces their rows
-//! ([`KeyedState::upsert`]).
+//! ([`KeyedState::upsert`]); an aggregation does both with one probe per
+//! key ([`KeyedState::locate`], then [`KeyedState::upsert_located`]).
 //!
 //! Durability: every epoch that changes the state writes, *before* the epoch
 //! commits, either a delta (`state/<operator>/<epoch>.<run>.delta`: the
