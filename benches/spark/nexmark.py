@@ -137,23 +137,38 @@ def proc_hwm_bytes(pid):
     return 0
 
 
-def batch_instead(spark, args, tables, sql, jvm_pid, why):
-    """Runs `sql` once as a Spark batch job over all of the topics, writing
-    to the output topic: the report of a query Spark refuses to stream."""
-    from pyspark.sql.functions import col, from_json, struct, to_json
+def register_topics(spark, args, tables, stream):
+    """One temp view per topic the query reads, named after its table, of
+    its JSON records as columns: a stream capped at maxOffsetsPerTrigger per
+    micro-batch (as Sluice caps each stream), with Nexmark's watermark where
+    the query needs one; or, with stream=False, all of it as one batch."""
+    from pyspark.sql.functions import col, from_json
 
     for table in tables:
-        raw = (
-            spark.read.format("kafka")
+        reader = (
+            (spark.readStream if stream else spark.read).format("kafka")
             .option("kafka.bootstrap.servers", args.bootstrap)
             .option("subscribe", f"{args.prefix}-{table}")
             .option("startingOffsets", "earliest")
-            .option("endingOffsets", "latest")
             .option("kafka.isolation.level", "read_committed")
-            .load()
         )
-        rows = raw.select(from_json(col("value").cast("string"), SCHEMAS[table]).alias("r"))
-        rows.select("r.*").createOrReplaceTempView(table)
+        if stream:
+            reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets))
+        else:
+            reader = reader.option("endingOffsets", "latest")
+        rows = reader.load().select(
+            from_json(col("value").cast("string"), SCHEMAS[table]).alias("r")).select("r.*")
+        if stream and args.query in WATERMARKED:
+            rows = rows.withWatermark("date_time", "4 seconds")
+        rows.createOrReplaceTempView(table)
+
+
+def batch_instead(spark, args, tables, sql, jvm_pid, why):
+    """Runs `sql` once as a Spark batch job over all of the topics, writing
+    to the output topic: the report of a query Spark refuses to stream."""
+    from pyspark.sql.functions import struct, to_json
+
+    register_topics(spark, args, tables, stream=False)
     cpu_before = proc_cpu_s(jvm_pid) + sum(os.times()[:2])
     started = time.monotonic()
     (
@@ -196,7 +211,7 @@ def main():
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
-    from pyspark.sql.functions import col, from_json, struct, to_json
+    from pyspark.sql.functions import struct, to_json
     from pyspark.errors import AnalysisException
 
     workdir = tempfile.mkdtemp(prefix="sluice-spark-nexmark-", dir="/tmp")
@@ -215,24 +230,8 @@ def main():
     spark.sparkContext.setLogLevel("WARN")
     jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
     try:
-        # One stream per topic the query reads, each capped at
-        # maxOffsetsPerTrigger per micro-batch (as Sluice caps each stream).
         tables, sql = QUERIES[args.query]
-        for table in tables:
-            raw = (
-                spark.readStream.format("kafka")
-                .option("kafka.bootstrap.servers", args.bootstrap)
-                .option("subscribe", f"{args.prefix}-{table}")
-                .option("startingOffsets", "earliest")
-                .option("maxOffsetsPerTrigger", str(args.max_offsets))
-                .option("kafka.isolation.level", "read_committed")
-                .load()
-            )
-            rows = raw.select(from_json(col("value").cast("string"), SCHEMAS[table]).alias("r"))
-            rows = rows.select("r.*")
-            if args.query in WATERMARKED:
-                rows = rows.withWatermark("date_time", "4 seconds")
-            rows.createOrReplaceTempView(table)
+        register_topics(spark, args, tables, stream=True)
         result = spark.sql(sql)
         cpu_before = proc_cpu_s(jvm_pid) + sum(os.times()[:2])
         started = time.monotonic()

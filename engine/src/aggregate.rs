@@ -35,18 +35,19 @@
 //! they change. Either way the closed groups leave the state, which stays
 //! bounded by the windows still open. Complete mode keeps every group.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use std::collections::{HashMap, HashSet};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, TimestampNanosecondArray};
 use datafusion::arrow::compute::{cast, concat, concat_batches, filter_record_batch, interleave};
-use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::row::{RowConverter, SortField};
 use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::{EmitTo, LogicalPlan};
+use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{collect, ExecutionPlan};
 
@@ -54,7 +55,7 @@ use crate::changelog;
 use crate::error::{Result, SluiceError};
 use crate::operator::{Staged, StateChain};
 use crate::sink::EpochOutput;
-use crate::state::{KeyedState, Located};
+use crate::state::{row_converter, KeyedState, Located};
 use crate::table::EpochBatches;
 use crate::trigger::OutputMode;
 use crate::watermark::nanos;
@@ -326,21 +327,20 @@ impl AggregateOperator {
         states: Vec<RecordBatch>,
     ) -> Result<Vec<RecordBatch>> {
         let task = session.task_ctx();
+        // The tail reads the final values under the Aggregate's own schema.
+        let out_schema = self.config.output.schema_ref();
         let finals = if merges_directly(&phases.partial) {
-            vec![finals(&phases.partial, &states)?]
+            vec![finals(&phases.partial, &states, &out_schema)?]
         } else {
             collect(
                 Self::merge_exec(&phases.partial, AggregateMode::Final, states)?,
                 Arc::clone(&task),
             )
             .await?
-        };
-        // The tail reads the final values under the Aggregate's own schema.
-        let out_schema = self.config.output.schema_ref();
-        let finals = finals
             .into_iter()
             .map(|b| RecordBatch::try_new(Arc::clone(&out_schema), b.columns().to_vec()))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+            .collect::<std::result::Result<Vec<_>, _>>()?
+        };
         self.config.output.set_input(vec![finals]);
         let tail = session.create_physical_plan(&self.config.tail).await?;
         let out = collect(tail, task).await;
@@ -407,52 +407,51 @@ fn merge_located(
         columns.push(concat(&[stored.column(c).as_ref(), new.as_ref()])?);
     }
     let stored_groups: Vec<usize> = (0..stored.num_rows()).collect();
-    let mut at = keys;
-    for expr in partial.aggr_expr() {
-        let width = expr.state_fields()?.len();
+    for (expr, state) in state_columns(partial)? {
         let mut acc = expr.create_groups_accumulator()?;
-        acc.merge_batch(&stored.columns()[at..at + width], &stored_groups, groups)?;
+        acc.merge_batch(&stored.columns()[state.clone()], &stored_groups, groups)?;
         for (batch, of_rows) in partials.iter().zip(&located.groups) {
-            acc.merge_batch(&batch.columns()[at..at + width], of_rows, groups)?;
+            acc.merge_batch(&batch.columns()[state.clone()], of_rows, groups)?;
         }
         columns.extend(acc.state(EmitTo::All)?);
-        at += width;
     }
     Ok(RecordBatch::try_new(schema, columns)?)
 }
 
-/// The final values of `states` (one row per key): the keys, then each
-/// function's accumulator fed its state and evaluated, as DataFusion's
-/// `Final` step does after hashing the keys, which are unique here.
-fn finals(partial: &AggregateExec, states: &[RecordBatch]) -> Result<RecordBatch> {
+/// The final values of `states` (one row per key) as rows of `schema`:
+/// the keys, then each function's accumulator fed its state and
+/// evaluated, as DataFusion's `Final` step does after hashing the keys,
+/// which are unique here.
+fn finals(
+    partial: &AggregateExec,
+    states: &[RecordBatch],
+    schema: &SchemaRef,
+) -> Result<RecordBatch> {
     let states = concat_batches(&partial.schema(), states)?;
-    let keys = partial.group_expr().expr().len();
     let n = states.num_rows();
     let identity: Vec<usize> = (0..n).collect();
-    let mut columns: Vec<ArrayRef> = states.columns()[..keys].to_vec();
-    let mut fields: Vec<Field> = states.schema().fields()[..keys]
-        .iter()
-        .map(|f| f.as_ref().clone())
-        .collect();
-    let mut at = keys;
+    let mut columns: Vec<ArrayRef> = states.columns()[..partial.group_expr().expr().len()].to_vec();
+    for (expr, state) in state_columns(partial)? {
+        let mut acc = expr.create_groups_accumulator()?;
+        acc.merge_batch(&states.columns()[state], &identity, n)?;
+        columns.push(acc.evaluate(EmitTo::All)?);
+    }
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+/// Each aggregate function of `partial` with the columns of its state in
+/// the partial states' rows (after the group keys).
+fn state_columns(
+    partial: &AggregateExec,
+) -> Result<Vec<(&Arc<AggregateFunctionExpr>, Range<usize>)>> {
+    let mut at = partial.group_expr().expr().len();
+    let mut out = Vec::with_capacity(partial.aggr_expr().len());
     for expr in partial.aggr_expr() {
         let width = expr.state_fields()?.len();
-        let mut acc = expr.create_groups_accumulator()?;
-        acc.merge_batch(&states.columns()[at..at + width], &identity, n)?;
-        let value = acc.evaluate(EmitTo::All)?;
-        fields.push(
-            expr.field()
-                .as_ref()
-                .clone()
-                .with_data_type(value.data_type().clone()),
-        );
-        columns.push(value);
+        out.push((expr, at..at + width));
         at += width;
     }
-    Ok(RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        columns,
-    )?)
+    Ok(out)
 }
 
 /// The keys (`keys`: the output's key columns) of rows `before` that are
@@ -473,13 +472,7 @@ fn retracted(
         Ok(b.project(&columns)?)
     };
     let schema = project(first)?.schema();
-    let converter = RowConverter::new(
-        schema
-            .fields()
-            .iter()
-            .map(|f| SortField::new(f.data_type().clone()))
-            .collect(),
-    )?;
+    let converter = row_converter(schema.fields().iter().map(|f| f.data_type()))?;
     let mut emitted = HashSet::new();
     for b in rows {
         let b = project(b)?;
@@ -521,12 +514,8 @@ fn merge_sessions(
     let partition: Vec<usize> = (0..group_columns)
         .filter(|&c| c != key.start && c != key.end)
         .collect();
-    let converter = RowConverter::new(
-        partition
-            .iter()
-            .map(|&c| SortField::new(batch.schema().field(c).data_type().clone()))
-            .collect(),
-    )?;
+    let schema = batch.schema();
+    let converter = row_converter(partition.iter().map(|&c| schema.field(c).data_type()))?;
     let rows = converter.convert_columns(
         &partition
             .iter()

@@ -17,7 +17,7 @@ use datafusion::arrow::array::{BooleanArray, Int64Array};
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::row::{OwnedRow, RowConverter, Rows, SortField};
+use datafusion::arrow::row::{OwnedRow, Rows};
 use datafusion::common::{Column, ScalarValue};
 use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::expr_fn::{cast, when};
@@ -26,6 +26,7 @@ use datafusion::logical_expr::{
 };
 
 use crate::error::{Result, SluiceError};
+use crate::state::row_converter;
 
 /// The column that signs a changelog's rows: 1 for a row added, −1 for a
 /// row taken back.
@@ -37,13 +38,7 @@ pub(crate) fn signed(old: &[RecordBatch], new: &[RecordBatch]) -> Result<Vec<Rec
     let Some(schema) = old.iter().chain(new).next().map(|b| b.schema()) else {
         return Ok(Vec::new());
     };
-    let converter = RowConverter::new(
-        schema
-            .fields()
-            .iter()
-            .map(|f| SortField::new(f.data_type().clone()))
-            .collect(),
-    )?;
+    let converter = row_converter(schema.fields().iter().map(|f| f.data_type()))?;
     let encode = |batches: &[RecordBatch]| -> Result<Vec<Rows>> {
         batches
             .iter()

@@ -107,15 +107,11 @@ impl KeyedState {
     /// Empty state with `schema`, keyed by its first `key_columns` columns.
     pub fn new(schema: SchemaRef, key_columns: usize) -> Result<Self> {
         // A global aggregate has one key, the empty one: encode a constant.
-        let fields = if key_columns == 0 {
-            vec![SortField::new(DataType::Boolean)]
+        let converter = if key_columns == 0 {
+            row_converter([&DataType::Boolean])?
         } else {
-            schema.fields()[..key_columns]
-                .iter()
-                .map(|f| SortField::new(f.data_type().clone()))
-                .collect()
+            row_converter(schema.fields()[..key_columns].iter().map(|f| f.data_type()))?
         };
-        let converter = RowConverter::new(fields)?;
         Ok(Self {
             rows: RecordBatch::new_empty(Arc::clone(&schema)),
             keys: converter.empty_rows(0, 0),
@@ -372,12 +368,7 @@ impl KeyedState {
         probe: &[RecordBatch],
         columns: &[usize],
     ) -> Result<RecordBatch> {
-        let converter = RowConverter::new(
-            columns
-                .iter()
-                .map(|&c| SortField::new(self.schema.field(c).data_type().clone()))
-                .collect(),
-        )?;
+        let converter = row_converter(columns.iter().map(|&c| self.schema.field(c).data_type()))?;
         let encode = |b: &RecordBatch| -> Result<Vec<Box<[u8]>>> {
             if columns.is_empty() {
                 return Ok(vec![Box::from(&[][..]); b.num_rows()]);
@@ -501,6 +492,19 @@ impl KeyedState {
         self.clear_changes();
         Ok(())
     }
+}
+
+/// A row converter for columns of these types: keys as comparable,
+/// hashable bytes (arrow-row).
+pub(crate) fn row_converter<'a>(
+    types: impl IntoIterator<Item = &'a DataType>,
+) -> Result<RowConverter> {
+    Ok(RowConverter::new(
+        types
+            .into_iter()
+            .map(|t| SortField::new(t.clone()))
+            .collect(),
+    )?)
 }
 
 /// The rows of a probe grouped by key (see [`KeyedState::locate`]).
