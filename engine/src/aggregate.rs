@@ -89,6 +89,10 @@ pub(crate) struct AggregateConfig {
     /// column [`changelog::SIGN`], so the aggregation above can take the old
     /// row back.
     pub changelog: bool,
+    /// An aggregation over a changelog (see [`changelog::over_changelog`]):
+    /// a group whose rows were all taken back leaves the state, as it
+    /// leaves the output, so short-lived groups do not pile up.
+    pub over_changelog: bool,
 }
 
 /// A running GROUP BY.
@@ -281,6 +285,9 @@ impl AggregateOperator {
                 new_states
             }
         };
+        if self.config.over_changelog {
+            state.remove_keys(&dead_groups(&phases.partial, &changed)?)?;
+        }
         let closed = match (&self.config.window, watermark) {
             (Some(w), Some(watermark)) => Some(state.take_closed(w, watermark)?),
             _ => None,
@@ -437,6 +444,30 @@ fn finals(
         columns.push(acc.evaluate(EmitTo::All)?);
     }
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+/// The groups of `states` (partial states, one row per group) of an
+/// aggregation over a changelog whose live rows ([`changelog::LIVE`])
+/// number zero.
+fn dead_groups(partial: &AggregateExec, states: &[RecordBatch]) -> Result<RecordBatch> {
+    let live = state_columns(partial)?
+        .into_iter()
+        .find(|(expr, _)| expr.name() == changelog::LIVE)
+        .map(|(_, columns)| columns.start)
+        .ok_or_else(|| {
+            SluiceError::Internal("an aggregation over a changelog counts no live rows".into())
+        })?;
+    let mut dead = Vec::with_capacity(states.len());
+    for b in states {
+        let rows = cast(b.column(live), &DataType::Int64)?;
+        let mask: BooleanArray = rows
+            .as_primitive::<Int64Type>()
+            .iter()
+            .map(|n| Some(n.unwrap_or(0) == 0))
+            .collect();
+        dead.push(filter_record_batch(b, &mask)?);
+    }
+    Ok(concat_batches(&partial.schema(), &dead)?)
 }
 
 /// Each aggregate function of `partial` with the columns of its state in

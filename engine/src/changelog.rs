@@ -32,6 +32,17 @@ use crate::state::row_converter;
 /// row taken back.
 pub(crate) const SIGN: &str = "__sluice_sign";
 
+/// The function [`over_changelog`] adds last to the aggregation it
+/// writes: the sum of a group's signs, its rows still live. A group at
+/// zero had all its rows taken back.
+pub(crate) const LIVE: &str = "__sluice_rows";
+
+/// Whether `agg` is one [`over_changelog`] wrote (it counts its groups'
+/// live rows, [`LIVE`]).
+pub(crate) fn counts_live_rows(agg: &Aggregate) -> bool {
+    agg.schema.fields().last().is_some_and(|f| f.name() == LIVE)
+}
+
 /// The rows `old` signed −1 and `new` signed +1 (see [`SIGN`]), less the
 /// pairs that cancel: a group whose row did not change emits nothing.
 pub(crate) fn signed(old: &[RecordBatch], new: &[RecordBatch]) -> Result<Vec<RecordBatch>> {
@@ -105,7 +116,8 @@ pub(crate) fn signed(old: &[RecordBatch], new: &[RecordBatch]) -> Result<Vec<Rec
 /// `count(*)` is `sum(sign)`, `count(x)` sums the signs of non-null `x`,
 /// `sum(x)` is `sum(x * sign)` (NULL when `count(x)` is 0), and `avg(x)` is
 /// `sum(x * sign) / count(x)`. A group whose rows were all taken back is
-/// dropped, so update mode retracts it. Functions that cannot take a value
+/// dropped, so update mode retracts it (and the operator drops its state,
+/// see [`LIVE`]). Functions that cannot take a value
 /// back from their state (min, max, ...) are refused, as in Flink, whose
 /// retracting min/max keep every value instead.
 pub(crate) fn over_changelog(agg: &Aggregate, input: LogicalPlan) -> Result<LogicalPlan> {
@@ -162,7 +174,6 @@ pub(crate) fn over_changelog(agg: &Aggregate, input: LogicalPlan) -> Result<Logi
         let (_, field) = agg.schema.qualified_field(agg.group_expr.len() + i);
         values.push(cast(value, field.data_type().clone()));
     }
-    const LIVE: &str = "__sluice_rows";
     sums.push(sum(sign()).alias(LIVE));
     let sums = Aggregate::try_new(Arc::new(input), agg.group_expr.clone(), sums)?;
     let mut exprs: Vec<Expr> = sums

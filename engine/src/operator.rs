@@ -45,7 +45,8 @@ pub(crate) enum Operator {
     /// Stream–stream join.
     Join(Box<JoinOperator>),
     /// Several operators, innermost first; the last one's output is the
-    /// query's. Its state is every operator's, as one snapshot per epoch.
+    /// query's. Its state is every operator's: a snapshot of each, then
+    /// per epoch what each one stages (see [`Operator::stage`]).
     Pipeline(Vec<PipelineStage>),
 }
 
@@ -55,7 +56,16 @@ pub(crate) struct PipelineStage {
     pub operator: Operator,
     /// Where its rows go for the operator above; `None` for the last.
     pub link: Option<Arc<EpochBatches>>,
+    /// Whether the committed chain holds a snapshot of this operator, which
+    /// its deltas build on.
+    based: bool,
 }
+
+/// How a pipeline delta carries one operator's part (see
+/// [`Operator::stage`]).
+const PART_UNCHANGED: u8 = 0;
+const PART_DELTA: u8 = 1;
+const PART_SNAPSHOT: u8 = 2;
 
 impl Operator {
     /// The operator of a planned query: its stages and the outermost one.
@@ -77,11 +87,13 @@ impl Operator {
             stages.push(PipelineStage {
                 operator,
                 link: Some(stage.link),
+                based: false,
             });
         }
         stages.push(PipelineStage {
             operator: root,
             link: None,
+            based: false,
         });
         Ok(Some(Self::Pipeline(stages)))
     }
@@ -133,13 +145,44 @@ impl Operator {
     /// Stages the state for this epoch's commit: all of it when `full`,
     /// else (if the operator keeps deltas) what changed since the last
     /// stage.
+    ///
+    /// A pipeline's delta is a part per operator: a tag byte (unchanged,
+    /// delta, or snapshot), the part's length (8 bytes, little endian) and
+    /// its bytes. So an aggregation inside a pipeline (Nexmark q4's maximum
+    /// per auction) writes only its changed groups, as it does alone.
     pub(crate) fn stage(&mut self, full: bool) -> Result<Staged> {
         match self {
             Self::Aggregate(a) => a.stage(full),
             // The join's buffers are bounded by the watermark (or small):
-            // always whole; so is a pipeline's state (writing its snapshot
-            // restarts its aggregations' change counts).
-            Self::Join(_) | Self::Pipeline(_) => Ok(Staged::Snapshot),
+            // always whole.
+            Self::Join(_) => Ok(Staged::Snapshot),
+            Self::Pipeline(_) if full => Ok(Staged::Snapshot),
+            Self::Pipeline(stages) => {
+                let mut delta = Vec::new();
+                let mut changed = false;
+                for s in stages.iter_mut() {
+                    let (tag, bytes) = match s.operator.stage(false)? {
+                        Staged::Nothing | Staged::Unchanged => (PART_UNCHANGED, Vec::new()),
+                        Staged::Delta(bytes) if s.based => (PART_DELTA, bytes),
+                        // A delta needs the snapshot it builds on.
+                        Staged::Delta(_) | Staged::Snapshot => {
+                            let mut bytes = Vec::new();
+                            s.operator.write_snapshot(&mut bytes)?;
+                            s.based = true;
+                            (PART_SNAPSHOT, bytes)
+                        }
+                    };
+                    changed |= tag != PART_UNCHANGED;
+                    delta.push(tag);
+                    delta.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+                    delta.extend_from_slice(&bytes);
+                }
+                Ok(if changed {
+                    Staged::Delta(delta)
+                } else {
+                    Staged::Unchanged
+                })
+            }
         }
     }
 
@@ -156,6 +199,7 @@ impl Operator {
                 for s in stages.iter_mut() {
                     let mut bytes = Vec::new();
                     s.operator.write_snapshot(&mut bytes)?;
+                    s.based = !bytes.is_empty();
                     w.write_all(&(bytes.len() as u64).to_le_bytes())
                         .and_then(|()| w.write_all(&bytes))
                         .map_err(|e| SluiceError::io("writing the pipeline's state", e))?;
@@ -182,14 +226,38 @@ impl Operator {
                 Some(snapshot) => j.restore(&snapshot),
             },
             Self::Pipeline(stages) => {
-                let snapshot = single_snapshot(chain, "pipeline")?;
-                let parts = match &snapshot {
-                    Some(bytes) => parts(bytes, stages.len())?,
-                    None => vec![&[][..]; stages.len()],
-                };
-                for (s, part) in stages.iter_mut().zip(parts) {
-                    // An empty part: that stage had no state yet.
-                    let mut chain = (!part.is_empty()).then(|| Ok(part.to_vec())).into_iter();
+                // Each operator's own chain: its part of the snapshot, then
+                // its deltas; a part that is a snapshot starts it anew. An
+                // empty snapshot part: that operator had no state yet.
+                let mut chains: Vec<Vec<Vec<u8>>> = vec![Vec::new(); stages.len()];
+                if let Some(snapshot) = chain.next() {
+                    for (c, part) in chains.iter_mut().zip(parts(&snapshot?, stages.len())?) {
+                        if !part.is_empty() {
+                            c.push(part.to_vec());
+                        }
+                    }
+                }
+                for delta in chain {
+                    let delta = delta?;
+                    for (c, (tag, part)) in
+                        chains.iter_mut().zip(tagged_parts(&delta, stages.len())?)
+                    {
+                        match tag {
+                            PART_DELTA if c.is_empty() => {
+                                return Err(SluiceError::Internal(
+                                    "a pipeline delta changes an operator that has no snapshot"
+                                        .into(),
+                                ))
+                            }
+                            PART_DELTA => c.push(part.to_vec()),
+                            PART_SNAPSHOT => *c = vec![part.to_vec()],
+                            _ => {}
+                        }
+                    }
+                }
+                for (s, c) in stages.iter_mut().zip(chains) {
+                    s.based = !c.is_empty();
+                    let mut chain = c.into_iter().map(Ok);
                     Box::pin(s.operator.restore(session, &mut chain)).await?;
                 }
                 Ok(())
@@ -251,23 +319,53 @@ async fn run_pipeline(
 
 /// A pipeline snapshot's `n` parts: each a length (8 bytes, little
 /// endian), then that many bytes.
-fn parts(mut bytes: &[u8], n: usize) -> Result<Vec<&[u8]>> {
-    let damaged = || SluiceError::Internal("the pipeline's state snapshot is truncated".into());
+fn parts(bytes: &[u8], n: usize) -> Result<Vec<&[u8]>> {
+    Ok(split_parts(bytes, n, false, "snapshot")?
+        .into_iter()
+        .map(|(_, part)| part)
+        .collect())
+}
+
+/// A pipeline delta's `n` parts, each with its tag (see [`Operator::stage`]).
+fn tagged_parts(bytes: &[u8], n: usize) -> Result<Vec<(u8, &[u8])>> {
+    let parts = split_parts(bytes, n, true, "delta")?;
+    if let Some((tag, _)) = parts.iter().find(|(tag, _)| *tag > PART_SNAPSHOT) {
+        return Err(SluiceError::Internal(format!(
+            "the pipeline's state delta has a part of unknown kind {tag}"
+        )));
+    }
+    Ok(parts)
+}
+
+/// `n` parts of a pipeline's state file (`what`): each a tag byte if
+/// `tagged`, a length (8 bytes, little endian), then that many bytes.
+fn split_parts<'a>(
+    mut bytes: &'a [u8],
+    n: usize,
+    tagged: bool,
+    what: &str,
+) -> Result<Vec<(u8, &'a [u8])>> {
+    let damaged = || SluiceError::Internal(format!("the pipeline's state {what} is truncated"));
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
+        let mut tag = 0;
+        if tagged {
+            let (&t, rest) = bytes.split_first().ok_or_else(damaged)?;
+            (tag, bytes) = (t, rest);
+        }
         let (len, rest) = bytes.split_first_chunk::<8>().ok_or_else(damaged)?;
         let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| damaged())?;
         if rest.len() < len {
             return Err(damaged());
         }
         let (part, rest) = rest.split_at(len);
-        out.push(part);
+        out.push((tag, part));
         bytes = rest;
     }
     if !bytes.is_empty() {
-        return Err(SluiceError::Internal(
-            "the pipeline's state snapshot has more parts than the query has operators".into(),
-        ));
+        return Err(SluiceError::Internal(format!(
+            "the pipeline's state {what} has more parts than the query has operators"
+        )));
     }
     Ok(out)
 }

@@ -26,7 +26,7 @@ use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableScan};
 
 use crate::aggregate::AggregateConfig;
-use crate::changelog::{over_changelog, SIGN};
+use crate::changelog::{counts_live_rows, over_changelog, SIGN};
 use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
 use crate::join::{is_time_column, left_state_fields, time_bounds, JoinConfig};
@@ -440,7 +440,9 @@ fn split_aggregate(
         (LogicalPlan::Aggregate(a), _) => event_time_key(a, watermarked),
         _ => None,
     };
+    let over_changelog = matches!(&aggregate, LogicalPlan::Aggregate(a) if counts_live_rows(a));
     Ok(Some(AggregateConfig {
+        over_changelog,
         aggregate,
         tail,
         output,

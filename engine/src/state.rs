@@ -19,8 +19,8 @@
 //! Files older than the retained snapshots' chains are deleted once a newer
 //! chain is committed.
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, RandomState};
+use std::collections::HashSet;
+use std::hash::BuildHasher;
 use std::io::Cursor;
 use std::sync::Arc;
 
@@ -36,6 +36,7 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::arrow::row::{Row, RowConverter, Rows, SortField};
+use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
 use crate::error::{Result, SluiceError};
@@ -87,6 +88,8 @@ pub struct KeyedState {
     keys: Rows,
     /// Positions in `rows`, found by the hash of the encoded key.
     index: HashTable<u32>,
+    /// foldhash, as hashbrown's own default: several times faster than
+    /// std's SipHash over short keys, and an epoch hashes each key once.
     hasher: RandomState,
     /// Per row: upserted since the last flush (snapshot or delta).
     changed: Vec<bool>,
@@ -119,7 +122,7 @@ impl KeyedState {
             key_columns,
             converter,
             index: HashTable::new(),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             changed: Vec::new(),
             removed: Vec::new(),
         })
@@ -138,9 +141,17 @@ impl KeyedState {
         Ok(self.converter.convert_columns(columns)?)
     }
 
+    fn hash(&self, key: Row<'_>) -> u64 {
+        self.hasher.hash_one(key.as_ref())
+    }
+
     /// The position of the stored row with key `key`.
     fn find(&self, key: Row<'_>) -> Option<u32> {
-        let hash = self.hasher.hash_one(key.as_ref());
+        self.find_hashed(self.hash(key), key)
+    }
+
+    /// [`find`](Self::find) with the key's hash already computed.
+    fn find_hashed(&self, hash: u64, key: Row<'_>) -> Option<u32> {
         self.index
             .find(hash, |&i| self.keys.row(i as usize) == key)
             .copied()
@@ -198,21 +209,24 @@ impl KeyedState {
             .iter()
             .map(|b| self.encode(b))
             .collect::<Result<Vec<_>>>()?;
-        let mut stored_group: HashMap<u32, usize> = HashMap::new();
+        let probed: usize = encoded.iter().map(|k| k.num_rows()).sum();
+        let found = self.probe_index(&encoded, probed)?;
+        let mut stored_group = StoredGroups::new(self.rows.num_rows(), probed);
         let mut wanted: Vec<u32> = Vec::new();
+        // New keys with their hashes, which the index will take.
         let mut new_index: HashTable<usize> = HashTable::new();
         let mut new_rows: Vec<(usize, usize)> = Vec::new();
+        let mut new_hashes: Vec<u64> = Vec::new();
         let mut groups: Vec<Vec<usize>> = Vec::with_capacity(probe.len());
         for (b, keys) in encoded.iter().enumerate() {
             let mut of_batch = Vec::with_capacity(keys.num_rows());
-            for (r, key) in keys.iter().enumerate() {
-                let group = match self.find(key) {
-                    Some(pos) => *stored_group.entry(pos).or_insert_with(|| {
+            for (r, (key, &(hash, pos))) in keys.iter().zip(&found[b]).enumerate() {
+                let group = match (pos != NOT_STORED).then_some(pos) {
+                    Some(pos) => stored_group.group_of(pos, || {
                         wanted.push(pos);
                         wanted.len() - 1
                     }),
                     None => {
-                        let hash = self.hasher.hash_one(key.as_ref());
                         let same = |&i: &usize| {
                             let (b2, r2) = new_rows[i];
                             encoded[b2].row(r2) == key
@@ -221,11 +235,9 @@ impl KeyedState {
                             Some(&i) => i,
                             None => {
                                 new_rows.push((b, r));
-                                let hasher = &self.hasher;
-                                new_index.insert_unique(hash, new_rows.len() - 1, |&i| {
-                                    let (b2, r2) = new_rows[i];
-                                    hasher.hash_one(encoded[b2].row(r2).as_ref())
-                                });
+                                new_hashes.push(hash);
+                                new_index
+                                    .insert_unique(hash, new_rows.len() - 1, |&i| new_hashes[i]);
                                 new_rows.len() - 1
                             }
                         };
@@ -253,7 +265,46 @@ impl KeyedState {
             groups,
             new_rows,
             new_keys,
+            new_hashes,
         })
+    }
+
+    /// Per row of each of `encoded` (`probed` rows in all), its key's hash
+    /// and stored position ([`NOT_STORED`] if none). The lookups are the
+    /// bulk of an epoch over a large state (each misses the cache several
+    /// times) and only read it, so a large probe is split across two
+    /// threads.
+    fn probe_index(&self, encoded: &[Rows], probed: usize) -> Result<Vec<Vec<(u64, u32)>>> {
+        let lookup = |keys: &Rows, rows: std::ops::Range<usize>| -> Vec<(u64, u32)> {
+            rows.map(|r| {
+                let key = keys.row(r);
+                let hash = self.hash(key);
+                (hash, self.find_hashed(hash, key).unwrap_or(NOT_STORED))
+            })
+            .collect()
+        };
+        let half = |second: bool| -> Vec<Vec<(u64, u32)>> {
+            encoded
+                .iter()
+                .map(|keys| {
+                    let (n, mid) = (keys.num_rows(), keys.num_rows() / 2);
+                    lookup(keys, if second { mid..n } else { 0..mid })
+                })
+                .collect()
+        };
+        if probed < PARALLEL_PROBE || cores() < 2 {
+            return Ok(encoded.iter().map(|k| lookup(k, 0..k.num_rows())).collect());
+        }
+        let (mut first, second) = std::thread::scope(|scope| {
+            let second = scope.spawn(|| half(true));
+            (half(false), second.join())
+        });
+        let second =
+            second.map_err(|_| SluiceError::Internal("a state lookup thread panicked".into()))?;
+        for (f, s) in first.iter_mut().zip(second) {
+            f.extend(s);
+        }
+        Ok(first)
     }
 
     /// True for each row of `batch` whose key is not stored.
@@ -276,16 +327,19 @@ impl KeyedState {
         let new_keys = self.encode(&new)?;
         let mut placement = Placement::default();
         let mut appended_keys = self.converter.empty_rows(0, 0);
+        let mut appended_hashes = Vec::new();
         for (j, key) in new_keys.iter().enumerate() {
-            match self.find(key) {
+            let hash = self.hash(key);
+            match self.find_hashed(hash, key) {
                 Some(i) => placement.updates.push((i as usize, j)),
                 None => {
                     placement.appended.push(j);
                     appended_keys.push(key);
+                    appended_hashes.push(hash);
                 }
             }
         }
-        self.place(&placement, &new, &appended_keys)
+        self.place(&placement, &new, &appended_keys, &appended_hashes)
     }
 
     /// [`upsert`](Self::upsert) of the new states of the groups `located`
@@ -302,16 +356,18 @@ impl KeyedState {
                 .collect(),
             appended: (stored..new.num_rows()).collect(),
         };
-        self.place(&placement, new, &located.new_keys)
+        self.place(&placement, new, &located.new_keys, &located.new_hashes)
     }
 
     /// Writes the rows of `new` where `placement` says, and indexes the
-    /// appended ones under `appended_keys` (their encoded keys, in order).
+    /// appended ones under `appended_keys` (their encoded keys, in order,
+    /// with their hashes).
     fn place(
         &mut self,
         placement: &Placement,
         new: &RecordBatch,
         appended_keys: &Rows,
+        appended_hashes: &[u64],
     ) -> Result<()> {
         let old_len = self.rows.num_rows();
         for &(i, _) in &placement.updates {
@@ -328,8 +384,11 @@ impl KeyedState {
             .map(|(old, new)| placement.apply(old, new))
             .collect::<Result<Vec<_>>>()?;
         self.rows = compact_views(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)?;
-        for (k, key) in appended_keys.iter().enumerate() {
-            let hash = self.hasher.hash_one(key.as_ref());
+        let (keys, hasher) = (&self.keys, &self.hasher);
+        self.index.reserve(appended_hashes.len(), |&i| {
+            hasher.hash_one(keys.row(i as usize).as_ref())
+        });
+        for (k, (key, &hash)) in appended_keys.iter().zip(appended_hashes).enumerate() {
             self.keys.push(key);
             let (keys, hasher) = (&self.keys, &self.hasher);
             self.index.insert_unique(hash, (old_len + k) as u32, |&i| {
@@ -359,6 +418,23 @@ impl KeyedState {
         self.changed = changed;
         self.removed.push(taken.clone());
         Ok(taken)
+    }
+
+    /// Removes the stored rows of the keys of `batch` (its first columns
+    /// are the key's); keys not stored are ignored.
+    pub(crate) fn remove_keys(&mut self, batch: &RecordBatch) -> Result<()> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let keys = self.encode_columns(&batch.columns()[..self.key_columns], batch.num_rows())?;
+        let mut gone = vec![false; self.rows.num_rows()];
+        for key in keys.iter() {
+            if let Some(i) = self.find(key) {
+                gone[i as usize] = true;
+            }
+        }
+        self.remove(&BooleanArray::from(gone))?;
+        Ok(())
     }
 
     /// Removes and returns the stored rows whose `columns` (a part of the
@@ -440,16 +516,7 @@ impl KeyedState {
         let upserts = read_ipc(upserts, &self.schema)?;
         let key_columns: Vec<usize> = (0..self.key_columns).collect();
         let key_schema = Arc::new(self.schema.project(&key_columns)?);
-        let gone = read_ipc(gone, &key_schema)?;
-        if gone.num_rows() > 0 {
-            let mut dead = vec![false; self.rows.num_rows()];
-            for key in self.encode_columns(gone.columns(), gone.num_rows())?.iter() {
-                if let Some(i) = self.find(key) {
-                    dead[i as usize] = true;
-                }
-            }
-            self.remove(&BooleanArray::from(dead))?;
-        }
+        self.remove_keys(&read_ipc(gone, &key_schema)?)?;
         self.upsert(&[upserts])?;
         self.clear_changes();
         Ok(())
@@ -522,6 +589,54 @@ pub(crate) struct Located {
     pub positions: Vec<u32>,
     /// The new keys, encoded, in group order.
     pub new_keys: Rows,
+    /// Their hashes, for the index.
+    pub new_hashes: Vec<u64>,
+}
+
+/// A probe row whose key is not stored (see [`KeyedState::probe_index`]).
+const NOT_STORED: u32 = u32::MAX;
+
+/// Probes of fewer rows are looked up on one thread: below this, starting
+/// a second costs about what it saves.
+const PARALLEL_PROBE: usize = 1 << 15;
+
+/// The machine's cores, asked once.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Which group [`KeyedState::locate`] gave each stored position it met:
+/// a slot per stored row when the probe is a good part of the state (no
+/// hashing), else a map of the positions met.
+enum StoredGroups {
+    Dense(Vec<u32>),
+    Sparse(hashbrown::HashMap<u32, usize, RandomState>),
+}
+
+impl StoredGroups {
+    fn new(stored: usize, probed: usize) -> Self {
+        if stored <= probed.saturating_mul(4) {
+            Self::Dense(vec![u32::MAX; stored])
+        } else {
+            Self::Sparse(hashbrown::HashMap::default())
+        }
+    }
+
+    /// The group of stored position `pos`, made by `add` the first time.
+    fn group_of(&mut self, pos: u32, add: impl FnOnce() -> usize) -> usize {
+        match self {
+            Self::Dense(slots) => {
+                let slot = &mut slots[pos as usize];
+                if *slot == u32::MAX {
+                    // Groups number at most the probe's rows, under u32::MAX.
+                    *slot = add() as u32;
+                }
+                *slot as usize
+            }
+            Self::Sparse(map) => *map.entry(pos).or_insert_with(add),
+        }
+    }
 }
 
 /// `batch` with each string or binary view column that holds buffers of
@@ -704,6 +819,8 @@ impl Placement {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
+
     use datafusion::arrow::array::{AsArray, Int64Array, StringArray};
     use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 
@@ -794,6 +911,43 @@ mod tests {
             .values()
             .to_vec();
         assert_eq!(n, vec![10, 2, 30, 7, 8]);
+    }
+
+    #[test]
+    fn a_large_probe_looked_up_on_two_threads_groups_like_a_map() {
+        // Stored: even keys. Probe: every key of 0..n twice over two
+        // batches, more rows than one thread looks up.
+        let n = PARALLEL_PROBE;
+        let names = |keys: &mut dyn Iterator<Item = usize>| -> Vec<String> {
+            keys.map(|k| format!("k{k}")).collect()
+        };
+        let stored = names(&mut (0..n).step_by(2));
+        let stored_refs: Vec<&str> = stored.iter().map(String::as_str).collect();
+        let mut s = KeyedState::new(batch(&[], &[]).schema(), 1).unwrap();
+        s.upsert(&[batch(&stored_refs, &vec![1; stored.len()])])
+            .unwrap();
+        let probe_keys = [names(&mut (0..n).rev()), names(&mut (0..n))];
+        let probe: Vec<RecordBatch> = probe_keys
+            .iter()
+            .map(|keys| {
+                let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+                batch(&refs, &vec![0; refs.len()])
+            })
+            .collect();
+        let located = s.locate(&probe).unwrap();
+        // Each key one group, the same in both batches; the stored keys'
+        // groups come first.
+        let mut group_of: HashMap<&str, usize> = HashMap::new();
+        for (keys, groups) in probe_keys.iter().zip(&located.groups) {
+            for (k, &g) in keys.iter().zip(groups) {
+                assert_eq!(*group_of.entry(k).or_insert(g), g, "{k}");
+                let was_stored = k[1..].parse::<usize>().unwrap() % 2 == 0;
+                assert_eq!(g < located.positions.len(), was_stored, "{k}");
+            }
+        }
+        assert_eq!(group_of.len(), n);
+        assert_eq!(located.positions.len(), stored.len());
+        assert_eq!(located.new_rows.len(), n - stored.len());
     }
 
     #[test]

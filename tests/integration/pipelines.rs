@@ -77,6 +77,8 @@ struct Run {
     epochs: Vec<(Vec<RecordBatch>, Option<RecordBatch>)>,
     late_rows: u64,
     state_rows: u64,
+    /// State files in the checkpoint at the end that are deltas.
+    deltas: usize,
 }
 
 /// Runs `query` (built over the session's memory stream `events`) one
@@ -94,6 +96,7 @@ async fn run(
         epochs: Vec::new(),
         late_rows: 0,
         state_rows: 0,
+        deltas: 0,
     };
     for rows in epochs {
         input.add_batch(to_batch(rows)).unwrap();
@@ -125,6 +128,12 @@ async fn run(
             out.batches.extend(sink.epoch_batches(e));
             out.epochs
                 .push((sink.epoch_batches(e), sink.epoch_retracted(e)));
+        }
+    }
+    for operator in std::fs::read_dir(dir.path().join("state")).unwrap() {
+        for file in std::fs::read_dir(operator.unwrap().path()).unwrap() {
+            let name = file.unwrap().file_name();
+            out.deltas += usize::from(name.to_string_lossy().ends_with(".delta"));
         }
     }
     for b in &out.batches {
@@ -427,6 +436,15 @@ fn an_aggregation_over_a_changing_aggregation_equals_the_loops_across_restarts()
             assert!(
                 retractions > 0,
                 "seed {seed}: the low buckets empty as counts grow"
+            );
+            // Restored each epoch from a snapshot and the deltas after it.
+            assert!(run.deltas > 0, "seed {seed}: no pipeline delta");
+            // The state holds a row per value and one per live bucket: an
+            // emptied bucket leaves the state, not only the output.
+            assert_eq!(
+                run.state_rows as usize,
+                per_value.len() + expected.len(),
+                "seed {seed}"
             );
             assert_eq!(actual, expected, "seed {seed}");
         })
