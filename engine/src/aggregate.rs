@@ -38,7 +38,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet};
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, TimestampNanosecondArray};
 use datafusion::arrow::compute::{cast, concat, concat_batches, filter_record_batch, interleave};
@@ -504,23 +504,21 @@ fn retracted(
     };
     let schema = project(first)?.schema();
     let converter = row_converter(schema.fields().iter().map(|f| f.data_type()))?;
-    let mut emitted = HashSet::new();
-    for b in rows {
-        let b = project(b)?;
-        emitted.extend(
-            converter
-                .convert_columns(b.columns())?
-                .iter()
-                .map(|r| r.owned()),
-        );
-    }
+    let encoded = rows
+        .iter()
+        .map(|b| Ok(converter.convert_columns(project(b)?.columns())?))
+        .collect::<Result<Vec<_>>>()?;
+    let emitted: HashSet<&[u8]> = encoded
+        .iter()
+        .flat_map(|r| r.iter().map(|r| r.data()))
+        .collect();
     let mut gone = Vec::new();
     for b in before {
         let b = project(b)?;
         let mask: BooleanArray = converter
             .convert_columns(b.columns())?
             .iter()
-            .map(|r| Some(!emitted.contains(&r.owned())))
+            .map(|r| Some(!emitted.contains(r.data())))
             .collect();
         gone.push(filter_record_batch(&b, &mask)?);
     }
@@ -553,12 +551,12 @@ fn merge_sessions(
             .map(|&c| Arc::clone(batch.column(c)))
             .collect::<Vec<_>>(),
     )?;
-    let mut groups: HashMap<Vec<u8>, Vec<usize>> = HashMap::new();
+    let mut groups: HashMap<&[u8], Vec<usize>> = HashMap::new();
     for i in 0..batch.num_rows() {
         let k = if partition.is_empty() {
-            Vec::new()
+            &[]
         } else {
-            rows.row(i).as_ref().to_vec()
+            rows.row(i).data()
         };
         groups.entry(k).or_default().push(i);
     }

@@ -10,14 +10,14 @@
 //! negation. Nexmark q4 (the average per category of each auction's
 //! highest bid) runs this way.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{BooleanArray, Int64Array};
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::arrow::row::{OwnedRow, Rows};
+use datafusion::arrow::row::Rows;
 use datafusion::common::{Column, ScalarValue};
 use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::expr_fn::{cast, when};
@@ -57,15 +57,16 @@ pub(crate) fn signed(old: &[RecordBatch], new: &[RecordBatch]) -> Result<Vec<Rec
             .collect()
     };
     let (old_rows, new_rows) = (encode(old)?, encode(new)?);
-    let mut unmatched: HashMap<OwnedRow, usize> = HashMap::new();
+    // Rows by their encoded bytes, borrowed from `old_rows`/`new_rows`.
+    let mut unmatched: HashMap<&[u8], usize> = HashMap::new();
     for rows in &old_rows {
         for r in rows.iter() {
-            *unmatched.entry(r.owned()).or_default() += 1;
+            *unmatched.entry(r.data()).or_default() += 1;
         }
     }
     // A new row equal to an old one cancels it: count the cancelled ones,
     // then drop as many of the old rows.
-    let take = |pool: &mut HashMap<OwnedRow, usize>, r: &OwnedRow| match pool.get_mut(r) {
+    let take = |pool: &mut HashMap<&[u8], usize>, r: &[u8]| match pool.get_mut(r) {
         Some(n) if *n > 0 => {
             *n -= 1;
             true
@@ -85,13 +86,13 @@ pub(crate) fn signed(old: &[RecordBatch], new: &[RecordBatch]) -> Result<Vec<Rec
         }
         Ok(())
     };
-    let mut cancelled: HashMap<OwnedRow, usize> = HashMap::new();
+    let mut cancelled: HashMap<&[u8], usize> = HashMap::new();
     for (b, rows) in new.iter().zip(&new_rows) {
         let mask: BooleanArray = rows
             .iter()
             .map(|r| {
-                let r = r.owned();
-                let cancels = take(&mut unmatched, &r);
+                let r = r.data();
+                let cancels = take(&mut unmatched, r);
                 if cancels {
                     *cancelled.entry(r).or_default() += 1;
                 }
@@ -103,7 +104,7 @@ pub(crate) fn signed(old: &[RecordBatch], new: &[RecordBatch]) -> Result<Vec<Rec
     for (b, rows) in old.iter().zip(&old_rows) {
         let mask: BooleanArray = rows
             .iter()
-            .map(|r| Some(!take(&mut cancelled, &r.owned())))
+            .map(|r| Some(!take(&mut cancelled, r.data())))
             .collect();
         signed(b, mask, -1)?;
     }

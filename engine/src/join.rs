@@ -34,7 +34,7 @@
 //! state grows with the input, and no row is late. A left outer join needs
 //! the bound, since only eviction says that a left row stays unmatched.
 
-use std::collections::HashSet;
+use foldhash::{HashSet, HashSetExt};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{

@@ -19,7 +19,7 @@
 //! Files older than the retained snapshots' chains are deleted once a newer
 //! chain is committed.
 
-use std::collections::HashSet;
+use foldhash::{HashSet, HashSetExt};
 use std::hash::BuildHasher;
 use std::io::Cursor;
 use std::sync::Arc;
