@@ -8,6 +8,12 @@
 //! ([`KeyedState::upsert`]); an aggregation does both with one probe per
 //! key ([`KeyedState::locate`], then [`KeyedState::upsert_located`]).
 //!
+//! Over a large state most of an epoch's time is those probes, each a few
+//! cache misses: so keys are hashed with foldhash, each key once per epoch,
+//! and a large probe's lookups run on two threads, as they only read the
+//! index (with std's SipHash, on one thread, an epoch over 1 M keys took
+//! four times as long; `benches/README.md`).
+//!
 //! Durability: every epoch that changes the state writes, *before* the epoch
 //! commits, either a delta (`state/<operator>/<epoch>.<run>.delta`: the
 //! current rows of the keys it changed and the keys it removed) or, every
