@@ -26,8 +26,13 @@
 //!    (see [`TimeBounds`]).
 //!
 //! Left rows carry a row id and a matched flag, so matches found in any
-//! epoch are remembered across restarts (the buffers are the operator's
-//! snapshot).
+//! epoch are remembered across restarts. The buffers are the operator's
+//! snapshot; between snapshots each epoch's checkpoint holds a delta — the
+//! rows appended to each side, the ids of left rows newly matched, and the
+//! expiries of the last eviction — so that an unbounded join's growing
+//! state is not written whole every epoch. Replaying deltas gives the same
+//! buffers as the epochs did: expiries only grow with the watermark, so
+//! evicting once at the last one removes what every eviction removed.
 //!
 //! An inner join without a time bound (Flink's "regular join", Nexmark q3)
 //! runs the same steps without step 3: both buffers keep every row, so the
@@ -43,7 +48,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::kernels::cmp::lt;
 use datafusion::arrow::compute::{concat_batches, filter_record_batch, not};
-use datafusion::arrow::datatypes::{DataType, Field, SchemaRef, UInt64Type};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::common::{Column, DFSchema, JoinType, ScalarValue};
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
@@ -150,7 +155,25 @@ pub(crate) struct JoinOperator {
     /// The columns compared with the expiries in the left and right
     /// buffers.
     time_columns: Option<(usize, usize)>,
+    /// What changed since the last checkpoint (see [`JoinOperator::delta`]).
+    changes: Changes,
 }
+
+/// A join's changes since its last checkpoint.
+#[derive(Debug, Default)]
+struct Changes {
+    /// Rows appended to each side, as appended.
+    left: Vec<RecordBatch>,
+    right: Vec<RecordBatch>,
+    /// Ids of the left rows marked matched.
+    matched: HashSet<u64>,
+    /// The last eviction's expiries, left and right (ns).
+    evicted: Option<(i64, i64)>,
+}
+
+/// Bytes before the parts of a join delta: whether it evicts (1 byte),
+/// then the left and right expiries (8 bytes each, little endian).
+const DELTA_HEADER: usize = 17;
 
 impl JoinOperator {
     pub(crate) fn new(config: JoinConfig) -> Result<Self> {
@@ -167,6 +190,7 @@ impl JoinOperator {
             next_row_id: 0,
             time_columns,
             config,
+            changes: Changes::default(),
         })
     }
 
@@ -184,9 +208,93 @@ impl JoinOperator {
         )
     }
 
-    /// Both buffers as one blob (see [`two_parts`]).
-    pub(crate) fn snapshot(&self) -> Result<Vec<u8>> {
+    /// Both buffers as one blob (see [`two_parts`]); changes are counted
+    /// anew from here.
+    pub(crate) fn snapshot(&mut self) -> Result<Vec<u8>> {
+        self.changes = Changes::default();
         Ok(two_parts(&ipc_bytes(&self.left)?, &ipc_bytes(&self.right)?))
+    }
+
+    /// Whether anything changed since the last snapshot or delta.
+    pub(crate) fn has_changes(&self) -> bool {
+        let c = &self.changes;
+        !c.left.is_empty() || !c.right.is_empty() || !c.matched.is_empty() || c.evicted.is_some()
+    }
+
+    /// The changes since the last snapshot or delta, then forgets them:
+    /// the header (see [`DELTA_HEADER`]), then the appended left and right
+    /// rows and the matched ids, each Arrow IPC (see [`two_parts`]).
+    pub(crate) fn delta(&mut self) -> Result<Vec<u8>> {
+        let c = std::mem::take(&mut self.changes);
+        let left = concat_batches(&self.config.left_in.schema_ref(), &c.left)?;
+        let right = concat_batches(&self.config.right_in.schema_ref(), &c.right)?;
+        let ids = RecordBatch::try_new(
+            id_schema(),
+            vec![Arc::new(UInt64Array::from_iter_values(c.matched))],
+        )?;
+        let mut out = Vec::new();
+        let (flag, (l, r)) = match c.evicted {
+            Some(limits) => (1u8, limits),
+            None => (0, (0, 0)),
+        };
+        out.push(flag);
+        out.extend_from_slice(&l.to_le_bytes());
+        out.extend_from_slice(&r.to_le_bytes());
+        out.extend(two_parts(
+            &two_parts(&ipc_bytes(&left)?, &ipc_bytes(&right)?),
+            &ipc_bytes(&ids)?,
+        ));
+        Ok(out)
+    }
+
+    /// Applies a [`delta`](Self::delta): appends its rows, marks its
+    /// matches, evicts at its expiries.
+    pub(crate) fn apply_delta(&mut self, bytes: &[u8]) -> Result<()> {
+        let damaged = || SluiceError::Internal("the join delta is truncated".into());
+        let (header, parts) = bytes.split_at_checked(DELTA_HEADER).ok_or_else(damaged)?;
+        let limit = |at: usize| {
+            header[at..at + 8]
+                .try_into()
+                .map(i64::from_le_bytes)
+                .map_err(|_| damaged())
+        };
+        let evicted = match header[0] {
+            0 => None,
+            1 => Some((limit(1)?, limit(9)?)),
+            other => {
+                return Err(SluiceError::Internal(format!(
+                    "the join delta has an unknown eviction flag {other}"
+                )))
+            }
+        };
+        let (sides, ids) = split_two_parts(parts, "the join delta")?;
+        let (new_left, new_right) = split_two_parts(sides, "the join delta")?;
+        let left_schema = self.config.left_in.schema_ref();
+        let new_left = read_ipc(new_left, &left_schema)?;
+        let new_right = read_ipc(new_right, &self.config.right_in.schema_ref())?;
+        let ids = read_ipc(ids, &id_schema())?;
+        let ids: HashSet<u64> = ids
+            .column(0)
+            .as_primitive::<UInt64Type>()
+            .values()
+            .iter()
+            .copied()
+            .collect();
+        if let Some(m) = max_row_id(&new_left) {
+            self.next_row_id = self.next_row_id.max(m + 1);
+        }
+        let mut left = concat_batches(&left_schema, [&self.left, &new_left])?;
+        if !ids.is_empty() {
+            left = mark_matched(&left, &ids)?;
+        }
+        let mut right = concat_batches(&self.right.schema(), [&self.right, &new_right])?;
+        if let (Some((l, r)), Some((left_ts, right_ts))) = (evicted, self.time_columns) {
+            left = split_before(&left, left_ts, l)?.1;
+            right = split_before(&right, right_ts, r)?.1;
+        }
+        self.left = compact_views(left)?;
+        self.right = compact_views(right)?;
+        Ok(())
     }
 
     /// Empties the buffers (no state committed yet).
@@ -194,6 +302,7 @@ impl JoinOperator {
         self.left = RecordBatch::new_empty(self.config.left_in.schema_ref());
         self.right = RecordBatch::new_empty(self.config.right_in.schema_ref());
         self.next_row_id = 0;
+        self.changes = Changes::default();
     }
 
     /// Replaces the buffers with a snapshot's.
@@ -201,9 +310,8 @@ impl JoinOperator {
         let (left, right) = split_two_parts(bytes, "the join snapshot")?;
         self.left = read_ipc(left, &self.config.left_in.schema_ref())?;
         self.right = read_ipc(right, &self.config.right_in.schema_ref())?;
-        let ids = self.left.column(self.left.num_columns() - 2);
-        self.next_row_id =
-            datafusion::arrow::compute::max(ids.as_primitive::<UInt64Type>()).map_or(0, |m| m + 1);
+        self.next_row_id = max_row_id(&self.left).map_or(0, |m| m + 1);
+        self.changes = Changes::default();
         Ok(())
     }
 
@@ -251,6 +359,13 @@ impl JoinOperator {
             let ids = b.column(left_width - 2).as_primitive::<UInt64Type>();
             matched.extend(ids.values().iter().copied());
         }
+        if new_left.num_rows() > 0 {
+            self.changes.left.push(compact_views(new_left.clone())?);
+        }
+        if new_right.num_rows() > 0 {
+            self.changes.right.push(compact_views(new_right.clone())?);
+        }
+        self.changes.matched.extend(matched.iter().copied());
         let mut left = concat_batches(&left_schema, [&self.left, &new_left])?;
         if !matched.is_empty() {
             left = mark_matched(&left, &matched)?;
@@ -261,9 +376,11 @@ impl JoinOperator {
         if let (Some(w), Some(b), Some((left_ts, right_ts))) =
             (watermark, &self.config.bounds, self.time_columns)
         {
-            let (gone, kept) = split_before(&left, left_ts, b.left_expiry(w))?;
+            let limits = (b.left_expiry(w), b.right_expiry(w));
+            self.changes.evicted = Some(limits);
+            let (gone, kept) = split_before(&left, left_ts, limits.0)?;
             left = kept;
-            right = split_before(&right, right_ts, b.right_expiry(w))?.1;
+            right = split_before(&right, right_ts, limits.1)?.1;
             if self.config.join_type == JoinType::Left && gone.num_rows() > 0 {
                 let unmatched = not(gone.column(left_width - 1).as_boolean())?;
                 outer = Some(filter_record_batch(&gone, &unmatched)?);
@@ -316,6 +433,17 @@ impl JoinOperator {
         }
         Ok(concat_batches(&schema, &out)?)
     }
+}
+
+/// The highest row id among `left` rows (its next-to-last column).
+fn max_row_id(left: &RecordBatch) -> Option<u64> {
+    let ids = left.column(left.num_columns() - 2);
+    datafusion::arrow::compute::max(ids.as_primitive::<UInt64Type>())
+}
+
+/// The schema of a join delta's matched ids.
+fn id_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("id", DataType::UInt64, false)]))
 }
 
 /// `batches` as one batch of `schema` (same columns; DataFusion's output

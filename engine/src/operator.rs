@@ -148,15 +148,14 @@ impl Operator {
     ///
     /// A pipeline's delta is a part per operator: a tag byte (unchanged,
     /// delta, or snapshot), the part's length (8 bytes, little endian) and
-    /// its bytes. So an aggregation inside a pipeline (Nexmark q4's maximum
-    /// per auction) writes only its changed groups, as it does alone.
+    /// its bytes. So an aggregation or a join inside a pipeline (Nexmark
+    /// q4's maximum per auction) writes only its changes, as it does alone.
     pub(crate) fn stage(&mut self, full: bool) -> Result<Staged> {
         match self {
             Self::Aggregate(a) => a.stage(full),
-            // The join's buffers are bounded by the watermark (or small):
-            // always whole.
-            Self::Join(_) => Ok(Staged::Snapshot),
-            Self::Pipeline(_) if full => Ok(Staged::Snapshot),
+            Self::Join(_) | Self::Pipeline(_) if full => Ok(Staged::Snapshot),
+            Self::Join(j) if j.has_changes() => Ok(Staged::Delta(j.delta()?)),
+            Self::Join(_) => Ok(Staged::Unchanged),
             Self::Pipeline(stages) => {
                 let mut delta = Vec::new();
                 let mut changed = false;
@@ -218,13 +217,16 @@ impl Operator {
     ) -> Result<()> {
         match self {
             Self::Aggregate(a) => a.restore(session, chain).await,
-            Self::Join(j) => match single_snapshot(chain, "join")? {
-                None => {
-                    j.clear();
-                    Ok(())
+            Self::Join(j) => {
+                match chain.next() {
+                    None => j.clear(),
+                    Some(snapshot) => j.restore(&snapshot?)?,
                 }
-                Some(snapshot) => j.restore(&snapshot),
-            },
+                for delta in chain {
+                    j.apply_delta(&delta?)?;
+                }
+                Ok(())
+            }
             Self::Pipeline(stages) => {
                 // Each operator's own chain: its part of the snapshot, then
                 // its deltas; a part that is a snapshot starts it anew. An
@@ -275,18 +277,6 @@ impl Operator {
                 .map(|s| s.operator.state_size())
                 .fold((0, 0), |(r, b), (sr, sb)| (r + sr, b + sb)),
         }
-    }
-}
-
-/// The one snapshot an operator that stages only snapshots committed, if
-/// any.
-fn single_snapshot(chain: StateChain<'_>, what: &str) -> Result<Option<Vec<u8>>> {
-    match (chain.next(), chain.next()) {
-        (None, _) => Ok(None),
-        (Some(snapshot), None) => Ok(Some(snapshot?)),
-        (Some(_), Some(_)) => Err(SluiceError::Internal(format!(
-            "the {what}'s state is committed as one snapshot, not a chain"
-        ))),
     }
 }
 

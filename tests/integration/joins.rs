@@ -15,7 +15,8 @@ use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session, Trigger, Window};
 
 use crate::util::{
-    block_on, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
+    block_on, property, state_deltas, timed_batch as to_batch, timed_schema as schema, Lcg,
+    TimedRow as Row,
 };
 
 const DELAY_MS: i64 = 1_000;
@@ -292,6 +293,8 @@ async fn run_streaming(
         }
     }
     run.rows.sort();
+    // Restored from a snapshot and the deltas after it, not snapshots only.
+    assert!(state_deltas(dir) > 0, "no join delta in the checkpoint");
     run
 }
 

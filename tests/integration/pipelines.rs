@@ -16,7 +16,8 @@ use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session, StreamFrame, Trigger, Window};
 
 use crate::util::{
-    block_on, ints, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
+    block_on, ints, property, state_deltas, timed_batch as to_batch, timed_schema as schema, Lcg,
+    TimedRow as Row,
 };
 
 const DELAY_MS: i64 = 1_000;
@@ -130,12 +131,7 @@ async fn run(
                 .push((sink.epoch_batches(e), sink.epoch_retracted(e)));
         }
     }
-    for operator in std::fs::read_dir(dir.path().join("state")).unwrap() {
-        for file in std::fs::read_dir(operator.unwrap().path()).unwrap() {
-            let name = file.unwrap().file_name();
-            out.deltas += usize::from(name.to_string_lossy().ends_with(".delta"));
-        }
-    }
+    out.deltas = state_deltas(dir.path());
     for b in &out.batches {
         assert!(
             b.columns().iter().all(|c| c.null_count() == 0),

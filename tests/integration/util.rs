@@ -109,6 +109,19 @@ pub fn property(default_cases: u32, check: impl Fn(u64)) {
         .unwrap();
 }
 
+/// How many of the operators' state files in checkpoint `dir` are deltas
+/// (the rest are snapshots).
+pub fn state_deltas(dir: &std::path::Path) -> usize {
+    let mut deltas = 0;
+    for operator in std::fs::read_dir(dir.join("state")).expect("a state directory") {
+        for file in std::fs::read_dir(operator.expect("an operator").path()).expect("files") {
+            let name = file.expect("a file").file_name();
+            deltas += usize::from(name.to_string_lossy().ends_with(".delta"));
+        }
+    }
+    deltas
+}
+
 /// Runs `f` on a fresh two-thread runtime.
 pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_multi_thread()
