@@ -32,7 +32,9 @@
 //! expiries of the last eviction — so that an unbounded join's growing
 //! state is not written whole every epoch. Replaying deltas gives the same
 //! buffers as the epochs did: expiries only grow with the watermark, so
-//! evicting once at the last one removes what every eviction removed.
+//! evicting once at the last one removes what every eviction removed. When
+//! an epoch appended at least as many rows as the buffers keep, a snapshot
+//! is the smaller file and is written instead.
 //!
 //! An inner join without a time bound (Flink's "regular join", Nexmark q3)
 //! runs the same steps without step 3: both buffers keep every row, so the
@@ -221,13 +223,32 @@ impl JoinOperator {
         !c.left.is_empty() || !c.right.is_empty() || !c.matched.is_empty() || c.evicted.is_some()
     }
 
+    /// Whether a delta would hold at least as many rows as the buffers: a
+    /// join whose rows leave within an epoch (Nexmark q7's bids, kept until
+    /// their window closes) appends more than it keeps, and its snapshot is
+    /// then the smaller file.
+    pub(crate) fn delta_outgrows_state(&self) -> bool {
+        let appended: usize = self
+            .changes
+            .left
+            .iter()
+            .chain(&self.changes.right)
+            .map(|b| b.num_rows())
+            .sum();
+        appended > 0 && appended >= self.left.num_rows() + self.right.num_rows()
+    }
+
     /// The changes since the last snapshot or delta, then forgets them:
     /// the header (see [`DELTA_HEADER`]), then the appended left and right
     /// rows and the matched ids, each Arrow IPC (see [`two_parts`]).
     pub(crate) fn delta(&mut self) -> Result<Vec<u8>> {
         let c = std::mem::take(&mut self.changes);
-        let left = concat_batches(&self.config.left_in.schema_ref(), &c.left)?;
-        let right = concat_batches(&self.config.right_in.schema_ref(), &c.right)?;
+        // Appended rows may still point into their epoch's input buffers.
+        let left = compact_views(concat_batches(&self.config.left_in.schema_ref(), &c.left)?)?;
+        let right = compact_views(concat_batches(
+            &self.config.right_in.schema_ref(),
+            &c.right,
+        )?)?;
         let ids = RecordBatch::try_new(
             id_schema(),
             vec![Arc::new(UInt64Array::from_iter_values(c.matched))],
@@ -360,10 +381,10 @@ impl JoinOperator {
             matched.extend(ids.values().iter().copied());
         }
         if new_left.num_rows() > 0 {
-            self.changes.left.push(compact_views(new_left.clone())?);
+            self.changes.left.push(new_left.clone());
         }
         if new_right.num_rows() > 0 {
-            self.changes.right.push(compact_views(new_right.clone())?);
+            self.changes.right.push(new_right.clone());
         }
         self.changes.matched.extend(matched.iter().copied());
         let mut left = concat_batches(&left_schema, [&self.left, &new_left])?;

@@ -154,6 +154,7 @@ impl Operator {
         match self {
             Self::Aggregate(a) => a.stage(full),
             Self::Join(_) | Self::Pipeline(_) if full => Ok(Staged::Snapshot),
+            Self::Join(j) if j.delta_outgrows_state() => Ok(Staged::Snapshot),
             Self::Join(j) if j.has_changes() => Ok(Staged::Delta(j.delta()?)),
             Self::Join(_) => Ok(Staged::Unchanged),
             Self::Pipeline(stages) => {
