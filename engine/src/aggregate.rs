@@ -38,8 +38,6 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use foldhash::{HashMap, HashMapExt, HashSet};
-
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, TimestampNanosecondArray};
 use datafusion::arrow::compute::{cast, concat, concat_batches, filter_record_batch, interleave};
 use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef};
@@ -50,6 +48,7 @@ use datafusion::logical_expr::{EmitTo, LogicalPlan};
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{collect, ExecutionPlan};
+use foldhash::{HashMap, HashMapExt, HashSet};
 
 use crate::changelog;
 use crate::error::{Result, SluiceError};

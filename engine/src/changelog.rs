@@ -10,7 +10,6 @@
 //! negation. Nexmark q4 (the average per category of each auction's
 //! highest bid) runs this way.
 
-use foldhash::{HashMap, HashMapExt};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{BooleanArray, Int64Array};
@@ -24,6 +23,7 @@ use datafusion::logical_expr::expr_fn::{cast, when};
 use datafusion::logical_expr::{
     lit, Aggregate, Expr, ExprSchemable, Filter, LogicalPlan, Projection,
 };
+use foldhash::{HashMap, HashMapExt};
 
 use crate::error::{Result, SluiceError};
 use crate::state::row_converter;

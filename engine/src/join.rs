@@ -41,7 +41,6 @@
 //! state grows with the input, and no row is late. A left outer join needs
 //! the bound, since only eviction says that a left row stays unmatched.
 
-use foldhash::{HashSet, HashSetExt};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
@@ -55,6 +54,7 @@ use datafusion::common::{Column, DFSchema, JoinType, ScalarValue};
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 use datafusion::physical_plan::collect;
+use foldhash::{HashSet, HashSetExt};
 
 use crate::error::{Result, SluiceError};
 use crate::state::{compact_views, ipc_bytes, read_ipc, split_two_parts, two_parts};

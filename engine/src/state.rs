@@ -25,7 +25,6 @@
 //! Files older than the retained snapshots' chains are deleted once a newer
 //! chain is committed.
 
-use foldhash::{HashSet, HashSetExt};
 use std::hash::BuildHasher;
 use std::io::Cursor;
 use std::sync::Arc;
@@ -43,6 +42,7 @@ use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::arrow::row::{Row, RowConverter, Rows, SortField};
 use foldhash::fast::RandomState;
+use foldhash::{HashSet, HashSetExt};
 use hashbrown::HashTable;
 
 use crate::error::{Result, SluiceError};
