@@ -304,18 +304,35 @@ impl JoinOperator {
         if let Some(m) = max_row_id(&new_left) {
             self.next_row_id = self.next_row_id.max(m + 1);
         }
-        let mut left = concat_batches(&left_schema, [&self.left, &new_left])?;
-        if !ids.is_empty() {
-            left = mark_matched(&left, &ids)?;
+        let all_right = concat_batches(&self.right.schema(), [&self.right, &new_right])?;
+        self.absorb(&new_left, all_right, &ids, evicted)?;
+        Ok(())
+    }
+
+    /// The buffers' step of an epoch, which replaying a delta repeats:
+    /// appends `new_left` (the right buffer is already `all_right`), marks
+    /// the left rows `matched`, and evicts at `limits` (left, right
+    /// expiries). Returns the left rows evicted.
+    fn absorb(
+        &mut self,
+        new_left: &RecordBatch,
+        all_right: RecordBatch,
+        matched: &HashSet<u64>,
+        limits: Option<(i64, i64)>,
+    ) -> Result<RecordBatch> {
+        let mut left = concat_batches(&self.left.schema(), [&self.left, new_left])?;
+        if !matched.is_empty() {
+            left = mark_matched(&left, matched)?;
         }
-        let mut right = concat_batches(&self.right.schema(), [&self.right, &new_right])?;
-        if let (Some((l, r)), Some((left_ts, right_ts))) = (evicted, self.time_columns) {
-            left = split_before(&left, left_ts, l)?.1;
+        let mut right = all_right;
+        let mut gone = RecordBatch::new_empty(left.schema());
+        if let (Some((l, r)), Some((left_ts, right_ts))) = (limits, self.time_columns) {
+            (gone, left) = split_before(&left, left_ts, l)?;
             right = split_before(&right, right_ts, r)?.1;
         }
         self.left = compact_views(left)?;
         self.right = compact_views(right)?;
-        Ok(())
+        Ok(gone)
     }
 
     /// Empties the buffers (no state committed yet).
@@ -387,28 +404,20 @@ impl JoinOperator {
             self.changes.right.push(new_right.clone());
         }
         self.changes.matched.extend(matched.iter().copied());
-        let mut left = concat_batches(&left_schema, [&self.left, &new_left])?;
-        if !matched.is_empty() {
-            left = mark_matched(&left, &matched)?;
+        let limits = match (watermark, &self.config.bounds) {
+            (Some(w), Some(b)) => Some((b.left_expiry(w), b.right_expiry(w))),
+            _ => None,
+        };
+        if limits.is_some() {
+            self.changes.evicted = limits;
         }
-        let mut right = all_right;
-
-        let mut outer = None;
-        if let (Some(w), Some(b), Some((left_ts, right_ts))) =
-            (watermark, &self.config.bounds, self.time_columns)
-        {
-            let limits = (b.left_expiry(w), b.right_expiry(w));
-            self.changes.evicted = Some(limits);
-            let (gone, kept) = split_before(&left, left_ts, limits.0)?;
-            left = kept;
-            right = split_before(&right, right_ts, limits.1)?.1;
-            if self.config.join_type == JoinType::Left && gone.num_rows() > 0 {
-                let unmatched = not(gone.column(left_width - 1).as_boolean())?;
-                outer = Some(filter_record_batch(&gone, &unmatched)?);
-            }
-        }
-        self.left = compact_views(left)?;
-        self.right = compact_views(right)?;
+        let gone = self.absorb(&new_left, all_right, &matched, limits)?;
+        let outer = if self.config.join_type == JoinType::Left && gone.num_rows() > 0 {
+            let unmatched = not(gone.column(left_width - 1).as_boolean())?;
+            Some(filter_record_batch(&gone, &unmatched)?)
+        } else {
+            None
+        };
 
         // Drop the bookkeeping columns; pad unmatched left rows with nulls.
         let schema = &self.config.output.schema_ref();

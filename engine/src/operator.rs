@@ -173,9 +173,8 @@ impl Operator {
                         }
                     };
                     changed |= tag != PART_UNCHANGED;
-                    delta.push(tag);
-                    delta.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-                    delta.extend_from_slice(&bytes);
+                    write_part(&mut delta, Some(tag), &bytes)
+                        .map_err(|e| SluiceError::io("writing the pipeline's state", e))?;
                 }
                 Ok(if changed {
                     Staged::Delta(delta)
@@ -200,8 +199,7 @@ impl Operator {
                     let mut bytes = Vec::new();
                     s.operator.write_snapshot(&mut bytes)?;
                     s.based = !bytes.is_empty();
-                    w.write_all(&(bytes.len() as u64).to_le_bytes())
-                        .and_then(|()| w.write_all(&bytes))
+                    write_part(w, None, &bytes)
                         .map_err(|e| SluiceError::io("writing the pipeline's state", e))?;
                 }
                 Ok(())
@@ -326,6 +324,16 @@ fn tagged_parts(bytes: &[u8], n: usize) -> Result<Vec<(u8, &[u8])>> {
         )));
     }
     Ok(parts)
+}
+
+/// Writes one part of a pipeline's state file, as [`split_parts`] reads
+/// it: the tag byte if any, the length (8 bytes, little endian), the bytes.
+fn write_part(w: &mut dyn std::io::Write, tag: Option<u8>, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(tag) = tag {
+        w.write_all(&[tag])?;
+    }
+    w.write_all(&(bytes.len() as u64).to_le_bytes())?;
+    w.write_all(bytes)
 }
 
 /// `n` parts of a pipeline's state file (`what`): each a tag byte if

@@ -432,9 +432,8 @@ impl KeyedState {
         if batch.num_rows() == 0 {
             return Ok(());
         }
-        let keys = self.encode_columns(&batch.columns()[..self.key_columns], batch.num_rows())?;
         let mut gone = vec![false; self.rows.num_rows()];
-        for key in keys.iter() {
+        for key in self.encode(batch)?.iter() {
             if let Some(i) = self.find(key) {
                 gone[i as usize] = true;
             }
