@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use sluice::{Prepared, SqlError, StatementOutcome};
 use sluice::{QueryProgress, StreamingQuery, StreamingQueryListener};
-use sluice_sql::{Prepared, SqlError, SqlRunner, StatementOutcome};
 
 mod inspect;
 mod nexmark;
@@ -298,7 +298,7 @@ async fn run(
             .is_terminal()
             .then(|| Mutex::new(StatusLines::default())),
     }));
-    let mut runner = SqlRunner::new(session.engine(), &file.display().to_string());
+    let mut runner = session.sql_runner(&file.display().to_string());
     // Everything is parsed and planned before anything starts.
     let prepared = runner.prepare(&text).await?;
     let mut queries = Vec::new();
@@ -330,7 +330,7 @@ async fn run(
 async fn verify(file: &Path) -> Result<(), Failure> {
     let text = read_sql(file)?;
     let session = sluice::Session::new();
-    let mut runner = SqlRunner::new(session.engine(), &file.display().to_string());
+    let mut runner = session.sql_runner(&file.display().to_string());
     let (mut differ, mut unchecked) = (Vec::new(), Vec::new());
     for p in runner.prepare(&text).await? {
         let Prepared::Query(q) = p else { continue };
@@ -446,7 +446,7 @@ fn print_outcome(outcome: &StatementOutcome) {
 async fn explain(file: &Path) -> Result<(), Failure> {
     let text = read_sql(file)?;
     let session = sluice::Session::new();
-    let mut runner = SqlRunner::new(session.engine(), &file.display().to_string());
+    let mut runner = session.sql_runner(&file.display().to_string());
     for p in runner.prepare(&text).await? {
         match p {
             Prepared::Done(outcome) => print_outcome(&outcome),
@@ -470,7 +470,7 @@ async fn demo(duration: Duration) -> Result<(), Failure> {
         .replace("localhost:9092", &bootstrap)
         .replace("./checkpoints/seed", &checkpoint.display().to_string());
     let session = sluice::Session::new();
-    let mut runner = SqlRunner::new(session.engine(), "examples/seed.sql");
+    let mut runner = session.sql_runner("examples/seed.sql");
     let mut queries = Vec::new();
     let before = {
         let b = bootstrap.clone();

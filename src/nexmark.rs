@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use sluice::Prepared;
 use sluice::{QueryProgress, StreamingQueryListener};
-use sluice_sql::{Prepared, SqlRunner};
 
 /// What to load.
 #[derive(clap::Args)]
@@ -86,7 +86,7 @@ pub(crate) async fn load(l: &Load) -> anyhow::Result<Vec<String>> {
     let session = sluice::Session::new();
     let written = Arc::new(Written::default());
     session.add_listener(Arc::clone(&written) as Arc<dyn StreamingQueryListener>);
-    let mut runner = SqlRunner::new(session.engine(), "<nexmark load>");
+    let mut runner = session.sql_runner("<nexmark load>");
     let started = Instant::now();
     let mut queries = Vec::new();
     for p in runner.prepare(&sql).await? {

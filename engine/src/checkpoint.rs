@@ -18,19 +18,14 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 
-use datafusion::arrow::record_batch::RecordBatch;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SluiceError};
-
-/// Version of the checkpoint layout this engine writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
-
-const MAGIC: &str = "SLUICE-CHECKPOINT";
+pub use crate::state::codec::FORMAT_VERSION;
+use crate::state::codec::{read_framed, write_framed};
 
 /// What never changes for a query: written once, when its checkpoint is made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,25 +48,43 @@ pub struct SourceRange {
 }
 
 /// `offsets/N`: the plan of epoch N, written before it runs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct OffsetRecord {
     /// The epoch number, from 1.
     pub epoch: u64,
     /// Wall-clock time the epoch was planned (ms since the Unix epoch).
+    #[serde(default)]
     pub planned_at_ms: i64,
     /// Per source (keyed by the source's position and name), its range.
+    #[serde(default)]
     pub sources: BTreeMap<String, SourceRange>,
 }
 
-/// `commits/N`: epoch N's output reached the sink.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CommitRecord {
-    /// The epoch number.
-    pub epoch: u64,
-    /// Wall-clock time of the commit (ms since the Unix epoch).
-    pub committed_at_ms: i64,
-    /// Rows the epoch wrote to the sink.
-    pub output_rows: u64,
+/// Epoch N committed: the one record of that fact.
+///
+/// The checkpoint keeps it as `commits/N`; a sink that records its own
+/// commits (the transactional Kafka sink's progress topic) keeps the same
+/// record in the epoch's transaction; recovery reads it from whichever
+/// decides. Its JSON is the plan's fields (`epoch`, `planned_at_ms`,
+/// `sources`) and the fields below, so that records of earlier releases —
+/// a `commits/N` without the plan, a progress record without
+/// `output_rows` — still read.
+///
+/// ```
+/// use sluice_engine::{EpochCommit, OffsetRecord};
+/// let commit = EpochCommit {
+///     plan: OffsetRecord { epoch: 7, ..Default::default() },
+///     watermarks: [("0:bids".to_string(), 3_000_000), ("1:ads".to_string(), 2_000_000)].into(),
+///     ..Default::default()
+/// };
+/// assert_eq!(commit.watermark(), Some(2_000_000));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct EpochCommit {
+    /// The epoch's number and source ranges. Empty sources: a `commits/N`
+    /// of an earlier release, whose plan is `offsets/N`.
+    #[serde(flatten)]
+    pub plan: OffsetRecord,
     /// Operator state files staged for the epoch (paths relative to the
     /// checkpoint); recovery loads exactly these.
     #[serde(default)]
@@ -80,49 +93,24 @@ pub struct CommitRecord {
     /// epoch), keyed like the offsets; empty without watermarks.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub watermarks: BTreeMap<String, i64>,
-}
-
-/// An epoch as a sink commits it: its plan, the state files staged for it,
-/// and what its sources hand over (dead letters, consumer-group offsets).
-/// The transactional Kafka sink puts the plan, state files and watermarks
-/// in its progress record, and the rest in the epoch's transaction too.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EpochCommit {
-    /// The epoch's number and source ranges.
-    pub plan: OffsetRecord,
-    /// Operator state files staged for the epoch.
-    pub state_files: Vec<String>,
-    /// Each input's event-time watermark after the epoch (ns since the Unix
-    /// epoch), keyed like the offsets.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub watermarks: BTreeMap<String, i64>,
-    /// Records the sources could not decode, for their dead-letter topics.
-    #[serde(skip)]
-    pub dead_letters: Vec<crate::source::DeadLetter>,
-    /// Consumer-group offsets the sources ask to record with the epoch.
-    #[serde(skip)]
-    pub group_offsets: Vec<crate::source::GroupOffsets>,
-    /// Update mode: the keys of groups that left the output this epoch (a
-    /// HAVING no longer true), as rows of the output's key columns. A
-    /// keyed sink deletes them; Kafka writes a tombstone per key.
-    #[serde(skip)]
-    pub retracted: Option<RecordBatch>,
+    /// Wall-clock time of the commit (ms since the Unix epoch).
+    #[serde(default)]
+    pub committed_at_ms: i64,
+    /// Rows the epoch wrote to the sink.
+    #[serde(default)]
+    pub output_rows: u64,
 }
 
 impl EpochCommit {
+    /// The epoch's number.
+    pub fn epoch(&self) -> u64 {
+        self.plan.epoch
+    }
+
     /// The query's watermark after the epoch: the minimum over its inputs.
     pub fn watermark(&self) -> Option<i64> {
         self.watermarks.values().copied().min()
     }
-}
-
-/// The two kinds of operator state files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StateFile {
-    /// The whole state: starts a chain.
-    Snapshot,
-    /// The changes of one epoch, applied after the chain's earlier files.
-    Delta,
 }
 
 /// A query's checkpoint directory.
@@ -225,13 +213,27 @@ impl Checkpoint {
     }
 
     /// Writes `commits/N` durably.
-    pub fn write_commit(&self, record: &CommitRecord) -> Result<()> {
-        write_file(&self.epoch_path("commits", record.epoch), record)
+    pub fn write_commit(&self, record: &EpochCommit) -> Result<()> {
+        write_file(&self.epoch_path("commits", record.epoch()), record)
     }
 
-    /// Reads `commits/N`.
-    pub fn read_commit(&self, epoch: u64) -> Result<CommitRecord> {
-        read_file(&self.epoch_path("commits", epoch))
+    /// Reads `commits/N` with its plan, `offsets/N`, which it must agree
+    /// with (a `commits/N` of an earlier release carries no plan).
+    pub fn read_commit(&self, epoch: u64) -> Result<EpochCommit> {
+        let path = self.epoch_path("commits", epoch);
+        let mut commit: EpochCommit = read_file(&path)?;
+        let plan = self.read_offsets(epoch)?;
+        if !commit.plan.sources.is_empty() && commit.plan != plan {
+            return Err(SluiceError::checkpoint(
+                &path,
+                format!(
+                    "its plan differs from offsets/{epoch}: the checkpoint was changed by hand \
+                     or by another query; restore both files, or use a new checkpoint location"
+                ),
+            ));
+        }
+        commit.plan = plan;
+        Ok(commit)
     }
 
     /// The highest epoch with an `offsets/N` file.
@@ -257,81 +259,6 @@ impl Checkpoint {
                     fs::remove_file(&p)
                         .map_err(|e| SluiceError::io(format!("removing {}", p.display()), e))?;
                 }
-            }
-        }
-        Ok(())
-    }
-
-    /// Stages operator `op`'s state after `epoch`, written by run `run`:
-    /// `state/<op>/<epoch>.<run>.snapshot`. Returns the path relative to the
-    /// checkpoint, for the commit record.
-    pub(crate) fn write_state(
-        &self,
-        op: &str,
-        epoch: u64,
-        run: &str,
-        kind: StateFile,
-        write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
-    ) -> Result<String> {
-        let suffix = match kind {
-            StateFile::Snapshot => "snapshot",
-            StateFile::Delta => "delta",
-        };
-        let relative = format!("state/{op}/{epoch}.{run}.{suffix}");
-        let path = self.dir.join(&relative);
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)
-                .map_err(|e| SluiceError::io(format!("creating {}", parent.display()), e))?;
-        }
-        write_streaming(&path, write)?;
-        Ok(relative)
-    }
-
-    /// Reads a state file a commit record names.
-    pub(crate) fn read_state(&self, relative: &str) -> Result<Vec<u8>> {
-        read_bytes(&self.dir.join(relative))
-    }
-
-    /// Deletes operator `op`'s state files older than the chains of the
-    /// `retain` newest snapshots up to `chain_start` (the committed chain's
-    /// first file): those chains stay restorable, older ones go.
-    pub(crate) fn purge_state(&self, op: &str, chain_start: &str, retain: usize) -> Result<()> {
-        let epoch_of = |name: &str| {
-            let file = name.rsplit('/').next().unwrap_or(name);
-            file.split('.').next().and_then(|e| e.parse::<u64>().ok())
-        };
-        let Some(start) = epoch_of(chain_start) else {
-            return Ok(());
-        };
-        let dir = self.dir.join("state").join(op);
-        let Ok(entries) = fs::read_dir(&dir) else {
-            return Ok(());
-        };
-        let files: Vec<(String, u64)> = entries
-            .flatten()
-            .filter_map(|f| {
-                let name = f.file_name().to_string_lossy().into_owned();
-                let epoch = epoch_of(&name)?;
-                Some((name, epoch))
-            })
-            .collect();
-        let mut snapshots: Vec<u64> = files
-            .iter()
-            .filter(|(n, e)| n.ends_with(".snapshot") && *e <= start)
-            .map(|(_, e)| *e)
-            .collect();
-        snapshots.sort_unstable_by(|a, b| b.cmp(a));
-        snapshots.dedup();
-        let keep_from = snapshots
-            .get(retain.max(1) - 1)
-            .or(snapshots.last())
-            .copied()
-            .unwrap_or(start);
-        for (name, epoch) in files {
-            if epoch < keep_from {
-                let p = dir.join(&name);
-                fs::remove_file(&p)
-                    .map_err(|e| SluiceError::io(format!("removing {}", p.display()), e))?;
             }
         }
         Ok(())
@@ -381,87 +308,12 @@ pub(crate) fn write_file<T: Serialize>(path: &Path, value: &T) -> Result<()> {
 
 /// Writes `payload` behind a checksummed header, atomically.
 fn write_bytes(path: &Path, payload: &[u8]) -> Result<()> {
-    write_streaming(path, &mut |w| w.write_all(payload))
-}
-
-/// The header line: magic, format version, CRC-32 and length of the
-/// payload. Fixed width, so it can be written before the payload is known
-/// and rewritten in place after it.
-fn header(crc: u32, len: u64) -> String {
-    format!("{MAGIC} {FORMAT_VERSION} {crc:08x} {len:020}\n")
-}
-
-/// Counts and checksums what passes through to the file.
-struct Checksummed<W> {
-    inner: W,
-    crc: crc32fast::Hasher,
-    len: u64,
-}
-
-impl<W: Write> Write for Checksummed<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.crc.update(&buf[..n]);
-        self.len += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// Writes `path` atomically (temporary file, fsync, rename, fsync of the
-/// directory) with a payload `write` produces, streamed: a large state
-/// snapshot never has to be held in memory whole.
-fn write_streaming(
-    path: &Path,
-    write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
-) -> Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| SluiceError::Internal(format!("{} has no parent", path.display())))?;
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(
-        ".{file_name}.{}.tmp",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let io = |e| SluiceError::io(format!("writing {}", tmp.display()), e);
-    let mut f = fs::File::create(&tmp).map_err(io)?;
-    f.write_all(header(0, 0).as_bytes()).map_err(io)?;
-    let mut body = Checksummed {
-        inner: std::io::BufWriter::with_capacity(1 << 20, f),
-        crc: crc32fast::Hasher::new(),
-        len: 0,
-    };
-    write(&mut body).map_err(io)?;
-    body.flush().map_err(io)?;
-    let Checksummed { inner, crc, len } = body;
-    let mut f = inner.into_inner().map_err(|e| io(e.into_error()))?;
-    let crc = crc.finalize();
-    f.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
-    f.write_all(header(crc, len).as_bytes()).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    fs::rename(&tmp, path).map_err(|e| {
-        SluiceError::io(
-            format!("renaming {} to {}", tmp.display(), path.display()),
-            e,
-        )
-    })?;
-    // The rename is durable only once the directory entry is.
-    if let Ok(d) = fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    write_framed(path, &mut |w| w.write_all(payload))
 }
 
 /// Reads a file written by [`write_file`], verifying header and checksum.
 pub(crate) fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T> {
-    let payload = read_bytes(path)?;
+    let payload = read_framed(path)?;
     serde_json::from_slice(&payload).map_err(|e| {
         SluiceError::checkpoint(
             path,
@@ -470,64 +322,10 @@ pub(crate) fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T> {
     })
 }
 
-/// Reads a file written by [`write_bytes`], verifying header and checksum.
-fn read_bytes(path: &Path) -> Result<Vec<u8>> {
-    let bytes =
-        fs::read(path).map_err(|e| SluiceError::io(format!("reading {}", path.display()), e))?;
-    let corrupt = |reason: String| {
-        SluiceError::checkpoint(
-            path,
-            format!(
-                "{reason}; the checkpoint is damaged. Restore the file from a backup, or \
-                 start the query on a new checkpoint location (it will reprocess from the start)"
-            ),
-        )
-    };
-    let newline = bytes
-        .iter()
-        .position(|b| *b == b'\n')
-        .ok_or_else(|| corrupt("missing header line".into()))?;
-    let header =
-        std::str::from_utf8(&bytes[..newline]).map_err(|_| corrupt("header is not text".into()))?;
-    let parts: Vec<&str> = header.split(' ').collect();
-    let [magic, version, crc, len] = parts[..] else {
-        return Err(corrupt(format!("malformed header '{header}'")));
-    };
-    if magic != MAGIC {
-        return Err(corrupt(format!(
-            "not a Sluice checkpoint file (header '{header}')"
-        )));
-    }
-    if version != FORMAT_VERSION.to_string() {
-        return Err(SluiceError::checkpoint(
-            path,
-            format!(
-                "written by checkpoint format version {version}, this engine reads version \
-                 {FORMAT_VERSION}; use the engine version that wrote it or a new checkpoint location"
-            ),
-        ));
-    }
-    let payload = &bytes[newline + 1..];
-    let len: usize = len
-        .parse()
-        .map_err(|_| corrupt(format!("malformed length in header '{header}'")))?;
-    if payload.len() != len {
-        return Err(corrupt(format!(
-            "truncated or extended: header says {len} bytes, file has {}",
-            payload.len()
-        )));
-    }
-    let crc = u32::from_str_radix(crc, 16)
-        .map_err(|_| corrupt(format!("malformed checksum in header '{header}'")))?;
-    if crc32fast::hash(payload) != crc {
-        return Err(corrupt("checksum mismatch".into()));
-    }
-    Ok(payload.to_vec())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::codec::MAGIC;
 
     #[test]
     fn round_trip_and_latest() {
@@ -535,12 +333,18 @@ mod tests {
         let cp = Checkpoint::open(dir.path(), "q1").unwrap();
         assert_eq!(cp.latest_commit_epoch().unwrap(), None);
         for epoch in 1..=3 {
-            cp.write_commit(&CommitRecord {
+            cp.write_offsets(&OffsetRecord {
                 epoch,
-                committed_at_ms: 0,
+                ..Default::default()
+            })
+            .unwrap();
+            cp.write_commit(&EpochCommit {
+                plan: OffsetRecord {
+                    epoch,
+                    ..Default::default()
+                },
                 output_rows: epoch,
-                state_files: Vec::new(),
-                watermarks: BTreeMap::new(),
+                ..Default::default()
             })
             .unwrap();
         }
@@ -597,12 +401,14 @@ mod tests {
     fn corruption_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let cp = Checkpoint::open(dir.path(), "q").unwrap();
-        cp.write_commit(&CommitRecord {
-            epoch: 1,
+        cp.write_commit(&EpochCommit {
+            plan: OffsetRecord {
+                epoch: 1,
+                ..Default::default()
+            },
             committed_at_ms: 5,
             output_rows: 7,
-            state_files: Vec::new(),
-            watermarks: BTreeMap::new(),
+            ..Default::default()
         })
         .unwrap();
         let path = dir.path().join("commits/1");

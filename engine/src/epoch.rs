@@ -10,7 +10,7 @@
 //! ```
 //!
 //! A query has one statement, or several (a statement set): each is a
-//! [`Branch`] with its own inputs, operator and state, and every phase
+//! [`Statement`] with its own inputs, operator and state, and every phase
 //! above runs over all of them before the next begins, so their outputs
 //! reach the sink, and commit, together.
 //!
@@ -27,23 +27,22 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use datafusion::physical_plan::collect_partitioned;
 use futures::FutureExt;
 
-use crate::checkpoint::{
-    Checkpoint, CommitRecord, EpochCommit, OffsetRecord, SourceRange, StateFile,
-};
+use crate::checkpoint::{Checkpoint, EpochCommit, OffsetRecord, SourceRange};
 use crate::error::{Result, SluiceError};
 use crate::fail_point::fail_point;
-use crate::operator::{Operator, Staged};
-use crate::planner::{IncrementalPlan, Input};
+use crate::planner::Input;
 use crate::progress::{
     PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
     StreamingQueryListener,
 };
 use crate::query::QueryShared;
-use crate::sink::{CommittedEpoch, EpochOutput, Sink};
-use crate::source::{GroupOffsets, LazyPartition, Offset, Partitions};
+use crate::sink::{CommittedEpoch, Sink};
+use crate::source::{GroupOffsets, Handover, Offset};
+use crate::state::chain::SnapshotPolicy;
+use crate::statement::Statement;
+use crate::table::EpochInput;
 use crate::trigger::Trigger;
 use crate::watermark::format_nanos;
 
@@ -67,7 +66,7 @@ pub(crate) struct EpochLoop {
     pub shared: Arc<QueryShared>,
     /// The query's statements: one, or those of a statement set, which
     /// share the epochs, the checkpoint and the sink's commit.
-    pub branches: Vec<Branch>,
+    pub statements: Vec<Statement>,
     pub sink: Arc<dyn Sink>,
     pub sink_description: String,
     pub checkpoint: Checkpoint,
@@ -75,171 +74,23 @@ pub(crate) struct EpochLoop {
     pub temp_dir: Option<tempfile::TempDir>,
     pub trigger: Trigger,
     pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
-    /// State files per chain before a new snapshot starts one.
-    pub snapshot_every: u64,
-    /// Snapshots (with their deltas) kept in the checkpoint.
-    pub retained_snapshots: usize,
+    /// When operators' state is written whole, and how much is kept.
+    pub snapshots: SnapshotPolicy,
     /// In-process recoveries so far (see `run_with_retries`).
     pub recoveries: u64,
-}
-
-/// One statement of a query: its plan, and its state.
-pub(crate) struct Branch {
-    pub plan: IncrementalPlan,
-    /// The statement's stateful operator, when it has one.
-    pub operator: Option<Operator>,
-    /// The operator's folder under the checkpoint's `state/`: its name,
-    /// prefixed by the statement's position in a statement set.
-    pub state_name: String,
-    /// The state files of the last committed epoch: a snapshot and the
-    /// deltas after it.
-    pub state_chain: Vec<String>,
-}
-
-impl Branch {
-    /// A statement of a query with `statements` statements, at `index`.
-    pub(crate) fn new(
-        plan: IncrementalPlan,
-        operator: Option<Operator>,
-        index: usize,
-        statements: usize,
-    ) -> Self {
-        let op = operator.as_ref().map_or("none", Operator::name);
-        Self {
-            plan,
-            state_name: if statements == 1 {
-                op.to_string()
-            } else {
-                format!("{index}-{op}")
-            },
-            operator,
-            state_chain: Vec::new(),
-        }
-    }
-
-    /// Hands the epoch's input to the plan's tables: inputs with a
-    /// watermark move it and lose their late rows first. Returns the late
-    /// rows dropped.
-    fn set_inputs(&mut self, read: Vec<ReadInput>) -> Result<u64> {
-        // Late rows are judged by the watermark the previous epoch left;
-        // only then does this epoch's input move it (see `watermark`).
-        let watermarks = &mut self.plan.watermarks;
-        let drops_late = self.operator.as_ref().is_some_and(Operator::drops_late);
-        let previous = watermarks.current();
-        let mut late_rows = 0;
-        for (index, (input, partitions)) in self.plan.inputs.iter().zip(read).enumerate() {
-            let partitions = match partitions {
-                ReadInput::Read(partitions) => partitions,
-                ReadInput::Lazy(partitions) => {
-                    input.table.set_lazy_input(partitions);
-                    continue;
-                }
-            };
-            watermarks.observe(index, &partitions)?;
-            let partitions = if drops_late {
-                let (kept, late) = watermarks.drop_late(index, partitions, previous)?;
-                late_rows += late;
-                kept
-            } else {
-                partitions
-            };
-            input.table.set_input(partitions);
-        }
-        Ok(late_rows)
-    }
-
-    /// Runs the statement over the epoch's input.
-    async fn compute(&mut self) -> Result<EpochOutput> {
-        let output = match &mut self.operator {
-            Some(op) => {
-                op.run_epoch(&self.plan.state, self.plan.watermarks.current())
-                    .await?
-            }
-            None => {
-                let physical = self
-                    .plan
-                    .state
-                    .create_physical_plan(&self.plan.logical)
-                    .await?;
-                EpochOutput {
-                    rows: collect_partitioned(physical, self.plan.state.task_ctx())
-                        .await?
-                        .into_iter()
-                        .flatten()
-                        .filter(|b| b.num_rows() > 0)
-                        .collect(),
-                    retracted: None,
-                }
-            }
-        };
-        for input in &self.plan.inputs {
-            input.table.set_input(Vec::new());
-        }
-        Ok(output)
-    }
-
-    /// Writes the operator's state of `epoch` to the checkpoint: returns
-    /// the statement's state files for the commit (its chain with the new
-    /// file, or a new chain every `snapshot_every` files), and the state's
-    /// rows and bytes.
-    fn stage(
-        &mut self,
-        checkpoint: &Checkpoint,
-        epoch: u64,
-        run: &str,
-        snapshot_every: u64,
-    ) -> Result<(Vec<String>, u64, u64)> {
-        let mut files = self.state_chain.clone();
-        let Some(op) = &mut self.operator else {
-            return Ok((files, 0, 0));
-        };
-        let full = files.is_empty() || files.len() as u64 >= snapshot_every;
-        let name = &self.state_name;
-        match op.stage(full)? {
-            Staged::Nothing | Staged::Unchanged => {}
-            Staged::Delta(bytes) => files.push(checkpoint.write_state(
-                name,
-                epoch,
-                run,
-                StateFile::Delta,
-                &mut |w| w.write_all(&bytes),
-            )?),
-            Staged::Snapshot => {
-                files = vec![checkpoint.write_state(
-                    name,
-                    epoch,
-                    run,
-                    StateFile::Snapshot,
-                    &mut |w| op.write_snapshot(w).map_err(std::io::Error::other),
-                )?]
-            }
-        }
-        let (rows, bytes) = op.state_size();
-        Ok((files, rows, bytes))
-    }
-
-    /// Which of `files` (a commit's, every statement's) are this one's.
-    fn own_files(&self, files: &[String]) -> Vec<String> {
-        let prefix = format!("state/{}/", self.state_name);
-        files
-            .iter()
-            .filter(|f| f.starts_with(&prefix))
-            .cloned()
-            .collect()
-    }
 }
 
 impl EpochLoop {
     /// Every statement's inputs, in order.
     fn inputs(&self) -> impl Iterator<Item = &Input> {
-        self.branches.iter().flat_map(|b| &b.plan.inputs)
+        self.statements.iter().flat_map(|s| &s.plan.inputs)
     }
 
     /// The query's watermark: the minimum over its statements'.
     fn watermark(&self) -> Option<i64> {
-        self.branches
+        self.statements
             .iter()
-            .filter_map(|b| b.plan.watermarks.current())
+            .filter_map(|s| s.plan.watermarks.current())
             .min()
     }
 
@@ -439,20 +290,7 @@ impl EpochLoop {
         // disk; the sink's record is what was committed), else from the
         // checkpoint.
         let committed_epoch = match self.sink.committed_epoch().await? {
-            CommittedEpoch::NotRecorded => match local {
-                Some(c) => {
-                    let commit = cp.read_commit(c)?;
-                    Some(EpochCommit {
-                        plan: cp.read_offsets(c)?,
-                        state_files: commit.state_files,
-                        watermarks: commit.watermarks,
-                        dead_letters: Vec::new(),
-                        group_offsets: Vec::new(),
-                        retracted: None,
-                    })
-                }
-                None => None,
-            },
+            CommittedEpoch::NotRecorded => local.map(|c| cp.read_commit(c)).transpose()?,
             CommittedEpoch::Recorded(commit) => {
                 self.reconcile(local, commit.as_ref())?;
                 commit
@@ -470,24 +308,10 @@ impl EpochLoop {
             .as_ref()
             .map(|c| (c.state_files.clone(), c.watermarks.clone()))
             .unwrap_or_default();
-        for branch in &mut self.branches {
-            let files = branch.own_files(&files);
-            if let Some(op) = &mut branch.operator {
-                let checkpoint = &self.checkpoint;
-                let mut chain = files.iter().map(|f| checkpoint.read_state(f));
-                op.restore(&branch.plan.state, &mut chain)
-                    .await
-                    .map_err(|e| match e {
-                        // A damaged file names itself.
-                        e @ SluiceError::Checkpoint { .. } => e,
-                        e => SluiceError::checkpoint(
-                            checkpoint.dir().join("state"),
-                            format!("{}: {e}", files.join(", ")),
-                        ),
-                    })?;
-            }
-            branch.state_chain = files;
-            branch.plan.watermarks.restore(&watermarks);
+        for statement in &mut self.statements {
+            statement
+                .restore(self.checkpoint.dir(), &files, &watermarks)
+                .await?;
         }
         let cp = &self.checkpoint;
         let committed_plan = committed_epoch.map(|c| c.plan);
@@ -531,7 +355,7 @@ impl EpochLoop {
     /// an error, never a silent reset.
     fn reconcile(&self, local: Option<u64>, commit: Option<&EpochCommit>) -> Result<()> {
         let cp = &self.checkpoint;
-        let decided = commit.map(|c| c.plan.epoch);
+        let decided = commit.map(EpochCommit::epoch);
         if local > decided {
             return Err(SluiceError::checkpoint(
                 cp.dir().join("commits"),
@@ -546,26 +370,28 @@ impl EpochLoop {
             ));
         }
         if let Some(c) = commit {
-            let d = c.plan.epoch;
+            let d = c.epoch();
             for epoch in local.map_or(1, |l| l + 1)..=d {
                 tracing::info!(
                     epoch,
                     "the sink committed this epoch before the last stop; recording it"
                 );
-                cp.write_commit(&CommitRecord {
-                    epoch,
+                // Only the last one's record matters to a restart; the
+                // others take their plans from `offsets/` if asked.
+                let record = if epoch == d {
+                    c.clone()
+                } else {
+                    EpochCommit {
+                        plan: OffsetRecord {
+                            epoch,
+                            ..Default::default()
+                        },
+                        ..Default::default()
+                    }
+                };
+                cp.write_commit(&EpochCommit {
                     committed_at_ms: chrono::Utc::now().timestamp_millis(),
-                    output_rows: 0,
-                    state_files: if epoch == d {
-                        c.state_files.clone()
-                    } else {
-                        Vec::new()
-                    },
-                    watermarks: if epoch == d {
-                        c.watermarks.clone()
-                    } else {
-                        BTreeMap::new()
-                    },
+                    ..record
                 })?;
             }
         }
@@ -639,9 +465,10 @@ impl EpochLoop {
         let mut dead_lettered = std::collections::HashSet::new();
         let mut group_offsets = Vec::new();
         let mut late_rows = 0;
-        for branch in &mut self.branches {
-            let mut read = Vec::with_capacity(branch.plan.inputs.len());
-            for (index, input) in branch.plan.inputs.iter().enumerate() {
+        let mut admitted = Vec::with_capacity(self.statements.len());
+        for statement in &mut self.statements {
+            let mut read = Vec::with_capacity(statement.plan.inputs.len());
+            for (index, input) in statement.plan.inputs.iter().enumerate() {
                 let range = record.sources.get(&input.key).ok_or_else(|| {
                     SluiceError::Internal(format!("offsets/{epoch} has no range for {}", input.key))
                 })?;
@@ -649,13 +476,13 @@ impl EpochLoop {
                 // An input without a watermark can be generated while the
                 // plan runs; one with a watermark must be seen whole first,
                 // and one that several scans read must be kept for all.
-                let whole = branch.plan.watermarks.tracks(index) || input.scans > 1;
+                let whole = statement.plan.watermarks.tracks(index) || input.scans > 1;
                 let lazy = match empty || whole {
                     true => None,
                     false => input.source.read_lazily(range.start.as_ref(), &range.end)?,
                 };
                 let (rows, batches) = match lazy {
-                    Some(lazy) => (lazy.rows, ReadInput::Lazy(lazy.partitions)),
+                    Some(lazy) => (lazy.rows, EpochInput::Lazy(lazy.partitions)),
                     None => {
                         let partitions = if empty {
                             Vec::new()
@@ -663,7 +490,7 @@ impl EpochLoop {
                             input.source.read(range.start.as_ref(), &range.end).await?
                         };
                         let rows = partitions.iter().flatten().map(|b| b.num_rows() as u64);
-                        (rows.sum(), ReadInput::Read(partitions))
+                        (rows.sum(), EpochInput::Read(partitions))
                     }
                 };
                 input_rows += rows;
@@ -692,28 +519,30 @@ impl EpochLoop {
                     merge_group_offsets(&mut group_offsets, offsets);
                 }
             }
-            late_rows += branch.set_inputs(read)?;
+            let (input, late) = statement.admit(read)?;
+            late_rows += late;
+            admitted.push(input);
         }
         let read_ms = ms(t.elapsed());
 
         let t = Instant::now();
-        let mut outputs = Vec::with_capacity(self.branches.len());
-        for branch in &mut self.branches {
-            outputs.push(branch.compute().await?);
+        let mut outputs = Vec::with_capacity(self.statements.len());
+        for (statement, input) in self.statements.iter_mut().zip(admitted) {
+            outputs.push(statement.compute(input).await?);
         }
         let compute_ms = ms(t.elapsed());
 
         // Stage the state durably before the commit, so the commit can name
-        // it (DESIGN §6 step 3).
+        // it (docs/architecture.md §2).
         let t = Instant::now();
-        let mut chains = Vec::with_capacity(self.branches.len());
+        let mut chains = Vec::with_capacity(self.statements.len());
         let (mut state_rows, mut state_bytes) = (0, 0);
-        for branch in &mut self.branches {
-            let (files, rows, bytes) = branch.stage(
-                &self.checkpoint,
+        for statement in &mut self.statements {
+            let (files, rows, bytes) = statement.stage(
+                self.checkpoint.dir(),
                 epoch,
                 &self.shared.run_id,
-                self.snapshot_every,
+                self.snapshots,
             )?;
             chains.push(files);
             state_rows += rows;
@@ -728,33 +557,28 @@ impl EpochLoop {
             .map(|b| b.num_rows() as u64)
             .sum();
         let mut watermarks = BTreeMap::new();
-        for branch in &self.branches {
-            watermarks.extend(branch.plan.watermarks.to_record());
+        for statement in &self.statements {
+            watermarks.extend(statement.plan.watermarks.to_record());
         }
         let commit = EpochCommit {
             plan: record.clone(),
             state_files: chains.concat(),
             watermarks,
-            dead_letters,
-            group_offsets,
-            retracted: None,
-        };
-        self.sink.write_epoch_set(&commit, &outputs).await?;
-        fail_point("before-commit-record", epoch);
-        self.checkpoint.write_commit(&CommitRecord {
-            epoch,
             committed_at_ms: chrono::Utc::now().timestamp_millis(),
             output_rows,
-            state_files: commit.state_files.clone(),
-            watermarks: commit.watermarks,
-        })?;
+        };
+        let handover = Handover {
+            dead_letters,
+            group_offsets,
+        };
+        self.sink
+            .write_epoch_set(&commit, &outputs, &handover)
+            .await?;
+        fail_point("before-commit-record", epoch);
+        self.checkpoint.write_commit(&commit)?;
         self.checkpoint.purge(epoch, RETAIN_EPOCHS)?;
-        for (branch, chain) in self.branches.iter_mut().zip(chains) {
-            branch.state_chain = chain;
-            if let (Some(_), Some(start)) = (&branch.operator, branch.state_chain.first()) {
-                self.checkpoint
-                    .purge_state(&branch.state_name, start, self.retained_snapshots)?;
-            }
+        for (statement, chain) in self.statements.iter_mut().zip(chains) {
+            statement.committed(self.checkpoint.dir(), chain, self.snapshots)?;
         }
         let commit_ms = ms(t.elapsed());
 
@@ -796,14 +620,6 @@ impl EpochLoop {
             sink: self.sink_description.clone(),
         })
     }
-}
-
-/// One source's input to an epoch.
-enum ReadInput {
-    /// Read before the plan runs.
-    Read(Partitions),
-    /// Generated as the plan pulls it ([`crate::Source::read_lazily`]).
-    Lazy(Vec<LazyPartition>),
 }
 
 /// Where a query resumes.

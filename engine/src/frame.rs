@@ -16,16 +16,18 @@ use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{ident, Expr};
 
-use crate::batch::BatchQuery;
 use crate::error::{Result, SluiceError};
+use crate::launch::{QuerySettings, SinkChoice};
 use crate::options::Options;
+use crate::output_mode::OutputMode;
 use crate::planner::{self, IncrementalPlan};
 use crate::query::StreamingQuery;
+use crate::reference::BatchQuery;
 use crate::session::Session;
 use crate::sink::{MemorySink, Sink};
 use crate::statement_set::StatementSet;
 use crate::table::as_stream_table;
-use crate::trigger::{OutputMode, Trigger};
+use crate::trigger::Trigger;
 use crate::watermark::WatermarkSpec;
 use crate::window::Window;
 
@@ -261,41 +263,6 @@ impl StreamFrame {
     }
 }
 
-/// What a query needs besides its statements, however many it has: a
-/// [`DataStreamWriter`] started alone hands its own to the
-/// [`StatementSet`](crate::StatementSet) of one it runs as.
-#[derive(Debug, Clone)]
-pub(crate) struct QuerySettings {
-    pub checkpoint: Option<PathBuf>,
-    pub trigger: Trigger,
-    /// Also the statement's name within a set.
-    pub name: Option<String>,
-    /// State files per chain (a snapshot and its deltas) before a new
-    /// snapshot.
-    pub snapshot_every: u64,
-    /// Snapshots, with their deltas, kept in the checkpoint.
-    pub retained_snapshots: usize,
-}
-
-impl Default for QuerySettings {
-    fn default() -> Self {
-        Self {
-            checkpoint: None,
-            trigger: Trigger::default(),
-            name: None,
-            snapshot_every: 10,
-            retained_snapshots: 2,
-        }
-    }
-}
-
-#[derive(Debug)]
-pub(crate) enum SinkChoice {
-    None,
-    Connector(String),
-    Instance(Arc<dyn Sink>),
-}
-
 /// Builds and starts a query (Spark's `DataStreamWriter`).
 #[derive(Debug)]
 pub struct DataStreamWriter {
@@ -365,7 +332,7 @@ impl DataStreamWriter {
     /// 1 writes a snapshot every epoch). Restoring reads the last snapshot
     /// and at most `epochs - 1` deltas.
     pub fn state_snapshot_interval(mut self, epochs: u64) -> Self {
-        self.settings.snapshot_every = epochs.max(1);
+        self.settings.state_snapshot_interval = epochs.max(1);
         self
     }
 
@@ -373,7 +340,14 @@ impl DataStreamWriter {
     /// (default 2); older state files are deleted once a newer snapshot is
     /// committed.
     pub fn state_retained_snapshots(mut self, snapshots: usize) -> Self {
-        self.settings.retained_snapshots = snapshots.max(1);
+        self.settings.state_retained_snapshots = snapshots.max(1);
+        self
+    }
+
+    /// Every query-wide setting at once, replacing those set before (the
+    /// SQL `SET`s arrive this way).
+    pub fn settings(mut self, settings: QuerySettings) -> Self {
+        self.settings = settings;
         self
     }
 

@@ -7,8 +7,8 @@
 //! A query is a DataFusion plan run one micro-batch (*epoch*) at a time: each
 //! epoch plans source offsets and records them in the checkpoint, reads those
 //! ranges as Arrow record batches, runs the plan over them, hands the output
-//! to the sink and records the commit (see [`epoch`](crate::StreamingQuery)
-//! and `DESIGN.md` §2). A restart from the same checkpoint continues with
+//! to the sink and records the commit (`docs/architecture.md` §2 follows one
+//! epoch through the modules). A restart from the same checkpoint continues with
 //! the next epoch, re-running an epoch that was planned but not committed
 //! over exactly the same offsets.
 //!
@@ -41,59 +41,62 @@
 //! # Ok(()) }
 //! ```
 
-mod aggregate;
-mod batch;
-mod changelog;
 mod checkpoint;
 mod connector;
 mod epoch;
 mod error;
 mod fail_point;
 mod frame;
-mod join;
+mod launch;
 mod metrics;
 mod operator;
 mod options;
+mod output_mode;
 mod planner;
 mod progress;
 mod query;
+mod reference;
 mod session;
 mod sink;
 mod source;
 mod state;
+mod statement;
 mod statement_set;
 mod table;
 mod trigger;
 mod watermark;
 mod window;
 
-pub use batch::BatchQuery;
 pub use checkpoint::{
-    Checkpoint, CommitRecord, EpochCommit, Metadata, OffsetRecord, SourceRange, FORMAT_VERSION,
+    Checkpoint, EpochCommit, Metadata, OffsetRecord, SourceRange, FORMAT_VERSION,
 };
-pub use connector::{Connector, ConnectorRegistry, SinkArgs, SourceArgs};
+pub use connector::{
+    BlackholeConnector, Connector, ConnectorRegistry, ConsoleConnector, FilesConnector,
+    RateConnector, SinkArgs, SourceArgs,
+};
 pub use error::{Result, SluiceError};
 pub use fail_point::fail_point;
 pub use frame::{DataStreamWriter, StreamFrame};
+pub use launch::QuerySettings;
 pub use metrics::Metrics;
 pub use options::{closest, columns, parse_duration, quoted_list, Options};
+pub use output_mode::OutputMode;
 pub use progress::{
     PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
     StreamingQueryListener,
 };
 pub use query::{QueryStatus, StreamingQuery};
+pub use reference::BatchQuery;
 pub use session::{DataStreamReader, Session};
-pub use sink::{
-    BlackholeConnector, CommittedEpoch, ConsoleConnector, EpochOutput, FanOut, MemorySink, Sink,
-};
+pub use sink::{CommittedEpoch, EpochOutput, FanOut, MemorySink, Sink};
 pub use source::{
-    DeadLetter, FilesConnector, GroupOffsets, LazyInput, LazyPartition, MemorySourceFactory,
-    MemoryStream, Offset, Partitions, RateConnector, Rejected, Source, SourceFactory,
+    DeadLetter, GroupOffsets, Handover, LazyInput, LazyPartition, MemorySourceFactory,
+    MemoryStream, Offset, Partitions, Rejected, Source, SourceFactory,
 };
 pub use state::KeyedState;
 pub use statement_set::StatementSet;
 pub use table::{StreamDefinition, StreamTable};
-pub use trigger::{OutputMode, Trigger};
+pub use trigger::Trigger;
 pub use watermark::WatermarkSpec;
 pub use window::Window;
 

@@ -6,8 +6,8 @@
 //! every statement's state, and hands all the outputs to one sink. Kafka
 //! sinks of one set share one transactional producer, so a `read_committed`
 //! reader sees all of an epoch's output, on every topic, or none of it
-//! (DESIGN §6: one transactional producer per query for all its Kafka
-//! sinks).
+//! (one transactional producer per query for all its Kafka sinks,
+//! docs/architecture.md §4).
 //!
 //! Each statement reads its inputs itself: a topic two statements read is
 //! fetched twice (sharing the read is an optimisation not made yet).
@@ -28,23 +28,20 @@
 //! ```
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
-use crate::batch::BatchQuery;
-use crate::checkpoint::Checkpoint;
-use crate::connector::SinkArgs;
-use crate::epoch::{Branch, EpochLoop};
 use crate::error::{Result, SluiceError};
-use crate::frame::{DataStreamWriter, QuerySettings, SinkChoice};
-use crate::operator::Operator;
-use crate::query::{QueryShared, StreamingQuery};
+use crate::frame::DataStreamWriter;
+use crate::launch::{launch, QueryPlan, QuerySettings};
+use crate::query::StreamingQuery;
+use crate::reference::BatchQuery;
 use crate::session::Session;
-use crate::sink::{FanOut, Sink};
+use crate::statement::Statement;
 use crate::trigger::Trigger;
 
 /// INSERTs to run as one query (see the module documentation). The
-/// query-wide settings — checkpoint, trigger, name, state retention — are
-/// the set's; those of the added writers are not used.
+/// query-wide settings — checkpoint, trigger, name, state snapshots — are
+/// the set's; an added writer that sets one of its own is refused at
+/// [`start`](Self::start), and its name, if any, names its statement.
 #[derive(Debug)]
 pub struct StatementSet {
     session: Session,
@@ -53,8 +50,8 @@ pub struct StatementSet {
 }
 
 impl StatementSet {
-    /// An empty set on `session`.
-    pub fn new(session: &Session) -> Self {
+    /// An empty set on `session` ([`Session::statement_set`]).
+    pub(crate) fn new(session: &Session) -> Self {
         Self::with_settings(session, QuerySettings::default())
     }
 
@@ -86,6 +83,13 @@ impl StatementSet {
         self
     }
 
+    /// Every query-wide setting at once, replacing those set before (the
+    /// SQL `SET`s arrive this way).
+    pub fn settings(mut self, settings: QuerySettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
     /// The query's name (progress, logs, metrics).
     pub fn query_name(mut self, name: &str) -> Self {
         self.settings.name = Some(name.to_string());
@@ -94,13 +98,13 @@ impl StatementSet {
 
     /// See [`DataStreamWriter::state_snapshot_interval`].
     pub fn state_snapshot_interval(mut self, epochs: u64) -> Self {
-        self.settings.snapshot_every = epochs.max(1);
+        self.settings.state_snapshot_interval = epochs.max(1);
         self
     }
 
     /// See [`DataStreamWriter::state_retained_snapshots`].
     pub fn state_retained_snapshots(mut self, snapshots: usize) -> Self {
-        self.settings.retained_snapshots = snapshots.max(1);
+        self.settings.state_retained_snapshots = snapshots.max(1);
         self
     }
 
@@ -138,88 +142,63 @@ impl StatementSet {
     /// the query's epoch loop on the current tokio runtime. A mistake in any
     /// statement fails the start before anything opens.
     pub async fn start(self) -> Result<StreamingQuery> {
-        let session = self.session.clone();
-        let statements = self.writers.len();
-        if statements == 0 {
+        let count = self.writers.len();
+        if count == 0 {
             return Err(SluiceError::config(
                 "a statement set needs at least one INSERT INTO",
             ));
         }
         // Every statement planned and its operator built before anything
         // opens: opening the Kafka sink fences the query's running instance.
-        let mut branches = Vec::with_capacity(statements);
-        for (i, writer) in self.writers.iter().enumerate() {
-            let mut plan = writer.plan_with_keys(&key_prefix(i, statements, writer))?;
-            let operator = Operator::for_plan(&mut plan)?;
-            branches.push(Branch::new(plan, operator, i, statements));
+        let mut statements = Vec::with_capacity(count);
+        for (i, writer) in self.writers.into_iter().enumerate() {
+            refuse_own_settings(i, &writer)?;
+            let plan = writer.plan_with_keys(&key_prefix(i, count, &writer))?;
+            let statement = Statement::new(plan, i, count)?;
+            statements.push((statement, writer.sink, writer.options));
         }
         let name = self
             .settings
             .name
             .clone()
-            .unwrap_or_else(|| format!("query-{}", session.next_number()));
-        let new_id = uuid::Uuid::new_v4().to_string();
-        let checkpoint = self
-            .settings
-            .checkpoint
-            .as_ref()
-            .map(|dir| Checkpoint::open(dir, &new_id))
-            .transpose()?;
-        let query_id = checkpoint
-            .as_ref()
-            .map_or(new_id, |c| c.metadata().query_id.clone());
-        let sink = sinks(&session, self.writers, &branches, &query_id, &name)?;
-        let (checkpoint, temp_dir) = match checkpoint {
-            Some(c) => (c, None),
-            None if sink.needs_checkpoint() => {
-                return Err(SluiceError::config(format!(
-                    "query '{name}' writes to {}, which needs a checkpoint location to know what \
-                     it already wrote: set .checkpoint_location(dir), or in SQL \
-                     SET 'checkpoint.location' = './checkpoints/{name}'",
-                    sink.describe()
-                )))
-            }
-            None => {
-                let dir = tempfile::Builder::new()
-                    .prefix("sluice-checkpoint-")
-                    .tempdir()
-                    .map_err(|e| SluiceError::io("creating a temporary checkpoint", e))?;
-                (Checkpoint::open(dir.path(), &query_id)?, Some(dir))
-            }
-        };
-        if !sink.accepts_source_commits() {
-            for input in branches.iter().flat_map(|b| &b.plan.inputs) {
-                if let Some(option) = input.source.commits_through_sink() {
-                    return Err(SluiceError::config(format!(
-                        "query '{name}' reads {} with {option}, which needs a Kafka sink to \
-                         commit it with the epoch's output; {} cannot: write to Kafka, or \
-                         remove {option}",
-                        input.description,
-                        sink.describe()
-                    )));
-                }
-            }
-        }
-        sink.open().await?;
-        let shared = QueryShared::new(query_id, name);
-        let mut epochs = EpochLoop {
-            shared: Arc::clone(&shared),
-            branches,
-            snapshot_every: self.settings.snapshot_every,
-            retained_snapshots: self.settings.retained_snapshots,
-            recoveries: 0,
-            sink_description: sink.describe(),
-            sink,
-            checkpoint,
-            temp_dir,
-            trigger: self.settings.trigger,
-            listeners: session.listeners(),
-        };
-        let recovered = epochs.recover().await?;
-        shared.set_task(tokio::spawn(epochs.run(recovered)));
-        let query = StreamingQuery::new(shared);
-        session.track(query.clone());
+            .unwrap_or_else(|| format!("query-{}", self.session.next_number()));
+        let query = launch(QueryPlan {
+            name,
+            settings: self.settings,
+            statements,
+            connectors: self.session.connectors(),
+            listeners: self.session.listeners(),
+        })
+        .await?;
+        self.session.track(query.clone());
         Ok(query)
+    }
+}
+
+/// A writer's own query-wide settings (checkpoint, trigger, state
+/// snapshots) cannot apply to one statement of a set: refused, so that
+/// none is silently ignored. Its name names the statement.
+fn refuse_own_settings(index: usize, writer: &DataStreamWriter) -> Result<()> {
+    let own = &writer.settings;
+    let defaults = QuerySettings::default();
+    let set = [
+        ("checkpoint_location", own.checkpoint.is_some()),
+        ("trigger", own.trigger != defaults.trigger),
+        (
+            "state_snapshot_interval",
+            own.state_snapshot_interval != defaults.state_snapshot_interval,
+        ),
+        (
+            "state_retained_snapshots",
+            own.state_retained_snapshots != defaults.state_retained_snapshots,
+        ),
+    ];
+    match set.iter().find(|(_, is_set)| *is_set) {
+        Some((setting, _)) => Err(SluiceError::config(format!(
+            "statement {index} of the statement set sets its own {setting}, which applies to \
+             the whole query: set it on the statement set instead"
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -235,69 +214,4 @@ fn key_prefix(index: usize, statements: usize, writer: &DataStreamWriter) -> Str
         (_, Some(name)) => format!("{index}.{name}/"),
         (_, None) => format!("{index}/"),
     }
-}
-
-/// One sink for all the statements: each connector's
-/// [`sink_set`](crate::Connector::sink_set) for the statements writing to
-/// it, sink instances as they are, and, when that makes several parts, a
-/// [`FanOut`] over them.
-fn sinks(
-    session: &Session,
-    writers: Vec<DataStreamWriter>,
-    branches: &[Branch],
-    query_id: &str,
-    name: &str,
-) -> Result<Arc<dyn Sink>> {
-    let statements = writers.len();
-    let mut parts: Vec<(Arc<dyn Sink>, Vec<usize>)> = Vec::new();
-    // Per connector, in order of first use: its statements and their args.
-    let mut groups: Vec<(String, Vec<usize>, Vec<SinkArgs>)> = Vec::new();
-    for (i, (writer, branch)) in writers.into_iter().zip(branches).enumerate() {
-        let plan = &branch.plan;
-        match writer.sink {
-            SinkChoice::None => {
-                return Err(SluiceError::config(format!(
-                    "query '{name}' has no sink: choose one with .format(\"kafka\"), one of {}",
-                    session.connectors().names().join(", ")
-                )))
-            }
-            SinkChoice::Instance(s) => {
-                writer.options.finish(&s.describe(), &[])?;
-                // Two statements writing one instance would overwrite each
-                // other's epochs (a memory sink keeps one batch per epoch).
-                if parts.iter().any(|(p, _)| Arc::ptr_eq(p, &s)) {
-                    return Err(SluiceError::config(format!(
-                        "two statements of query '{name}' write to the same {}: give each its \
-                         own sink",
-                        s.describe()
-                    )));
-                }
-                parts.push((s, vec![i]));
-            }
-            SinkChoice::Connector(c) => {
-                let args = SinkArgs {
-                    options: writer.options,
-                    schema: Arc::clone(&plan.output_schema),
-                    output_mode: plan.mode,
-                    query_id: query_id.to_string(),
-                    query_name: name.to_string(),
-                    key_columns: plan.key_columns.clone(),
-                };
-                match groups.iter_mut().find(|(name, _, _)| *name == c) {
-                    Some((_, indices, all)) => {
-                        indices.push(i);
-                        all.push(args);
-                    }
-                    None => groups.push((c, vec![i], vec![args])),
-                }
-            }
-        }
-    }
-    for (connector, indices, args) in groups {
-        parts.push((
-            session.connectors().get(&connector)?.sink_set(args)?,
-            indices,
-        ));
-    }
-    FanOut::combine(parts, statements)
 }

@@ -4,8 +4,8 @@
 //! [`StreamTable`], so DataFusion plans SQL and DataFrame queries over it like
 //! any table. When a query starts, each scan of a stream gets its own
 //! [`StreamTable`] instance bound to the query's source; each epoch the
-//! epoch loop puts that epoch's batches into it ([`StreamTable::set_input`])
-//! and plans the stateless part over them.
+//! statement puts that epoch's batches in scope on it
+//! ([`StreamTable::with_input`]) and plans over them.
 
 use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -52,7 +52,7 @@ pub struct StreamTable {
     factory: Arc<OnceLock<Arc<dyn SourceFactory>>>,
     /// The schema and the current epoch's batches; batches are set only on
     /// a running query's instance.
-    batches: EpochBatches,
+    batches: Arc<EpochBatches>,
 }
 
 impl StreamTable {
@@ -64,7 +64,7 @@ impl StreamTable {
         Self {
             definition: Arc::new(definition),
             factory: Arc::new(cell),
-            batches: EpochBatches::new(schema),
+            batches: Arc::new(EpochBatches::new(schema)),
         }
     }
 
@@ -73,7 +73,7 @@ impl StreamTable {
         Self {
             definition: Arc::new(definition),
             factory: Arc::default(),
-            batches: EpochBatches::new(schema),
+            batches: Arc::new(EpochBatches::new(schema)),
         }
     }
 
@@ -123,7 +123,7 @@ impl StreamTable {
         Ok(Self {
             definition: Arc::new(definition),
             factory: Arc::clone(&self.factory),
-            batches: EpochBatches::new(Arc::clone(&self.batches.schema)),
+            batches: Arc::new(EpochBatches::new(Arc::clone(&self.batches.schema))),
         })
     }
 
@@ -132,30 +132,39 @@ impl StreamTable {
         Arc::new(Self {
             definition: Arc::clone(&self.definition),
             factory: Arc::clone(&self.factory),
-            batches: EpochBatches::new(Arc::clone(&self.batches.schema)),
+            batches: Arc::new(EpochBatches::new(Arc::clone(&self.batches.schema))),
         })
     }
 
-    /// Sets the batches the next physical plan over this table reads.
-    pub(crate) fn set_input(&self, partitions: Partitions) {
-        self.batches.set_input(partitions);
+    /// Puts the epoch's `input` in scope: the physical plans over this
+    /// table made until the returned scope drops read it (see
+    /// [`EpochBatches::with_input`]).
+    pub(crate) fn with_input(&self, input: EpochInput) -> InputScope {
+        let input = match input {
+            EpochInput::Lazy(partitions) => TableInput::Lazy(
+                partitions
+                    .into_iter()
+                    .map(|p| {
+                        Arc::new(OneShot {
+                            schema: Arc::clone(&self.batches.schema),
+                            partition: Mutex::new(Some(p)),
+                        }) as Arc<dyn PartitionStream>
+                    })
+                    .collect(),
+            ),
+            EpochInput::Read(partitions) => TableInput::Batches(Arc::new(partitions)),
+        };
+        self.batches.scope(input)
     }
+}
 
-    /// Sets partitions the next physical plan over this table generates as
-    /// it reads them; each can be executed once.
-    pub(crate) fn set_lazy_input(&self, partitions: Vec<LazyPartition>) {
-        self.batches.set(EpochInput::Lazy(
-            partitions
-                .into_iter()
-                .map(|p| {
-                    Arc::new(OneShot {
-                        schema: Arc::clone(&self.batches.schema),
-                        partition: Mutex::new(Some(p)),
-                    }) as Arc<dyn PartitionStream>
-                })
-                .collect(),
-        ));
-    }
+/// One source's input to an epoch, as the epoch loop hands it to a
+/// statement.
+pub(crate) enum EpochInput {
+    /// Read before the plan runs.
+    Read(Partitions),
+    /// Generated as the plan pulls it ([`crate::Source::read_lazily`]).
+    Lazy(Vec<LazyPartition>),
 }
 
 #[async_trait]
@@ -182,22 +191,39 @@ impl TableProvider for StreamTable {
 /// One epoch's batches as a table: what a stream scan reads (inside
 /// [`StreamTable`]), and what the query after a stateful operator reads
 /// (its output), so DataFusion plans both parts the same way.
+///
+/// Batches travel as values: whoever runs a plan over the table puts them
+/// in scope with [`with_input`](Self::with_input), and the table is empty
+/// again once that scope ends, whichever way it ends.
 #[derive(Debug)]
 pub(crate) struct EpochBatches {
     schema: SchemaRef,
-    input: Mutex<EpochInput>,
+    input: Mutex<TableInput>,
 }
 
 /// What the next scan of an [`EpochBatches`] reads.
 #[derive(Debug, Clone)]
-enum EpochInput {
+enum TableInput {
     Batches(Arc<Partitions>),
     Lazy(Vec<Arc<dyn PartitionStream>>),
 }
 
-impl Default for EpochInput {
+impl Default for TableInput {
     fn default() -> Self {
         Self::Batches(Arc::default())
+    }
+}
+
+/// An input in scope (see [`EpochBatches::with_input`]); dropping it empties
+/// the table.
+#[must_use = "the input is in scope only while this lives"]
+pub(crate) struct InputScope {
+    batches: Arc<EpochBatches>,
+}
+
+impl Drop for InputScope {
+    fn drop(&mut self) {
+        self.batches.set(TableInput::default());
     }
 }
 
@@ -253,12 +279,20 @@ impl EpochBatches {
         Arc::clone(&self.schema)
     }
 
-    /// Sets the batches the next physical plan over this table reads.
-    pub(crate) fn set_input(&self, partitions: Partitions) {
-        self.set(EpochInput::Batches(Arc::new(partitions)));
+    /// Puts `partitions` in scope: the physical plans over this table
+    /// made until the returned scope drops read them.
+    pub(crate) fn with_input(self: &Arc<Self>, partitions: Partitions) -> InputScope {
+        self.scope(TableInput::Batches(Arc::new(partitions)))
     }
 
-    fn set(&self, input: EpochInput) {
+    fn scope(self: &Arc<Self>, input: TableInput) -> InputScope {
+        self.set(input);
+        InputScope {
+            batches: Arc::clone(self),
+        }
+    }
+
+    fn set(&self, input: TableInput) {
         *self.input.lock().unwrap_or_else(|p| p.into_inner()) = input;
     }
 
@@ -268,7 +302,7 @@ impl EpochBatches {
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         let input = self.input.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match input {
-            EpochInput::Batches(input) => {
+            TableInput::Batches(input) => {
                 let partitions: &[Vec<_>] = if input.is_empty() { &[vec![]] } else { &input };
                 Ok(MemorySourceConfig::try_new_exec(
                     partitions,
@@ -276,7 +310,7 @@ impl EpochBatches {
                     projection.cloned(),
                 )?)
             }
-            EpochInput::Lazy(partitions) => Ok(Arc::new(StreamingTableExec::try_new(
+            TableInput::Lazy(partitions) => Ok(Arc::new(StreamingTableExec::try_new(
                 Arc::clone(&self.schema),
                 partitions,
                 projection,

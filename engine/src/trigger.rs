@@ -1,6 +1,5 @@
-//! When epochs run ([`Trigger`]) and what each one emits ([`OutputMode`]).
+//! When epochs run ([`Trigger`]).
 
-use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -42,42 +41,5 @@ impl FromStr for Trigger {
                 "trigger '{s}' is not valid: {e}; use 'available-now' or an interval like '1 second'"
             ))
         })
-    }
-}
-
-/// What each epoch emits (DESIGN §4).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OutputMode {
-    /// Rows that will never change again.
-    #[default]
-    Append,
-    /// Rows whose value changed this epoch (an upsert stream).
-    Update,
-    /// The whole result table, every epoch.
-    Complete,
-}
-
-impl fmt::Display for OutputMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Append => "append",
-            Self::Update => "update",
-            Self::Complete => "complete",
-        })
-    }
-}
-
-impl FromStr for OutputMode {
-    type Err = SluiceError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "append" => Ok(Self::Append),
-            "update" => Ok(Self::Update),
-            "complete" => Ok(Self::Complete),
-            _ => Err(SluiceError::config(format!(
-                "output mode '{s}' is not valid: expected 'append', 'update' or 'complete'"
-            ))),
-        }
     }
 }

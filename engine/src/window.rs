@@ -1,4 +1,11 @@
-//! Event-time windows: TUMBLE and HOP.
+//! Event-time windows: TUMBLE, HOP and SESSION, from assignment to closing.
+//!
+//! Everything about windows is here: the table functions that assign rows
+//! to windows ([`Window`]), which group key closes a group and when
+//! ([`WindowKey::closed`], [`event_time_key`]), what the planner refuses
+//! about sessions ([`session_problem`]), and how touching sessions merge
+//! ([`merge_sessions`]). The aggregation operator asks these; the state
+//! store knows nothing of windows.
 //!
 //! A window table function adds `window_start` and `window_end` columns to
 //! a stream's rows (HOP repeats a row once per window holding it), so a
@@ -13,12 +20,13 @@
 //! is how the aggregate learns, without tracing expressions, which key
 //! closes a group when the watermark passes it (see `aggregate`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, Int64Array, ListArray, Scalar,
+    Array, ArrayRef, AsArray, BooleanArray, Int64Array, ListArray, RecordBatch, Scalar,
+    TimestampNanosecondArray,
 };
 use datafusion::arrow::buffer::OffsetBuffer;
 use datafusion::arrow::compute::cast;
@@ -32,7 +40,13 @@ use datafusion::logical_expr::{
     ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 
+use datafusion::logical_expr::Aggregate;
+use foldhash::{HashMap, HashMapExt};
+
 use crate::error::{Result, SluiceError};
+use crate::output_mode::OutputMode;
+use crate::state::row_converter;
+use crate::watermark::nanos;
 
 /// Field metadata key marking a window bound: `start` or `end`.
 const BOUND: &str = "sluice.window.bound";
@@ -233,6 +247,69 @@ impl std::fmt::Display for Window {
     }
 }
 
+/// What is wrong with a GROUP BY over SESSION windows, if anything.
+pub(crate) fn session_problem(
+    agg: &Aggregate,
+    window: Option<&WindowKey>,
+    mode: Option<OutputMode>,
+) -> Option<String> {
+    let keys = &agg.schema.fields()[..agg.group_expr.len()];
+    if !keys.iter().any(|f| is_session_bound(f)) {
+        return None;
+    }
+    let Some(session) = window.and_then(|w| w.session.as_ref()) else {
+        return Some(
+            "a GROUP BY over SESSION windows needs both window_start and window_end among its \
+             keys: a session is known by both bounds"
+                .into(),
+        );
+    };
+    if matches!(mode, Some(OutputMode::Update | OutputMode::Complete)) {
+        return Some(
+            "SESSION windows run in append mode: a session's bounds change as it grows, so each \
+             session is emitted once, when the watermark passes its end"
+                .into(),
+        );
+    }
+    let others: BTreeSet<String> = keys
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != session.start && *i != session.end)
+        .map(|(_, f)| f.name().clone())
+        .collect();
+    let partition: BTreeSet<String> = session.partition_by.iter().cloned().collect();
+    (others != partition).then(|| {
+        format!(
+            "sessions are formed per PARTITION BY key, so the GROUP BY columns besides \
+             window_start and window_end must be exactly those: PARTITION BY [{}], but they \
+             are [{}]",
+            session.partition_by.join(", "),
+            others.into_iter().collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+/// The group key that carries event time, if any: a window bound (see
+/// `window`), else a watermarked column itself, whose groups are final once
+/// the watermark has passed the key (rows older than it are late).
+pub(crate) fn event_time_key(agg: &Aggregate, watermarked: &[String]) -> Option<WindowKey> {
+    let keys = &agg.schema.fields()[..agg.group_expr.len()];
+    window_key(keys.iter().map(|f| f.as_ref())).or_else(|| {
+        agg.group_expr
+            .iter()
+            .enumerate()
+            .find_map(|(column, e)| match e {
+                Expr::Column(c) if watermarked.contains(&c.name) => Some(WindowKey {
+                    column,
+                    to_end_ns: 1,
+                    session: None,
+                    time_column: c.name.clone(),
+                }),
+                _ => None,
+            })
+    })
+}
+
 /// A group key that is a window bound: the key's rows are final once the
 /// watermark reaches `key + to_end_ns`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -254,7 +331,7 @@ impl WindowKey {
     /// them, and `sluice verify` expects exactly them. A null bound (no
     /// event time) never closes.
     pub(crate) fn closed(&self, bounds: &ArrayRef, watermark: i64) -> Result<BooleanArray> {
-        let bound = crate::watermark::nanos(bounds)?;
+        let bound = nanos(bounds)?;
         let last_open = watermark.saturating_sub(self.to_end_ns);
         let closed = lt_eq(&bound, &Scalar::new(Int64Array::from(vec![last_open])))?;
         Ok(if closed.null_count() > 0 {
@@ -365,6 +442,78 @@ fn find<'a>(
             "DESCRIPTOR({name}): more than one column is named '{name}'"
         ))),
     }
+}
+
+/// Gives the rows of touching sessions of one partition the bounds of
+/// their union: sorted by start, a session that starts at or before the
+/// running end extends it (as Flink merges session windows).
+pub(crate) fn merge_sessions(
+    batch: &RecordBatch,
+    key: &SessionKey,
+    group_columns: usize,
+) -> Result<RecordBatch> {
+    let starts = nanos(batch.column(key.start))?;
+    let ends = nanos(batch.column(key.end))?;
+    let (starts, ends) = (
+        starts.as_primitive::<Int64Type>(),
+        ends.as_primitive::<Int64Type>(),
+    );
+    let partition: Vec<usize> = (0..group_columns)
+        .filter(|&c| c != key.start && c != key.end)
+        .collect();
+    let schema = batch.schema();
+    let converter = row_converter(partition.iter().map(|&c| schema.field(c).data_type()))?;
+    let rows = converter.convert_columns(
+        &partition
+            .iter()
+            .map(|&c| Arc::clone(batch.column(c)))
+            .collect::<Vec<_>>(),
+    )?;
+    let mut groups: HashMap<&[u8], Vec<usize>> = HashMap::new();
+    for i in 0..batch.num_rows() {
+        let k = if partition.is_empty() {
+            &[]
+        } else {
+            rows.row(i).data()
+        };
+        groups.entry(k).or_default().push(i);
+    }
+    let mut new_start = starts.values().to_vec();
+    let mut new_end = ends.values().to_vec();
+    for members in groups.values_mut() {
+        members.sort_by_key(|&i| (starts.value(i), ends.value(i)));
+        let mut run: Vec<usize> = Vec::new();
+        let (mut lo, mut hi) = (0i64, i64::MIN);
+        for &i in members.iter() {
+            if !run.is_empty() && starts.value(i) > hi {
+                for &j in &run {
+                    (new_start[j], new_end[j]) = (lo, hi);
+                }
+                run.clear();
+            }
+            if run.is_empty() {
+                (lo, hi) = (starts.value(i), ends.value(i));
+            }
+            hi = hi.max(ends.value(i));
+            run.push(i);
+        }
+        for &j in &run {
+            (new_start[j], new_end[j]) = (lo, hi);
+        }
+    }
+    let as_type = |values: Vec<i64>, like: &ArrayRef| -> Result<ArrayRef> {
+        let DataType::Timestamp(_, tz) = like.data_type() else {
+            return Err(SluiceError::Internal(
+                "a session bound is not a timestamp".into(),
+            ));
+        };
+        let ns = TimestampNanosecondArray::from(values).with_timezone_opt(tz.clone());
+        Ok(cast(&ns, like.data_type())?)
+    };
+    let mut columns = batch.columns().to_vec();
+    columns[key.start] = as_type(new_start, batch.column(key.start))?;
+    columns[key.end] = as_type(new_end, batch.column(key.end))?;
+    Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
 fn positive_nanos(window: &Window, what: &str, d: Duration) -> Result<i64> {

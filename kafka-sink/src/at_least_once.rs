@@ -10,9 +10,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::record_batch::RecordBatch;
 use rdkafka::producer::{Producer, ThreadedProducer};
-use sluice_engine::{EpochCommit, Result, Sink, SluiceError};
+use sluice_engine::{EpochCommit, EpochOutput, Handover, Result, Sink, SluiceError};
 
 use crate::produce::{create_producer, flush, DeliveryTracker, Groups, SinkConfig};
 
@@ -45,9 +44,9 @@ impl std::fmt::Debug for AtLeastOnceSink {
 }
 
 impl Inner {
-    fn write(&self, commit: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
-        let epoch = commit.plan.epoch;
-        self.config.send_epoch(&self.producer, commit, batches)?;
+    fn write(&self, epoch: u64, output: &EpochOutput, handover: &Handover) -> Result<()> {
+        self.config
+            .send_epoch(&self.producer, epoch, output, &handover.dead_letters)?;
         flush(&self.producer, &self.config, epoch)?;
         if let Some(e) = self.producer.context().take_error() {
             return Err(SluiceError::External {
@@ -56,7 +55,7 @@ impl Inner {
                 hint: Some("the epoch is not committed and will be re-run on restart".into()),
             });
         }
-        self.groups.commit(&self.config, &commit.group_offsets)
+        self.groups.commit(&self.config, &handover.group_offsets)
     }
 }
 
@@ -73,18 +72,19 @@ impl Sink for AtLeastOnceSink {
         .map_err(|e| SluiceError::Internal(format!("metadata task: {e}")))?
     }
 
-    async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
-        if batches.is_empty()
-            && epoch.retracted.is_none()
-            && epoch.dead_letters.is_empty()
-            && epoch.group_offsets.is_empty()
-        {
+    async fn write_epoch(
+        &self,
+        epoch: &EpochCommit,
+        output: &EpochOutput,
+        handover: &Handover,
+    ) -> Result<()> {
+        if output.rows.is_empty() && output.retracted.is_none() && handover.is_empty() {
             return Ok(());
         }
         let inner = Arc::clone(&self.0);
-        let (commit, batches) = (epoch.clone(), batches.to_vec());
+        let (epoch, output, handover) = (epoch.epoch(), output.clone(), handover.clone());
         // Producing and flushing block; keep them off the async reactor.
-        tokio::task::spawn_blocking(move || inner.write(&commit, &batches))
+        tokio::task::spawn_blocking(move || inner.write(epoch, &output, &handover))
             .await
             .map_err(|e| SluiceError::Internal(format!("produce task: {e}")))?
     }

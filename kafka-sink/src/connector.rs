@@ -64,8 +64,8 @@ impl Connector for KafkaConnector {
     }
 
     /// The exactly-once sinks of a statement set share one transactional
-    /// producer (one transaction per epoch for all their topics, DESIGN
-    /// §6); at-least-once ones produce on their own.
+    /// producer (one transaction per epoch for all their topics,
+    /// docs/architecture.md §4); at-least-once ones produce on their own.
     fn sink_set(&self, args: Vec<SinkArgs>) -> Result<Arc<dyn Sink>> {
         let statements = args.len();
         let mut parts: Vec<(Arc<dyn Sink>, Vec<usize>)> = Vec::new();

@@ -12,7 +12,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
-use sluice_engine::{columns, DeadLetter, EpochCommit, GroupOffsets, Result, SluiceError};
+use sluice_engine::{columns, DeadLetter, EpochOutput, GroupOffsets, Result, SluiceError};
 
 use crate::encode::Format;
 
@@ -142,19 +142,19 @@ impl SinkConfig {
         self.format.messages(batch, &self.key_fields)
     }
 
-    /// Enqueues everything epoch `commit` writes: every row of `batches`
-    /// (encoded, keyed), a tombstone per retracted key, and the dead
-    /// letters, all with the query id and epoch as headers. Returns once
-    /// all are enqueued, not delivered.
+    /// Enqueues everything `epoch` writes: every row of `output` (encoded,
+    /// keyed), a tombstone per retracted key, and the dead letters, all
+    /// with the query id and epoch as headers. Returns once all are
+    /// enqueued, not delivered.
     pub(crate) fn send_epoch(
         &self,
         producer: &ThreadedProducer<DeliveryTracker>,
-        commit: &EpochCommit,
-        batches: &[RecordBatch],
+        epoch: u64,
+        output: &EpochOutput,
+        dead_letters: &[DeadLetter],
     ) -> Result<()> {
-        let epoch = commit.plan.epoch;
-        self.send_output(producer, epoch, batches, commit.retracted.as_ref())?;
-        self.send_dead_letters(producer, epoch, &commit.dead_letters)
+        self.send_output(producer, epoch, &output.rows, output.retracted.as_ref())?;
+        self.send_dead_letters(producer, epoch, dead_letters)
     }
 
     /// Enqueues one statement's output of `epoch`: its rows, and a

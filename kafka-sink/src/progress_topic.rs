@@ -3,7 +3,7 @@
 //!
 //! Its last record for the query, read `read_committed` after
 //! `init_transactions`, is the last committed epoch: the decision point of
-//! DESIGN §6. The topic (default `sluice-progress.<query id>`) has one
+//! docs/architecture.md §4. The topic (default `sluice-progress.<query id>`) has one
 //! partition and is compacted on the query id key, so it stays small. It is
 //! the query's own, so no other producer's open transaction can hold back
 //! its last stable offset while the query recovers.
@@ -18,26 +18,38 @@ use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::ClientConfig;
 use serde::{Deserialize, Serialize};
-use sluice_engine::{Result, SluiceError, SourceRange};
+use sluice_engine::{EpochCommit, Result, SluiceError, SourceRange};
 
 use crate::produce::SinkConfig;
 
-/// What the progress topic records about one committed epoch.
+/// A progress topic record: the epoch's [`EpochCommit`], the same record
+/// the checkpoint keeps as `commits/N`, under the query id the topic is
+/// keyed and compacted by. Its JSON is one object: `query_id`, the commit's
+/// fields, and `watermark`, the query's watermark in ms for people reading
+/// the topic (recovery reads the commit's `watermarks`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct ProgressRecord {
     pub query_id: String,
-    pub epoch: u64,
-    /// Each source's offset range, as in `offsets/N`.
-    pub sources: BTreeMap<String, SourceRange>,
-    /// State files staged for the epoch (none for stateless queries).
-    pub state_files: Vec<String>,
+    #[serde(flatten)]
+    pub commit: EpochCommit,
     /// The query's watermark after the epoch (ms since the Unix epoch).
     pub watermark: Option<i64>,
-    /// Each input's watermark (ns since the Unix epoch), what recovery
-    /// resumes from.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub watermarks: BTreeMap<String, i64>,
-    pub committed_at_ms: i64,
+}
+
+impl ProgressRecord {
+    /// `commit` of query `query_id`.
+    pub(crate) fn new(query_id: &str, commit: &EpochCommit) -> Self {
+        Self {
+            query_id: query_id.to_string(),
+            commit: commit.clone(),
+            watermark: commit.watermark().map(|ns| ns.div_euclid(1_000_000)),
+        }
+    }
+
+    /// The record's bytes on the topic.
+    pub(crate) fn to_json(&self) -> Result<Vec<u8>> {
+        serde_json::to_vec(self).map_err(|e| SluiceError::Internal(format!("progress record: {e}")))
+    }
 }
 
 /// The default progress topic of a query.
@@ -66,7 +78,7 @@ pub fn last_committed(
         connect_timeout: timeout,
         passthrough: Vec::new(),
     };
-    Ok(read_last(&config, &topic, query_id)?.map(|r| (r.epoch, r.sources)))
+    Ok(read_last(&config, &topic, query_id)?.map(|r| (r.commit.epoch(), r.commit.plan.sources)))
 }
 
 /// Creates the progress topic unless it exists: one partition, compacted,

@@ -1,5 +1,5 @@
 //! The exactly-once Kafka sink: each epoch's output and its progress record
-//! in one Kafka transaction (DESIGN §6).
+//! in one Kafka transaction (docs/architecture.md §4).
 //!
 //! ```text
 //! open:   wait for the brokers ─► progress topic exists ─► transaction timeout
@@ -44,14 +44,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use datafusion::arrow::record_batch::RecordBatch;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
 use sluice_engine::{
-    fail_point, CommittedEpoch, EpochCommit, EpochOutput, OffsetRecord, Result, Sink, SluiceError,
+    fail_point, CommittedEpoch, EpochCommit, EpochOutput, Handover, Result, Sink, SluiceError,
 };
 
 use crate::produce::{create_producer, flush_within, send, DeliveryTracker, Groups, SinkConfig};
@@ -264,7 +263,12 @@ impl Inner {
 
     /// Produces epoch `record.epoch` (`outputs[i]` to the i-th target) and
     /// its progress record in one transaction and commits it.
-    fn commit_epoch(&self, commit: &EpochCommit, outputs: &[EpochOutput]) -> Result<()> {
+    fn commit_epoch(
+        &self,
+        commit: &EpochCommit,
+        outputs: &[EpochOutput],
+        handover: &Handover,
+    ) -> Result<()> {
         if outputs.len() != self.targets.len() {
             return Err(SluiceError::Internal(format!(
                 "{} outputs for {} Kafka topics",
@@ -272,18 +276,8 @@ impl Inner {
                 self.targets.len()
             )));
         }
-        let epoch = commit.plan.epoch;
-        let progress = ProgressRecord {
-            query_id: self.config.query_id.clone(),
-            epoch,
-            sources: commit.plan.sources.clone(),
-            state_files: commit.state_files.clone(),
-            watermark: commit.watermark().map(|ns| ns.div_euclid(1_000_000)),
-            watermarks: commit.watermarks.clone(),
-            committed_at_ms: now_ms(),
-        };
-        let progress = serde_json::to_vec(&progress)
-            .map_err(|e| SluiceError::Internal(format!("progress record: {e}")))?;
+        let epoch = commit.epoch();
+        let progress = ProgressRecord::new(&self.config.query_id, commit).to_json()?;
         for attempt in 1..=MAX_ATTEMPTS {
             self.producer.context().take_error();
             if let Err(e) = self.producer.begin_transaction() {
@@ -303,13 +297,13 @@ impl Inner {
                 })
                 .and_then(|()| {
                     self.config
-                        .send_dead_letters(&self.producer, epoch, &commit.dead_letters)
+                        .send_dead_letters(&self.producer, epoch, &handover.dead_letters)
                 })
                 .and_then(|()| {
                     self.groups.send_in_transaction(
                         &self.producer,
                         &self.config,
-                        &commit.group_offsets,
+                        &handover.group_offsets,
                         self.transaction_timeout,
                     )
                 })
@@ -384,12 +378,6 @@ impl Inner {
     }
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 #[async_trait]
 impl Sink for TransactionalSink {
     /// After this returns, every older instance of the query is fenced.
@@ -418,34 +406,30 @@ impl Sink for TransactionalSink {
         })
         .await
         .map_err(|e| SluiceError::Internal(format!("recovery task: {e}")))??;
-        Ok(CommittedEpoch::Recorded(last.map(|r| EpochCommit {
-            plan: OffsetRecord {
-                epoch: r.epoch,
-                planned_at_ms: r.committed_at_ms,
-                sources: r.sources,
-            },
-            state_files: r.state_files,
-            watermarks: r.watermarks,
-            dead_letters: Vec::new(),
-            group_offsets: Vec::new(),
-            retracted: None,
-        })))
+        Ok(CommittedEpoch::Recorded(last.map(|r| r.commit)))
     }
 
-    async fn write_epoch(&self, commit: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
-        let output = EpochOutput {
-            rows: batches.to_vec(),
-            retracted: commit.retracted.clone(),
-        };
-        self.write_epoch_set(commit, &[output]).await
+    async fn write_epoch(
+        &self,
+        commit: &EpochCommit,
+        output: &EpochOutput,
+        handover: &Handover,
+    ) -> Result<()> {
+        self.write_epoch_set(commit, std::slice::from_ref(output), handover)
+            .await
     }
 
-    async fn write_epoch_set(&self, commit: &EpochCommit, outputs: &[EpochOutput]) -> Result<()> {
+    async fn write_epoch_set(
+        &self,
+        commit: &EpochCommit,
+        outputs: &[EpochOutput],
+        handover: &Handover,
+    ) -> Result<()> {
         let inner = Arc::clone(&self.0);
-        let (record, outputs) = (commit.clone(), outputs.to_vec());
+        let (record, outputs, handover) = (commit.clone(), outputs.to_vec(), handover.clone());
         // An epoch without output still commits its progress record, so the
         // next restart does not redo it.
-        tokio::task::spawn_blocking(move || inner.commit_epoch(&record, &outputs))
+        tokio::task::spawn_blocking(move || inner.commit_epoch(&record, &outputs, &handover))
             .await
             .map_err(|e| SluiceError::Internal(format!("transaction task: {e}")))?
     }

@@ -143,7 +143,7 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
         let (config, topic, id) = (config.clone(), progress_topic.clone(), query_id.clone());
         blocking(move || read_last(&config, &topic, &id)).await?
     };
-    let Some(last) = last else {
+    let Some(last) = last.map(|r| r.commit) else {
         lines.push(format!(
             "  nothing committed yet (progress topic '{progress_topic}' has no record of it)"
         ));
@@ -152,19 +152,20 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
     };
     lines.push(format!(
         "  last committed epoch {} (progress topic '{progress_topic}')",
-        last.epoch
+        last.epoch()
     ));
 
     let mut inputs = BTreeMap::new();
     for (key, source) in query.inputs() {
-        let range = last.sources.get(key).ok_or_else(|| {
-            SluiceError::config(format!(
+        let range =
+            last.plan.sources.get(key).ok_or_else(|| {
+                SluiceError::config(format!(
                 "the progress record of epoch {} has no input '{key}': the file's query is not \
                  the one that committed (inputs there: {})",
-                last.epoch,
-                last.sources.keys().cloned().collect::<Vec<_>>().join(", ")
+                last.epoch(),
+                last.plan.sources.keys().cloned().collect::<Vec<_>>().join(", ")
             ))
-        })?;
+            })?;
         let partitions = if range.end.is_null() {
             Vec::new()
         } else {
@@ -198,14 +199,14 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
         let config = config.clone();
         blocking(move || read_output(&config)).await?
     };
-    let mine = |r: &OutputRecord| r.epoch.is_none_or(|e| e <= last.epoch);
+    let mine = |r: &OutputRecord| r.epoch.is_none_or(|e| e <= last.epoch());
     let later = records.iter().filter(|r| !mine(r)).count();
     let records: Vec<OutputRecord> = records.into_iter().filter(mine).collect();
     lines.push(format!(
         "  output topic '{}': {} records up to epoch {}{}",
         config.topic,
         records.len(),
-        last.epoch,
+        last.epoch(),
         if later > 0 {
             format!(" ({later} of later epochs set aside)")
         } else {

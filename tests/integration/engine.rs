@@ -344,3 +344,43 @@ async fn user_mistakes_are_named_with_the_fix() {
         .to_string();
     assert!(err.contains("needs a checkpoint location"), "{err}");
 }
+
+/// A statement set's query-wide settings are the set's: a statement that
+/// brings its own is refused, naming the setting, never silently ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_set_refuses_a_statement_with_settings_of_its_own() {
+    let session = Session::new();
+    let input = MemoryStream::new(schema());
+    let frame = session.read_stream().memory(&input).unwrap();
+    let own_trigger = frame
+        .clone()
+        .write_stream()
+        .memory(&MemorySink::new())
+        .trigger(Trigger::AvailableNow);
+    let err = session
+        .statement_set()
+        .add_insert(frame.clone().write_stream().memory(&MemorySink::new()))
+        .add_insert(own_trigger)
+        .start()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("statement 1") && err.contains("trigger") && err.contains("statement set"),
+        "{err}"
+    );
+
+    // Set on the set, the same settings run the query.
+    input.add_batch(batch(0..4)).unwrap();
+    let (a, b) = (MemorySink::new(), MemorySink::new());
+    let query = session
+        .statement_set()
+        .add_insert(frame.clone().write_stream().memory(&a))
+        .add_insert(frame.write_stream().memory(&b))
+        .trigger(Trigger::AvailableNow)
+        .start()
+        .await
+        .unwrap();
+    query.await_termination().await.unwrap();
+    assert_eq!((a.num_rows(), b.num_rows()), (4, 4));
+}

@@ -196,7 +196,7 @@ fn mutated_statements_never_panic_parse_or_plan() {
             let lines = text.lines().count() as u64 + 1;
             let session = Session::new();
             let outcome = rt.block_on(async {
-                let mut runner = sluice_sql::SqlRunner::new(&session, "fuzz.sql");
+                let mut runner = session.sql_runner("fuzz.sql");
                 runner.prepare(&text).await.map(|_| ())
             });
             match outcome {

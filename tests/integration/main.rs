@@ -3,6 +3,7 @@
 
 mod aggregate;
 mod cli;
+mod compat;
 mod engine;
 mod exactly_once;
 mod fuzz;

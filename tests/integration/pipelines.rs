@@ -20,8 +20,8 @@ use crate::util::{
     TimedRow as Row,
 };
 
-const DELAY_MS: i64 = 1_000;
-const WINDOW_MS: i64 = 2_000;
+pub(crate) const DELAY_MS: i64 = 1_000;
+pub(crate) const WINDOW_MS: i64 = 2_000;
 
 fn interval(ms: i64) -> Expr {
     lit(ScalarValue::IntervalMonthDayNano(Some(
@@ -31,7 +31,7 @@ fn interval(ms: i64) -> Expr {
 
 /// Per epoch some rows around a rising clock, small values (so that a
 /// window's maximum is often tied), and now and then a surely late row.
-fn input(rng: &mut Lcg, epochs: usize) -> Vec<Vec<Row>> {
+pub(crate) fn input(rng: &mut Lcg, epochs: usize) -> Vec<Vec<Row>> {
     let start = 1_700_000_000_000i64;
     let mut clock = start;
     let mut id = 0;
@@ -143,7 +143,7 @@ async fn run(
 
 /// Nexmark q7's shape: each closed window's highest value, joined back
 /// with the rows that have it.
-fn top_rows(events: &dyn Fn() -> StreamFrame) -> StreamFrame {
+pub(crate) fn top_rows(events: &dyn Fn() -> StreamFrame) -> StreamFrame {
     let size = Duration::from_millis(WINDOW_MS as u64);
     let tops = events()
         .window(Window::tumble("ts", size))
@@ -309,7 +309,7 @@ fn the_most_frequent_values_per_window_equal_the_loops_across_restarts() {
 
 /// A join feeding an aggregation: per key, how many pairs of rows of one
 /// stream lie within a second of each other (a self interval join).
-fn pairs_per_key(events: &dyn Fn() -> StreamFrame) -> StreamFrame {
+pub(crate) fn pairs_per_key(events: &dyn Fn() -> StreamFrame) -> StreamFrame {
     events()
         .alias("a")
         .unwrap()
@@ -360,7 +360,7 @@ fn an_aggregation_over_an_interval_join_equals_the_loops_across_restarts() {
 /// key; then per bucket of counts (`n / 4`), how many values, and the sum
 /// and mean of their highest keys. A value moves to the next bucket as its
 /// count grows, and a bucket left empty is retracted.
-fn buckets_of_counts(events: &dyn Fn() -> StreamFrame) -> StreamFrame {
+pub(crate) fn buckets_of_counts(events: &dyn Fn() -> StreamFrame) -> StreamFrame {
     events()
         .aggregate(
             vec![col("v")],

@@ -1,40 +1,25 @@
 //! The `blackhole` sink: discards rows (benchmarks measure the engine alone).
 
-use std::sync::Arc;
-
 use async_trait::async_trait;
-use datafusion::arrow::record_batch::RecordBatch;
 
+use super::EpochOutput;
 use super::Sink;
 use crate::checkpoint::EpochCommit;
-use crate::connector::{Connector, SinkArgs};
 use crate::error::Result;
+use crate::source::Handover;
 
-/// The `blackhole` connector.
-#[derive(Debug, Default)]
-pub struct BlackholeConnector;
-
-impl Connector for BlackholeConnector {
-    fn name(&self) -> &str {
-        "blackhole"
-    }
-
-    fn is_sink(&self) -> bool {
-        true
-    }
-
-    fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
-        args.options.finish("blackhole", &[])?;
-        Ok(Arc::new(Blackhole))
-    }
-}
-
+/// Discards every row.
 #[derive(Debug)]
-struct Blackhole;
+pub(crate) struct Blackhole;
 
 #[async_trait]
 impl Sink for Blackhole {
-    async fn write_epoch(&self, _epoch: &EpochCommit, _batches: &[RecordBatch]) -> Result<()> {
+    async fn write_epoch(
+        &self,
+        _epoch: &EpochCommit,
+        _output: &EpochOutput,
+        _handover: &Handover,
+    ) -> Result<()> {
         Ok(())
     }
 

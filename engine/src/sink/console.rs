@@ -8,51 +8,39 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::pretty::pretty_format_batches;
 
+use super::EpochOutput;
 use super::Sink;
 use crate::checkpoint::EpochCommit;
-use crate::connector::{Connector, SinkArgs};
 use crate::error::{Result, SluiceError};
+use crate::source::Handover;
 
-const OPTIONS: &[&str] = &["num_rows"];
-
-/// The `console` connector.
-#[derive(Debug, Default)]
-pub struct ConsoleConnector;
-
-impl Connector for ConsoleConnector {
-    fn name(&self) -> &str {
-        "console"
-    }
-
-    fn is_sink(&self) -> bool {
-        true
-    }
-
-    fn sink(&self, mut args: SinkArgs) -> Result<Arc<dyn Sink>> {
-        let num_rows = args
-            .options
-            .take_parsed::<usize>("num_rows", "a whole number of rows")?
-            .unwrap_or(20);
-        args.options.finish("console", OPTIONS)?;
-        Ok(Arc::new(Console {
-            num_rows,
-            schema: args.schema,
-        }))
-    }
-}
-
+/// Prints each epoch's rows.
 #[derive(Debug)]
-struct Console {
+pub(crate) struct Console {
     /// Rows printed per epoch; the rest are counted.
     num_rows: usize,
     /// The query's output columns, shown even for an epoch without rows.
     schema: SchemaRef,
 }
 
+impl Console {
+    /// Prints at most `num_rows` rows per epoch, under the columns of
+    /// `schema`.
+    pub(crate) fn new(num_rows: usize, schema: SchemaRef) -> Self {
+        Self { num_rows, schema }
+    }
+}
+
 #[async_trait]
 impl Sink for Console {
-    async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
-        let epoch = epoch.plan.epoch;
+    async fn write_epoch(
+        &self,
+        epoch: &EpochCommit,
+        output: &EpochOutput,
+        _handover: &Handover,
+    ) -> Result<()> {
+        let epoch = epoch.epoch();
+        let batches = &output.rows;
         let total: usize = batches.iter().map(RecordBatch::num_rows).sum();
         let mut shown = Vec::new();
         let mut left = self.num_rows;

@@ -8,12 +8,12 @@
 //! are at-least-once, as they would be alone.
 
 use async_trait::async_trait;
-use datafusion::arrow::record_batch::RecordBatch;
 use std::sync::Arc;
 
 use super::{CommittedEpoch, EpochOutput, Sink};
 use crate::checkpoint::EpochCommit;
 use crate::error::{Result, SluiceError};
+use crate::source::Handover;
 
 /// A sink made of parts, each writing the outputs of the statements at its
 /// indices. Connectors build one through [`FanOut::combine`] in their
@@ -98,20 +98,28 @@ impl Sink for FanOut {
         Ok(CommittedEpoch::NotRecorded)
     }
 
-    async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
-        let output = EpochOutput {
-            rows: batches.to_vec(),
-            retracted: epoch.retracted.clone(),
-        };
-        self.write_epoch_set(epoch, &[output]).await
+    async fn write_epoch(
+        &self,
+        epoch: &EpochCommit,
+        output: &EpochOutput,
+        handover: &Handover,
+    ) -> Result<()> {
+        self.write_epoch_set(epoch, std::slice::from_ref(output), handover)
+            .await
     }
 
-    async fn write_epoch_set(&self, epoch: &EpochCommit, outputs: &[EpochOutput]) -> Result<()> {
+    async fn write_epoch_set(
+        &self,
+        epoch: &EpochCommit,
+        outputs: &[EpochOutput],
+        handover: &Handover,
+    ) -> Result<()> {
         let takes_source_commits = self.source_commits_part();
         // The part that records commits goes last: once it commits, the
         // epoch is done, so everything else must be written by then.
         let mut order: Vec<usize> = (0..self.parts.len()).collect();
         order.sort_by_key(|&i| self.parts[i].0.records_commits());
+        let nothing = Handover::default();
         for i in order {
             let (sink, indices) = &self.parts[i];
             let mut mine = Vec::with_capacity(indices.len());
@@ -120,12 +128,12 @@ impl Sink for FanOut {
                     SluiceError::Internal(format!("statement set output {index} missing"))
                 })?);
             }
-            let mut part_epoch = epoch.clone();
-            if takes_source_commits != Some(i) {
-                part_epoch.dead_letters.clear();
-                part_epoch.group_offsets.clear();
-            }
-            sink.write_epoch_set(&part_epoch, &mine).await?;
+            let handover = if takes_source_commits == Some(i) {
+                handover
+            } else {
+                &nothing
+            };
+            sink.write_epoch_set(epoch, &mine, handover).await?;
         }
         Ok(())
     }

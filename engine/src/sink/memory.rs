@@ -8,9 +8,11 @@ use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
+use super::EpochOutput;
 use super::Sink;
 use crate::checkpoint::EpochCommit;
 use crate::error::Result;
+use crate::source::Handover;
 
 /// Output collected per epoch: its rows and, in update mode, the keys of
 /// the groups it retracted. An epoch written twice (replayed after a
@@ -90,13 +92,16 @@ impl MemorySink {
 
 #[async_trait]
 impl Sink for MemorySink {
-    async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()> {
-        self.lock()
-            .entry(epoch.plan.epoch)
-            .or_insert_with(|| Written {
-                rows: batches.to_vec(),
-                retracted: epoch.retracted.clone(),
-            });
+    async fn write_epoch(
+        &self,
+        epoch: &EpochCommit,
+        output: &EpochOutput,
+        _handover: &Handover,
+    ) -> Result<()> {
+        self.lock().entry(epoch.epoch()).or_insert_with(|| Written {
+            rows: output.rows.clone(),
+            retracted: output.retracted.clone(),
+        });
         Ok(())
     }
 

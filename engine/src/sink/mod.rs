@@ -14,14 +14,15 @@ use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::checkpoint::EpochCommit;
 use crate::error::Result;
+use crate::source::Handover;
 
 mod blackhole;
 mod console;
 mod fan_out;
 mod memory;
 
-pub use blackhole::BlackholeConnector;
-pub use console::ConsoleConnector;
+pub(crate) use blackhole::Blackhole;
+pub(crate) use console::Console;
 pub use fan_out::FanOut;
 pub use memory::MemorySink;
 
@@ -30,8 +31,9 @@ pub use memory::MemorySink;
 pub struct EpochOutput {
     /// Rows to emit.
     pub rows: Vec<RecordBatch>,
-    /// Keys (the output's key columns) of groups that left the output, for
-    /// an upsert sink to delete (see [`EpochCommit::retracted`]).
+    /// Update mode: the keys (rows of the output's key columns) of groups
+    /// that left the output this epoch (a HAVING no longer true), for an
+    /// upsert sink to delete; Kafka writes a tombstone per key.
     pub retracted: Option<RecordBatch>,
 }
 
@@ -69,11 +71,17 @@ pub trait Sink: Send + Sync + Debug {
         false
     }
 
-    /// Writes the output of the epoch planned in `epoch` (its number and
-    /// source ranges) and returns once it is durable in the sink (for
-    /// Kafka: acknowledged or committed). MUST NOT return `Ok` before that:
-    /// the engine marks the epoch committed right after.
-    async fn write_epoch(&self, epoch: &EpochCommit, batches: &[RecordBatch]) -> Result<()>;
+    /// Writes `output`, the output of the epoch `epoch` commits (its number,
+    /// source ranges and state files), with what its sources hand over,
+    /// and returns once it is durable in the sink (for Kafka: acknowledged
+    /// or committed). MUST NOT return `Ok` before that: the engine marks
+    /// the epoch committed right after.
+    async fn write_epoch(
+        &self,
+        epoch: &EpochCommit,
+        output: &EpochOutput,
+        handover: &Handover,
+    ) -> Result<()>;
 
     /// Writes the outputs of a statement set's statements as one epoch:
     /// `outputs[i]` is the output of the i-th statement this sink was made
@@ -81,13 +89,14 @@ pub trait Sink: Send + Sync + Debug {
     /// same durability rule as [`Sink::write_epoch`]. The default, for a
     /// sink made for one statement, writes its one output with
     /// [`Sink::write_epoch`].
-    async fn write_epoch_set(&self, epoch: &EpochCommit, outputs: &[EpochOutput]) -> Result<()> {
+    async fn write_epoch_set(
+        &self,
+        epoch: &EpochCommit,
+        outputs: &[EpochOutput],
+        handover: &Handover,
+    ) -> Result<()> {
         match outputs {
-            [one] => {
-                let mut epoch = epoch.clone();
-                epoch.retracted.clone_from(&one.retracted);
-                self.write_epoch(&epoch, &one.rows).await
-            }
+            [one] => self.write_epoch(epoch, one, handover).await,
             _ => Err(crate::SluiceError::Internal(format!(
                 "{} was made for one statement but got {} outputs",
                 self.describe(),
@@ -97,9 +106,8 @@ pub trait Sink: Send + Sync + Debug {
     }
 
     /// Whether the sink writes what sources hand over with the epoch's
-    /// output ([`EpochCommit::dead_letters`], [`EpochCommit::group_offsets`]).
-    /// Default `false`: a query whose sources hand something over is then
-    /// refused at start.
+    /// output ([`Handover`]). Default `false`: a query whose sources hand
+    /// something over is then refused at start.
     fn accepts_source_commits(&self) -> bool {
         false
     }

@@ -23,84 +23,53 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use super::{Offset, Partitions, Source, SourceFactory};
-use crate::connector::{Connector, SourceArgs};
 use crate::error::{Result, SluiceError};
 
-const OPTIONS: &[&str] = &["path", "format", "header", "max_files_per_epoch"];
-const FORMATS: &[&str] = &["json", "csv", "parquet"];
 const BATCH_ROWS: usize = 8192;
 
-/// The `files` connector.
-#[derive(Debug, Default)]
-pub struct FilesConnector;
-
+/// How the files are encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Format {
+pub(crate) enum Format {
     Json,
     Csv { header: bool },
     Parquet,
 }
 
-impl Connector for FilesConnector {
-    fn name(&self) -> &str {
-        "files"
-    }
-
-    fn is_source(&self) -> bool {
-        true
-    }
-
-    fn source(&self, mut args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
-        let o = &mut args.options;
-        let path = PathBuf::from(o.take_required("files", "path", "./data/incoming")?);
-        let format = match o.take_choice("format", FORMATS)? {
-            Some(f) => f,
-            None => {
-                return Err(o.missing(
-                    "connector 'files'",
-                    "format",
-                    "'format' = 'json' (or 'csv', 'parquet')",
-                ))
-            }
-        };
-        let header = o
-            .take_parsed::<bool>("header", "true or false")?
-            .unwrap_or(true);
-        let max_files = o
-            .take_parsed::<usize>("max_files_per_epoch", "a whole number of files")?
-            .unwrap_or(usize::MAX)
-            .max(1);
-        o.finish("files", OPTIONS)?;
-        let format = match format.as_str() {
-            "json" => Format::Json,
-            "csv" => Format::Csv { header },
-            _ => Format::Parquet,
-        };
-        if !path.is_dir() {
-            return Err(SluiceError::config(format!(
-                "files source: '{}' is not a directory; create it or fix 'path'",
-                path.display()
-            )));
-        }
-        let schema = match args.schema {
-            Some(s) => s,
-            None => infer_schema(&path, format)?,
-        };
-        Ok(Arc::new(FilesFactory {
-            dir: path,
-            format,
-            schema,
-            max_files,
-        }))
-    }
-}
-
+/// Creates the sources of a stream over the files in `dir`.
 #[derive(Debug)]
-struct FilesFactory {
+pub(crate) struct FilesFactory {
     dir: PathBuf,
     format: Format,
     schema: SchemaRef,
     max_files: usize,
+}
+
+impl FilesFactory {
+    /// A factory over the directory `dir`, whose files have `format` and,
+    /// when not `declared`, the columns inferred from the files there.
+    pub(crate) fn new(
+        dir: PathBuf,
+        format: Format,
+        declared: Option<SchemaRef>,
+        max_files: usize,
+    ) -> Result<Self> {
+        if !dir.is_dir() {
+            return Err(SluiceError::config(format!(
+                "files source: '{}' is not a directory; create it or fix 'path'",
+                dir.display()
+            )));
+        }
+        let schema = match declared {
+            Some(s) => s,
+            None => infer_schema(&dir, format)?,
+        };
+        Ok(Self {
+            dir,
+            format,
+            schema,
+            max_files,
+        })
+    }
 }
 
 impl SourceFactory for FilesFactory {

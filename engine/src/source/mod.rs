@@ -24,9 +24,9 @@ mod files;
 mod memory;
 mod rate;
 
-pub use files::FilesConnector;
+pub(crate) use files::{FilesFactory, Format as FilesFormat};
 pub use memory::{MemorySourceFactory, MemoryStream};
-pub use rate::RateConnector;
+pub(crate) use rate::RateFactory;
 
 /// A source's position, as the source's own JSON.
 pub type Offset = serde_json::Value;
@@ -72,6 +72,24 @@ pub struct GroupOffsets {
     pub topic: String,
     /// Partition → next offset.
     pub offsets: BTreeMap<i32, i64>,
+}
+
+/// What an epoch's sources hand over to the sink, to be written with the
+/// epoch's output (inside its transaction, for the exactly-once Kafka
+/// sink): records for dead-letter topics, and consumer-group offsets.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Handover {
+    /// Records the sources could not decode, for their dead-letter topics.
+    pub dead_letters: Vec<DeadLetter>,
+    /// Consumer-group offsets the sources ask to record with the epoch.
+    pub group_offsets: Vec<GroupOffsets>,
+}
+
+impl Handover {
+    /// Whether there is nothing to hand over.
+    pub fn is_empty(&self) -> bool {
+        self.dead_letters.is_empty() && self.group_offsets.is_empty()
+    }
 }
 
 /// The records a source's last [`Source::read`] could not decode and did

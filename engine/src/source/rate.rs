@@ -25,65 +25,14 @@ use datafusion::arrow::record_batch::RecordBatch;
 use serde::{Deserialize, Serialize};
 
 use super::{LazyInput, LazyPartition, Offset, Partitions, Source, SourceFactory};
-use crate::connector::{Connector, SourceArgs};
 use crate::error::{Result, SluiceError};
 
 /// Rows per record batch: large enough for vectorised kernels to shine,
 /// small enough to stay in cache-friendly chunks.
 const BATCH_ROWS: usize = 64 * 1024;
 
-const OPTIONS: &[&str] = &["rows_per_second", "num_partitions", "rows_per_batch"];
-
-/// The `rate` connector.
-#[derive(Debug, Default)]
-pub struct RateConnector;
-
-impl Connector for RateConnector {
-    fn name(&self) -> &str {
-        "rate"
-    }
-
-    fn is_source(&self) -> bool {
-        true
-    }
-
-    fn source(&self, mut args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
-        let rows_per_second = args
-            .options
-            .take_parsed::<u64>("rows_per_second", "a whole number of rows per second")?
-            .unwrap_or(1);
-        let num_partitions = args
-            .options
-            .take_parsed::<usize>("num_partitions", "a whole number of partitions")?
-            .unwrap_or(args.default_partitions);
-        let rows_per_batch = args
-            .options
-            .take_parsed::<u64>("rows_per_batch", "a whole number of rows per epoch")?;
-        args.options.finish("rate", OPTIONS)?;
-        if rows_per_second == 0 || num_partitions == 0 || rows_per_batch == Some(0) {
-            return Err(SluiceError::config(
-                "rate source: 'rows_per_second', 'num_partitions' and 'rows_per_batch' must be \
-                 at least 1",
-            ));
-        }
-        if let Some(declared) = &args.schema {
-            if declared.fields() != rate_schema().fields() {
-                return Err(SluiceError::config(
-                    "the rate source has the fixed columns (timestamp TIMESTAMP, value BIGINT); \
-                     leave the column list out",
-                ));
-            }
-        }
-        Ok(Arc::new(RateFactory {
-            rows_per_second,
-            num_partitions,
-            rows_per_batch,
-        }))
-    }
-}
-
 /// The rate source's fixed schema.
-pub(crate) fn rate_schema() -> SchemaRef {
+fn rate_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new(
             "timestamp",
@@ -94,11 +43,42 @@ pub(crate) fn rate_schema() -> SchemaRef {
     ]))
 }
 
+/// Creates the rate sources of a stream: `rows_per_second` over
+/// `num_partitions` partitions, or `rows_per_batch` rows per epoch.
 #[derive(Debug)]
-struct RateFactory {
+pub(crate) struct RateFactory {
     rows_per_second: u64,
     num_partitions: usize,
     rows_per_batch: Option<u64>,
+}
+
+impl RateFactory {
+    /// A factory of rate sources; every number at least 1, and the
+    /// declared columns, if any, the fixed ones.
+    pub(crate) fn new(
+        rows_per_second: u64,
+        num_partitions: usize,
+        rows_per_batch: Option<u64>,
+        declared: Option<&SchemaRef>,
+    ) -> Result<Self> {
+        if rows_per_second == 0 || num_partitions == 0 || rows_per_batch == Some(0) {
+            return Err(SluiceError::config(
+                "rate source: 'rows_per_second', 'num_partitions' and 'rows_per_batch' must be \
+                 at least 1",
+            ));
+        }
+        if declared.is_some_and(|d| d.fields() != rate_schema().fields()) {
+            return Err(SluiceError::config(
+                "the rate source has the fixed columns (timestamp TIMESTAMP, value BIGINT); \
+                 leave the column list out",
+            ));
+        }
+        Ok(Self {
+            rows_per_second,
+            num_partitions,
+            rows_per_batch,
+        })
+    }
 }
 
 impl SourceFactory for RateFactory {

@@ -1,0 +1,156 @@
+//! The connector registry: how `connector = 'name'` finds its code.
+//!
+//! The engine registers the connectors that need nothing outside the process
+//! (`rate`, `files`, `console`, `blackhole`); other crates add theirs with
+//! [`ConnectorRegistry::register`] (the `sluice` facade adds Kafka). SQL and
+//! the DataFrame API resolve names through the same registry.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+
+use crate::error::{Result, SluiceError};
+use crate::options::{closest, Options};
+use crate::output_mode::OutputMode;
+use crate::sink::Sink;
+use crate::source::SourceFactory;
+
+mod builtin;
+
+pub use builtin::{BlackholeConnector, ConsoleConnector, FilesConnector, RateConnector};
+
+/// What a connector gets to build a source.
+#[derive(Debug, Clone)]
+pub struct SourceArgs {
+    /// The stream's name (for messages).
+    pub stream: String,
+    /// Options not yet taken; the connector takes its own, then calls
+    /// [`Options::finish`].
+    pub options: Options,
+    /// The declared columns, when the user declared them.
+    pub schema: Option<SchemaRef>,
+    /// The session's default number of partitions (cores).
+    pub default_partitions: usize,
+}
+
+/// What a connector gets to build a sink for one query.
+#[derive(Debug, Clone)]
+pub struct SinkArgs {
+    /// Options not yet taken.
+    pub options: Options,
+    /// The query's output schema.
+    pub schema: SchemaRef,
+    /// The query's output mode.
+    pub output_mode: OutputMode,
+    /// The query's id (stable across restarts).
+    pub query_id: String,
+    /// The query's name.
+    pub query_name: String,
+    /// Output columns that carry the GROUP BY key unchanged, when all of
+    /// them do: an upsert sink's natural key. Empty otherwise.
+    pub key_columns: Vec<String>,
+}
+
+/// A named kind of source and/or sink.
+pub trait Connector: Send + Sync + Debug {
+    /// The name users write in `connector = '...'` / `.format(..)`.
+    fn name(&self) -> &str;
+
+    /// Whether the connector can be read from. Default `false`.
+    fn is_source(&self) -> bool {
+        false
+    }
+
+    /// Whether the connector can be written to. Default `false`.
+    fn is_sink(&self) -> bool {
+        false
+    }
+
+    /// Builds a source. The default says the connector cannot be read from.
+    fn source(&self, args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
+        let _ = args;
+        Err(SluiceError::config(format!(
+            "connector '{}' can only be written to, not read from",
+            self.name()
+        )))
+    }
+
+    /// Builds a sink. The default says the connector cannot be written to.
+    fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
+        let _ = args;
+        Err(SluiceError::config(format!(
+            "connector '{}' can only be read from, not written to",
+            self.name()
+        )))
+    }
+
+    /// Builds one sink for the statements of a statement set that write to
+    /// this connector, `args[i]` for the i-th; its
+    /// [`Sink::write_epoch_set`] gets their outputs in that order. The
+    /// default makes one sink per statement and writes them one after the
+    /// other (each as at-least-once as it is alone); a connector whose sinks
+    /// can commit together (Kafka: one transaction) combines them.
+    fn sink_set(&self, args: Vec<SinkArgs>) -> Result<Arc<dyn Sink>> {
+        let statements = args.len();
+        let mut parts = Vec::with_capacity(statements);
+        for (i, a) in args.into_iter().enumerate() {
+            parts.push((self.sink(a)?, vec![i]));
+        }
+        crate::sink::FanOut::combine(parts, statements)
+    }
+}
+
+/// Connectors by name.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectorRegistry {
+    connectors: BTreeMap<String, Arc<dyn Connector>>,
+}
+
+impl ConnectorRegistry {
+    /// The registry with the engine's built-in connectors.
+    pub fn with_builtins() -> Self {
+        let mut r = Self::default();
+        r.register(Arc::new(RateConnector));
+        r.register(Arc::new(FilesConnector));
+        r.register(Arc::new(ConsoleConnector));
+        r.register(Arc::new(BlackholeConnector));
+        r
+    }
+
+    /// Adds (or replaces) a connector under its name.
+    pub fn register(&mut self, connector: Arc<dyn Connector>) {
+        self.connectors
+            .insert(connector.name().to_ascii_lowercase(), connector);
+    }
+
+    /// The connector called `name`, or an error listing the known ones.
+    pub fn get(&self, name: &str) -> Result<Arc<dyn Connector>> {
+        let key = name.to_ascii_lowercase();
+        if let Some(c) = self.connectors.get(&key) {
+            return Ok(Arc::clone(c));
+        }
+        let mut known: Vec<&str> = self.connectors.keys().map(String::as_str).collect();
+        known.push("memory");
+        let hint = closest(&key, known.iter().copied())
+            .map(|c| format!(" (did you mean '{c}'?)"))
+            .unwrap_or_default();
+        let message = if key == "memory" {
+            "connector 'memory' is available from the Rust API only: \
+             session.read_stream().memory(&stream) / write_stream().memory(&sink)"
+                .to_string()
+        } else {
+            format!(
+                "unknown connector '{name}'{hint}; known connectors: {}",
+                known.join(", ")
+            )
+        };
+        Err(SluiceError::config(message))
+    }
+
+    /// Names of the registered connectors.
+    pub fn names(&self) -> Vec<String> {
+        self.connectors.keys().cloned().collect()
+    }
+}

@@ -1,0 +1,237 @@
+//! Query launch: from planned statements to a running epoch loop.
+//!
+//! ```text
+//! (statements planned) ─► open the checkpoint (query id) ─► build the sinks
+//!   ─► open them (a Kafka sink fences older instances) ─► recover from the
+//!   checkpoint and the sink's record ─► spawn the epoch loop
+//! ```
+//!
+//! Everything that can be refused is refused before the sinks open: a
+//! mistake in any statement, a sink that needs a checkpoint location, a
+//! source that needs a Kafka sink to commit with.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::checkpoint::Checkpoint;
+use crate::connector::{ConnectorRegistry, SinkArgs};
+use crate::epoch::EpochLoop;
+use crate::error::{Result, SluiceError};
+use crate::options::Options;
+use crate::progress::StreamingQueryListener;
+use crate::query::{QueryShared, StreamingQuery};
+use crate::sink::{FanOut, Sink};
+use crate::state::chain::SnapshotPolicy;
+use crate::statement::Statement;
+use crate::trigger::Trigger;
+
+/// The settings of a query, whatever builds it: SQL `SET`s, a
+/// [`DataStreamWriter`](crate::DataStreamWriter) (which, started alone,
+/// hands its own to the [`StatementSet`](crate::StatementSet) of one it
+/// runs as) or a statement set.
+///
+/// ```
+/// use std::time::Duration;
+/// use sluice_engine::{QuerySettings, Trigger};
+/// let mut settings = QuerySettings::default();
+/// settings.trigger = Trigger::ProcessingTime(Duration::from_secs(1));
+/// settings.checkpoint = Some("./checkpoints/orders".into());
+/// assert_eq!(settings.state_snapshot_interval, 10);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QuerySettings {
+    /// Where the query keeps its checkpoint (SQL: `checkpoint.location`);
+    /// without one a query whose sink needs none gets a temporary one.
+    pub checkpoint: Option<PathBuf>,
+    /// When epochs run (SQL: `trigger`, `trigger.interval`).
+    pub trigger: Trigger,
+    /// The query's name for progress, logs and metrics; within a set, the
+    /// statement's.
+    pub name: Option<String>,
+    /// State files per chain (a snapshot and its deltas) before a new
+    /// snapshot (SQL: `state.snapshot.interval`; default 10, at least 1).
+    pub state_snapshot_interval: u64,
+    /// Snapshots, each with its deltas, kept in the checkpoint (SQL:
+    /// `state.retained.snapshots`; default 2, at least 1).
+    pub state_retained_snapshots: usize,
+}
+
+impl Default for QuerySettings {
+    fn default() -> Self {
+        Self {
+            checkpoint: None,
+            trigger: Trigger::default(),
+            name: None,
+            state_snapshot_interval: 10,
+            state_retained_snapshots: 2,
+        }
+    }
+}
+
+impl QuerySettings {
+    /// The snapshot policy these settings give the query's state chains.
+    pub(crate) fn snapshots(&self) -> SnapshotPolicy {
+        SnapshotPolicy {
+            every: self.state_snapshot_interval.max(1),
+            retained: self.state_retained_snapshots.max(1),
+        }
+    }
+}
+
+/// Where a statement's output goes.
+#[derive(Debug)]
+pub(crate) enum SinkChoice {
+    None,
+    /// A connector by name, built with the statement's options.
+    Connector(String),
+    /// A sink built by the caller.
+    Instance(Arc<dyn Sink>),
+}
+
+/// A query ready to launch: its statements planned, each with where its
+/// output goes.
+pub(crate) struct QueryPlan {
+    pub name: String,
+    pub settings: QuerySettings,
+    /// Each statement with its sink and the sink's options.
+    pub statements: Vec<(Statement, SinkChoice, Options)>,
+    pub connectors: ConnectorRegistry,
+    pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
+}
+
+/// Opens `query`'s checkpoint and sinks, recovers, and spawns its epoch
+/// loop on the current tokio runtime.
+pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
+    let QueryPlan {
+        name,
+        settings,
+        statements,
+        connectors,
+        listeners,
+    } = query;
+    let (planned, outputs): (Vec<Statement>, Vec<(SinkChoice, Options)>) = statements
+        .into_iter()
+        .map(|(statement, sink, options)| (statement, (sink, options)))
+        .unzip();
+    let new_id = uuid::Uuid::new_v4().to_string();
+    let checkpoint = settings
+        .checkpoint
+        .as_ref()
+        .map(|dir| Checkpoint::open(dir, &new_id))
+        .transpose()?;
+    let query_id = checkpoint
+        .as_ref()
+        .map_or(new_id, |c| c.metadata().query_id.clone());
+    let sink = sinks(&connectors, outputs, &planned, &query_id, &name)?;
+    let (checkpoint, temp_dir) = match checkpoint {
+        Some(c) => (c, None),
+        None if sink.needs_checkpoint() => {
+            return Err(SluiceError::config(format!(
+                "query '{name}' writes to {}, which needs a checkpoint location to know what \
+                 it already wrote: set .checkpoint_location(dir), or in SQL \
+                 SET 'checkpoint.location' = './checkpoints/{name}'",
+                sink.describe()
+            )))
+        }
+        None => {
+            let dir = tempfile::Builder::new()
+                .prefix("sluice-checkpoint-")
+                .tempdir()
+                .map_err(|e| SluiceError::io("creating a temporary checkpoint", e))?;
+            (Checkpoint::open(dir.path(), &query_id)?, Some(dir))
+        }
+    };
+    if !sink.accepts_source_commits() {
+        for input in planned.iter().flat_map(|s| &s.plan.inputs) {
+            if let Some(option) = input.source.commits_through_sink() {
+                return Err(SluiceError::config(format!(
+                    "query '{name}' reads {} with {option}, which needs a Kafka sink to \
+                     commit it with the epoch's output; {} cannot: write to Kafka, or \
+                     remove {option}",
+                    input.description,
+                    sink.describe()
+                )));
+            }
+        }
+    }
+    sink.open().await?;
+    let shared = QueryShared::new(query_id, name);
+    let mut epochs = EpochLoop {
+        shared: Arc::clone(&shared),
+        statements: planned,
+        snapshots: settings.snapshots(),
+        recoveries: 0,
+        sink_description: sink.describe(),
+        sink,
+        checkpoint,
+        temp_dir,
+        trigger: settings.trigger,
+        listeners,
+    };
+    let recovered = epochs.recover().await?;
+    shared.set_task(tokio::spawn(epochs.run(recovered)));
+    Ok(StreamingQuery::new(shared))
+}
+
+/// One sink for all the statements: each connector's
+/// [`sink_set`](crate::Connector::sink_set) for the statements writing to
+/// it, sink instances as they are, and, when that makes several parts, a
+/// [`FanOut`] over them.
+fn sinks(
+    connectors: &ConnectorRegistry,
+    outputs: Vec<(SinkChoice, Options)>,
+    statements: &[Statement],
+    query_id: &str,
+    name: &str,
+) -> Result<Arc<dyn Sink>> {
+    let count = outputs.len();
+    let mut parts: Vec<(Arc<dyn Sink>, Vec<usize>)> = Vec::new();
+    // Per connector, in order of first use: its statements and their args.
+    let mut groups: Vec<(String, Vec<usize>, Vec<SinkArgs>)> = Vec::new();
+    for (i, ((sink, options), statement)) in outputs.into_iter().zip(statements).enumerate() {
+        let plan = &statement.plan;
+        match sink {
+            SinkChoice::None => {
+                return Err(SluiceError::config(format!(
+                    "query '{name}' has no sink: choose one with .format(\"kafka\"), one of {}",
+                    connectors.names().join(", ")
+                )))
+            }
+            SinkChoice::Instance(s) => {
+                options.finish(&s.describe(), &[])?;
+                // Two statements writing one instance would overwrite each
+                // other's epochs (a memory sink keeps one batch per epoch).
+                if parts.iter().any(|(p, _)| Arc::ptr_eq(p, &s)) {
+                    return Err(SluiceError::config(format!(
+                        "two statements of query '{name}' write to the same {}: give each its \
+                         own sink",
+                        s.describe()
+                    )));
+                }
+                parts.push((s, vec![i]));
+            }
+            SinkChoice::Connector(c) => {
+                let args = SinkArgs {
+                    options,
+                    schema: Arc::clone(&plan.output_schema),
+                    output_mode: plan.mode,
+                    query_id: query_id.to_string(),
+                    query_name: name.to_string(),
+                    key_columns: plan.key_columns.clone(),
+                };
+                match groups.iter_mut().find(|(name, _, _)| *name == c) {
+                    Some((_, indices, all)) => {
+                        indices.push(i);
+                        all.push(args);
+                    }
+                    None => groups.push((c, vec![i], vec![args])),
+                }
+            }
+        }
+    }
+    for (connector, indices, args) in groups {
+        parts.push((connectors.get(&connector)?.sink_set(args)?, indices));
+    }
+    FanOut::combine(parts, count)
+}

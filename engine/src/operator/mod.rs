@@ -1,0 +1,90 @@
+//! Stateful operators and the one lifecycle the epoch loop drives them by.
+//!
+//! ```text
+//!             ┌──────── one epoch ───────────────────────────────┐
+//! restore ──► process ──► advance_watermark ──► stage ──► after_commit ──► ...
+//! (recovery)  (input)     (close, evict, emit)  (state to   (the staged
+//!                                                the chain)  state is durable)
+//! ```
+//!
+//! - [`aggregate`]: GROUP BY, windowed aggregation and deduplication, through
+//!   DataFusion's accumulators, over a [`KeyedState`](crate::KeyedState);
+//! - [`join`]: stream–stream joins, interval-bounded or not;
+//! - [`pipeline`]: several of those in one query, innermost first, each
+//!   feeding the one above it;
+//! - [`changelog`]: how an aggregation whose rows change feeds another.
+//!
+//! An operator reads its epoch's input from the scans of its plans, which
+//! the statement has put in scope (`table::EpochBatches::with_input`) for
+//! the duration of [`Operator::process`] and
+//! [`Operator::advance_watermark`]; what it emits is returned as a value.
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+use datafusion::execution::SessionState;
+
+use crate::error::Result;
+use crate::sink::EpochOutput;
+use crate::state::chain::{ChainReader, Staged};
+
+pub(crate) mod aggregate;
+pub(crate) mod changelog;
+pub(crate) mod join;
+pub(crate) mod pipeline;
+
+/// A running stateful operator (Arroyo's and Flink's operator lifecycle,
+/// at epoch granularity).
+///
+/// Per epoch the epoch loop calls, in order, [`process`](Self::process),
+/// [`advance_watermark`](Self::advance_watermark), then
+/// [`stage`](Self::stage) (and [`write_snapshot`](Self::write_snapshot)
+/// when it asks for a snapshot), and once the epoch's commit is durable
+/// [`after_commit`](Self::after_commit). After a failure, recovery calls
+/// [`restore`](Self::restore) with the last committed chain instead, and
+/// the epoch runs again.
+#[async_trait]
+pub(crate) trait Operator: Send + Sync + Debug {
+    /// The operator's folder under the checkpoint's `state/`.
+    fn name(&self) -> &'static str;
+
+    /// Whether rows behind the watermark must be dropped before it sees
+    /// them: its state is bounded by event time.
+    fn drops_late(&self) -> bool;
+
+    /// Takes the epoch's input (read through its plans' scans) into its
+    /// state. Emits nothing yet: what is final depends on the watermark.
+    async fn process(&mut self, ctx: &SessionState) -> Result<()>;
+
+    /// Moves to `watermark` (the query's, after this epoch's input):
+    /// closes windows and evicts what no later row can change, and returns
+    /// what the epoch emits. MUST be called once after each
+    /// [`process`](Self::process).
+    async fn advance_watermark(
+        &mut self,
+        ctx: &SessionState,
+        watermark: Option<i64>,
+    ) -> Result<EpochOutput>;
+
+    /// What to write for this epoch's commit: with `snapshot_due`, a
+    /// snapshot (unless there is no state yet); else what changed since
+    /// the last committed stage, or a snapshot when that is no larger.
+    /// The changes are kept until [`after_commit`](Self::after_commit).
+    fn stage(&mut self, snapshot_due: bool) -> Result<Staged>;
+
+    /// Writes the whole state into `w`, streamed (a large state is never
+    /// copied whole into memory first). Called when
+    /// [`stage`](Self::stage) returned [`Staged::Snapshot`].
+    fn write_snapshot(&mut self, w: &mut dyn std::io::Write) -> Result<()>;
+
+    /// Replaces the state with a committed chain: a snapshot, then the
+    /// deltas after it, in order; an empty chain empties it.
+    async fn restore(&mut self, ctx: &SessionState, chain: ChainReader<'_>) -> Result<()>;
+
+    /// The epoch whose state [`stage`](Self::stage) wrote has committed:
+    /// changes are counted anew from here.
+    fn after_commit(&mut self);
+
+    /// Rows and bytes held in state.
+    fn state_size(&self) -> (u64, u64);
+}

@@ -1,0 +1,75 @@
+//! Binding: each stream scan of a query gets the query's own source and
+//! table instance, so that each epoch's input reaches exactly this query.
+
+use std::sync::Arc;
+
+use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
+use datafusion::catalog::TableProvider;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::logical_expr::{LogicalPlan, TableScan};
+
+use super::{unwrap_external, Input};
+use crate::connector::ConnectorRegistry;
+use crate::error::Result;
+use crate::table::as_stream_table;
+
+/// `plan` with each stream scan bound to a fresh source and table instance,
+/// and the inputs so made, in plan order; their keys start with
+/// `key_prefix`. A stream scanned twice (a self-join, a stream on two
+/// paths) is one input read once per epoch.
+pub(super) fn bind_inputs(
+    plan: &LogicalPlan,
+    registry: &ConnectorRegistry,
+    key_prefix: &str,
+    default_partitions: usize,
+) -> Result<(LogicalPlan, Vec<Input>)> {
+    let mut inputs: Vec<Input> = Vec::new();
+    // The stream tables bound so far (by identity: a DataFrame's streams may
+    // share a name) and their inputs.
+    let mut bound_tables: Vec<(*const (), usize)> = Vec::new();
+    let bound = plan
+        .clone()
+        .transform_up(|node| {
+            let LogicalPlan::TableScan(scan) = node else {
+                return Ok(Transformed::no(node));
+            };
+            let provider = source_as_provider(&scan.source)?;
+            let Some(table) = as_stream_table(&provider) else {
+                return Ok(Transformed::no(LogicalPlan::TableScan(scan)));
+            };
+            // A stream scanned again reads the same input: one read per
+            // epoch, and every path sees the same rows (and the same late
+            // ones), whatever arrives between two reads.
+            let identity = Arc::as_ptr(&provider) as *const ();
+            if let Some(&(_, i)) = bound_tables.iter().find(|(t, _)| *t == identity) {
+                let input = &mut inputs[i];
+                input.scans += 1;
+                return Ok(Transformed::yes(LogicalPlan::TableScan(TableScan {
+                    source: provider_as_source(Arc::clone(&input.table) as Arc<dyn TableProvider>),
+                    ..scan
+                })));
+            }
+            let factory = table
+                .factory(registry, default_partitions)
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+            let source = factory
+                .create()
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+            let instance = table.for_query();
+            bound_tables.push((identity, inputs.len()));
+            inputs.push(Input {
+                key: format!("{key_prefix}{}:{}", inputs.len(), table.definition().name),
+                table: Arc::clone(&instance),
+                source,
+                description: format!("{} ← {}", table.definition().name, factory.describe()),
+                scans: 1,
+            });
+            Ok(Transformed::yes(LogicalPlan::TableScan(TableScan {
+                source: provider_as_source(instance),
+                ..scan
+            })))
+        })
+        .map_err(unwrap_external)?
+        .data;
+    Ok((bound, inputs))
+}

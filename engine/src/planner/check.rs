@@ -1,0 +1,256 @@
+//! What can run on a stream: every node of the plan checked, the output
+//! mode derived or checked, and what would work said when something
+//! cannot.
+
+use datafusion::catalog::default_table_source::source_as_provider;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::JoinType;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+
+use crate::error::{Result, SluiceError};
+use crate::output_mode::OutputMode;
+use crate::table::as_stream_table;
+use crate::window::{event_time_key, session_problem};
+
+/// The table name of the scan that replaces the `i`-th stage.
+pub(super) const STAGE_OUTPUT: &str = "__sluice_stage";
+
+/// The nodes that run over streams: all of them but the static side of a
+/// stream–static join, which DataFusion reads as a plain table.
+pub(super) fn streaming_nodes(plan: &LogicalPlan) -> Vec<&LogicalPlan> {
+    let mut out = vec![plan];
+    match plan {
+        LogicalPlan::Join(j) if reads_stream(&j.left) != reads_stream(&j.right) => {
+            let side = if reads_stream(&j.left) {
+                &j.left
+            } else {
+                &j.right
+            };
+            out.extend(streaming_nodes(side));
+        }
+        _ => {
+            for input in plan.inputs() {
+                out.extend(streaming_nodes(input));
+            }
+        }
+    }
+    out
+}
+
+/// Whether `plan` scans a stream, or the output of a stage (see
+/// [`split_stages`]).
+pub(super) fn reads_stream(plan: &LogicalPlan) -> bool {
+    plan.exists(|n| {
+        Ok(matches!(n, LogicalPlan::TableScan(scan)
+            if scan.table_name.table().starts_with(STAGE_OUTPUT)
+                || source_as_provider(&scan.source)
+                .ok()
+                .is_some_and(|p| as_stream_table(&p).is_some())))
+    })
+    .unwrap_or(false)
+}
+
+/// The kind of a query's outermost stateful operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Root {
+    Aggregate,
+    Join,
+}
+
+/// What [`check_incremental`] found.
+pub(super) struct Checked {
+    pub mode: OutputMode,
+    /// The query deduplicates (`SELECT DISTINCT`, `drop_duplicates`).
+    pub dedup: bool,
+    /// The watermarked event-time columns of the streams read.
+    pub watermarked: Vec<String>,
+}
+
+/// Rejects what cannot run incrementally, saying why and what would work;
+/// returns the output mode (the one asked for, else the one derived).
+pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Checked> {
+    let mut problem = None;
+    // The outermost stateful operator decides the output mode; those under
+    // it are stages (see `split_stages`).
+    let mut root = None;
+    let mut window = None;
+    let mut dedup = false;
+    // Scans come first: a plan is visited top-down, so collect them before.
+    let mut watermarked = Vec::new();
+    plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            let provider = source_as_provider(&scan.source).ok();
+            if let Some(spec) = provider
+                .as_ref()
+                .and_then(as_stream_table)
+                .and_then(|s| s.definition().watermark.as_ref())
+            {
+                watermarked.push(spec.column.clone());
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    for node in streaming_nodes(plan) {
+        let what = match node {
+            LogicalPlan::Projection(_)
+            | LogicalPlan::Filter(_)
+            | LogicalPlan::SubqueryAlias(_)
+            | LogicalPlan::Unnest(_)
+            | LogicalPlan::Union(_)
+            | LogicalPlan::EmptyRelation(_) => None,
+            LogicalPlan::TableScan(scan) => {
+                let provider = source_as_provider(&scan.source).ok();
+                let stream = provider.as_ref().and_then(as_stream_table);
+                stream.is_none().then(|| {
+                    format!(
+                        "reads '{}', which is a table, not a stream, on its own; a static table \
+                         can only be joined with a stream (FROM stream JOIN table ON ...)",
+                        scan.table_name
+                    )
+                })
+            }
+            LogicalPlan::Aggregate(agg) => {
+                if root.is_none() {
+                    root = Some(Root::Aggregate);
+                    window = event_time_key(agg, &watermarked);
+                }
+                agg.group_expr
+                    .iter()
+                    .any(|e| matches!(e, Expr::GroupingSet(_)))
+                    .then(|| {
+                        "uses GROUPING SETS / CUBE / ROLLUP, which is not supported".to_string()
+                    })
+            }
+            // Deduplication: DataFusion turns it into an aggregation keyed by
+            // the distinct columns, which emits each key once (see
+            // `aggregate`).
+            LogicalPlan::Distinct(_) => {
+                if root.is_none() {
+                    root = Some(Root::Aggregate);
+                    dedup = true;
+                }
+                None
+            }
+            LogicalPlan::Join(j) => match (reads_stream(&j.left), reads_stream(&j.right)) {
+                (true, true) => {
+                    root.get_or_insert(Root::Join);
+                    None
+                }
+                // A stream against a static table: stateless, each epoch's
+                // rows join the table, unless the table's unmatched rows
+                // would have to wait for the whole stream.
+                (stream_left, _) => {
+                    use JoinType::*;
+                    let keeps_stream_side = match j.join_type {
+                        Inner => true,
+                        Left | LeftSemi | LeftAnti | LeftMark => stream_left,
+                        Right | RightSemi | RightAnti | RightMark => !stream_left,
+                        Full => false,
+                    };
+                    (!keeps_stream_side).then(|| {
+                        format!(
+                            "joins a stream with a static table as a {} join, which would emit \
+                             the table's unmatched rows only after the endless stream ends; use \
+                             an inner join, or an outer join that keeps the stream's rows",
+                            j.join_type
+                        )
+                    })
+                }
+            },
+            LogicalPlan::Sort(_) => Some(
+                "sorts an unbounded stream (ORDER BY), which never finishes; remove the ORDER BY \
+                 and sort where the output is read"
+                    .to_string(),
+            ),
+            LogicalPlan::Limit(_) => Some(
+                "uses LIMIT/OFFSET, which over an unbounded stream depends on epoch boundaries; \
+                 remove it"
+                    .to_string(),
+            ),
+            LogicalPlan::Window(_) => Some(
+                "uses an OVER (...) window function, which needs state across epochs; use a \
+                 GROUP BY over TUMBLE/HOP windows instead once available"
+                    .to_string(),
+            ),
+            other => Some(format!(
+                "uses {}, which cannot run incrementally",
+                other
+                    .display()
+                    .to_string()
+                    .split(':')
+                    .next()
+                    .unwrap_or("this operator")
+            )),
+        };
+        if let Some(w) = what {
+            problem = Some(w);
+            break;
+        }
+    }
+    if let Some(p) = problem {
+        return Err(SluiceError::plan(format!(
+            "this query cannot run on a stream: it {p}"
+        )));
+    }
+    let checked = |mode| {
+        Ok(Checked {
+            mode,
+            dedup,
+            watermarked: watermarked.clone(),
+        })
+    };
+    if root == Some(Root::Join) {
+        // A joined pair never changes once emitted.
+        return match mode {
+            Some(OutputMode::Complete) => Err(SluiceError::plan(
+                "output mode 'complete' needs an aggregation; a join emits each matched pair \
+                 once: use 'append'",
+            )),
+            m => checked(m.unwrap_or(OutputMode::Append)),
+        };
+    }
+    if dedup {
+        // A distinct row never changes once emitted: append by default.
+        return checked(mode.unwrap_or(OutputMode::Append));
+    }
+    let aggregate = streaming_nodes(plan).into_iter().find_map(|n| match n {
+        LogicalPlan::Aggregate(a) => Some(a),
+        _ => None,
+    });
+    if let Some(problem) = aggregate.and_then(|a| session_problem(a, window.as_ref(), mode)) {
+        return Err(SluiceError::plan(problem));
+    }
+    if let Some(w) = &window {
+        let has_watermark = watermarked.contains(&w.time_column);
+        return checked(match mode {
+            Some(OutputMode::Append) if !has_watermark => {
+                return Err(SluiceError::plan(format!(
+                    "output mode 'append' emits each window once, when the watermark passes its \
+                 end, but '{}' has no watermark: declare one (WATERMARK FOR {} AS {} - INTERVAL \
+                 '5' SECOND in CREATE STREAM, or with_watermark), or use 'update'",
+                    w.time_column, w.time_column, w.time_column
+                )))
+            }
+            Some(m) => m,
+            None if has_watermark => OutputMode::Append,
+            None => OutputMode::Update,
+        });
+    }
+    checked(match (root, mode) {
+        (None, Some(OutputMode::Complete)) => {
+            return Err(SluiceError::plan(
+                "output mode 'complete' needs an aggregation (it re-emits the whole result \
+                 table); this query is stateless: use 'append'",
+            ))
+        }
+        (None, m) => m.unwrap_or(OutputMode::Append),
+        (_, Some(OutputMode::Append)) => {
+            return Err(SluiceError::plan(
+                "output mode 'append' emits only rows that never change, but a GROUP BY without \
+                 an event-time window changes its rows every epoch: use 'update' (emit the groups \
+                 that changed; the default) or 'complete' (emit the whole result every epoch)",
+            ))
+        }
+        (_, m) => m.unwrap_or(OutputMode::Update),
+    })
+}

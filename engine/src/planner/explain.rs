@@ -1,0 +1,170 @@
+//! The incremental plan as text: `EXPLAIN` and `sluice explain`.
+
+use datafusion::common::JoinType;
+use datafusion::logical_expr::LogicalPlan;
+
+use super::check::STAGE_OUTPUT;
+use super::{IncrementalPlan, StageConfig};
+use crate::operator::aggregate::AggregateConfig;
+use crate::operator::join::JoinConfig;
+use crate::output_mode::OutputMode;
+
+/// The incremental plan as text, for `EXPLAIN` and `sluice explain`.
+pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
+    let mut out = String::new();
+    out.push_str(&format!("output mode: {}\n", plan.mode));
+    out.push_str(&format!("sink: {sink}\n"));
+    out.push_str("sources:\n");
+    for i in &plan.inputs {
+        out.push_str(&format!("  {}\n", i.description));
+    }
+    let marks: Vec<String> = plan
+        .inputs
+        .iter()
+        .filter_map(|i| {
+            let def = i.table.definition();
+            let spec = def.watermark.as_ref()?;
+            Some(format!("{}.{} - {:?}", def.name, spec.column, spec.delay))
+        })
+        .collect();
+    out.push_str(&format!(
+        "watermark: {}\n",
+        if marks.is_empty() {
+            "none".to_string()
+        } else {
+            format!("min({}) of the largest event time read", marks.join(", "))
+        }
+    ));
+    let n = plan.stages.len() + 1;
+    for (i, stage) in plan.stages.iter().enumerate() {
+        let header = format!(
+            "stateful operator {} of {n} (its rows go to {STAGE_OUTPUT}{i}, read above it):",
+            i + 1
+        );
+        match &stage.config {
+            StageConfig::Aggregate(a) => {
+                explain_aggregate(&mut out, &header, a, OutputMode::Append)
+            }
+            StageConfig::Join(j) => explain_join(&mut out, &header, j),
+        }
+    }
+    let header = if n > 1 {
+        format!("stateful operator {n} of {n} (the query's output):")
+    } else {
+        "stateful operators:".to_string()
+    };
+    if let Some(j) = &plan.join {
+        explain_join(&mut out, &header, j);
+        return out;
+    }
+    match &plan.aggregate {
+        None => {
+            out.push_str("stateful operators: none\n");
+            out.push_str("stateless segment (runs over each epoch's batches):\n");
+            indent(&mut out, &plan.logical);
+        }
+        Some(agg) => explain_aggregate(&mut out, &header, agg, plan.mode),
+    }
+    out
+}
+
+/// `p` indented under a heading of [`explain`].
+fn indent(out: &mut String, p: &LogicalPlan) {
+    for line in p.display_indent().to_string().lines() {
+        out.push_str("    ");
+        out.push_str(line);
+        out.push('\n');
+    }
+}
+
+/// A join's part of [`explain`].
+fn explain_join(out: &mut String, header: &str, j: &JoinConfig) {
+    let d = |ns: i64| {
+        let sign = if ns < 0 { "-" } else { "+" };
+        format!(
+            "{sign} {:?}",
+            std::time::Duration::from_nanos(ns.unsigned_abs())
+        )
+    };
+    match &j.bounds {
+        Some(b) => {
+            let (lo, hi) = (&b.lower, &b.upper);
+            let condition = if (&lo.left, &lo.right) == (&hi.left, &hi.right) {
+                format!(
+                    "{} - {} within [{}, {}]",
+                    lo.left,
+                    lo.right,
+                    d(lo.ns),
+                    d(hi.ns)
+                )
+            } else {
+                format!(
+                    "{} - {} >= {} and {} - {} <= {}",
+                    lo.left,
+                    lo.right,
+                    d(lo.ns),
+                    hi.left,
+                    hi.right,
+                    d(hi.ns)
+                )
+            };
+            out.push_str(&format!(
+                "{header}\n  interval join ({}), {condition}; each side's rows are kept until the \
+                 watermark rules out a partner{}\n",
+                j.join_type,
+                if j.join_type == JoinType::Left {
+                    ", then unmatched left rows are emitted with nulls"
+                } else {
+                    ""
+                }
+            ))
+        }
+        None => out.push_str(&format!(
+            "{header}\n  join (Inner) without a time bound; each side's rows are kept for ever, \
+             so the state grows with the input\n"
+        )),
+    }
+    out.push_str("left side (per epoch):\n");
+    indent(out, &j.left);
+    out.push_str("right side (per epoch):\n");
+    indent(out, &j.right);
+    out.push_str("stateless segment after the join:\n");
+    indent(out, &j.tail);
+}
+
+/// An aggregation's part of [`explain`].
+fn explain_aggregate(out: &mut String, header: &str, agg: &AggregateConfig, mode: OutputMode) {
+    if let LogicalPlan::Aggregate(a) = &agg.aggregate {
+        let keys: Vec<String> = a.group_expr.iter().map(|e| e.to_string()).collect();
+        out.push_str(&format!(
+            "{header}\n  aggregate (Partial -> PartialReduce with stored states -> Final), state \
+             keyed by [{}]\n",
+            keys.join(", ")
+        ));
+        if let Some(w) = &agg.window {
+            let key = a.schema.field(w.column).name();
+            out.push_str(&format!(
+                "  event-time windows on '{}': a window's group is final when the watermark \
+                 reaches {key}{}; {} then evicted\n",
+                w.time_column,
+                if w.to_end_ns == 0 {
+                    String::new()
+                } else {
+                    format!(
+                        " + {:?}",
+                        std::time::Duration::from_nanos(w.to_end_ns as u64)
+                    )
+                },
+                if mode == OutputMode::Append {
+                    "emitted once and"
+                } else {
+                    "its state is"
+                }
+            ));
+        }
+    }
+    out.push_str("aggregate and the stateless segment under it (per epoch):\n");
+    indent(out, &agg.aggregate);
+    out.push_str("stateless segment after it:\n");
+    indent(out, &agg.tail);
+}

@@ -1,0 +1,225 @@
+//! The streaming planner: from a DataFusion `LogicalPlan` to what runs each
+//! epoch.
+//!
+//! The planner checks that the query can run incrementally, binds each
+//! stream scan to a fresh source and input slot for this query, and
+//! optimises the plan once. Each epoch then turns that plan into a physical
+//! plan over the epoch's batches (see `epoch`).
+//!
+//! Stateless parts (projection, filter, scalar functions, UDFs, unnest,
+//! union of streams) run as DataFusion plans over each epoch's batches.
+//! The stateful operators (aggregation, stream–stream join) are cut out of
+//! the plan: the outermost one becomes the query's `aggregate` or `join`,
+//! and any under it become stages that feed it (see `split`).
+//! What cannot run incrementally is rejected here, before anything runs,
+//! with what would work instead.
+//!
+//! - [`check`]: what can run on a stream, and the output mode;
+//! - [`bind`]: each stream scan bound to the query's own source;
+//! - [`split`]: the plan cut at its stateful operators;
+//! - [`explain`]: the incremental plan as text.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::TableProvider;
+use datafusion::common::tree_node::TreeNode;
+use datafusion::execution::{SessionState, SessionStateBuilder};
+use datafusion::logical_expr::LogicalPlan;
+
+use crate::connector::ConnectorRegistry;
+use crate::error::{Result, SluiceError};
+use crate::operator::aggregate::AggregateConfig;
+use crate::operator::join::JoinConfig;
+use crate::output_mode::OutputMode;
+use crate::source::Source;
+use crate::table::{EpochBatches, StreamTable};
+use crate::watermark::WatermarkTracker;
+
+mod bind;
+mod check;
+mod explain;
+mod split;
+
+use check::{check_incremental, Checked};
+pub(crate) use explain::explain;
+use split::{group_key_columns, split_aggregate, split_join, split_stages};
+
+/// One stream scan of a running query.
+#[derive(Debug)]
+pub(crate) struct Input {
+    /// Key in the checkpoint's offset records: `<position>:<stream name>`,
+    /// in a statement set prefixed by the statement's `<position>/`.
+    pub key: String,
+    /// The query's own table instance, fed each epoch.
+    pub table: Arc<StreamTable>,
+    /// The query's own source.
+    pub source: Arc<dyn Source>,
+    /// For progress and EXPLAIN.
+    pub description: String,
+    /// How many scans in the plan read it (a self-join, a stream on two
+    /// paths): each epoch's input is read once and handed to all of them.
+    pub scans: usize,
+}
+
+/// A query ready for the epoch loop.
+#[derive(Debug)]
+pub(crate) struct IncrementalPlan {
+    /// The optimised logical plan, scanning the inputs' tables.
+    pub logical: LogicalPlan,
+    /// The stream scans, in plan order.
+    pub inputs: Vec<Input>,
+    /// The output schema.
+    pub output_schema: SchemaRef,
+    /// The output mode: the one asked for, or the one derived.
+    pub mode: OutputMode,
+    /// The GROUP BY, when the query has one; `logical` is then unused.
+    pub aggregate: Option<AggregateConfig>,
+    /// The interval join, when the query has one; `logical` is then unused.
+    pub join: Option<JoinConfig>,
+    /// The stateful operators under the one above (`aggregate` or `join`),
+    /// innermost first, when the query has several: each feeds what it
+    /// emits to the operator above it.
+    pub stages: Vec<Stage>,
+    /// With stages, the plan before it was split into them: what one batch
+    /// query runs for the batch answer.
+    pub unsplit: Option<LogicalPlan>,
+    /// The session state epochs are planned with.
+    pub state: SessionState,
+    /// Output columns carrying the whole GROUP BY key (see
+    /// [`crate::SinkArgs::key_columns`]).
+    pub key_columns: Vec<String>,
+    /// The inputs' event-time watermarks.
+    pub watermarks: WatermarkTracker,
+}
+
+/// A stateful operator that feeds another one (see `split`).
+#[derive(Debug)]
+pub(crate) struct Stage {
+    pub config: StageConfig,
+    /// Where its rows go each epoch: the scan that replaced it (and the
+    /// stateless segment above it) in the plan of the operator above.
+    pub link: Arc<EpochBatches>,
+}
+
+/// What a [`Stage`] runs.
+#[derive(Debug)]
+pub(crate) enum StageConfig {
+    Aggregate(Box<AggregateConfig>),
+    Join(Box<JoinConfig>),
+}
+
+/// Optimizer rules that would take an aggregation apart in ways the
+/// incremental operator cannot follow: rewriting `count(DISTINCT x)` into
+/// two nested aggregations would keep only the inner one's state.
+const UNSUPPORTED_RULES: &[&str] = &["single_distinct_aggregation_to_group_by"];
+
+/// Rules run when the query is planned, but not again on the operators'
+/// plans each epoch: computing equal aggregate expressions once (the sums
+/// `changelog::over_changelog` writes after planning) would leave the operator's
+/// partial states with fewer columns than its aggregation's output.
+const PLANNING_ONLY_RULES: &[&str] = &["common_sub_expression_eliminate"];
+
+/// `state` without the optimizer rules named in `without`.
+fn without_rules(state: &SessionState, without: &[&[&str]]) -> SessionState {
+    let rules = state
+        .optimizers()
+        .iter()
+        .filter(|r| !without.iter().any(|names| names.contains(&r.name())))
+        .cloned()
+        .collect();
+    SessionStateBuilder::new_from_existing(state.clone())
+        .with_optimizer_rules(rules)
+        .build()
+}
+
+/// Checks that `plan` can run incrementally in `mode` (derived when
+/// `None`), and binds it; its inputs' keys start with `key_prefix`.
+pub(crate) fn plan_query(
+    state: &SessionState,
+    registry: &ConnectorRegistry,
+    plan: &LogicalPlan,
+    mode: Option<OutputMode>,
+    key_prefix: &str,
+) -> Result<IncrementalPlan> {
+    let Checked {
+        mode,
+        dedup,
+        watermarked,
+    } = check_incremental(plan, mode)?;
+    let planning = without_rules(state, &[UNSUPPORTED_RULES]);
+    let state = without_rules(state, &[UNSUPPORTED_RULES, PLANNING_ONLY_RULES]);
+    let (bound, inputs) = bind::bind_inputs(
+        plan,
+        registry,
+        key_prefix,
+        state.config().target_partitions(),
+    )?;
+    if inputs.is_empty() {
+        return Err(SluiceError::plan(
+            "the query reads no stream: a continuous query needs at least one stream in FROM",
+        ));
+    }
+    let watermarks = WatermarkTracker::new(inputs.iter().map(|i| {
+        let def = i.table.definition();
+        (
+            i.key.as_str(),
+            def.name.as_str(),
+            i.table.schema(),
+            def.watermark.as_ref(),
+        )
+    }))?;
+    let logical = planning.optimize(&bound)?;
+    let output_schema = Arc::new(logical.schema().as_arrow().clone());
+    let unsplit = logical.clone();
+    let (logical, stages) = split_stages(logical, &watermarked)?;
+    let unsplit = (!stages.is_empty()).then_some(unsplit);
+    let mut aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
+    let join = match aggregate {
+        Some(_) => None,
+        None => split_join(&logical, &watermarked)?,
+    };
+    let key_columns: Vec<String> = aggregate
+        .as_ref()
+        .map(group_key_columns)
+        .unwrap_or_default();
+    if let Some(a) = &mut aggregate {
+        // Only a filter after the aggregate (HAVING) drops a changed group.
+        let filters = a
+            .tail
+            .exists(|p| Ok(matches!(p, LogicalPlan::Filter(_))))
+            .unwrap_or(true);
+        if a.mode == OutputMode::Update && !a.dedup && filters {
+            a.retract_keys = key_columns.clone();
+        }
+    }
+    Ok(IncrementalPlan {
+        key_columns,
+        logical,
+        inputs,
+        output_schema,
+        mode,
+        aggregate,
+        join,
+        stages,
+        unsplit,
+        state,
+        watermarks,
+    })
+}
+
+/// Our own errors travel through DataFusion's tree walk wrapped as
+/// `External`; give them back their type.
+pub(crate) fn unwrap_external(e: datafusion::error::DataFusionError) -> SluiceError {
+    match e {
+        datafusion::error::DataFusionError::External(inner) => {
+            match inner.downcast::<SluiceError>() {
+                Ok(ours) => *ours,
+                Err(other) => {
+                    SluiceError::DataFusion(datafusion::error::DataFusionError::External(other))
+                }
+            }
+        }
+        other => SluiceError::DataFusion(other),
+    }
+}

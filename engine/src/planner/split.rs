@@ -1,0 +1,391 @@
+//! Cutting a plan at its stateful operators: each becomes an operator's
+//! config (an aggregation's, a join's), with the stateless segments under
+//! it run per epoch inside it and the segment after it (its tail) reading
+//! what it emits. With several stateful operators, the inner ones become
+//! stages feeding the outer one ([`split_stages`]).
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, Field, Schema};
+use datafusion::catalog::default_table_source::provider_as_source;
+use datafusion::catalog::TableProvider;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{DFSchema, JoinType};
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
+
+use super::check::{reads_stream, streaming_nodes, STAGE_OUTPUT};
+use super::{Stage, StageConfig};
+use crate::error::{Result, SluiceError};
+use crate::operator::aggregate::AggregateConfig;
+use crate::operator::changelog::{counts_live_rows, over_changelog, SIGN};
+use crate::operator::join::{is_time_column, left_state_fields, time_bounds, JoinConfig};
+use crate::output_mode::OutputMode;
+use crate::table::EpochBatches;
+use crate::window::event_time_key;
+
+/// Whether `node` keeps state across epochs: an aggregation (GROUP BY,
+/// DISTINCT) or a join of two streams.
+fn is_stateful(node: &LogicalPlan) -> bool {
+    match node {
+        LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => true,
+        LogicalPlan::Join(j) => reads_stream(&j.left) && reads_stream(&j.right),
+        _ => false,
+    }
+}
+
+/// The stateful nodes over streams, outermost first (pre-order).
+fn stateful_nodes(plan: &LogicalPlan) -> Vec<&LogicalPlan> {
+    streaming_nodes(plan)
+        .into_iter()
+        .filter(|n| is_stateful(n))
+        .collect()
+}
+
+/// Splits a plan with several stateful operators into stages, innermost
+/// first, until one is left (returned in the plan, for `split_aggregate`
+/// or `split_join`). Each step takes an innermost operator N and the
+/// input C of the nearest stateful operator above it that holds N: N with
+/// the stateless segment up to the top of C becomes a stage, and C a scan
+/// of what that stage emits.
+///
+/// A join's rows and those of an aggregation over event-time windows
+/// (emitted once, when the watermark closes the window) never change, and
+/// the operator above takes each as a new row. An aggregation without a
+/// window changes its rows every epoch: it emits a changelog, which only an
+/// aggregation can read (see [`over_changelog`]); under a join it is
+/// refused.
+pub(super) fn split_stages(
+    mut plan: LogicalPlan,
+    watermarked: &[String],
+) -> Result<(LogicalPlan, Vec<Stage>)> {
+    let mut stages = Vec::new();
+    loop {
+        let nodes = stateful_nodes(&plan);
+        if nodes.len() <= 1 {
+            return Ok((plan, stages));
+        }
+        // Pre-order: the last node has no stateful node below it.
+        let inner = nodes[nodes.len() - 1];
+        let holds = |p: &LogicalPlan| p.exists(|n| Ok(n == inner)).unwrap_or(false);
+        let Some(parent) = nodes[..nodes.len() - 1].iter().rev().find(|n| holds(n)) else {
+            return Err(SluiceError::plan(
+                "this query cannot run on a stream: it combines stateful operators side by \
+                 side (e.g. a UNION of aggregations); write each to a stream and combine those",
+            ));
+        };
+        let Some(child) = parent.inputs().into_iter().find(|c| holds(c)).cloned() else {
+            return Err(SluiceError::Internal("a stage's input vanished".into()));
+        };
+        if stateful_nodes(&child).len() != 1 {
+            return Err(SluiceError::plan(
+                "this query cannot run on a stream: an operator reads several stateful \
+                 operators through one input (e.g. a UNION of aggregations); write each to a \
+                 stream and combine those",
+            ));
+        }
+        let parent = (*parent).clone();
+        // A stage's rows reach the operator above through a scan of its
+        // output: `from` is replaced by `to` in the plan. That is C by the
+        // scan, except under a changelog, where the aggregation above is
+        // replaced by its rewrite over the scan.
+        let name = format!("{STAGE_OUTPUT}{}", stages.len());
+        let (config, link, from, to) = match inner {
+            LogicalPlan::Join(_) => {
+                let join = split_join(&child, watermarked)?
+                    .ok_or_else(|| SluiceError::Internal("a stage's join vanished".into()))?;
+                let (scan, link) = batches_scan(&name, child.schema(), &[])?;
+                (StageConfig::Join(Box::new(join)), link, child, scan)
+            }
+            _ => {
+                let vanished = || SluiceError::Internal("a stage's aggregate vanished".into());
+                let agg = split_aggregate(&child, OutputMode::Append, false, watermarked)?
+                    .ok_or_else(vanished)?;
+                if agg.window.is_some() {
+                    let (scan, link) = batches_scan(&name, child.schema(), &[])?;
+                    (StageConfig::Aggregate(Box::new(agg)), link, child, scan)
+                } else {
+                    // Its rows change every epoch: only an aggregation can
+                    // take an old row back.
+                    let LogicalPlan::Aggregate(above) = &parent else {
+                        return Err(SluiceError::plan(
+                            "this query cannot run on a stream: it feeds an aggregation \
+                             without an event-time window into a join. Its rows change every \
+                             epoch, and a join cannot take a row it has matched back; group \
+                             the aggregation by a TUMBLE or HOP window over a watermarked \
+                             column (its rows are then final when emitted), or write it to a \
+                             stream",
+                        ));
+                    };
+                    let mut agg = split_aggregate(&child, OutputMode::Update, false, watermarked)?
+                        .ok_or_else(vanished)?;
+                    agg.changelog = true;
+                    let sign = Field::new(SIGN, DataType::Int64, false);
+                    let (scan, link) = batches_scan(&name, child.schema(), &[sign])?;
+                    let rewritten = over_changelog(above, scan)?;
+                    (
+                        StageConfig::Aggregate(Box::new(agg)),
+                        link,
+                        parent,
+                        rewritten,
+                    )
+                }
+            }
+        };
+        plan = plan
+            .transform_up(|n| {
+                Ok(if n == from {
+                    Transformed::yes(to.clone())
+                } else {
+                    Transformed::no(n)
+                })
+            })?
+            .data;
+        stages.push(Stage { config, link });
+    }
+}
+
+/// The output columns that pass the group key through unchanged, if every
+/// key column is among them, in output order.
+pub(super) fn group_key_columns(agg: &AggregateConfig) -> Vec<String> {
+    let LogicalPlan::Aggregate(a) = &agg.aggregate else {
+        return Vec::new();
+    };
+    let keys: Vec<&String> = a
+        .schema
+        .fields()
+        .iter()
+        .take(a.group_expr.len())
+        .map(|f| f.name())
+        .collect();
+    // Down to the projection that names the output columns: the nodes
+    // above it (a DataFrame's filter after the aggregate) keep the columns.
+    let mut top = &agg.tail;
+    while let LogicalPlan::Filter(_) | LogicalPlan::Sort(_) | LogicalPlan::Limit(_) = top {
+        top = top.inputs()[0];
+    }
+    let LogicalPlan::Projection(top) = top else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for (expr, field) in top.expr.iter().zip(top.schema.fields()) {
+        // The tail reads the aggregate through an aliasing projection, so a
+        // passed-through key is a column (maybe aliased) named like a key.
+        if let Expr::Column(c) = expr.clone().unalias_nested().data {
+            // Read straight from the aggregate's output batches, columns
+            // have positional names (see `batches_scan`).
+            let positional = c
+                .relation
+                .as_ref()
+                .filter(|r| r.table() == AGGREGATE_OUTPUT)
+                .and_then(|_| c.name.strip_prefix('c')?.parse::<usize>().ok())
+                .filter(|&i| i < keys.len());
+            if let Some(i) = positional.or_else(|| keys.iter().position(|k| **k == c.name)) {
+                found.push((i, field.name().clone()));
+            }
+        }
+    }
+    let covered: std::collections::BTreeSet<usize> = found.iter().map(|(i, _)| *i).collect();
+    if covered.len() == keys.len() {
+        found.into_iter().map(|(_, name)| name).collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// The table name the query after an aggregate reads its output under.
+pub(super) const AGGREGATE_OUTPUT: &str = "__sluice_aggregate";
+
+/// Splits `plan` at its `Aggregate`: the aggregate itself, and the tail
+/// after it reading the aggregate's values from an [`EpochBatches`].
+pub(super) fn split_aggregate(
+    plan: &LogicalPlan,
+    mode: OutputMode,
+    dedup: bool,
+    watermarked: &[String],
+) -> Result<Option<AggregateConfig>> {
+    // An aggregation inside a static table's side is the table's business.
+    let Some(aggregate) = streaming_nodes(plan)
+        .into_iter()
+        .find(|n| matches!(n, LogicalPlan::Aggregate(_)))
+        .cloned()
+    else {
+        return Ok(None);
+    };
+    let (tail, output) = cut_at(plan, &aggregate, AGGREGATE_OUTPUT)?;
+    // Complete mode re-emits every window, so it keeps them all.
+    let window = match (&aggregate, mode) {
+        (_, OutputMode::Complete) => None,
+        (LogicalPlan::Aggregate(a), _) => event_time_key(a, watermarked),
+        _ => None,
+    };
+    let over_changelog = matches!(&aggregate, LogicalPlan::Aggregate(a) if counts_live_rows(a));
+    Ok(Some(AggregateConfig {
+        over_changelog,
+        aggregate,
+        tail,
+        output,
+        mode,
+        window,
+        dedup,
+        retract_keys: Vec::new(),
+        changelog: false,
+    }))
+}
+
+/// A scan of a fresh [`EpochBatches`] with `schema`'s columns, under their
+/// original qualifiers (so expressions written against `schema` resolve),
+/// plus `extra` unqualified columns.
+fn batches_scan(
+    name: &str,
+    schema: &DFSchema,
+    extra: &[Field],
+) -> Result<(LogicalPlan, Arc<EpochBatches>)> {
+    // Positional names: a join's output may repeat a name (`l.k`, `r.k`),
+    // which one unqualified table cannot; the projection restores them.
+    let mut fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| f.as_ref().clone().with_name(format!("c{i}")))
+        .collect();
+    fields.extend(extra.iter().cloned());
+    let batches = Arc::new(EpochBatches::new(Arc::new(Schema::new(fields))));
+    let scan = LogicalPlanBuilder::scan(
+        name,
+        provider_as_source(Arc::clone(&batches) as Arc<dyn TableProvider>),
+        None,
+    )?
+    .build()?;
+    let exprs: Vec<Expr> = scan
+        .schema()
+        .columns()
+        .into_iter()
+        .enumerate()
+        .map(|(i, column)| match schema.iter().nth(i) {
+            Some((qualifier, field)) => {
+                Expr::Column(column).alias_qualified(qualifier.cloned(), field.name())
+            }
+            None => {
+                let name = column.name.clone();
+                Expr::Column(column).alias(name)
+            }
+        })
+        .collect();
+    let plan = LogicalPlanBuilder::from(scan).project(exprs)?.build()?;
+    Ok((plan, batches))
+}
+
+/// `plan` with `node` replaced by a scan of its output, which the returned
+/// [`EpochBatches`] holds each epoch: what runs after a stateful operator.
+fn cut_at(
+    plan: &LogicalPlan,
+    node: &LogicalPlan,
+    name: &str,
+) -> Result<(LogicalPlan, Arc<EpochBatches>)> {
+    let (replacement, output) = batches_scan(name, node.schema(), &[])?;
+    let tail = plan
+        .clone()
+        .transform_up(|n| {
+            if &n == node {
+                Ok(Transformed::yes(replacement.clone()))
+            } else {
+                Ok(Transformed::no(n))
+            }
+        })?
+        .data;
+    Ok((tail, output))
+}
+
+/// Splits `plan` at its `Join`: the two sides, the join over their
+/// buffers, and the tail after it.
+pub(super) fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<Option<JoinConfig>> {
+    let mut found = None;
+    plan.apply(|node| {
+        if let LogicalPlan::Join(j) = node {
+            if reads_stream(&j.left) && reads_stream(&j.right) {
+                found = Some((node.clone(), j.clone()));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let Some((node, join)) = found else {
+        return Ok(None);
+    };
+    if !matches!(join.join_type, JoinType::Inner | JoinType::Left) {
+        return Err(SluiceError::plan(format!(
+            "this query cannot run on a stream: it uses a {} join; streams support inner and \
+             LEFT (outer) interval joins",
+            join.join_type
+        )));
+    }
+    let bounds = time_bounds(
+        join.filter.as_ref(),
+        &join.on,
+        join.left.schema(),
+        join.right.schema(),
+        watermarked,
+    );
+    match &bounds {
+        None if join.join_type != JoinType::Inner => {
+            return Err(SluiceError::plan(
+                "a LEFT join of two streams needs a time bound on both sides: a left row is \
+                 emitted unmatched once the bound and the watermark rule out any partner, \
+                 which without one never happens. Add e.g. AND b.ts BETWEEN a.ts AND a.ts + \
+                 INTERVAL '1' HOUR to the ON condition (both columns with a WATERMARK), or \
+                 make it an inner join",
+            ))
+        }
+        None => {}
+        Some(bounds) => {
+            let sides = [join.left.schema(), join.right.schema()];
+            for (ts, side) in bounds.time_columns().into_iter().zip(sides) {
+                if !is_time_column(side, ts, watermarked) {
+                    return Err(SluiceError::plan(format!(
+                        "the join's time bound uses '{ts}', which has no watermark, so the join \
+                         could never forget a row: declare WATERMARK FOR {} AS {} - INTERVAL \
+                         '...' on its stream",
+                        ts.name, ts.name
+                    )));
+                }
+            }
+            for (c, side) in bounds.expiry_columns().into_iter().zip(sides) {
+                let (_, field) = side.qualified_field_from_column(c)?;
+                if !matches!(field.data_type(), DataType::Timestamp(..)) {
+                    return Err(SluiceError::plan(format!(
+                        "the join's time bound compares '{c}', which is a {} and not a \
+                         timestamp; compare timestamp columns (CAST it to TIMESTAMP)",
+                        field.data_type()
+                    )));
+                }
+            }
+        }
+    }
+    let (left_scan, left_in) = batches_scan(
+        "__sluice_join_left",
+        join.left.schema(),
+        &left_state_fields(),
+    )?;
+    let (right_scan, right_in) = batches_scan("__sluice_join_right", join.right.schema(), &[])?;
+    let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = join.on.iter().cloned().unzip();
+    let inner = LogicalPlanBuilder::from(left_scan)
+        .join_with_expr_keys(
+            right_scan,
+            JoinType::Inner,
+            (left_keys, right_keys),
+            join.filter.clone(),
+        )?
+        .build()?;
+    let (tail, output) = cut_at(plan, &node, "__sluice_join")?;
+    Ok(Some(JoinConfig {
+        left: (*join.left).clone(),
+        right: (*join.right).clone(),
+        join: inner,
+        left_in,
+        right_in,
+        tail,
+        output,
+        join_type: join.join_type,
+        bounds,
+    }))
+}

@@ -1,0 +1,414 @@
+//! The one byte format of checkpoint files and of the state in them.
+//!
+//! **Framing.** Every checkpoint file (metadata, `offsets/N`, `commits/N`,
+//! state snapshots and deltas) is a header line — magic, format version,
+//! CRC-32 and length of the payload, fixed width — then the payload. A file
+//! whose header, length or checksum does not match is reported by name,
+//! never read as something else. [`Framed`] writes a payload streamed
+//! behind its header; [`unframe`] checks and strips it.
+//!
+//! **Payloads.** State is Arrow IPC files, composed in parts:
+//! - [`two_parts`]: the first part's length (8 bytes, little endian), the
+//!   first part, the second. A keyed state's delta is (upserted rows,
+//!   removed keys); a join's snapshot is (left buffer, right buffer).
+//! - [`JoinDelta`]: an eviction header, then ((appended left, appended
+//!   right), matched left row ids).
+//! - [`write_part`]/[`split_parts`]: a multi-operator pipeline's state, a
+//!   part per operator, each with an optional tag byte (unchanged, delta,
+//!   snapshot) and a length (8 bytes, little endian).
+//!
+//! Every layout here is read by the releases after the one that wrote it:
+//! `tests/fixtures/checkpoints-*` keeps checkpoints of earlier releases
+//! that the integration tests restore.
+
+use std::fs;
+use std::io::{Cursor, Seek, Write};
+use std::path::Path;
+use std::sync::Arc;
+
+use datafusion::arrow::array::{AsArray, RecordBatch, UInt64Array};
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
+use datafusion::arrow::ipc::reader::FileReader;
+use datafusion::arrow::ipc::writer::FileWriter;
+
+use crate::error::{Result, SluiceError};
+
+/// Version of the checkpoint layout this engine writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+pub(crate) const MAGIC: &str = "SLUICE-CHECKPOINT";
+
+/// The header line: magic, format version, CRC-32 and length of the
+/// payload. Fixed width, so it can be written before the payload is known
+/// and rewritten in place after it.
+pub(crate) fn header(crc: u32, len: u64) -> String {
+    format!("{MAGIC} {FORMAT_VERSION} {crc:08x} {len:020}\n")
+}
+
+/// Counts and checksums a payload on its way to `inner`; its
+/// [`header`](Framed::header) is then written over the placeholder the
+/// file starts with.
+pub(crate) struct Framed<W> {
+    inner: W,
+    crc: crc32fast::Hasher,
+    len: u64,
+}
+
+impl<W: Write> Framed<W> {
+    /// Writes a placeholder header to `inner`; the payload follows.
+    pub(crate) fn start(mut inner: W) -> std::io::Result<Self> {
+        inner.write_all(header(0, 0).as_bytes())?;
+        Ok(Self {
+            inner,
+            crc: crc32fast::Hasher::new(),
+            len: 0,
+        })
+    }
+
+    /// The writer and the header of what went through.
+    pub(crate) fn finish(self) -> (W, String) {
+        let header = header(self.crc.finalize(), self.len);
+        (self.inner, header)
+    }
+}
+
+impl<W: Write> Write for Framed<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// The payload of a file's `bytes` (read from `path`, named in errors),
+/// after checking its header, length and checksum.
+pub(crate) fn unframe<'a>(path: &Path, bytes: &'a [u8]) -> Result<&'a [u8]> {
+    let corrupt = |reason: String| {
+        SluiceError::checkpoint(
+            path,
+            format!(
+                "{reason}; the checkpoint is damaged. Restore the file from a backup, or \
+                 start the query on a new checkpoint location (it will reprocess from the start)"
+            ),
+        )
+    };
+    let newline = bytes
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or_else(|| corrupt("missing header line".into()))?;
+    let header =
+        std::str::from_utf8(&bytes[..newline]).map_err(|_| corrupt("header is not text".into()))?;
+    let parts: Vec<&str> = header.split(' ').collect();
+    let [magic, version, crc, len] = parts[..] else {
+        return Err(corrupt(format!("malformed header '{header}'")));
+    };
+    if magic != MAGIC {
+        return Err(corrupt(format!(
+            "not a Sluice checkpoint file (header '{header}')"
+        )));
+    }
+    if version != FORMAT_VERSION.to_string() {
+        return Err(SluiceError::checkpoint(
+            path,
+            format!(
+                "written by checkpoint format version {version}, this engine reads version \
+                 {FORMAT_VERSION}; use the engine version that wrote it or a new checkpoint location"
+            ),
+        ));
+    }
+    let payload = &bytes[newline + 1..];
+    let len: usize = len
+        .parse()
+        .map_err(|_| corrupt(format!("malformed length in header '{header}'")))?;
+    if payload.len() != len {
+        return Err(corrupt(format!(
+            "truncated or extended: header says {len} bytes, file has {}",
+            payload.len()
+        )));
+    }
+    let crc = u32::from_str_radix(crc, 16)
+        .map_err(|_| corrupt(format!("malformed checksum in header '{header}'")))?;
+    if crc32fast::hash(payload) != crc {
+        return Err(corrupt("checksum mismatch".into()));
+    }
+    Ok(payload)
+}
+
+/// Writes `path` atomically (temporary file, fsync, rename, fsync of the
+/// directory) with a payload `write` produces, streamed: a large state
+/// snapshot never has to be held in memory whole.
+pub(crate) fn write_framed(
+    path: &Path,
+    write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| SluiceError::Internal(format!("{} has no parent", path.display())))?;
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(
+        ".{file_name}.{}.tmp",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let io = |e| SluiceError::io(format!("writing {}", tmp.display()), e);
+    let f = fs::File::create(&tmp).map_err(io)?;
+    let mut body = Framed::start(std::io::BufWriter::with_capacity(1 << 20, f)).map_err(io)?;
+    write(&mut body).map_err(io)?;
+    body.flush().map_err(io)?;
+    let (inner, header) = body.finish();
+    let mut f = inner.into_inner().map_err(|e| io(e.into_error()))?;
+    f.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
+    f.write_all(header.as_bytes()).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(|e| {
+        SluiceError::io(
+            format!("renaming {} to {}", tmp.display(), path.display()),
+            e,
+        )
+    })?;
+    // The rename is durable only once the directory entry is.
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// The payload of the file at `path`, after checking its frame (see
+/// [`unframe`]).
+pub(crate) fn read_framed(path: &Path) -> Result<Vec<u8>> {
+    let bytes =
+        fs::read(path).map_err(|e| SluiceError::io(format!("reading {}", path.display()), e))?;
+    Ok(unframe(path, &bytes)?.to_vec())
+}
+
+/// Two byte strings as one: the first's length (8 bytes, little endian),
+/// the first, the second.
+pub(crate) fn two_parts(first: &[u8], second: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + first.len() + second.len());
+    out.extend_from_slice(&(first.len() as u64).to_le_bytes());
+    out.extend_from_slice(first);
+    out.extend_from_slice(second);
+    out
+}
+
+/// The two parts of [`two_parts`]' bytes (`what`, named in errors).
+pub(crate) fn split_two_parts<'a>(bytes: &'a [u8], what: &str) -> Result<(&'a [u8], &'a [u8])> {
+    let damaged = || SluiceError::Internal(format!("{what} is truncated"));
+    let len = bytes.get(..8).ok_or_else(damaged)?;
+    let len = u64::from_le_bytes(len.try_into().map_err(|_| damaged())?) as usize;
+    let first = bytes.get(8..8 + len).ok_or_else(damaged)?;
+    let second = bytes.get(8 + len..).ok_or_else(damaged)?;
+    Ok((first, second))
+}
+
+/// `batch` as Arrow IPC file bytes.
+pub(crate) fn ipc_bytes(batch: &RecordBatch) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    write_ipc(&mut out, batch)?;
+    Ok(out)
+}
+
+/// Writes `batch` into `w` as an Arrow IPC file, streamed.
+pub(crate) fn write_ipc(w: &mut dyn Write, batch: &RecordBatch) -> Result<()> {
+    let mut writer = FileWriter::try_new(w, &batch.schema())?;
+    writer.write(batch)?;
+    writer.finish()?;
+    Ok(())
+}
+
+/// Arrow IPC file bytes as one batch of `schema` (the stored schema may
+/// differ in field metadata from the current plan's; the columns match).
+pub(crate) fn read_ipc(bytes: &[u8], schema: &SchemaRef) -> Result<RecordBatch> {
+    let reader = FileReader::try_new(Cursor::new(bytes), None)?;
+    let batches = reader
+        .map(|b| {
+            let b = b?;
+            RecordBatch::try_new(Arc::clone(schema), b.columns().to_vec())
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(concat_batches(schema, &batches)?)
+}
+
+/// One epoch's changes to a join's buffers.
+#[derive(Debug)]
+pub(crate) struct JoinDelta {
+    /// The eviction's expiries (left, right, ns), if the epoch evicted.
+    pub evicted: Option<(i64, i64)>,
+    /// Rows appended to the left buffer (with their ids and flags).
+    pub left: RecordBatch,
+    /// Rows appended to the right buffer.
+    pub right: RecordBatch,
+    /// Ids of the left rows newly matched.
+    pub matched: Vec<u64>,
+}
+
+/// Bytes before the parts of a join delta: whether it evicts (1 byte),
+/// then the left and right expiries (8 bytes each, little endian).
+const JOIN_DELTA_HEADER: usize = 17;
+
+impl JoinDelta {
+    /// The delta's bytes: the header, then ((left, right), matched ids),
+    /// each Arrow IPC, composed with [`two_parts`].
+    pub(crate) fn encode(&self) -> Result<Vec<u8>> {
+        let ids = RecordBatch::try_new(
+            id_schema(),
+            vec![Arc::new(UInt64Array::from(self.matched.clone()))],
+        )?;
+        let (flag, (l, r)) = match self.evicted {
+            Some(limits) => (1u8, limits),
+            None => (0, (0, 0)),
+        };
+        let mut out = Vec::new();
+        out.push(flag);
+        out.extend_from_slice(&l.to_le_bytes());
+        out.extend_from_slice(&r.to_le_bytes());
+        out.extend(two_parts(
+            &two_parts(&ipc_bytes(&self.left)?, &ipc_bytes(&self.right)?),
+            &ipc_bytes(&ids)?,
+        ));
+        Ok(out)
+    }
+
+    /// A delta [`encode`](Self::encode) wrote, its sides read with these
+    /// schemas.
+    pub(crate) fn decode(bytes: &[u8], left: &SchemaRef, right: &SchemaRef) -> Result<Self> {
+        let damaged = || SluiceError::Internal("the join delta is truncated".into());
+        let (header, parts) = bytes
+            .split_at_checked(JOIN_DELTA_HEADER)
+            .ok_or_else(damaged)?;
+        let limit = |at: usize| {
+            header[at..at + 8]
+                .try_into()
+                .map(i64::from_le_bytes)
+                .map_err(|_| damaged())
+        };
+        let evicted = match header[0] {
+            0 => None,
+            1 => Some((limit(1)?, limit(9)?)),
+            other => {
+                return Err(SluiceError::Internal(format!(
+                    "the join delta has an unknown eviction flag {other}"
+                )))
+            }
+        };
+        let (sides, ids) = split_two_parts(parts, "the join delta")?;
+        let (new_left, new_right) = split_two_parts(sides, "the join delta")?;
+        let ids = read_ipc(ids, &id_schema())?;
+        Ok(Self {
+            evicted,
+            left: read_ipc(new_left, left)?,
+            right: read_ipc(new_right, right)?,
+            matched: ids.column(0).as_primitive::<UInt64Type>().values().to_vec(),
+        })
+    }
+}
+
+/// The schema of a join delta's matched ids.
+fn id_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new("id", DataType::UInt64, false)]))
+}
+
+/// How a pipeline delta carries one operator's part.
+pub(crate) const PART_UNCHANGED: u8 = 0;
+pub(crate) const PART_DELTA: u8 = 1;
+pub(crate) const PART_SNAPSHOT: u8 = 2;
+
+/// Writes one part of a pipeline's state file, as [`split_parts`] reads
+/// it: the tag byte if any, the length (8 bytes, little endian), the bytes.
+pub(crate) fn write_part(
+    w: &mut dyn std::io::Write,
+    tag: Option<u8>,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    if let Some(tag) = tag {
+        w.write_all(&[tag])?;
+    }
+    w.write_all(&(bytes.len() as u64).to_le_bytes())?;
+    w.write_all(bytes)
+}
+
+/// `n` parts of a pipeline's state file (`what`): each a tag byte if
+/// `tagged`, a length (8 bytes, little endian), then that many bytes.
+pub(crate) fn split_parts<'a>(
+    mut bytes: &'a [u8],
+    n: usize,
+    tagged: bool,
+    what: &str,
+) -> Result<Vec<(u8, &'a [u8])>> {
+    let damaged = || SluiceError::Internal(format!("the pipeline's state {what} is truncated"));
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut tag = 0;
+        if tagged {
+            let (&t, rest) = bytes.split_first().ok_or_else(damaged)?;
+            (tag, bytes) = (t, rest);
+        }
+        let (len, rest) = bytes.split_first_chunk::<8>().ok_or_else(damaged)?;
+        let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| damaged())?;
+        if rest.len() < len {
+            return Err(damaged());
+        }
+        let (part, rest) = rest.split_at(len);
+        out.push((tag, part));
+        bytes = rest;
+    }
+    if !bytes.is_empty() {
+        return Err(SluiceError::Internal(format!(
+            "the pipeline's state {what} has more parts than the query has operators"
+        )));
+    }
+    if tagged {
+        if let Some((tag, _)) = out.iter().find(|(tag, _)| *tag > PART_SNAPSHOT) {
+            return Err(SluiceError::Internal(format!(
+                "the pipeline's state {what} has a part of unknown kind {tag}"
+            )));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_round_trips_and_a_flipped_byte_is_caught() {
+        let mut framed = Framed::start(Vec::new()).unwrap();
+        framed.write_all(b"payload").unwrap();
+        let (mut bytes, header) = framed.finish();
+        bytes[..header.len()].copy_from_slice(header.as_bytes());
+        let path = Path::new("state/x/1.r.delta");
+        assert_eq!(unframe(path, &bytes).unwrap(), b"payload");
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        let e = unframe(path, &bytes).unwrap_err().to_string();
+        assert!(
+            e.contains("checksum mismatch") && e.contains("1.r.delta"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn pipeline_parts_round_trip_and_unknown_tags_are_refused() {
+        let mut bytes = Vec::new();
+        write_part(&mut bytes, Some(PART_DELTA), b"ab").unwrap();
+        write_part(&mut bytes, Some(PART_UNCHANGED), b"").unwrap();
+        let parts = split_parts(&bytes, 2, true, "delta").unwrap();
+        assert_eq!(
+            parts,
+            vec![(PART_DELTA, &b"ab"[..]), (PART_UNCHANGED, &b""[..])]
+        );
+        assert!(split_parts(&bytes, 1, true, "delta").is_err());
+        bytes[0] = 9;
+        assert!(split_parts(&bytes, 2, true, "delta").is_err());
+    }
+}

@@ -1,0 +1,208 @@
+//! One statement of a running query: its plan, its stateful operator and
+//! that operator's chain of state files.
+//!
+//! A query runs one statement, or several (a statement set), which share
+//! the query's epochs and commit; the epoch loop drives each through the
+//! same steps: [`admit`](Statement::admit) the epoch's input (watermarks
+//! move, late rows go), [`compute`](Statement::compute) the output,
+//! [`stage`](Statement::stage) the state, [`committed`](Statement::committed)
+//! once the sink has the epoch, and [`restore`](Statement::restore) after a
+//! restart or a failure.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use datafusion::physical_plan::collect_partitioned;
+
+use crate::error::{Result, SluiceError};
+use crate::operator::aggregate::AggregateOperator;
+use crate::operator::join::JoinOperator;
+use crate::operator::pipeline::{Pipeline, PipelineStage};
+use crate::operator::Operator;
+use crate::planner::{IncrementalPlan, StageConfig};
+use crate::sink::EpochOutput;
+use crate::state::chain::{Chain, SnapshotPolicy};
+use crate::table::EpochInput;
+
+/// One statement of a query: its plan, and its state.
+pub(crate) struct Statement {
+    pub plan: IncrementalPlan,
+    /// The statement's stateful operator, when it has one.
+    operator: Option<Box<dyn Operator>>,
+    /// The operator's committed state files, in a folder named after it,
+    /// prefixed by the statement's position in a statement set.
+    chain: Chain,
+}
+
+impl Statement {
+    /// Statement `index` of a query with `statements` statements, its
+    /// operator built from the plan.
+    pub(crate) fn new(mut plan: IncrementalPlan, index: usize, statements: usize) -> Result<Self> {
+        let operator = build_operator(&mut plan)?;
+        let op = operator.as_ref().map_or("none", |o| o.name());
+        let folder = if statements == 1 {
+            op.to_string()
+        } else {
+            format!("{index}-{op}")
+        };
+        Ok(Self {
+            plan,
+            operator,
+            chain: Chain::new(folder),
+        })
+    }
+
+    /// The epoch's input with the watermarks moved: inputs with a
+    /// watermark move it and lose their late rows first (when the operator
+    /// drops late rows). Returns the input to compute over and the late
+    /// rows dropped.
+    pub(crate) fn admit(&mut self, read: Vec<EpochInput>) -> Result<(Vec<EpochInput>, u64)> {
+        // Late rows are judged by the watermark the previous epoch left;
+        // only then does this epoch's input move it (see `watermark`).
+        let watermarks = &mut self.plan.watermarks;
+        let drops_late = self.operator.as_ref().is_some_and(|o| o.drops_late());
+        let previous = watermarks.current();
+        let mut late_rows = 0;
+        let mut admitted = Vec::with_capacity(read.len());
+        for (index, input) in read.into_iter().enumerate() {
+            let partitions = match input {
+                EpochInput::Read(partitions) => partitions,
+                lazy @ EpochInput::Lazy(_) => {
+                    admitted.push(lazy);
+                    continue;
+                }
+            };
+            watermarks.observe(index, &partitions)?;
+            let partitions = if drops_late {
+                let (kept, late) = watermarks.drop_late(index, partitions, previous)?;
+                late_rows += late;
+                kept
+            } else {
+                partitions
+            };
+            admitted.push(EpochInput::Read(partitions));
+        }
+        Ok((admitted, late_rows))
+    }
+
+    /// Runs the statement over the epoch's `input` (one per plan input, as
+    /// [`admit`](Self::admit) returned it), in scope on the inputs' tables
+    /// for as long as it runs.
+    pub(crate) async fn compute(&mut self, input: Vec<EpochInput>) -> Result<EpochOutput> {
+        let _scopes: Vec<_> = self
+            .plan
+            .inputs
+            .iter()
+            .zip(input)
+            .map(|(i, input)| i.table.with_input(input))
+            .collect();
+        let ctx = &self.plan.state;
+        match &mut self.operator {
+            Some(op) => {
+                op.process(ctx).await?;
+                op.advance_watermark(ctx, self.plan.watermarks.current())
+                    .await
+            }
+            None => {
+                let physical = ctx.create_physical_plan(&self.plan.logical).await?;
+                Ok(EpochOutput {
+                    rows: collect_partitioned(physical, ctx.task_ctx())
+                        .await?
+                        .into_iter()
+                        .flatten()
+                        .filter(|b| b.num_rows() > 0)
+                        .collect(),
+                    retracted: None,
+                })
+            }
+        }
+    }
+
+    /// Writes the operator's state of `epoch` into the checkpoint at `dir`:
+    /// returns the statement's state files for the commit (its chain with
+    /// the new file, or a new chain), and the state's rows and bytes.
+    pub(crate) fn stage(
+        &mut self,
+        dir: &Path,
+        epoch: u64,
+        run: &str,
+        policy: SnapshotPolicy,
+    ) -> Result<(Vec<String>, u64, u64)> {
+        let Some(op) = &mut self.operator else {
+            return Ok((self.chain.files().to_vec(), 0, 0));
+        };
+        let staged = op.stage(policy.snapshot_due(&self.chain))?;
+        let files = self
+            .chain
+            .write(dir, epoch, run, staged, &mut |w| op.write_snapshot(w))?;
+        let (rows, bytes) = op.state_size();
+        Ok((files, rows, bytes))
+    }
+
+    /// The epoch that staged `files` committed: they become the chain, old
+    /// files beyond `policy`'s retention go, and the operator counts
+    /// changes anew.
+    pub(crate) fn committed(
+        &mut self,
+        dir: &Path,
+        files: Vec<String>,
+        policy: SnapshotPolicy,
+    ) -> Result<()> {
+        let Some(op) = &mut self.operator else {
+            self.chain.set_committed(files);
+            return Ok(());
+        };
+        op.after_commit();
+        self.chain.committed(dir, files, policy.retained)
+    }
+
+    /// Goes back to what a commit recorded: of `files` (every statement's
+    /// state files) this one's chain, loaded into the operator, and the
+    /// inputs' `watermarks`. Nothing committed yet: empty state.
+    pub(crate) async fn restore(
+        &mut self,
+        dir: &Path,
+        files: &[String],
+        watermarks: &BTreeMap<String, i64>,
+    ) -> Result<()> {
+        self.chain.set_committed(self.chain.own(files));
+        if let Some(op) = &mut self.operator {
+            let mut chain = self.chain.read(dir);
+            op.restore(&self.plan.state, &mut chain)
+                .await
+                .map_err(|e| match e {
+                    // A damaged file names itself.
+                    e @ SluiceError::Checkpoint { .. } => e,
+                    e => SluiceError::checkpoint(
+                        dir.join("state"),
+                        format!("{}: {e}", self.chain.files().join(", ")),
+                    ),
+                })?;
+        }
+        self.plan.watermarks.restore(watermarks);
+        Ok(())
+    }
+}
+
+/// The stateful operator of a planned query, if it has one: the outermost
+/// one, with the stages under it as one [`Pipeline`].
+fn build_operator(plan: &mut IncrementalPlan) -> Result<Option<Box<dyn Operator>>> {
+    let root: Box<dyn Operator> = match (plan.aggregate.take(), plan.join.take()) {
+        (Some(a), _) => Box::new(AggregateOperator::new(a)),
+        (None, Some(j)) => Box::new(JoinOperator::new(j)?),
+        (None, None) => return Ok(None),
+    };
+    if plan.stages.is_empty() {
+        return Ok(Some(root));
+    }
+    let mut stages = Vec::with_capacity(plan.stages.len() + 1);
+    for stage in plan.stages.drain(..) {
+        let operator: Box<dyn Operator> = match stage.config {
+            StageConfig::Aggregate(a) => Box::new(AggregateOperator::new(*a)),
+            StageConfig::Join(j) => Box::new(JoinOperator::new(*j)?),
+        };
+        stages.push(PipelineStage::new(operator, Some(stage.link)));
+    }
+    stages.push(PipelineStage::new(root, None));
+    Ok(Some(Box::new(Pipeline::new(stages))))
+}

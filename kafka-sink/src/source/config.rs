@@ -1,0 +1,283 @@
+//! The Kafka source's options, parsed once into a [`SourceConfig`]: each
+//! key read and checked, the error naming it, unknown keys refused with
+//! the valid ones listed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::avro::AvroDecoder;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use sluice_engine::{Options, Result, SluiceError, SourceFactory};
+
+use super::KafkaSourceFactory;
+
+/// Options of a Kafka source stream.
+pub(crate) const SOURCE_OPTIONS: &[&str] = &[
+    "topic",
+    "bootstrap.servers",
+    "format",
+    "scan.startup.mode",
+    "scan.startup.timestamp-millis",
+    "scan.startup.specific-offsets",
+    "max-records-per-epoch",
+    "format.on-error",
+    "dead-letter.topic",
+    "group.id",
+    "connect.timeout",
+    "kafka.*",
+];
+
+const VIRTUAL: &[&str] = &["_key", "_topic", "_partition", "_offset", "_timestamp"];
+
+/// Where a query without a checkpoint starts reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum StartupMode {
+    Earliest,
+    Latest,
+    /// The first record at or after this time (ms since the Unix epoch).
+    Timestamp(i64),
+    /// Per partition; partitions not listed start at their beginning.
+    Offsets(BTreeMap<i32, i64>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OnError {
+    Fail,
+    Skip,
+    /// Written to this topic in the epoch's transaction.
+    DeadLetter(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SourceFormat {
+    Json,
+    Raw,
+    Avro,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct SourceConfig {
+    pub stream: String,
+    pub topic: String,
+    pub bootstrap: String,
+    pub format: SourceFormat,
+    pub startup: StartupMode,
+    pub max_records: Option<u64>,
+    pub on_error: OnError,
+    /// A consumer group to record the query's offsets for (lag tools).
+    pub group: Option<String>,
+    pub connect_timeout: Duration,
+    pub passthrough: Vec<(String, String)>,
+    /// The declared (decoded) columns.
+    pub value_schema: SchemaRef,
+    /// For `format = 'avro'`: reads the declared columns' Avro records.
+    pub avro: Option<AvroDecoder>,
+    /// Declared columns followed by the virtual ones.
+    pub schema: SchemaRef,
+}
+
+/// Builds the source factory from a stream's options.
+pub(crate) fn factory(
+    stream: &str,
+    mut o: Options,
+    declared: Option<SchemaRef>,
+    connect_timeout_default: Duration,
+) -> Result<Arc<dyn SourceFactory>> {
+    let topic = o.take_required("kafka", "topic", "bids")?;
+    let bootstrap = o.take_required("kafka", "bootstrap.servers", "localhost:9092")?;
+    let format = match o
+        .take_choice("format", &["json", "raw", "csv", "avro"])?
+        .as_deref()
+    {
+        None | Some("json") => SourceFormat::Json,
+        Some("raw") => SourceFormat::Raw,
+        Some("avro") => SourceFormat::Avro,
+        Some(other) => {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': format '{other}' is not supported by the Kafka source yet; \
+                 use 'json', 'avro' or 'raw'"
+            )))
+        }
+    };
+    let startup = match o
+        .take_choice(
+            "scan.startup.mode",
+            &["earliest", "latest", "timestamp", "offsets"],
+        )?
+        .as_deref()
+    {
+        None | Some("earliest") => StartupMode::Earliest,
+        Some("latest") => StartupMode::Latest,
+        Some("timestamp") => {
+            let what = format!("stream '{stream}' with 'scan.startup.mode' = 'timestamp'");
+            let ms = o
+                .take_parsed::<i64>(
+                    "scan.startup.timestamp-millis",
+                    "milliseconds since the Unix epoch",
+                )?
+                .ok_or_else(|| {
+                    o.missing(
+                        &what,
+                        "scan.startup.timestamp-millis",
+                        "'scan.startup.timestamp-millis' = '1767225600000'",
+                    )
+                })?;
+            StartupMode::Timestamp(ms)
+        }
+        Some(_) => {
+            let what = format!("stream '{stream}' with 'scan.startup.mode' = 'offsets'");
+            let list = o.take("scan.startup.specific-offsets").ok_or_else(|| {
+                o.missing(
+                    &what,
+                    "scan.startup.specific-offsets",
+                    "'scan.startup.specific-offsets' = 'partition:0,offset:42;partition:1,offset:300'",
+                )
+            })?;
+            StartupMode::Offsets(specific_offsets(stream, &list)?)
+        }
+    };
+    for (key, mode) in [
+        ("scan.startup.timestamp-millis", "timestamp"),
+        ("scan.startup.specific-offsets", "offsets"),
+    ] {
+        if o.take(key).is_some() {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': '{key}' applies only with 'scan.startup.mode' = '{mode}'"
+            )));
+        }
+    }
+    let max_records = o.take_parsed::<u64>("max-records-per-epoch", "a whole number of records")?;
+    let on_error = match o
+        .take_choice("format.on-error", &["fail", "skip", "dead-letter"])?
+        .as_deref()
+    {
+        Some("dead-letter") => {
+            OnError::DeadLetter(o.take("dead-letter.topic").ok_or_else(|| {
+                o.missing(
+                    &format!("stream '{stream}' with 'format.on-error' = 'dead-letter'"),
+                    "dead-letter.topic",
+                    "'dead-letter.topic' = 'bids-dlq'",
+                )
+            })?)
+        }
+        Some("skip") => OnError::Skip,
+        _ => OnError::Fail,
+    };
+    if o.take("dead-letter.topic").is_some() {
+        return Err(SluiceError::config(format!(
+            "stream '{stream}': 'dead-letter.topic' applies only with 'format.on-error' = \
+             'dead-letter'"
+        )));
+    }
+    let group = o.take("group.id");
+    let connect_timeout = o
+        .take_duration("connect.timeout")?
+        .unwrap_or(connect_timeout_default);
+    let passthrough = o.take_prefixed("kafka.");
+    o.finish("kafka", SOURCE_OPTIONS)?;
+    let value_schema = match (format, declared) {
+        (SourceFormat::Raw, None) => {
+            Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
+        }
+        (SourceFormat::Raw, Some(s)) => {
+            let ok = s.fields().len() == 1 && s.field(0).data_type() == &DataType::Utf8;
+            if !ok {
+                return Err(SluiceError::config(format!(
+                    "stream '{stream}': format 'raw' gives one VARCHAR column; declare \
+                     (value VARCHAR) or leave the columns out"
+                )));
+            }
+            s
+        }
+        (SourceFormat::Json | SourceFormat::Avro, Some(s)) => s,
+        (SourceFormat::Json | SourceFormat::Avro, None) => {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': a Kafka stream in a format other than 'raw' needs its \
+                 columns declared: CREATE STREAM {stream} (id BIGINT, ...) WITH (...)"
+            )))
+        }
+    };
+    if let Some(f) = value_schema
+        .fields()
+        .iter()
+        .find(|f| VIRTUAL.contains(&f.name().as_str()))
+    {
+        return Err(SluiceError::config(format!(
+            "stream '{stream}': column '{}' clashes with a virtual column of Kafka streams ({})",
+            f.name(),
+            VIRTUAL.join(", ")
+        )));
+    }
+    let mut fields: Vec<Field> = value_schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.extend([
+        Field::new("_key", DataType::Utf8, true),
+        Field::new("_topic", DataType::Utf8, false),
+        Field::new("_partition", DataType::Int32, false),
+        Field::new("_offset", DataType::Int64, false),
+        Field::new(
+            "_timestamp",
+            DataType::Timestamp(TimeUnit::Nanosecond, None),
+            true,
+        ),
+    ]);
+    let avro = match format {
+        SourceFormat::Avro => Some(
+            AvroDecoder::new(Arc::clone(&value_schema))
+                .map_err(|e| SluiceError::config(format!("stream '{stream}': {e}")))?,
+        ),
+        SourceFormat::Json | SourceFormat::Raw => None,
+    };
+    Ok(Arc::new(KafkaSourceFactory(SourceConfig {
+        stream: stream.to_string(),
+        topic,
+        bootstrap,
+        format,
+        startup,
+        max_records,
+        on_error,
+        group,
+        connect_timeout,
+        passthrough,
+        value_schema,
+        avro,
+        schema: Arc::new(Schema::new(fields)),
+    })))
+}
+
+/// `partition:0,offset:42;partition:1,offset:300` (Flink's syntax).
+fn specific_offsets(stream: &str, list: &str) -> Result<BTreeMap<i32, i64>> {
+    let bad = |part: &str| {
+        SluiceError::config(format!(
+            "stream '{stream}': 'scan.startup.specific-offsets' has '{part}', expected \
+             'partition:<n>,offset:<n>' entries separated by ';', e.g. \
+             'partition:0,offset:42;partition:1,offset:300'"
+        ))
+    };
+    let mut out = BTreeMap::new();
+    for part in list.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        let mut partition = None;
+        let mut offset = None;
+        for field in part.split(',') {
+            match field.trim().split_once(':') {
+                Some(("partition", v)) => partition = v.trim().parse::<i32>().ok(),
+                Some(("offset", v)) => offset = v.trim().parse::<i64>().ok(),
+                _ => return Err(bad(part)),
+            }
+        }
+        match (partition, offset) {
+            (Some(p), Some(o)) if p >= 0 && o >= 0 => {
+                out.insert(p, o);
+            }
+            _ => return Err(bad(part)),
+        }
+    }
+    if out.is_empty() {
+        return Err(bad(list));
+    }
+    Ok(out)
+}

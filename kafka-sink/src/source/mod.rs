@@ -1,0 +1,560 @@
+//! The Kafka source: planned, replayable offset ranges read `read_committed`.
+//!
+//! Sluice assigns partitions itself (no consumer-group rebalancing). Each
+//! epoch plans, per partition, a range `[from, to)` with `to` at most the
+//! partition's last stable offset (and at most its share of
+//! `max-records-per-epoch`); the plan is the offset JSON
+//! `{"ranges": {"<partition>": [from, to]}}`, so replaying an epoch reads
+//! exactly the same records. The reader stops when its position reaches
+//! `to`, not after a count of records: transaction markers and aborted
+//! records take offsets without yielding rows.
+//!
+//! Rows are decoded column-at-a-time (arrow-json's decoder over all of an
+//! epoch's messages); only when that fails is each message decoded alone,
+//! to name the bad one (topic, partition, offset) or, with
+//! `format.on-error = 'skip'`, to drop it. Virtual columns `_key`, `_topic`,
+//! `_partition`, `_offset`, `_timestamp` follow the declared ones.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{
+    ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, TimestampNanosecondArray,
+};
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::json::ReaderBuilder;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Message, Timestamp};
+use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use sluice_engine::{
+    DeadLetter, GroupOffsets, Offset, Partitions, Rejected, Result, SluiceError, Source,
+    SourceFactory,
+};
+
+mod config;
+
+pub(crate) use config::factory;
+use config::{OnError, SourceConfig, SourceFormat, StartupMode};
+
+#[derive(Debug)]
+pub(crate) struct KafkaSourceFactory(SourceConfig);
+
+impl SourceFactory for KafkaSourceFactory {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.0.schema)
+    }
+
+    fn create(&self) -> Result<Arc<dyn Source>> {
+        let c = &self.0;
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &c.bootstrap)
+            // Never used for offsets: Sluice plans them. librdkafka wants one.
+            .set(
+                "group.id",
+                format!("sluice-source-{}", uuid::Uuid::new_v4().simple()),
+            )
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set(
+                "socket.connection.setup.timeout.ms",
+                c.connect_timeout.as_millis().to_string(),
+            );
+        for (k, v) in &c.passthrough {
+            config.set(k, v);
+        }
+        let consumer: BaseConsumer = config.create().map_err(|e| {
+            SluiceError::config(format!(
+                "stream '{}': invalid consumer setting: {e}",
+                c.stream
+            ))
+        })?;
+        Ok(Arc::new(KafkaSource(Arc::new(SourceInner {
+            config: c.clone(),
+            consumer: Mutex::new(consumer),
+            initial: Mutex::new(BTreeMap::new()),
+            cap: Mutex::new(None),
+            lag: Mutex::new(BTreeMap::new()),
+            rejected: Mutex::default(),
+        }))))
+    }
+
+    fn describe(&self) -> String {
+        format!("kafka(topic={}, read_committed)", self.0.topic)
+    }
+}
+
+/// `{"ranges": {"<partition>": [from, to]}}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct PlannedRanges {
+    ranges: BTreeMap<i32, (i64, i64)>,
+}
+
+fn parse(offset: &Offset) -> Result<PlannedRanges> {
+    serde_json::from_value(offset.clone())
+        .map_err(|e| SluiceError::Internal(format!("kafka source offset {offset}: {e}")))
+}
+
+#[derive(Debug)]
+struct KafkaSource(Arc<SourceInner>);
+
+struct SourceInner {
+    config: SourceConfig,
+    consumer: Mutex<BaseConsumer>,
+    /// Where partitions without a position start, fixed on first sight so
+    /// that `latest` and `timestamp` are resolved once per run.
+    initial: Mutex<BTreeMap<i32, i64>>,
+    /// Per-partition end offsets when prepared for available-now.
+    cap: Mutex<Option<BTreeMap<i32, i64>>>,
+    /// Per partition, the last stable offset minus the last planned end.
+    lag: Mutex<BTreeMap<String, i64>>,
+    /// What the last read could not decode and set aside.
+    rejected: Mutex<Rejected>,
+}
+
+impl std::fmt::Debug for SourceInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSource")
+            .field("topic", &self.config.topic)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SourceInner {
+    fn unreachable(&self, what: &str, e: impl std::fmt::Display) -> SluiceError {
+        SluiceError::Unreachable {
+            what: format!(
+                "kafka source '{}', brokers '{}'",
+                self.config.stream, self.config.bootstrap
+            ),
+            message: format!("{what}: {e}"),
+            hint: Some(format!(
+                "check that Kafka runs there (for a local one: scripts/kafka start) and that \
+                 'bootstrap.servers' is right; the wait is set by 'connect.timeout' (now {:?})",
+                self.config.connect_timeout
+            )),
+        }
+    }
+
+    /// Each partition's `(low watermark, last stable offset)`.
+    fn watermarks(&self) -> Result<BTreeMap<i32, (i64, i64)>> {
+        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
+        let timeout = self.config.connect_timeout;
+        let metadata = consumer
+            .fetch_metadata(Some(&self.config.topic), timeout)
+            .map_err(|e| self.unreachable("fetching metadata", e))?;
+        let topic = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == self.config.topic)
+            .ok_or_else(|| {
+                self.unreachable("fetching metadata", "topic missing from the answer")
+            })?;
+        if let Some(e) = topic.error() {
+            return Err(SluiceError::External {
+                what: format!(
+                    "kafka source '{}', topic '{}'",
+                    self.config.stream, self.config.topic
+                ),
+                message: format!("{e:?}"),
+                hint: Some("create the topic, or fix 'topic'".into()),
+            });
+        }
+        let mut out = BTreeMap::new();
+        for p in topic.partitions() {
+            let (low, high) = consumer
+                .fetch_watermarks(&self.config.topic, p.id(), timeout)
+                .map_err(|e| self.unreachable("fetching offsets", e))?;
+            out.insert(p.id(), (low, high));
+        }
+        Ok(out)
+    }
+
+    /// Where each partition of `marks` (low watermark, last stable offset)
+    /// starts under the startup mode, within the partition's range.
+    fn startup_positions(&self, marks: &BTreeMap<i32, (i64, i64)>) -> Result<BTreeMap<i32, i64>> {
+        let topic = &self.config.topic;
+        Ok(match &self.config.startup {
+            StartupMode::Earliest => marks.iter().map(|(p, (low, _))| (*p, *low)).collect(),
+            StartupMode::Latest => marks.iter().map(|(p, (_, high))| (*p, *high)).collect(),
+            StartupMode::Offsets(given) => marks
+                .iter()
+                .map(|(p, (low, high))| {
+                    (*p, given.get(p).map_or(*low, |o| (*o).clamp(*low, *high)))
+                })
+                .collect(),
+            StartupMode::Timestamp(ms) => {
+                let mut query = TopicPartitionList::new();
+                for p in marks.keys() {
+                    query
+                        .add_partition_offset(topic, *p, KafkaOffset::Offset(*ms))
+                        .map_err(|e| self.unreachable("looking up offsets by time", e))?;
+                }
+                let found = self
+                    .consumer
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .offsets_for_times(query, self.config.connect_timeout)
+                    .map_err(|e| self.unreachable("looking up offsets by time", e))?;
+                marks
+                    .iter()
+                    .map(|(p, (low, high))| {
+                        let at = found.find_partition(topic, *p).map(|e| e.offset());
+                        // No record at or after the time: start at the end.
+                        let pos = match at {
+                            Some(KafkaOffset::Offset(o)) => o.clamp(*low, *high),
+                            _ => *high,
+                        };
+                        (*p, pos)
+                    })
+                    .collect()
+            }
+        })
+    }
+
+    fn plan(&self, start: Option<PlannedRanges>) -> Result<Option<PlannedRanges>> {
+        let marks = self.watermarks()?;
+        let cap = self.cap.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let positions: BTreeMap<i32, i64> = start
+            .map(|s| s.ranges.into_iter().map(|(p, (_, to))| (p, to)).collect())
+            .unwrap_or_default();
+        let mut initial = self.initial.lock().unwrap_or_else(|p| p.into_inner());
+        if positions.is_empty() && initial.is_empty() {
+            // Fixed at first sight, so 'latest' is resolved once per run.
+            *initial = self.startup_positions(&marks)?;
+        }
+        let with_data = marks.len().max(1) as u64;
+        let share = self
+            .config
+            .max_records
+            .map(|m| (m / with_data).max(1) as i64);
+        let mut ranges = BTreeMap::new();
+        let mut lag = BTreeMap::new();
+        let mut any = false;
+        for (&p, &(low, high)) in &marks {
+            let from = match positions.get(&p) {
+                Some(&pos) => pos.max(low),
+                // A partition added after the start is read from its
+                // beginning.
+                None => *initial.entry(p).or_insert(low),
+            };
+            let mut to = high.max(from);
+            if let Some(share) = share {
+                to = to.min(from + share);
+            }
+            if let Some(c) = cap.as_ref().and_then(|c| c.get(&p)) {
+                to = to.min(*c).max(from);
+            }
+            any |= to > from;
+            ranges.insert(p, (from, to));
+            lag.insert(p.to_string(), (high - to).max(0));
+        }
+        *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = lag;
+        Ok(any.then_some(PlannedRanges { ranges }))
+    }
+
+    /// Reads every range of `plan`; one partition of rows per Kafka partition.
+    fn read(&self, plan: &PlannedRanges) -> Result<Partitions> {
+        let wanted: Vec<(i32, i64, i64)> = plan
+            .ranges
+            .iter()
+            .filter(|(_, (from, to))| to > from)
+            .map(|(p, (from, to))| (*p, *from, *to))
+            .collect();
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut messages: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
+        crate::position::read_ranges(
+            &consumer,
+            &self.config.topic,
+            &wanted,
+            self.config.connect_timeout,
+            &|what, e| self.unreachable(what, e),
+            |m| {
+                messages.entry(m.partition()).or_default().push(Record {
+                    key: m.key().map(<[u8]>::to_vec),
+                    value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    offset: m.offset(),
+                    timestamp_ms: match m.timestamp() {
+                        Timestamp::NotAvailable => None,
+                        Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
+                    },
+                });
+                Ok(())
+            },
+        )?;
+        drop(consumer);
+        // Partitions decode in parallel: JSON decoding is most of a read.
+        let partitions: Vec<(i32, Vec<Record>)> = messages.into_iter().collect();
+        std::thread::scope(|scope| {
+            let decoders: Vec<_> = partitions
+                .iter()
+                .map(|(p, records)| scope.spawn(move || self.decode(*p, records)))
+                .collect();
+            decoders
+                .into_iter()
+                .map(|d| {
+                    let batch = d.join().map_err(|_| {
+                        SluiceError::Internal("a Kafka decoder thread panicked".into())
+                    })??;
+                    Ok(vec![batch])
+                })
+                .collect()
+        })
+    }
+
+    fn decode(&self, partition: i32, records: &[Record]) -> Result<RecordBatch> {
+        let (batch, kept): (RecordBatch, Vec<&Record>) = match self.decode_all(records) {
+            Ok(batch) if batch.num_rows() == records.len() => (batch, records.iter().collect()),
+            // Name the bad record, or drop it: decode one at a time.
+            _ => {
+                let (batch, kept) = self.decode_each(partition, records)?;
+                (batch, kept.into_iter().map(|i| &records[i]).collect())
+            }
+        };
+        let topic = self.config.topic.as_str();
+        let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+        columns.push(Arc::new(StringArray::from_iter(
+            kept.iter()
+                .map(|r| r.key.as_deref().map(String::from_utf8_lossy)),
+        )));
+        columns.push(Arc::new(StringArray::from_iter_values(
+            kept.iter().map(|_| topic),
+        )));
+        columns.push(Arc::new(Int32Array::from_iter_values(
+            kept.iter().map(|_| partition),
+        )));
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            kept.iter().map(|r| r.offset),
+        )));
+        columns.push(Arc::new(TimestampNanosecondArray::from_iter(
+            kept.iter().map(|r| r.timestamp_ms.map(|t| t * 1_000_000)),
+        )));
+        Ok(RecordBatch::try_new(
+            Arc::clone(&self.config.schema),
+            columns,
+        )?)
+    }
+
+    /// All records at once: the fast path.
+    fn decode_all(&self, records: &[Record]) -> Result<RecordBatch> {
+        match self.config.format {
+            SourceFormat::Raw => {
+                let values = records
+                    .iter()
+                    .map(|r| std::str::from_utf8(&r.value).map(Some))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| SluiceError::Internal(e.to_string()))?;
+                Ok(RecordBatch::try_new(
+                    Arc::clone(&self.config.value_schema),
+                    vec![Arc::new(StringArray::from(values))],
+                )?)
+            }
+            SourceFormat::Json => decode_json(
+                &self.config.value_schema,
+                records.iter().map(|r| r.value.as_slice()),
+            ),
+            SourceFormat::Avro => match &self.config.avro {
+                Some(avro) => avro.decode(records.iter().map(|r| r.value.as_slice())),
+                None => Err(SluiceError::Internal(
+                    "avro source without a decoder".into(),
+                )),
+            },
+        }
+    }
+
+    /// One record at a time: names the bad one, or skips it.
+    /// Returns the rows and the indices of the records they came from.
+    fn decode_each(&self, partition: i32, records: &[Record]) -> Result<(RecordBatch, Vec<usize>)> {
+        let mut batches = Vec::new();
+        let mut kept = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            match self.decode_all(std::slice::from_ref(r)) {
+                Ok(b) if b.num_rows() == 1 => {
+                    batches.push(b);
+                    kept.push(i);
+                }
+                other => {
+                    let problem = match other {
+                        Ok(b) => format!("the record holds {} rows, not one", b.num_rows()),
+                        Err(e) => e.to_string(),
+                    };
+                    match &self.config.on_error {
+                        OnError::Skip => {
+                            tracing::warn!(topic = %self.config.topic, partition, offset = r.offset, %problem, "skipping a malformed record");
+                            self.rejected
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .skipped += 1;
+                        }
+                        OnError::DeadLetter(topic) => {
+                            let headers = vec![
+                                ("sluice.error".to_string(), problem),
+                                ("sluice.source.topic".to_string(), self.config.topic.clone()),
+                                ("sluice.source.partition".to_string(), partition.to_string()),
+                                ("sluice.source.offset".to_string(), r.offset.to_string()),
+                            ];
+                            self.rejected
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .dead_letters
+                                .push(DeadLetter {
+                                    topic: topic.clone(),
+                                    key: r.key.clone(),
+                                    value: r.value.clone(),
+                                    headers,
+                                });
+                        }
+                        OnError::Fail => {
+                            return Err(SluiceError::External {
+                                what: format!(
+                                "kafka source '{}': topic '{}', partition {partition}, offset {}",
+                                self.config.stream, self.config.topic, r.offset
+                            ),
+                                message: format!("malformed record: {problem}"),
+                                hint: Some(
+                                    "fix the producer, or set 'format.on-error' = 'skip' to drop \
+                                     such records ('dead-letter' to keep them in another topic)"
+                                        .into(),
+                                ),
+                            })
+                        }
+                    }
+                }
+            }
+        }
+        Ok((concat_batches(&self.config.value_schema, &batches)?, kept))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Record {
+    key: Option<Vec<u8>>,
+    value: Vec<u8>,
+    offset: i64,
+    timestamp_ms: Option<i64>,
+}
+
+#[async_trait]
+impl Source for KafkaSource {
+    async fn latest_offset(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
+        let start = start.map(parse).transpose()?;
+        let inner = Arc::clone(&self.0);
+        let plan = tokio::task::spawn_blocking(move || inner.plan(start))
+            .await
+            .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))??;
+        plan.map(|p| serde_json::to_value(p).map_err(|e| SluiceError::Internal(e.to_string())))
+            .transpose()
+    }
+
+    async fn read(&self, _start: Option<&Offset>, end: &Offset) -> Result<Partitions> {
+        let plan = parse(end)?;
+        let inner = Arc::clone(&self.0);
+        tokio::task::spawn_blocking(move || inner.read(&plan))
+            .await
+            .map_err(|e| SluiceError::Internal(format!("kafka read task: {e}")))?
+    }
+
+    async fn since_start(&self, end: &Offset) -> Result<Option<Offset>> {
+        // With 'latest' the query began wherever the topic ended then.
+        if self.0.config.startup == StartupMode::Latest {
+            return Ok(None);
+        }
+        let end = parse(end)?;
+        let inner = Arc::clone(&self.0);
+        let starts = tokio::task::spawn_blocking(move || {
+            let marks = inner.watermarks()?;
+            inner.startup_positions(&marks)
+        })
+        .await
+        .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))??;
+        let ranges = end
+            .ranges
+            .into_iter()
+            .map(|(p, (_, to))| (p, (starts.get(&p).copied().unwrap_or(0).min(to), to)))
+            .collect();
+        serde_json::to_value(PlannedRanges { ranges })
+            .map(Some)
+            .map_err(|e| SluiceError::Internal(e.to_string()))
+    }
+
+    fn lag(&self) -> BTreeMap<String, i64> {
+        self.0.lag.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn take_rejected(&self) -> Rejected {
+        std::mem::take(&mut *self.0.rejected.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn group_offsets(&self, end: &Offset) -> Option<GroupOffsets> {
+        let group = self.0.config.group.clone()?;
+        let end = parse(end).ok()?;
+        Some(GroupOffsets {
+            group,
+            topic: self.0.config.topic.clone(),
+            offsets: end.ranges.into_iter().map(|(p, (_, to))| (p, to)).collect(),
+        })
+    }
+
+    fn commits_through_sink(&self) -> Option<String> {
+        if matches!(self.0.config.on_error, OnError::DeadLetter(_)) {
+            return Some("'format.on-error' = 'dead-letter'".into());
+        }
+        self.0
+            .config
+            .group
+            .as_ref()
+            .map(|g| format!("'group.id' = '{g}'"))
+    }
+
+    async fn prepare_available_now(&self) -> Result<()> {
+        let inner = Arc::clone(&self.0);
+        let marks = tokio::task::spawn_blocking(move || inner.watermarks())
+            .await
+            .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))??;
+        *self.0.cap.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(marks.into_iter().map(|(p, (_, high))| (p, high)).collect());
+        Ok(())
+    }
+}
+
+/// Decodes JSON message values, one object each, into one batch of
+/// `schema` (arrow-json's vectorised decoder): the Kafka source's fast
+/// path, public so that `benches/micro.rs` can measure it alone. An empty
+/// value, or one that is not an object of `schema`, is an error; the source
+/// then decodes record by record to name (or skip) the bad one.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use sluice_engine::arrow::datatypes::{DataType, Field, Schema};
+/// let schema = Arc::new(Schema::new(vec![Field::new("price", DataType::Int64, true)]));
+/// let values: [&[u8]; 2] = [br#"{"price": 7}"#, br#"{"price": 9}"#];
+/// let batch = sluice_kafka::decode_json(&schema, values)?;
+/// assert_eq!(batch.num_rows(), 2);
+/// # Ok::<(), sluice_engine::SluiceError>(())
+/// ```
+pub fn decode_json<'a>(
+    schema: &SchemaRef,
+    values: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<RecordBatch> {
+    let values = values.into_iter();
+    let mut decoder = ReaderBuilder::new(Arc::clone(schema))
+        .with_batch_size(values.size_hint().0.max(1))
+        .build_decoder()?;
+    for value in values {
+        if value.iter().all(u8::is_ascii_whitespace) {
+            return Err(SluiceError::Internal("empty record".into()));
+        }
+        decoder.decode(value)?;
+        decoder.decode(b"\n")?;
+    }
+    Ok(decoder
+        .flush()?
+        .unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(schema))))
+}

@@ -1,0 +1,338 @@
+//! Declarations: `CREATE STREAM` (its columns, watermark and options) and
+//! `CREATE TABLE` (a static table).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
+
+use crate::event_time::parse_watermark;
+use crate::{normalize, Pos, SqlError, SqlRunner, StatementOutcome};
+use datafusion::arrow::datatypes::{Field, Schema};
+use datafusion::sql::sqlparser::ast::ColumnOption;
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::parser::{Parser, ParserError};
+use datafusion::sql::sqlparser::tokenizer::Token;
+use sluice_engine::{Options, SluiceError, StreamDefinition};
+
+impl SqlRunner<'_> {
+    pub(crate) async fn create_stream(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+    ) -> Result<StatementOutcome, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        let name_tok = p.peek_token();
+        let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+        let mut columns = Vec::new();
+        let mut watermark = None;
+        let mut watermark_pos = Pos::from(&name_tok);
+        if p.consume_token(&Token::LParen) {
+            loop {
+                let t = p.peek_token();
+                if matches!(&t.token, Token::Word(w) if w.value.eq_ignore_ascii_case("WATERMARK")) {
+                    p.next_token();
+                    if watermark.is_some() {
+                        return Err(self.err(
+                            text,
+                            Pos::from(&t),
+                            "a stream has one WATERMARK; remove this one",
+                        ));
+                    }
+                    watermark = Some(parse_watermark(p).map_err(|e| self.problem(text, e))?);
+                    watermark_pos = Pos::from(&t);
+                } else {
+                    let col = p.parse_column_def().map_err(|e| pe(self, e))?;
+                    columns.push((col, Pos::from(&t)));
+                }
+                if p.consume_token(&Token::Comma) {
+                    continue;
+                }
+                p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
+                break;
+            }
+        }
+        let with_tok = p.peek_token();
+        p.expect_keyword(Keyword::WITH).map_err(|e| pe(self, e))?;
+        let (mut options, positions) = self.options(p, text)?;
+        let connector = options.take("connector").ok_or_else(|| {
+            self.err(
+                text,
+                Pos::from(&with_tok),
+                format!(
+                    "stream '{name}' needs a connector: WITH (connector = '...'), one of {}",
+                    self.session.connectors().names().join(", ")
+                ),
+            )
+        })?;
+        let schema = if columns.is_empty() {
+            None
+        } else {
+            Some(self.schema(text, &columns).await?)
+        };
+        let definition = StreamDefinition {
+            name: name.clone(),
+            connector,
+            options,
+            schema,
+            watermark,
+        };
+        self.session.create_stream(definition).map_err(|e| {
+            // Point at the option the message names, else at the stream.
+            let at = positions
+                .iter()
+                .find(|(k, _)| e.to_string().contains(&format!("'{k}'")))
+                .map(|(_, p)| *p)
+                .unwrap_or(if e.to_string().contains("WATERMARK FOR") {
+                    watermark_pos
+                } else {
+                    Pos::from(&name_tok)
+                });
+            self.engine_error(text, at, e)
+        })?;
+        Ok(StatementOutcome::Created { stream: name })
+    }
+
+    /// `CREATE TABLE name [(columns)] WITH (path = '...', format = '...')`:
+    /// a static table (files read by DataFusion when a query runs) that
+    /// streams can be joined with.
+    pub(crate) async fn create_table(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+    ) -> Result<StatementOutcome, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        let name_tok = p.peek_token();
+        let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+        let mut columns = Vec::new();
+        if p.consume_token(&Token::LParen) {
+            loop {
+                let t = p.peek_token();
+                columns.push((
+                    p.parse_column_def().map_err(|e| pe(self, e))?,
+                    Pos::from(&t),
+                ));
+                if !p.consume_token(&Token::Comma) {
+                    p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
+                    break;
+                }
+            }
+        }
+        let with_tok = p.peek_token();
+        p.expect_keyword(Keyword::WITH).map_err(|e| pe(self, e))?;
+        let (mut options, positions) = self.options(p, text)?;
+        let at = |key: &str| positions.get(key).copied().unwrap_or(Pos::from(&with_tok));
+        // Point at the option the message names (a misspelling), else `key`.
+        let config = |e: SluiceError, key: &str| {
+            let message = e.to_string();
+            let named = positions
+                .iter()
+                .find(|(k, _)| k.as_str() != key && message.contains(&format!("'{k}'")))
+                .map(|(_, p)| *p);
+            self.err(text, named.unwrap_or(at(key)), message)
+        };
+        let what = format!("table '{name}'");
+        let path = match options.take("path") {
+            Some(p) => p,
+            None => {
+                let e = options.missing(&what, "path", "'path' = './dimensions/names.csv'");
+                return Err(config(e, "path"));
+            }
+        };
+        let format = match options
+            .take_choice("format", &["csv", "json", "parquet"])
+            .map_err(|e| config(e, "format"))?
+        {
+            Some(f) => f,
+            None => {
+                let e = options.missing(&what, "format", "'format' = 'csv' (or 'json', 'parquet')");
+                return Err(config(e, "format"));
+            }
+        };
+        let header = options
+            .take_parsed::<bool>("header", "true or false")
+            .map_err(|e| config(e, "header"))?
+            .unwrap_or(true);
+        options
+            .finish_for(&what, &["path", "format", "header"])
+            .map_err(|e| {
+                let key = options
+                    .iter()
+                    .next()
+                    .map(|(k, _)| k.to_string())
+                    .unwrap_or_default();
+                config(e, &key)
+            })?;
+        let schema = if columns.is_empty() {
+            None
+        } else {
+            Some(self.schema(text, &columns).await?)
+        };
+        if self.session.stream(&name).is_some()
+            || self
+                .session
+                .context()
+                .table_exist(name.as_str())
+                .unwrap_or(false)
+        {
+            return Err(self.err(
+                text,
+                Pos::from(&name_tok),
+                format!("'{name}' already exists; DROP it or pick another name"),
+            ));
+        }
+        let ctx = self.session.context();
+        let registered = match format.as_str() {
+            "csv" => {
+                let mut o = CsvReadOptions::new().has_header(header).file_extension("");
+                if let Some(s) = &schema {
+                    o = o.schema(s);
+                }
+                ctx.register_csv(name.as_str(), &path, o).await
+            }
+            "json" => {
+                let mut o = JsonReadOptions::default().file_extension("");
+                if let Some(s) = &schema {
+                    o = o.schema(s);
+                }
+                ctx.register_json(name.as_str(), &path, o).await
+            }
+            _ => {
+                let o = ParquetReadOptions::default().file_extension("");
+                ctx.register_parquet(name.as_str(), &path, o).await
+            }
+        };
+        registered.map_err(|e| {
+            self.err(
+                text,
+                at("path"),
+                format!("table '{name}' cannot be read from '{path}': {e}"),
+            )
+        })?;
+        Ok(StatementOutcome::TableCreated { table: name })
+    }
+
+    /// `( key = value, ... )`; keys quoted or bare (dotted), values strings,
+    /// numbers or bare words.
+    pub(crate) fn options(
+        &self,
+        p: &mut Parser<'_>,
+        text: &str,
+    ) -> Result<(Options, BTreeMap<String, Pos>), SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        p.expect_token(&Token::LParen).map_err(|e| pe(self, e))?;
+        let mut options = Options::new();
+        let mut positions = BTreeMap::new();
+        if p.consume_token(&Token::RParen) {
+            return Ok((options, positions));
+        }
+        loop {
+            let key_tok = p.next_token();
+            let mut key = match &key_tok.token {
+                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
+                Token::Word(w) => w.value.clone(),
+                other => {
+                    return Err(self.err(
+                        text,
+                        Pos::from(&key_tok),
+                        format!("expected an option name such as 'topic', found '{other}'"),
+                    ))
+                }
+            };
+            while p.consume_token(&Token::Period) {
+                let part = p.next_token();
+                match &part.token {
+                    Token::Word(w) => {
+                        key.push('.');
+                        key.push_str(&w.value);
+                    }
+                    other => {
+                        return Err(self.err(
+                            text,
+                            Pos::from(&part),
+                            format!("expected a name after '.', found '{other}'"),
+                        ))
+                    }
+                }
+            }
+            p.expect_token(&Token::Eq).map_err(|e| pe(self, e))?;
+            let value_tok = p.next_token();
+            let value = match &value_tok.token {
+                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
+                Token::Number(n, _) => n.clone(),
+                Token::Word(w) => w.value.clone(),
+                other => {
+                    return Err(self.err(
+                        text,
+                        Pos::from(&value_tok),
+                        format!(
+                            "expected a value such as 'json' for option '{key}', found '{other}'"
+                        ),
+                    ))
+                }
+            };
+            let key = key.to_ascii_lowercase();
+            if options.get(&key).is_some() {
+                return Err(self.err(
+                    text,
+                    Pos::from(&key_tok),
+                    format!("option '{key}' is given twice"),
+                ));
+            }
+            positions.insert(key.clone(), Pos::from(&key_tok));
+            options.set(&key, value);
+            if p.consume_token(&Token::Comma) {
+                continue;
+            }
+            p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
+            return Ok((options, positions));
+        }
+    }
+
+    /// Declared columns to Arrow, through DataFusion's own type mapping.
+    pub(crate) async fn schema(
+        &self,
+        text: &str,
+        columns: &[(datafusion::sql::sqlparser::ast::ColumnDef, Pos)],
+    ) -> Result<Arc<Schema>, SqlError> {
+        let mut fields = Vec::new();
+        for (col, pos) in columns {
+            let sql = format!("SELECT CAST(NULL AS {}) AS x", col.data_type);
+            let plan = self
+                .session
+                .context()
+                .state()
+                .create_logical_plan(&sql)
+                .await
+                .map_err(|e| {
+                    self.err(
+                        text,
+                        *pos,
+                        format!(
+                            "column '{}': type {} is not supported: {e}",
+                            col.name.value, col.data_type
+                        ),
+                    )
+                })?;
+            let not_null = col
+                .options
+                .iter()
+                .any(|o| matches!(o.option, ColumnOption::NotNull));
+            let data_type = plan.schema().field(0).data_type().clone();
+            fields.push(Field::new(normalize(&col.name), data_type, !not_null));
+        }
+        Ok(Arc::new(Schema::new(fields)))
+    }
+
+    /// "unknown stream", with the closest declared name and how to declare it.
+    pub(crate) fn unknown_stream(&self, name: &str) -> String {
+        let names: Vec<String> = self.session.streams().into_iter().map(|s| s.name).collect();
+        let hint = sluice_engine::closest(name, names.iter().map(String::as_str))
+            .map(|c| format!(" (did you mean '{c}'?)"))
+            .unwrap_or_default();
+        format!(
+            "unknown stream '{name}'{hint}: declare it first with CREATE STREAM {name} WITH \
+             (connector = '...')"
+        )
+    }
+}

@@ -1,0 +1,350 @@
+//! Continuous queries: `INSERT INTO ... SELECT`, `EXECUTE STATEMENT SET`,
+//! and the window table functions in their `FROM`.
+
+use std::ops::ControlFlow;
+use std::sync::Arc;
+
+use datafusion::catalog::view::ViewTable;
+use datafusion::sql::sqlparser::ast::visit_relations;
+
+use crate::{normalize, Pos, SqlError, SqlRunner};
+use datafusion::arrow::datatypes::Schema;
+use datafusion::sql::parser::Statement as DfStatement;
+use datafusion::sql::sqlparser::ast::Statement;
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::parser::{Parser, ParserError};
+use datafusion::sql::sqlparser::tokenizer::Token;
+use sluice_engine::{DataStreamWriter, SluiceError, StatementSet, StreamingQuery};
+
+/// A planned `INSERT INTO` or statement set, not yet started.
+#[derive(Debug)]
+pub struct PendingQuery {
+    /// The query's name (its sink stream; for a statement set, its
+    /// statements' sinks joined by `+`).
+    pub name: String,
+    file: String,
+    text: String,
+    line: u64,
+    column: u64,
+    run: Run,
+}
+
+/// What a [`PendingQuery`] starts.
+#[derive(Debug)]
+enum Run {
+    Insert(Box<DataStreamWriter>),
+    /// `EXECUTE STATEMENT SET`, with its INSERTs' sink names.
+    Set(StatementSet, Vec<String>),
+}
+
+impl PendingQuery {
+    /// The incremental plan (of each statement of a set).
+    pub fn explain(&self) -> Result<String, SqlError> {
+        match &self.run {
+            Run::Insert(writer) => writer.explain(),
+            Run::Set(set, _) => set.explain(),
+        }
+        .map_err(|e| self.error(e))
+    }
+
+    /// The query planned for its batch answer (`sluice verify`), opening
+    /// nothing: one per statement of a set, with its sink's name.
+    pub fn batch_queries(&self) -> Result<Vec<(String, sluice_engine::BatchQuery)>, SqlError> {
+        let named = match &self.run {
+            Run::Insert(writer) => writer.batch_query().map(|q| vec![(self.name.clone(), q)]),
+            Run::Set(set, names) => set
+                .batch_queries()
+                .map(|qs| names.iter().cloned().zip(qs).collect()),
+        };
+        named.map_err(|e| self.error(e))
+    }
+
+    /// Starts the query (opens its checkpoint and sink).
+    pub async fn start(self) -> Result<StreamingQuery, SqlError> {
+        let (file, text, line, column) = (self.file, self.text, self.line, self.column);
+        let started = match self.run {
+            Run::Insert(writer) => (*writer).start().await,
+            Run::Set(set, _) => set.start().await,
+        };
+        started.map_err(|e| {
+            let user = e.is_user_error();
+            let mut err = SqlError::at(&file, &text, line, column, e.to_string());
+            err.user_error = user;
+            err
+        })
+    }
+
+    fn error(&self, e: SluiceError) -> SqlError {
+        let user = e.is_user_error();
+        let mut err = SqlError::at(
+            &self.file,
+            &self.text,
+            self.line,
+            self.column,
+            e.to_string(),
+        );
+        err.user_error = user;
+        err
+    }
+}
+
+impl SqlRunner<'_> {
+    /// Registers a view per window call `query` uses (see `event_time`);
+    /// returns their names.
+    pub(crate) async fn register_windows(
+        &self,
+        query: &datafusion::sql::sqlparser::ast::Query,
+        text: &str,
+    ) -> Result<Vec<String>, SqlError> {
+        let mut used = Vec::new();
+        let _ = visit_relations(query, |name| {
+            let name = name.to_string();
+            if self.windows.contains_key(&name) && !used.contains(&name) {
+                used.push(name);
+            }
+            ControlFlow::<()>::Continue(())
+        });
+        for placeholder in &used {
+            let call = &self.windows[placeholder];
+            if self.session.stream(&call.stream).is_none() {
+                return Err(self.err(text, call.stream_pos, self.unknown_stream(&call.stream)));
+            }
+            let frame = self
+                .session
+                .table(&call.stream)
+                .await
+                .map_err(|e| self.engine_error(text, call.stream_pos, e))?;
+            let windowed = frame
+                .window(call.window.clone())
+                .map_err(|e| self.engine_error(text, call.column_pos, e))?;
+            let view = ViewTable::new(windowed.logical_plan().clone(), None);
+            self.session
+                .context()
+                .register_table(placeholder.as_str(), Arc::new(view))
+                .map_err(|e| self.engine_error(text, call.stream_pos, e.into()))?;
+        }
+        Ok(used)
+    }
+
+    /// `EXECUTE STATEMENT SET BEGIN INSERT ...; INSERT ...; END` (after
+    /// EXECUTE): one query running every INSERT, with the settings in force
+    /// at EXECUTE.
+    pub(crate) async fn statement_set(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+        pos: Pos,
+    ) -> Result<PendingQuery, SqlError> {
+        self.expect_word(p, text, "STATEMENT")?;
+        self.expect_word(p, text, "SET")?;
+        self.expect_word(p, text, "BEGIN")?;
+        let mut members = Vec::new();
+        loop {
+            while p.consume_token(&Token::SemiColon) {}
+            let t = p.peek_token();
+            match &t.token {
+                Token::Word(w) if w.value.eq_ignore_ascii_case("END") => {
+                    p.next_token();
+                    break;
+                }
+                Token::Word(w) if w.keyword == Keyword::INSERT => {
+                    p.next_token();
+                    members.push(self.insert(p, text, Pos::from(&t), true).await?);
+                }
+                other => {
+                    return Err(self.err(
+                        text,
+                        Pos::from(&t),
+                        format!(
+                            "a statement set holds INSERT INTO statements and ends with END; \
+                             found '{other}'"
+                        ),
+                    ))
+                }
+            }
+            let next = p.peek_token();
+            if !matches!(&next.token, Token::SemiColon)
+                && !matches!(&next.token, Token::Word(w) if w.value.eq_ignore_ascii_case("END"))
+            {
+                return Err(self.err(
+                    text,
+                    Pos::from(&next),
+                    format!("expected ';' after the INSERT, found '{}'", next.token),
+                ));
+            }
+        }
+        if members.is_empty() {
+            return Err(self.err(
+                text,
+                pos,
+                "the statement set is empty: put INSERT INTO statements between BEGIN and END",
+            ));
+        }
+        let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+        let name = names.join("+");
+        let settings = self.query_settings(text, pos, &name)?;
+        let mut set = self.session.statement_set().settings(settings);
+        let mut sinks = Vec::with_capacity(members.len());
+        for m in members {
+            if let Run::Insert(writer) = m.run {
+                set = set.add_insert(*writer);
+                sinks.push(m.name);
+            }
+        }
+        Ok(PendingQuery {
+            name,
+            file: self.file.clone(),
+            text: text.to_string(),
+            line: pos.line,
+            column: pos.column,
+            run: Run::Set(set, sinks),
+        })
+    }
+
+    /// `INSERT INTO` (after INSERT); `in_set`: a statement of a statement
+    /// set, whose query-wide settings are the set's.
+    pub(crate) async fn insert(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+        pos: Pos,
+        in_set: bool,
+    ) -> Result<PendingQuery, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        p.expect_keyword(Keyword::INTO).map_err(|e| pe(self, e))?;
+        let sink_tok = p.peek_token();
+        let sink = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+        let query_tok = p.peek_token();
+        let query = p.parse_query().map_err(|e| pe(self, e))?;
+        let definition = self
+            .session
+            .stream(&sink)
+            .ok_or_else(|| self.err(text, Pos::from(&sink_tok), self.unknown_stream(&sink)))?;
+        let views = self.register_windows(&query, text).await?;
+        let state = self.session.context().state();
+        let planned = state
+            .statement_to_plan(DfStatement::Statement(Box::new(Statement::Query(query))))
+            .await;
+        for view in &views {
+            // Planning inlined the view; it is no longer needed.
+            let _ = self.session.context().deregister_table(view.as_str());
+        }
+        let plan = planned.map_err(|e| {
+            let e = SluiceError::DataFusion(e);
+            // A stream that exists but cannot be read says why.
+            let msg = e.to_string();
+            let unreadable = self
+                .session
+                .streams()
+                .into_iter()
+                .find(|s| {
+                    msg.contains(&format!("'{}'", s.name))
+                        || msg.contains(&format!("table '{}'", s.name))
+                })
+                .and_then(|s| self.session.unreadable_reason(&s.name));
+            let missing = table_not_found(&msg).filter(|t| self.session.stream(t).is_none());
+            match (unreadable, missing) {
+                (Some(reason), _) => self.err(text, Pos::from(&query_tok), reason),
+                (None, Some(table)) => {
+                    let located = self.engine_error(text, Pos::from(&query_tok), e);
+                    SqlError::at(
+                        &self.file,
+                        text,
+                        located.line,
+                        located.column,
+                        self.unknown_stream(&table),
+                    )
+                }
+                (None, None) => self.engine_error(text, Pos::from(&query_tok), e),
+            }
+        })?;
+        if let Some(declared) = &definition.schema {
+            check_sink_columns(&sink, declared, plan.schema().as_arrow())
+                .map_err(|m| self.err(text, Pos::from(&query_tok), m))?;
+        }
+        let frame = self.session.frame(plan);
+        let writer = frame
+            .write_stream()
+            .format(&definition.connector)
+            .options(definition.options.iter());
+        // In a statement set, the query-wide settings are the set's; the
+        // statement keeps its name.
+        let mut writer = if in_set {
+            writer.query_name(&sink)
+        } else {
+            writer.settings(self.query_settings(text, pos, &sink)?)
+        };
+        if let Some(m) = self.settings.output_mode {
+            writer = writer.output_mode(m);
+        }
+        let pending = PendingQuery {
+            name: sink,
+            file: self.file.clone(),
+            text: text.to_string(),
+            line: pos.line,
+            column: pos.column,
+            run: Run::Insert(Box::new(writer)),
+        };
+        // Plan now: a query that cannot run fails before anything starts.
+        pending.explain()?;
+        Ok(pending)
+    }
+}
+
+/// A sink with declared columns takes a query whose output has exactly
+/// those columns, by name, with the same types.
+fn check_sink_columns(sink: &str, declared: &Schema, output: &Schema) -> Result<(), String> {
+    for field in declared.fields() {
+        let Some((_, got)) = output.column_with_name(field.name()) else {
+            let names: Vec<&str> = output.fields().iter().map(|f| f.name().as_str()).collect();
+            return Err(format!(
+                "stream '{sink}' declares column '{}' ({}), but the query has no column of that \
+                 name; its columns are {} (name them with AS)",
+                field.name(),
+                field.data_type(),
+                names.join(", ")
+            ));
+        };
+        if got.data_type() != field.data_type() {
+            return Err(format!(
+                "column '{}': the query gives {}, but stream '{sink}' declares {}; convert it \
+                 with CAST({} AS ...)",
+                field.name(),
+                got.data_type(),
+                field.data_type(),
+                field.name()
+            ));
+        }
+    }
+    if let Some(extra) = output
+        .fields()
+        .iter()
+        .find(|f| declared.column_with_name(f.name()).is_none())
+    {
+        return Err(format!(
+            "the query's column '{}' ({}) is not among the columns stream '{sink}' declares: {}",
+            extra.name(),
+            extra.data_type(),
+            declared
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// The table of DataFusion's "table 'catalog.schema.name' not found".
+fn table_not_found(message: &str) -> Option<String> {
+    let rest = message.split("table '").nth(1)?;
+    let (qualified, tail) = rest.split_once('\'')?;
+    tail.starts_with(" not found").then(|| {
+        qualified
+            .rsplit('.')
+            .next()
+            .unwrap_or(qualified)
+            .to_string()
+    })
+}

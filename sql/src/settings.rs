@@ -1,0 +1,143 @@
+//! `SET`: the settings that apply to the statements after it.
+
+use crate::{Pos, SqlError, SqlRunner, StatementOutcome};
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::parser::{Parser, ParserError};
+use datafusion::sql::sqlparser::tokenizer::Token;
+use sluice_engine::{OutputMode, QuerySettings, SluiceError, Trigger};
+
+/// Settings a `SET` may change, with what each means.
+pub(crate) const SETTINGS: &[&str] = &[
+    "checkpoint.location",
+    "trigger.interval",
+    "trigger",
+    "output.mode",
+    "state.snapshot.interval",
+    "state.retained.snapshots",
+];
+
+/// What the `SET`s so far say: the engine's one [`QuerySettings`] for the
+/// queries after them, and the output mode of each statement after them.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Settings {
+    pub query: QuerySettings,
+    pub output_mode: Option<OutputMode>,
+}
+
+impl SqlRunner<'_> {
+    pub(crate) fn set(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+    ) -> Result<StatementOutcome, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        let key_tok = p.next_token();
+        let mut key = match &key_tok.token {
+            Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
+            Token::Word(w) => w.value.clone(),
+            other => {
+                return Err(self.err(
+                    text,
+                    Pos::from(&key_tok),
+                    format!("expected a setting name, found '{other}'"),
+                ))
+            }
+        };
+        while p.consume_token(&Token::Period) {
+            key.push('.');
+            key.push_str(&p.parse_identifier().map_err(|e| pe(self, e))?.value);
+        }
+        let key = key.to_ascii_lowercase();
+        if !(p.consume_token(&Token::Eq) || p.parse_keyword(Keyword::TO)) {
+            let t = p.peek_token();
+            return Err(self.err(
+                text,
+                Pos::from(&t),
+                format!("expected '=' after SET '{key}', found '{}'", t.token),
+            ));
+        }
+        let value_tok = p.next_token();
+        let value = match &value_tok.token {
+            Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
+            Token::Number(n, _) => n.clone(),
+            Token::Word(w) => w.value.clone(),
+            other => {
+                return Err(self.err(
+                    text,
+                    Pos::from(&value_tok),
+                    format!("expected a value for '{key}', found '{other}'"),
+                ))
+            }
+        };
+        let at_value = |e: SluiceError| self.err(text, Pos::from(&value_tok), e.to_string());
+        match key.as_str() {
+            "checkpoint.location" => self.settings.query.checkpoint = Some(value.clone().into()),
+            "trigger.interval" | "trigger" => {
+                self.settings.query.trigger = value.parse::<Trigger>().map_err(at_value)?
+            }
+            "output.mode" => {
+                self.settings.output_mode = Some(value.parse::<OutputMode>().map_err(at_value)?)
+            }
+            "state.snapshot.interval" | "state.retained.snapshots" => {
+                let n = value
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| {
+                        self.err(
+                            text,
+                            Pos::from(&value_tok),
+                            format!("'{key}' takes a whole number from 1, found '{value}'"),
+                        )
+                    })?;
+                if key == "state.snapshot.interval" {
+                    self.settings.query.state_snapshot_interval = n;
+                } else {
+                    self.settings.query.state_retained_snapshots = n as usize;
+                }
+            }
+            other => {
+                let hint = sluice_engine::closest(other, SETTINGS.iter().copied())
+                    .map(|c| format!(" (did you mean '{c}'?)"))
+                    .unwrap_or_default();
+                return Err(self.err(
+                    text,
+                    Pos::from(&key_tok),
+                    format!(
+                        "unknown setting '{other}'{hint}; valid settings: {}",
+                        sluice_engine::quoted_list(SETTINGS)
+                    ),
+                ));
+            }
+        }
+        Ok(StatementOutcome::Set { key, value })
+    }
+
+    /// The settings of the query named `name` starting at `pos`: those in
+    /// force, its checkpoint location used by no other query of the file.
+    pub(crate) fn query_settings(
+        &mut self,
+        text: &str,
+        pos: Pos,
+        name: &str,
+    ) -> Result<QuerySettings, SqlError> {
+        let mut settings = self.settings.query.clone();
+        settings.name = Some(name.to_string());
+        let Some(dir) = &settings.checkpoint else {
+            return Ok(settings);
+        };
+        let dir = dir.display().to_string();
+        if !self.checkpoints.insert(dir.clone()) {
+            return Err(self.err(
+                text,
+                pos,
+                format!(
+                    "checkpoint location '{dir}' is already used by an earlier INSERT in this \
+                     file; give each query its own: SET 'checkpoint.location' = '...' before it"
+                ),
+            ));
+        }
+        Ok(settings)
+    }
+}
