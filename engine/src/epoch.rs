@@ -360,10 +360,13 @@ impl EpochLoop {
             return Err(SluiceError::checkpoint(
                 cp.dir().join("commits"),
                 format!(
-                    "the checkpoint says epoch {} is committed but the sink's own record ({}) \
-                     says {}; the sink's record was lost or belongs to another query. Use a new \
-                     checkpoint location, or restore the sink's record",
+                    "the checkpoint says epoch {} of query '{}' is committed but the sink's own \
+                     record ({}) says {}: that record was lost (its topic deleted or recreated) \
+                     or this checkpoint belongs to another query. Nothing was written. Restore \
+                     the record, or run the query with its own checkpoint; a new checkpoint \
+                     location would compute and write the whole output again",
                     local.unwrap_or(0),
+                    self.shared.id,
                     self.sink_description,
                     decided.map_or("none".to_string(), |d| d.to_string())
                 ),
@@ -371,6 +374,31 @@ impl EpochLoop {
         }
         if let Some(c) = commit {
             let d = c.epoch();
+            // Kafka says what was committed, but the state it names is not
+            // here: this is not the checkpoint the query ran with.
+            let missing: Vec<&str> = c
+                .state_files
+                .iter()
+                .filter(|f| !cp.dir().join(f).is_file())
+                .map(String::as_str)
+                .collect();
+            if !missing.is_empty() {
+                return Err(SluiceError::checkpoint(
+                    cp.dir(),
+                    format!(
+                        "the sink's record ({}) says epoch {d} of query '{}' is committed with \
+                         state files this checkpoint location does not have ({}): it is not \
+                         the checkpoint the query ran with (lost, moved or replaced). Nothing \
+                         was written. Restore that checkpoint directory and start again; to \
+                         start this stateful query over from nothing instead, give it a new \
+                         'pipeline.name' (it then computes and writes its output again from the \
+                         start of its input)",
+                        self.sink_description,
+                        self.shared.id,
+                        missing.join(", ")
+                    ),
+                ));
+            }
             for epoch in local.map_or(1, |l| l + 1)..=d {
                 tracing::info!(
                     epoch,

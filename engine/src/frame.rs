@@ -351,6 +351,13 @@ impl DataStreamWriter {
         self
     }
 
+    /// The query's stable identity, whatever its checkpoint location
+    /// (SQL: `SET 'pipeline.name'`; see [`QuerySettings::pipeline_name`]).
+    pub fn pipeline_name(mut self, name: &str) -> Self {
+        self.settings.pipeline_name = Some(name.to_string());
+        self
+    }
+
     /// The query's name (progress, logs, metrics).
     pub fn query_name(mut self, name: &str) -> Self {
         self.settings.name = Some(name.to_string());

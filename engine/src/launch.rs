@@ -49,6 +49,14 @@ pub struct QuerySettings {
     /// The query's name for progress, logs and metrics; within a set, the
     /// statement's.
     pub name: Option<String>,
+    /// The query's stable identity (SQL: `pipeline.name`, Flink's key;
+    /// Kafka Streams' `application.id`): its Kafka transactional id,
+    /// progress record key and topic derive from it, so two runs of one
+    /// pipeline are one query whatever their checkpoint locations — the
+    /// newer fences the older, and neither writes what the other
+    /// committed. Without one, the id generated into the checkpoint is the
+    /// identity.
+    pub pipeline_name: Option<String>,
     /// State files per chain (a snapshot and its deltas) before a new
     /// snapshot (SQL: `state.snapshot.interval`; default 10, at least 1).
     pub state_snapshot_interval: u64,
@@ -63,6 +71,7 @@ impl Default for QuerySettings {
             checkpoint: None,
             trigger: Trigger::default(),
             name: None,
+            pipeline_name: None,
             state_snapshot_interval: 10,
             state_retained_snapshots: 2,
         }
@@ -70,6 +79,25 @@ impl Default for QuerySettings {
 }
 
 impl QuerySettings {
+    /// Whether `name` can be a [`pipeline_name`](Self::pipeline_name): it
+    /// names the query's Kafka progress topic and transactional id, so it
+    /// keeps to the characters a topic name may have.
+    pub fn check_pipeline_name(name: &str) -> Result<()> {
+        let valid = !name.is_empty()
+            && name.len() <= 200
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        if valid {
+            return Ok(());
+        }
+        Err(SluiceError::config(format!(
+            "'pipeline.name' = '{name}' is not a valid query identity: use 1 to 200 letters, \
+             digits, '.', '_' and '-' (it names the query's Kafka progress topic and \
+             transactional id)"
+        )))
+    }
+
     /// The snapshot policy these settings give the query's state chains.
     pub(crate) fn snapshots(&self) -> SnapshotPolicy {
         SnapshotPolicy {
@@ -114,16 +142,44 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         .into_iter()
         .map(|(statement, sink, options)| (statement, (sink, options)))
         .unzip();
-    let new_id = uuid::Uuid::new_v4().to_string();
+    let declared = settings.pipeline_name.clone();
+    if let Some(name) = &declared {
+        QuerySettings::check_pipeline_name(name)?;
+    }
+    let new_id = declared
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let checkpoint = settings
         .checkpoint
         .as_ref()
         .map(|dir| Checkpoint::open(dir, &new_id))
         .transpose()?;
+    if let (Some(declared), Some(cp)) = (&declared, &checkpoint) {
+        let theirs = &cp.metadata().query_id;
+        if theirs != declared {
+            return Err(SluiceError::config(format!(
+                "the checkpoint at {} belongs to query '{theirs}', but this query's \
+                 'pipeline.name' is '{declared}': a checkpoint holds one query's progress. Give \
+                 this query a checkpoint location of its own, or to go on with that query set \
+                 'pipeline.name' = '{theirs}'",
+                cp.dir().display()
+            )));
+        }
+    }
     let query_id = checkpoint
         .as_ref()
         .map_or(new_id, |c| c.metadata().query_id.clone());
     let sink = sinks(&connectors, outputs, &planned, &query_id, &name)?;
+    if declared.is_none() && sink.records_commits() {
+        tracing::warn!(
+            query = %name,
+            id = %query_id,
+            "query '{name}' has no 'pipeline.name', so its identity is the id generated into its \
+             checkpoint ({query_id}): started from another checkpoint location it would be a new \
+             query that writes its output again. Set one (SQL: SET 'pipeline.name' = '{name}'; \
+             API: .pipeline_name(..)) to keep one identity whatever the checkpoint location"
+        );
+    }
     let (checkpoint, temp_dir) = match checkpoint {
         Some(c) => (c, None),
         None if sink.needs_checkpoint() => {

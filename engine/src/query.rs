@@ -184,7 +184,8 @@ impl StreamingQuery {
         Self { shared }
     }
 
-    /// The query's id: stable across restarts from the same checkpoint.
+    /// The query's id: its `pipeline.name` when it has one, else the id
+    /// generated into its checkpoint (stable across restarts from it).
     pub fn id(&self) -> &str {
         &self.shared.id
     }

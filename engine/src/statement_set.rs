@@ -90,6 +90,13 @@ impl StatementSet {
         self
     }
 
+    /// The query's stable identity, whatever its checkpoint location
+    /// (SQL: `SET 'pipeline.name'`; see [`QuerySettings::pipeline_name`]).
+    pub fn pipeline_name(mut self, name: &str) -> Self {
+        self.settings.pipeline_name = Some(name.to_string());
+        self
+    }
+
     /// The query's name (progress, logs, metrics).
     pub fn query_name(mut self, name: &str) -> Self {
         self.settings.name = Some(name.to_string());
@@ -161,6 +168,7 @@ impl StatementSet {
             .settings
             .name
             .clone()
+            .or_else(|| self.settings.pipeline_name.clone())
             .unwrap_or_else(|| format!("query-{}", self.session.next_number()));
         let query = launch(QueryPlan {
             name,
@@ -184,6 +192,7 @@ fn refuse_own_settings(index: usize, writer: &DataStreamWriter) -> Result<()> {
     let set = [
         ("checkpoint_location", own.checkpoint.is_some()),
         ("trigger", own.trigger != defaults.trigger),
+        ("pipeline_name", own.pipeline_name.is_some()),
         (
             "state_snapshot_interval",
             own.state_snapshot_interval != defaults.state_snapshot_interval,

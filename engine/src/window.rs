@@ -257,7 +257,7 @@ pub(crate) fn session_problem(
     if !keys.iter().any(|f| is_session_bound(f)) {
         return None;
     }
-    let Some(session) = window.and_then(|w| w.session.as_ref()) else {
+    let Some(key) = window.and_then(|w| w.session.as_ref()) else {
         return Some(
             "a GROUP BY over SESSION windows needs both window_start and window_end among its \
              keys: a session is known by both bounds"
@@ -274,16 +274,16 @@ pub(crate) fn session_problem(
     let others: BTreeSet<String> = keys
         .iter()
         .enumerate()
-        .filter(|(i, _)| *i != session.start && *i != session.end)
+        .filter(|(i, _)| *i != key.start && *i != key.end)
         .map(|(_, f)| f.name().clone())
         .collect();
-    let partition: BTreeSet<String> = session.partition_by.iter().cloned().collect();
+    let partition: BTreeSet<String> = key.partition_by.iter().cloned().collect();
     (others != partition).then(|| {
         format!(
             "sessions are formed per PARTITION BY key, so the GROUP BY columns besides \
              window_start and window_end must be exactly those: PARTITION BY [{}], but they \
              are [{}]",
-            session.partition_by.join(", "),
+            key.partition_by.join(", "),
             others.into_iter().collect::<Vec<_>>().join(", ")
         )
     })

@@ -24,8 +24,13 @@ const SINK_OPTIONS: &[&str] = &[
     "connect.timeout",
     "transaction.timeout",
     "progress.topic",
+    "sink.transactional-id-prefix",
     "kafka.*",
 ];
+
+/// What `transactional.id` starts with unless `sink.transactional-id-prefix`
+/// says otherwise; the query's identity follows.
+const DEFAULT_TRANSACTIONAL_ID_PREFIX: &str = "sluice-";
 
 /// How long to wait for the brokers by default.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -69,32 +74,22 @@ impl Connector for KafkaConnector {
     fn sink_set(&self, args: Vec<SinkArgs>) -> Result<Arc<dyn Sink>> {
         let statements = args.len();
         let mut parts: Vec<(Arc<dyn Sink>, Vec<usize>)> = Vec::new();
-        let mut shared: Option<(String, Duration, Vec<SinkConfig>, Vec<usize>)> = None;
+        let mut shared: Option<(Transactions, Vec<SinkConfig>, Vec<usize>)> = None;
         for (i, a) in args.into_iter().enumerate() {
             let settings = sink_settings(a)?;
             match settings.delivery {
                 Delivery::AtLeastOnce => {
                     parts.push((Arc::new(AtLeastOnceSink::new(settings.config)?), vec![i]));
                 }
-                Delivery::ExactlyOnce {
-                    progress_topic,
-                    transaction_timeout,
-                } => match &mut shared {
-                    None => {
-                        shared = Some((
-                            progress_topic,
-                            transaction_timeout,
-                            vec![settings.config],
-                            vec![i],
-                        ))
-                    }
-                    Some((topic, timeout, configs, indices)) => {
-                        if *topic != progress_topic || *timeout != transaction_timeout {
+                Delivery::ExactlyOnce(transactions) => match &mut shared {
+                    None => shared = Some((transactions, vec![settings.config], vec![i])),
+                    Some((first, configs, indices)) => {
+                        if *first != transactions {
                             return Err(SluiceError::config(format!(
                                 "the Kafka sinks of one statement set share one transaction and \
-                                 one progress topic: topic '{}' sets 'progress.topic' or \
-                                 'transaction.timeout' differently from topic '{}'; set them \
-                                 alike or leave them out",
+                                 one progress topic: topic '{}' sets 'progress.topic', \
+                                 'transaction.timeout' or 'sink.transactional-id-prefix' \
+                                 differently from topic '{}'; set them alike or leave them out",
                                 settings.config.topic, configs[0].topic
                             )));
                         }
@@ -104,8 +99,8 @@ impl Connector for KafkaConnector {
                 },
             }
         }
-        if let Some((progress_topic, timeout, configs, indices)) = shared {
-            let sink = TransactionalSink::new(configs, progress_topic, timeout)?;
+        if let Some((transactions, configs, indices)) = shared {
+            let sink = TransactionalSink::new(configs, transactions)?;
             parts.push((Arc::new(sink), indices));
         }
         FanOut::combine(parts, statements)
@@ -123,11 +118,19 @@ pub(crate) struct SinkSettings {
 /// `'sink.delivery'`.
 #[derive(Debug)]
 pub(crate) enum Delivery {
-    ExactlyOnce {
-        progress_topic: String,
-        transaction_timeout: Duration,
-    },
+    ExactlyOnce(Transactions),
     AtLeastOnce,
+}
+
+/// How an exactly-once sink's transactions are made: what every Kafka sink
+/// of one query shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Transactions {
+    /// `<sink.transactional-id-prefix><query id>`: stable across restarts,
+    /// so a new instance fences the old one.
+    pub transactional_id: String,
+    pub progress_topic: String,
+    pub timeout: Duration,
 }
 
 /// Parses a sink's options; every option must be known.
@@ -157,6 +160,14 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let progress_topic = o
         .take("progress.topic")
         .unwrap_or_else(|| crate::progress_topic::default_topic(&args.query_id));
+    // Clusters with prefixed ACLs grant transactional ids by prefix.
+    let transactional_id = format!(
+        "{}{}",
+        o.take("sink.transactional-id-prefix")
+            .as_deref()
+            .unwrap_or(DEFAULT_TRANSACTIONAL_ID_PREFIX),
+        args.query_id
+    );
     // An update stream is keyed by its group key unless told otherwise,
     // so the topic is a valid compacted upsert stream.
     let key_fields = match o.take("key.fields") {
@@ -180,10 +191,11 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
             passthrough,
         },
         delivery: if exactly_once {
-            Delivery::ExactlyOnce {
+            Delivery::ExactlyOnce(Transactions {
+                transactional_id,
                 progress_topic,
-                transaction_timeout,
-            }
+                timeout: transaction_timeout,
+            })
         } else {
             Delivery::AtLeastOnce
         },

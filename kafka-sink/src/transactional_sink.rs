@@ -19,10 +19,12 @@
 //! versioned, so it can wait for the commit's outcome.
 //!
 //! # Fencing
-//! `transactional.id = sluice-<query id>`, stable across restarts. After
-//! [`Sink::open`] returns, every older instance of the query is fenced: its
-//! next transactional call fails fatally and it stops, saying another
-//! instance took over.
+//! `transactional.id = <prefix><query id>` (prefix `sluice-` unless
+//! `'sink.transactional-id-prefix'` says otherwise), where the query id is
+//! the query's `pipeline.name` when it has one: stable across restarts and
+//! across checkpoint locations. After [`Sink::open`] returns, every older
+//! instance of the query is fenced: its next transactional call fails
+//! fatally and it stops, saying another instance took over.
 //!
 //! # Errors, by class (librdkafka's flags)
 //! - retriable: call the same operation again;
@@ -53,6 +55,7 @@ use sluice_engine::{
     fail_point, CommittedEpoch, EpochCommit, EpochOutput, Handover, Result, Sink, SluiceError,
 };
 
+use crate::connector::Transactions;
 use crate::produce::{create_producer, flush_within, send, DeliveryTracker, Groups, SinkConfig};
 use crate::progress_topic::{self, ProgressRecord};
 
@@ -67,6 +70,8 @@ struct Inner {
     /// The first statement's settings: brokers, producer settings and query
     /// id, which all targets share.
     config: SinkConfig,
+    /// `<prefix><query id>`: the same for every instance of the query.
+    transactional_id: String,
     /// Where each statement's output goes, in statement order (the first is
     /// `config`).
     targets: Vec<SinkConfig>,
@@ -104,11 +109,12 @@ impl TransactionalSink {
     /// One transactional producer for the outputs of `targets` (one per
     /// statement, at least one), which must share their brokers and
     /// producer settings.
-    pub(crate) fn new(
-        targets: Vec<SinkConfig>,
-        progress_topic: String,
-        transaction_timeout: Duration,
-    ) -> Result<Self> {
+    pub(crate) fn new(targets: Vec<SinkConfig>, transactions: Transactions) -> Result<Self> {
+        let Transactions {
+            transactional_id,
+            progress_topic,
+            timeout: transaction_timeout,
+        } = transactions;
         let Some(config) = targets.first().cloned() else {
             return Err(SluiceError::Internal(
                 "a transactional sink without a topic".into(),
@@ -138,7 +144,7 @@ impl TransactionalSink {
         }
         let mut producer_config = config.producer_config();
         producer_config
-            .set("transactional.id", format!("sluice-{}", config.query_id))
+            .set("transactional.id", &transactional_id)
             .set(
                 "transaction.timeout.ms",
                 transaction_timeout.as_millis().to_string(),
@@ -146,6 +152,7 @@ impl TransactionalSink {
         let producer = create_producer(&producer_config)?;
         Ok(Self(Arc::new(Inner {
             config,
+            transactional_id,
             targets,
             progress_topic,
             transaction_timeout,
@@ -158,10 +165,10 @@ impl TransactionalSink {
 impl Inner {
     fn fenced(&self, e: &KafkaError) -> SluiceError {
         SluiceError::Stopped(format!(
-            "query {}: another instance took over (transactional id sluice-{} was initialised \
-             by a newer producer), so this one stops; nothing it had not committed is visible \
-             to read_committed readers ({e})",
-            self.config.query_id, self.config.query_id
+            "query {}: another instance took over (transactional id {} was initialised by a \
+             newer producer), so this one stops; nothing it had not committed is visible to \
+             read_committed readers ({e})",
+            self.config.query_id, self.transactional_id
         ))
     }
 

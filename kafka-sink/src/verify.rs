@@ -24,7 +24,7 @@ use std::fmt;
 use sluice_engine::{BatchQuery, Checkpoint, OutputMode, Result, SluiceError};
 
 use crate::broker::ReadRecord;
-use crate::connector::{sink_settings, Delivery};
+use crate::connector::{sink_settings, Delivery, Transactions};
 use crate::encode::Format;
 use crate::produce::{Message, SinkConfig, EPOCH_HEADER, QUERY_ID_HEADER};
 use crate::progress_topic::read_last;
@@ -126,7 +126,7 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
     let checkpoint = Checkpoint::open_existing(dir)?;
     let query_id = checkpoint.metadata().query_id.clone();
     let settings = sink_settings(query.sink_args(&query_id))?;
-    let Delivery::ExactlyOnce { progress_topic, .. } = settings.delivery else {
+    let Delivery::ExactlyOnce(Transactions { progress_topic, .. }) = settings.delivery else {
         return Err(SluiceError::config(format!(
             "query '{name}' writes with 'sink.delivery' = 'at-least-once', which may repeat \
              output after a crash, and keeps no record of what it committed: verify checks \

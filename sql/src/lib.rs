@@ -103,6 +103,8 @@ pub struct SqlRunner<'a> {
     file: String,
     settings: Settings,
     checkpoints: BTreeSet<String>,
+    /// The `pipeline.name`s of the queries so far.
+    pipelines: BTreeSet<String>,
     /// Window table function calls of the text, by placeholder name.
     windows: BTreeMap<String, WindowCall>,
     next_window: usize,
@@ -132,6 +134,7 @@ impl<'a> SqlRunner<'a> {
             file: file.to_string(),
             settings: Settings::default(),
             checkpoints: BTreeSet::new(),
+            pipelines: BTreeSet::new(),
             windows: BTreeMap::new(),
             next_window: 0,
         }

@@ -8,6 +8,7 @@ use sluice_engine::{OutputMode, QuerySettings, SluiceError, Trigger};
 
 /// Settings a `SET` may change, with what each means.
 pub(crate) const SETTINGS: &[&str] = &[
+    "pipeline.name",
     "checkpoint.location",
     "trigger.interval",
     "trigger",
@@ -71,6 +72,10 @@ impl SqlRunner<'_> {
         };
         let at_value = |e: SluiceError| self.err(text, Pos::from(&value_tok), e.to_string());
         match key.as_str() {
+            "pipeline.name" => {
+                QuerySettings::check_pipeline_name(&value).map_err(at_value)?;
+                self.settings.query.pipeline_name = Some(value.clone())
+            }
             "checkpoint.location" => self.settings.query.checkpoint = Some(value.clone().into()),
             "trigger.interval" | "trigger" => {
                 self.settings.query.trigger = value.parse::<Trigger>().map_err(at_value)?
@@ -124,6 +129,19 @@ impl SqlRunner<'_> {
     ) -> Result<QuerySettings, SqlError> {
         let mut settings = self.settings.query.clone();
         settings.name = Some(name.to_string());
+        if let Some(pipeline) = &settings.pipeline_name {
+            if !self.pipelines.insert(pipeline.clone()) {
+                return Err(self.err(
+                    text,
+                    pos,
+                    format!(
+                        "'pipeline.name' = '{pipeline}' already names an earlier query of this \
+                         file, and two queries of one identity would fence each other; give \
+                         each its own: SET 'pipeline.name' = '...' before it"
+                    ),
+                ));
+            }
+        }
         let Some(dir) = &settings.checkpoint else {
             return Ok(settings);
         };

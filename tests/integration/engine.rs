@@ -384,3 +384,44 @@ async fn a_statement_set_refuses_a_statement_with_settings_of_its_own() {
     query.await_termination().await.unwrap();
     assert_eq!((a.num_rows(), b.num_rows()), (4, 4));
 }
+
+/// A checkpoint belongs to one query: started under another
+/// `pipeline.name`, the query is refused before anything runs, naming both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_of_another_pipeline_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = MemoryStream::new(schema());
+    input.add_batch(batch(0..4)).unwrap();
+    let run = |name: &'static str| {
+        let (input, dir) = (input.clone(), dir.path().to_path_buf());
+        async move {
+            Session::new()
+                .read_stream()
+                .memory(&input)
+                .unwrap()
+                .write_stream()
+                .memory(&MemorySink::new())
+                .pipeline_name(name)
+                .checkpoint_location(dir)
+                .trigger(Trigger::AvailableNow)
+                .start()
+                .await
+        }
+    };
+    run("orders")
+        .await
+        .unwrap()
+        .await_termination()
+        .await
+        .unwrap();
+    let err = run("payments").await.unwrap_err().to_string();
+    assert!(
+        err.contains("belongs to query 'orders'")
+            && err.contains("'pipeline.name' is 'payments'")
+            && err.contains("'pipeline.name' = 'orders'"),
+        "{err}"
+    );
+    let checkpoint = sluice::Checkpoint::open_existing(dir.path()).unwrap();
+    assert_eq!(checkpoint.metadata().query_id, "orders");
+    assert_eq!(checkpoint.latest_commit_epoch().unwrap(), Some(1));
+}

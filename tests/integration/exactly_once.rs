@@ -46,6 +46,8 @@ struct Pipeline {
     /// A second statement (its topic and query): the pipeline is then a
     /// statement set writing both topics.
     second: Option<(String, String)>,
+    /// `SET 'pipeline.name'`, when set.
+    identity: Option<String>,
     bootstrap: String,
     _temp: tempfile::TempDir,
 }
@@ -72,21 +74,24 @@ impl Pipeline {
             dir: dir.path().to_path_buf(),
             query: query.to_string(),
             second: None,
+            identity: None,
             topic,
             bootstrap,
             _temp: dir,
         }
     }
 
-    /// The pipeline's SQL file with the given trigger.
-    fn sql(&self, trigger: &str) -> PathBuf {
-        let sql = self
-            .dir
-            .join(format!("pipeline-{}.sql", trigger.replace(' ', "")));
+    /// The pipeline's SQL file with the given trigger and checkpoint
+    /// location (a folder of the pipeline's directory).
+    fn sql(&self, checkpoint: &str, trigger: &str) -> PathBuf {
+        let sql = self.dir.join(format!(
+            "pipeline-{checkpoint}-{}.sql",
+            trigger.replace(' ', "")
+        ));
         std::fs::write(
             &sql,
             format!(
-                "SET 'checkpoint.location' = '{checkpoint}';\n\
+                "{identity}SET 'checkpoint.location' = '{checkpoint}';\n\
                  SET 'trigger' = '{trigger}';\n\
                  CREATE STREAM rows (id BIGINT, name VARCHAR, ts TIMESTAMP, \
                    WATERMARK FOR ts AS ts - INTERVAL '2' SECOND) WITH (connector = 'files', \
@@ -94,7 +99,12 @@ impl Pipeline {
                  CREATE STREAM out WITH (connector = 'kafka', topic = '{topic}', \
                    'bootstrap.servers' = '{bootstrap}', format = 'json');\n\
                  {inserts}",
-                checkpoint = self.dir.join("checkpoint").display(),
+                identity = self
+                    .identity
+                    .as_ref()
+                    .map(|name| format!("SET 'pipeline.name' = '{name}';\n"))
+                    .unwrap_or_default(),
+                checkpoint = self.dir.join(checkpoint).display(),
                 input = self.dir.join("input").display(),
                 topic = self.topic,
                 bootstrap = self.bootstrap,
@@ -118,8 +128,15 @@ impl Pipeline {
     }
 
     fn spawn(&self, trigger: &str, failpoint: Option<&str>) -> Run {
+        self.spawn_at("checkpoint", trigger, failpoint)
+    }
+
+    /// [`spawn`](Self::spawn) with the checkpoint in folder `checkpoint`.
+    fn spawn_at(&self, checkpoint: &str, trigger: &str, failpoint: Option<&str>) -> Run {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
-        cmd.arg("run").arg(self.sql(trigger)).stdout(Stdio::null());
+        cmd.arg("run")
+            .arg(self.sql(checkpoint, trigger))
+            .stdout(Stdio::null());
         if let Some(f) = failpoint {
             cmd.env("SLUICE_FAILPOINT", f);
         }
@@ -130,9 +147,14 @@ impl Pipeline {
     /// fixed sleep is not enough: on a loaded machine the first
     /// `init_transactions` after the broker starts takes seconds.
     fn wait_for_commits(&self, run: &mut Run, epochs: u64) {
+        self.wait_for_commits_at("checkpoint", run, epochs)
+    }
+
+    /// [`wait_for_commits`](Self::wait_for_commits) in folder `checkpoint`.
+    fn wait_for_commits_at(&self, checkpoint: &str, run: &mut Run, epochs: u64) {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            let committed = Checkpoint::open_existing(self.dir.join("checkpoint"))
+            let committed = Checkpoint::open_existing(self.dir.join(checkpoint))
                 .ok()
                 .and_then(|cp| cp.latest_commit_epoch().ok().flatten());
             if committed >= Some(epochs) {
@@ -418,7 +440,7 @@ async fn a_statement_set_commits_both_topics_in_one_transaction_through_kill_9()
 
     // The same checkpoint with the statements swapped is refused, naming
     // both queries' inputs, before any state is loaded into the wrong one.
-    let sql = std::fs::read_to_string(p.sql("available-now")).unwrap();
+    let sql = std::fs::read_to_string(p.sql("checkpoint", "available-now")).unwrap();
     let lines: Vec<&str> = sql.lines().collect();
     let at = lines
         .iter()
@@ -461,6 +483,78 @@ async fn a_zombie_is_fenced_and_says_another_instance_took_over() {
     assert!(new_status.success(), "{}", new.stderr());
     let committed: Vec<String> = p.values(true).await;
     assert_eq!(committed, Pipeline::expected(FILES, ROWS));
+}
+
+/// One `pipeline.name`, two checkpoint locations: the second instance
+/// fences the first and resumes from what Kafka says the first committed,
+/// so every row is written once (without the name, the second would be a
+/// new query writing everything again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_pipeline_name_in_two_checkpoint_locations_fences_and_writes_each_row_once() {
+    const FILES: usize = 40;
+    const ROWS: usize = 20;
+    let mut p = Pipeline::new(FILES, ROWS).await;
+    p.identity = Some(format!("eos-{}", p.topic));
+    let mut first = p.spawn_at("checkpoint-a", "250 ms", None);
+    p.wait_for_commits_at("checkpoint-a", &mut first, 3);
+
+    let mut second = p.spawn_at("checkpoint-b", "available-now", None);
+    let first_status = first.wait(Duration::from_secs(60));
+    let first_err = first.stderr();
+    assert_eq!(first_status.code(), Some(1), "{first_err}");
+    assert!(
+        first_err.contains("another instance took over"),
+        "{first_err}"
+    );
+    let second_status = second.wait(Duration::from_secs(120));
+    assert!(second_status.success(), "{}", second.stderr());
+    assert_eq!(p.values(true).await, Pipeline::expected(FILES, ROWS));
+}
+
+/// A lost checkpoint directory: killed, its checkpoint deleted, the same
+/// pipeline started from a new location resumes where Kafka says it was;
+/// nothing is written twice. A stateful pipeline whose state is lost stops
+/// instead, saying what is missing and what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_checkpoint_location_resumes_from_kafka_or_stops_when_state_is_lost() {
+    const FILES: usize = 40;
+    const ROWS: usize = 20;
+    let mut p = Pipeline::new(FILES, ROWS).await;
+    p.identity = Some(format!("lost-{}", p.topic));
+    let mut run = p.spawn_at("checkpoint-a", "250 ms", None);
+    p.wait_for_commits_at("checkpoint-a", &mut run, 3);
+    run.kill_9();
+    std::fs::remove_dir_all(p.dir.join("checkpoint-a")).unwrap();
+    let mut again = p.spawn_at("checkpoint-b", "available-now", None);
+    let status = again.wait(Duration::from_secs(120));
+    assert!(status.success(), "{}", again.stderr());
+    assert_eq!(p.values(true).await, Pipeline::expected(FILES, ROWS));
+
+    let mut p = Pipeline::with_query(
+        4,
+        ROWS,
+        "SELECT id % 5 AS bucket, count(*) AS n FROM rows GROUP BY id % 5",
+    )
+    .await;
+    p.identity = Some(format!("lost-state-{}", p.topic));
+    let mut run = p.spawn_at("checkpoint-a", "available-now", None);
+    assert!(
+        run.wait(Duration::from_secs(120)).success(),
+        "{}",
+        run.stderr()
+    );
+    let written = p.values(true).await;
+    std::fs::remove_dir_all(p.dir.join("checkpoint-a")).unwrap();
+    let mut again = p.spawn_at("checkpoint-b", "available-now", None);
+    let status = again.wait(Duration::from_secs(120));
+    let err = again.stderr();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("state files this checkpoint location does not have")
+            && err.contains("pipeline.name"),
+        "{err}"
+    );
+    assert_eq!(p.values(true).await, written, "nothing was written again");
 }
 
 /// Runs `p` to the end without crashes into a fresh topic: the reference.
@@ -586,7 +680,7 @@ async fn sigterm_commits_the_open_epoch_leaves_no_transaction_and_the_restart_co
     let log = p.dir.join("progress.jsonl");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.arg("run")
-        .arg(p.sql("available-now"))
+        .arg(p.sql("checkpoint", "available-now"))
         .arg("--progress-log")
         .arg(&log)
         .stdout(Stdio::null());
