@@ -6,6 +6,7 @@
 --   sluice run examples/seed.sql      (Ctrl-C stops it cleanly)
 --   sluice demo                       (starts Kafka, runs this, shows the output)
 
+SET 'pipeline.name' = 'seed';             -- the query's identity in Kafka
 SET 'checkpoint.location' = './checkpoints/seed';
 SET 'trigger.interval' = '1 second';
 SET 'output.mode' = 'update';

@@ -466,9 +466,21 @@ async fn demo(duration: Duration) -> Result<(), Failure> {
         .map_err(|e| Failure::Runtime(format!("sluice demo: {e}")))?;
     println!("sluice demo: Kafka at {bootstrap}");
     let checkpoint = std::env::temp_dir().join(format!("sluice-demo-{}", std::process::id()));
+    // Each demo is a new query: its own checkpoint, and its own identity.
+    let run = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis())
+    );
     let text = SEED
         .replace("localhost:9092", &bootstrap)
-        .replace("./checkpoints/seed", &checkpoint.display().to_string());
+        .replace("./checkpoints/seed", &checkpoint.display().to_string())
+        .replace(
+            "'pipeline.name' = 'seed'",
+            &format!("'pipeline.name' = 'sluice-demo-{run}'"),
+        );
     let session = sluice::Session::new();
     let mut runner = session.sql_runner("examples/seed.sql");
     let mut queries = Vec::new();
