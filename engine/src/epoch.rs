@@ -530,6 +530,7 @@ impl EpochLoop {
                     end_offset: range.end.clone(),
                     num_input_rows: rows,
                     skipped_records: rejected.skipped,
+                    lost_records: rejected.lost,
                     dead_lettered_records: rejected.dead_letters.len() as u64,
                     lag: input.source.lag(),
                 });

@@ -61,6 +61,7 @@ struct QueryMetrics {
     late_rows: u64,
     skipped_records: u64,
     dead_lettered_records: u64,
+    lost_records: u64,
     recoveries: u64,
     state_rows: u64,
     state_bytes: u64,
@@ -94,6 +95,7 @@ impl StreamingQueryListener for Metrics {
             for s in &p.sources {
                 q.skipped_records += s.skipped_records;
                 q.dead_lettered_records += s.dead_lettered_records;
+                q.lost_records += s.lost_records;
             }
             q.state_rows = p.state_rows;
             q.state_bytes = p.state_bytes;
@@ -192,6 +194,12 @@ impl Metrics {
             "counter",
             "Malformed input records dropped ('format.on-error' = 'skip').",
             per_query(&|q| Some(q.skipped_records as f64)),
+        );
+        family(
+            "sluice_lost_records_total",
+            "counter",
+            "Input records deleted before they were read and skipped ('fail-on-data-loss' = 'false').",
+            per_query(&|q| Some(q.lost_records as f64)),
         );
         family(
             "sluice_dead_lettered_records_total",

@@ -41,6 +41,9 @@ pub struct SourceProgress {
     pub skipped_records: u64,
     /// Malformed records written to the dead-letter topic.
     pub dead_lettered_records: u64,
+    /// Records lost before they were read and skipped
+    /// (`'fail-on-data-loss' = 'false'`).
+    pub lost_records: u64,
     /// Records available beyond `end_offset` when the epoch was planned,
     /// per partition (see [`crate::Source::lag`]); empty if unknown.
     pub lag: std::collections::BTreeMap<String, i64>,
@@ -109,6 +112,7 @@ impl QueryProgress {
             "late_rows": self.late_rows,
             "skipped_records": self.sources.iter().map(|s| s.skipped_records).sum::<u64>(),
             "dead_lettered_records": self.sources.iter().map(|s| s.dead_lettered_records).sum::<u64>(),
+            "lost_records": self.sources.iter().map(|s| s.lost_records).sum::<u64>(),
         })
     }
 }

@@ -7,8 +7,9 @@
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_engine::{Result, SluiceError};
 
@@ -29,6 +30,19 @@ pub(crate) fn reached(
     }))
 }
 
+/// How [`read_ranges`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Every range was read to its end.
+    Reached,
+    /// A range starts where the partition no longer has records (deleted by
+    /// retention or `delete_records`, or the topic was recreated): a
+    /// consumer created with `auto.offset.reset = error` says so instead of
+    /// jumping elsewhere. Nothing is known of which partition; the caller
+    /// compares the ranges with the partitions' offsets.
+    OutOfRange,
+}
+
 /// Reads `[from, to)` of every `(partition, from, to)` of `topic`, handing
 /// each message in range to `each`, until the consumer's position reaches
 /// every `to`. `fail` turns a Kafka problem (what failed, the error) into
@@ -43,10 +57,10 @@ pub(crate) fn read_ranges(
     stall: Duration,
     fail: &dyn Fn(&str, String) -> SluiceError,
     mut each: impl FnMut(&BorrowedMessage<'_>) -> Result<()>,
-) -> Result<()> {
+) -> Result<Ended> {
     let ranges: Vec<(i32, i64, i64)> = ranges.iter().copied().filter(|r| r.2 > r.1).collect();
     if ranges.is_empty() {
-        return Ok(());
+        return Ok(Ended::Reached);
     }
     let mut assignment = TopicPartitionList::new();
     for (p, from, _) in &ranges {
@@ -75,7 +89,7 @@ pub(crate) fn read_ranges(
     let read = loop {
         if look {
             if reached(consumer, topic, &ends).unwrap_or(false) {
-                break Ok(());
+                break Ok(Ended::Reached);
             }
             (look, since_look) = (false, 0);
         }
@@ -94,6 +108,9 @@ pub(crate) fn read_ranges(
         quiet = !matches!(polled, Some(Ok(_)));
         match polled {
             None => look = true,
+            Some(Err(KafkaError::MessageConsumption(
+                RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange,
+            ))) => break Ok(Ended::OutOfRange),
             Some(Err(e)) => {
                 last_error = Some(e.to_string());
                 look = true;

@@ -927,3 +927,199 @@ async fn avro_rows_reach_kafka_single_object_encoded_and_a_source_reads_them_bac
     back.sort_unstable();
     assert_eq!(back, want);
 }
+
+/// Produces `ids` as JSON rows to partition 0, without a transaction, so
+/// that offsets are the ids when the topic starts empty.
+fn produce_plain(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for v in json_rows(ids) {
+        producer
+            .send(BaseRecord::<(), _>::to(topic).payload(&v).partition(0))
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+fn admin(bootstrap: &str) -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> {
+    rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap()
+}
+
+/// Deletes the records of partition 0 of `topic` below `offset`, as
+/// retention would.
+async fn delete_records_below(bootstrap: &str, topic: &str, offset: i64) {
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, rdkafka::Offset::Offset(offset))
+        .unwrap();
+    let done = admin(bootstrap)
+        .delete_records(&tpl, &rdkafka::admin::AdminOptions::new())
+        .await
+        .unwrap();
+    let low = done.find_partition(topic, 0).unwrap();
+    assert_eq!(low.error(), Ok(()));
+    assert_eq!(low.offset(), rdkafka::Offset::Offset(offset));
+}
+
+/// Deletes `topic` and creates it again, empty, with one partition.
+async fn recreate(bootstrap: &str, topic: &str) {
+    let options = rdkafka::admin::AdminOptions::new();
+    let deleted = admin(bootstrap)
+        .delete_topics(&[topic], &options)
+        .await
+        .unwrap();
+    assert!(deleted.iter().all(|r| r.is_ok()), "{deleted:?}");
+    // Deletion completes in the background: create until it is through.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(e) = create_topic(bootstrap, topic, 1).await {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Data loss (Spark's failOnDataLoss, on by default): records gone before
+/// the query read them — deleted during a run, deleted under an epoch
+/// planned before a crash and replayed after it, a topic deleted and
+/// recreated — stop the query with the topic, partition and offsets lost,
+/// and nothing of the epoch is written. With 'fail-on-data-loss' = 'false'
+/// the query skips them and counts them as lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_gone_before_they_are_read_stop_the_query_naming_them_or_count_as_lost() {
+    use std::process::Command;
+    let bootstrap = crate::util::broker().await;
+    let (input, output) = (fresh_topic("loss-in"), fresh_topic("loss-out"));
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let progress = dir.path().join("progress.jsonl");
+    let run = |fail_on_loss: bool, failpoint: Option<&str>| {
+        let sql = dir.path().join(format!("loss-{fail_on_loss}.sql"));
+        std::fs::write(
+            &sql,
+            format!(
+                "SET 'pipeline.name' = '{output}';\n\
+                 SET 'checkpoint.location' = '{cp}';\n\
+                 SET 'trigger' = 'available-now';\n\
+                 CREATE STREAM src (id BIGINT, name VARCHAR) WITH (connector = 'kafka', \
+                   topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+                   'max-records-per-epoch' = '10', 'fail-on-data-loss' = '{fail_on_loss}');\n\
+                 CREATE STREAM dst WITH (connector = 'kafka', topic = '{output}', \
+                   'bootstrap.servers' = '{bootstrap}');\n\
+                 INSERT INTO dst SELECT id FROM src;\n",
+                cp = dir.path().join("checkpoint").display(),
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("run")
+            .arg(&sql)
+            .arg("--progress-log")
+            .arg(&progress);
+        if let Some(point) = failpoint {
+            cmd.env("SLUICE_FAILPOINT", point);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let ids = |records: Vec<sluice::broker::ReadRecord>| -> Vec<i64> {
+        records
+            .iter()
+            .map(|r| {
+                let v: serde_json::Value =
+                    serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+                v["id"].as_i64().unwrap()
+            })
+            .collect()
+    };
+    let lost = || -> u64 {
+        std::fs::read_to_string(&progress)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["lost_records"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .sum()
+    };
+
+    // During a run: 20..30 deleted before the query read them.
+    let b = bootstrap.clone();
+    let i = input.clone();
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 0..20))
+        .await
+        .unwrap();
+    let (status, err) = run(true, None);
+    assert!(status.success(), "{err}");
+    let b = bootstrap.clone();
+    let i = input.clone();
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 20..40))
+        .await
+        .unwrap();
+    delete_records_below(&bootstrap, &input, 30).await;
+    let (status, err) = run(true, None);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "data loss: topic '{input}' partition 0, offsets 20..30 were deleted"
+        )) && err.contains("'fail-on-data-loss' = 'false'"),
+        "{err}"
+    );
+    assert_eq!(
+        ids(read(&bootstrap, &output).await),
+        (0..20).collect::<Vec<_>>()
+    );
+    let (status, err) = run(false, None);
+    assert!(status.success(), "{err}");
+    let want: Vec<i64> = (0..20).chain(30..40).collect();
+    assert_eq!(ids(read(&bootstrap, &output).await), want);
+    assert_eq!(lost(), 10, "the skipped records are counted");
+
+    // During a replay: epoch [40, 50) planned, the process killed, 40..45
+    // deleted; the replay must read exactly its range, which is gone.
+    let b = bootstrap.clone();
+    let i = input.clone();
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 40..60))
+        .await
+        .unwrap();
+    let (status, _) = run(true, Some("after-offsets"));
+    assert!(!status.success(), "the fail point aborts the run");
+    delete_records_below(&bootstrap, &input, 45).await;
+    let (status, err) = run(true, None);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "data loss: topic '{input}' partition 0, offsets 40..45 were deleted"
+        )),
+        "{err}"
+    );
+    assert_eq!(ids(read(&bootstrap, &output).await), want);
+
+    // The topic deleted and recreated: its offsets start over below where
+    // the query had read to.
+    let (status, err) = run(false, None);
+    assert!(status.success(), "{err}");
+    assert_eq!(lost(), 15);
+    recreate(&bootstrap, &input).await;
+    let b = bootstrap.clone();
+    let i = input.clone();
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 100..105))
+        .await
+        .unwrap();
+    let (status, err) = run(true, None);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the query had read up to 60 but the partition now ends at 5"),
+        "{err}"
+    );
+    let want: Vec<i64> = (0..20).chain(30..40).chain(45..60).collect();
+    assert_eq!(ids(read(&bootstrap, &output).await), want);
+}

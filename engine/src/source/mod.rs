@@ -98,6 +98,11 @@ impl Handover {
 pub struct Rejected {
     /// Records dropped (`'format.on-error' = 'skip'`).
     pub skipped: u64,
+    /// Records lost before they were read (deleted by retention or
+    /// `delete_records`, or a topic recreated), and skipped because
+    /// `'fail-on-data-loss' = 'false'`; with the default, the query stops
+    /// instead.
+    pub lost: u64,
     /// Records to write to a dead-letter topic.
     pub dead_letters: Vec<DeadLetter>,
 }

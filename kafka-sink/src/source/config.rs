@@ -24,6 +24,7 @@ pub(crate) const SOURCE_OPTIONS: &[&str] = &[
     "format.on-error",
     "dead-letter.topic",
     "group.id",
+    "fail-on-data-loss",
     "connect.timeout",
     "kafka.*",
 ];
@@ -67,6 +68,9 @@ pub(crate) struct SourceConfig {
     pub on_error: OnError,
     /// A consumer group to record the query's offsets for (lag tools).
     pub group: Option<String>,
+    /// Stop when records are gone before they were read (Spark's
+    /// `failOnDataLoss`); else skip them and count them as lost.
+    pub fail_on_data_loss: bool,
     pub connect_timeout: Duration,
     pub passthrough: Vec<(String, String)>,
     /// The declared (decoded) columns.
@@ -171,6 +175,9 @@ pub(crate) fn factory(
         )));
     }
     let group = o.take("group.id");
+    let fail_on_data_loss = o
+        .take_parsed::<bool>("fail-on-data-loss", "true or false")?
+        .unwrap_or(true);
     let connect_timeout = o
         .take_duration("connect.timeout")?
         .unwrap_or(connect_timeout_default);
@@ -241,6 +248,7 @@ pub(crate) fn factory(
         max_records,
         on_error,
         group,
+        fail_on_data_loss,
         connect_timeout,
         passthrough,
         value_schema,

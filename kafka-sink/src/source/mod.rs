@@ -36,11 +36,15 @@ use sluice_engine::{
 
 mod config;
 
+use crate::position::Ended;
 pub(crate) use config::factory;
 use config::{OnError, SourceConfig, SourceFormat, StartupMode};
 
 #[derive(Debug)]
 pub(crate) struct KafkaSourceFactory(SourceConfig);
+
+/// A read found a range starting where records are gone.
+struct OutOfRange;
 
 impl SourceFactory for KafkaSourceFactory {
     fn schema(&self) -> SchemaRef {
@@ -60,6 +64,9 @@ impl SourceFactory for KafkaSourceFactory {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("isolation.level", "read_committed")
+            // A range that starts where records are gone is an error to
+            // report, never a jump to the log's end (librdkafka's default).
+            .set("auto.offset.reset", "error")
             .set(
                 "socket.connection.setup.timeout.ms",
                 c.connect_timeout.as_millis().to_string(),
@@ -138,6 +145,30 @@ impl SourceInner {
                 self.config.connect_timeout
             )),
         }
+    }
+
+    /// Records `[from, to)` of `partition` are gone before the query read
+    /// them (`why`): an error naming them, or with
+    /// `'fail-on-data-loss' = 'false'` a warning, and they count as lost.
+    fn data_loss(&self, partition: i32, from: i64, to: i64, why: &str) -> Result<()> {
+        let (topic, stream) = (&self.config.topic, &self.config.stream);
+        let what = format!("topic '{topic}' partition {partition}, offsets {from}..{to}");
+        if self.config.fail_on_data_loss {
+            return Err(SluiceError::External {
+                what: format!("kafka source '{stream}'"),
+                message: format!("data loss: {what} {why}"),
+                hint: Some(
+                    "nothing of this epoch was committed. Keep records longer than the query \
+                     may stay behind (retention.ms), or accept the loss: with \
+                     'fail-on-data-loss' = 'false' the query skips what is gone and counts it \
+                     in progress (lost_records) and metrics (sluice_lost_records_total)"
+                        .into(),
+                ),
+            });
+        }
+        tracing::warn!(stream = %stream, "data loss: {what} {why}; skipped ('fail-on-data-loss' = 'false')");
+        self.rejected.lock().unwrap_or_else(|p| p.into_inner()).lost += (to - from).max(0) as u64;
+        Ok(())
     }
 
     /// Each partition's `(low watermark, last stable offset)`.
@@ -235,9 +266,45 @@ impl SourceInner {
         let mut ranges = BTreeMap::new();
         let mut lag = BTreeMap::new();
         let mut any = false;
+        for (&p, &pos) in &positions {
+            if !marks.contains_key(&p) {
+                self.data_loss(
+                    p,
+                    pos,
+                    pos,
+                    "cannot be read: the partition is gone (the topic was deleted and \
+                     recreated with fewer partitions)",
+                )?;
+            }
+        }
         for (&p, &(low, high)) in &marks {
             let from = match positions.get(&p) {
-                Some(&pos) => pos.max(low),
+                Some(&pos) if pos < low => {
+                    self.data_loss(
+                        p,
+                        pos,
+                        low,
+                        "were deleted (retention or delete_records) before the query read them",
+                    )?;
+                    low
+                }
+                Some(&pos) if pos > high => {
+                    // The log ends before where the query had read to.
+                    self.data_loss(
+                        p,
+                        high,
+                        pos,
+                        &format!(
+                            "are gone: the query had read up to {pos} but the partition now \
+                             ends at {high} (the topic was deleted and recreated, or its log \
+                             truncated); going on would skip whatever the new log holds below \
+                             {pos}"
+                        ),
+                    )?;
+                    // Skipped: start over at the new log's beginning.
+                    low
+                }
+                Some(&pos) => pos,
                 // A partition added after the start is read from its
                 // beginning.
                 None => *initial.entry(p).or_insert(low),
@@ -257,23 +324,71 @@ impl SourceInner {
         Ok(any.then_some(PlannedRanges { ranges }))
     }
 
-    /// Reads every range of `plan`; one partition of rows per Kafka partition.
+    /// Reads every range of `plan`; one partition of rows per Kafka
+    /// partition. A range whose start is gone by now (deleted since it was
+    /// planned, or before a replay) is data loss, as at planning.
     fn read(&self, plan: &PlannedRanges) -> Result<Partitions> {
-        let wanted: Vec<(i32, i64, i64)> = plan
+        let mut wanted: Vec<(i32, i64, i64)> = plan
             .ranges
             .iter()
             .filter(|(_, (from, to))| to > from)
             .map(|(p, (from, to))| (*p, *from, *to))
             .collect();
-        if wanted.is_empty() {
-            return Ok(Vec::new());
+        loop {
+            match self.read_ranges(&wanted)? {
+                Ok(messages) => return self.decode_partitions(messages),
+                Err(OutOfRange) => wanted = self.what_is_left(&wanted)?,
+            }
         }
+    }
+
+    /// What of `wanted` can still be read, after one of them started where
+    /// records are gone: each range starting below its partition's first
+    /// offset is data loss (see [`data_loss`](Self::data_loss)) and, when
+    /// that is accepted, starts at the first offset left.
+    fn what_is_left(&self, wanted: &[(i32, i64, i64)]) -> Result<Vec<(i32, i64, i64)>> {
+        let marks = self.watermarks()?;
+        let mut left = Vec::with_capacity(wanted.len());
+        for &(p, from, to) in wanted {
+            let (low, high) = marks.get(&p).copied().unwrap_or((to, to));
+            let why = "were deleted (retention or delete_records) before the query read them";
+            let start = if from < low {
+                self.data_loss(p, from, low.min(to), why)?;
+                low.min(to)
+            } else if high < from {
+                self.data_loss(p, from, to, "are gone: the topic was deleted and recreated")?;
+                to
+            } else {
+                from
+            };
+            left.push((p, start, to));
+        }
+        if left == wanted {
+            return Err(SluiceError::External {
+                what: format!("kafka source '{}'", self.config.stream),
+                message: format!(
+                    "topic '{}': reading {wanted:?} found an offset out of range, but every \
+                     range is within its partition now",
+                    self.config.topic
+                ),
+                hint: Some("restart the query; it re-reads the epoch".into()),
+            });
+        }
+        Ok(left)
+    }
+
+    /// The records of `wanted`, by partition, or `Err(OutOfRange)` when a
+    /// range starts where records are gone.
+    fn read_ranges(
+        &self,
+        wanted: &[(i32, i64, i64)],
+    ) -> Result<std::result::Result<BTreeMap<i32, Vec<Record>>, OutOfRange>> {
         let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
         let mut messages: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
-        crate::position::read_ranges(
+        let ended = crate::position::read_ranges(
             &consumer,
             &self.config.topic,
-            &wanted,
+            wanted,
             self.config.connect_timeout,
             &|what, e| self.unreachable(what, e),
             |m| {
@@ -289,8 +404,18 @@ impl SourceInner {
                 Ok(())
             },
         )?;
-        drop(consumer);
-        // Partitions decode in parallel: JSON decoding is most of a read.
+        Ok(match ended {
+            Ended::Reached => Ok(messages),
+            Ended::OutOfRange => Err(OutOfRange),
+        })
+    }
+
+    /// Decodes each partition's records, in parallel: JSON decoding is
+    /// most of a read.
+    fn decode_partitions(&self, messages: BTreeMap<i32, Vec<Record>>) -> Result<Partitions> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
         let partitions: Vec<(i32, Vec<Record>)> = messages.into_iter().collect();
         std::thread::scope(|scope| {
             let decoders: Vec<_> = partitions
