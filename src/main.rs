@@ -465,7 +465,12 @@ async fn demo(duration: Duration) -> Result<(), Failure> {
         .map_err(|e| Failure::Runtime(format!("sluice demo: {e}")))?
         .map_err(|e| Failure::Runtime(format!("sluice demo: {e}")))?;
     println!("sluice demo: Kafka at {bootstrap}");
-    let checkpoint = std::env::temp_dir().join(format!("sluice-demo-{}", std::process::id()));
+    // A new directory of a random name: nothing another user planted.
+    let checkpoint_dir = tempfile::Builder::new()
+        .prefix("sluice-demo-")
+        .tempdir()
+        .map_err(|e| Failure::Runtime(format!("sluice demo: creating a checkpoint: {e}")))?;
+    let checkpoint = checkpoint_dir.path().to_path_buf();
     // Each demo is a new query: its own checkpoint, and its own identity.
     let run = format!(
         "{}-{}",
@@ -548,7 +553,7 @@ async fn demo(duration: Duration) -> Result<(), Failure> {
             r.value_str()
         );
     }
-    let _ = std::fs::remove_dir_all(&checkpoint);
+    drop(checkpoint_dir);
     if new.is_empty() {
         return Err(Failure::Runtime(
             "sluice demo: no records came back from Kafka".into(),

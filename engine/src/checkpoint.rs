@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SluiceError};
 pub use crate::state::codec::FORMAT_VERSION;
-use crate::state::codec::{read_framed, write_framed};
+use crate::state::codec::{create_dirs, read_framed, remove_file, remove_leftovers, write_framed};
 
 /// What never changes for a query: written once, when its checkpoint is made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -135,7 +135,7 @@ impl Checkpoint {
                 "no checkpoint here: it has no metadata file (a query writes one when it starts)",
             ));
         }
-        Self::open(dir, "")
+        Self::open_dirs(dir, "")
     }
 
     /// The epochs with an `offsets/` record, oldest first.
@@ -158,13 +158,29 @@ impl Checkpoint {
 
     /// Opens (or creates) the checkpoint at `dir`. A new checkpoint gets
     /// `new_query_id` as its query id; an existing one keeps its own.
+    /// Temporary files of writes a crash interrupted are removed.
     pub fn open(dir: impl Into<PathBuf>, new_query_id: &str) -> Result<Self> {
-        let dir = dir.into();
+        let checkpoint = Self::open_dirs(dir.into(), new_query_id)?;
+        let state = checkpoint.dir.join("state");
+        let operators = fs::read_dir(&state)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path());
+        for dir in ["", "offsets", "commits"]
+            .iter()
+            .map(|sub| checkpoint.dir.join(sub))
+            .chain(operators)
+        {
+            remove_leftovers(&dir)?;
+        }
+        Ok(checkpoint)
+    }
+
+    /// [`open`](Self::open), removing nothing.
+    fn open_dirs(dir: PathBuf, new_query_id: &str) -> Result<Self> {
         for sub in ["offsets", "commits"] {
-            let p = dir.join(sub);
-            fs::create_dir_all(&p).map_err(|e| {
-                SluiceError::io(format!("creating checkpoint directory {}", p.display()), e)
-            })?;
+            create_dirs(&dir.join(sub))?;
         }
         let meta_path = dir.join("metadata");
         let metadata = if meta_path.exists() {
@@ -255,9 +271,7 @@ impl Checkpoint {
         for sub in ["offsets", "commits"] {
             for epoch in epochs_in(&self.dir.join(sub))? {
                 if epoch < oldest_kept {
-                    let p = self.epoch_path(sub, epoch);
-                    fs::remove_file(&p)
-                        .map_err(|e| SluiceError::io(format!("removing {}", p.display()), e))?;
+                    remove_file(&self.epoch_path(sub, epoch))?;
                 }
             }
         }
@@ -424,5 +438,43 @@ mod tests {
         fs::write(&path, &bytes).unwrap();
         let msg = cp.read_commit(1).unwrap_err().to_string();
         assert!(msg.contains("truncated"), "{msg}");
+    }
+
+    #[test]
+    fn leftovers_of_interrupted_writes_go_at_open_and_a_purge_tolerates_gone_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(dir.path(), "q").unwrap();
+        for epoch in 1..=3 {
+            cp.write_offsets(&OffsetRecord {
+                epoch,
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        let state = dir.path().join("state/aggregate");
+        fs::create_dir_all(&state).unwrap();
+        let leftovers = [
+            dir.path().join("offsets/.4.0123.tmp"),
+            dir.path().join(".metadata.4567.tmp"),
+            state.join(".5.run.delta.89ab.tmp"),
+        ];
+        for f in &leftovers {
+            fs::write(f, b"half written").unwrap();
+        }
+        let cp = Checkpoint::open(dir.path(), "q").unwrap();
+        for f in &leftovers {
+            assert!(!f.exists(), "{} is still there", f.display());
+        }
+        assert_eq!(cp.offset_epochs().unwrap(), vec![1, 2, 3]);
+        // Inspecting changes nothing.
+        fs::write(&leftovers[0], b"half written").unwrap();
+        Checkpoint::open_existing(dir.path()).unwrap();
+        assert!(leftovers[0].exists());
+
+        // A file an earlier, interrupted purge removed is no error.
+        fs::remove_file(dir.path().join("offsets/1")).unwrap();
+        remove_file(&dir.path().join("offsets/1")).unwrap();
+        cp.purge(3, 1).unwrap();
+        assert_eq!(cp.offset_epochs().unwrap(), vec![3]);
     }
 }

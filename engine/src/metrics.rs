@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +25,12 @@ use crate::error::{Result, SluiceError};
 use crate::progress::{QueryProgress, QueryStartedEvent, StreamingQueryListener};
 
 /// Upper bounds of the epoch phase histogram buckets, in seconds.
+/// Scrapes answered at once; more connections are closed unanswered.
+const MAX_SCRAPES: usize = 8;
+
+/// How long a scrape may take to send its request or read the answer.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+
 const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
@@ -300,26 +307,49 @@ impl Metrics {
         std::thread::Builder::new()
             .name("sluice-metrics".into())
             .spawn(move || {
-                for mut socket in listener.incoming().flatten() {
-                    let _ = socket.set_read_timeout(Some(Duration::from_secs(5)));
-                    let mut request = [0u8; 2048];
-                    let n = socket.read(&mut request).unwrap_or(0);
-                    let head = String::from_utf8_lossy(&request[..n]);
-                    let (status, body) = if head.starts_with("GET /metrics") {
-                        ("200 OK", self.render())
-                    } else {
-                        ("404 Not Found", "metrics are at /metrics\n".to_string())
-                    };
-                    let response = format!(
-                        "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
-                         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                    let _ = socket.write_all(response.as_bytes());
+                // Each scrape on its own thread, a few at a time, each with
+                // read and write timeouts: a client that connects and says
+                // nothing holds up no other scrape, and never the query.
+                let busy = Arc::new(AtomicUsize::new(0));
+                for socket in listener.incoming().flatten() {
+                    if busy.fetch_add(1, Ordering::AcqRel) >= MAX_SCRAPES {
+                        busy.fetch_sub(1, Ordering::AcqRel);
+                        continue;
+                    }
+                    let (metrics, done) = (Arc::clone(&self), Arc::clone(&busy));
+                    let served = std::thread::Builder::new()
+                        .name("sluice-scrape".into())
+                        .spawn(move || {
+                            metrics.answer(socket);
+                            done.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    if served.is_err() {
+                        busy.fetch_sub(1, Ordering::AcqRel);
+                    }
                 }
             })
             .map_err(|e| SluiceError::io("starting the metrics thread", e))?;
         Ok(bound)
+    }
+
+    /// Answers one HTTP request on `socket`: the metrics at `/metrics`.
+    fn answer(&self, mut socket: std::net::TcpStream) {
+        let _ = socket.set_read_timeout(Some(SCRAPE_TIMEOUT));
+        let _ = socket.set_write_timeout(Some(SCRAPE_TIMEOUT));
+        let mut request = [0u8; 2048];
+        let n = socket.read(&mut request).unwrap_or(0);
+        let head = String::from_utf8_lossy(&request[..n]);
+        let (status, body) = if head.starts_with("GET /metrics") {
+            ("200 OK", self.render())
+        } else {
+            ("404 Not Found", "metrics are at /metrics\n".to_string())
+        };
+        let response = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = socket.write_all(response.as_bytes());
     }
 }
 

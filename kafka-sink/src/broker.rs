@@ -35,7 +35,10 @@ fn listening(port: u16) -> bool {
 }
 
 /// The broker script: the repository's own when present, else the copy
-/// compiled into this binary, written to the cache directory.
+/// compiled into this binary, written to the user's cache directory — or,
+/// with neither `SLUICE_CACHE` nor `HOME`, to a new directory of a random
+/// name (a fixed path in the shared temporary directory could be planted
+/// by another user).
 fn script_path() -> Result<PathBuf> {
     let in_repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka");
     if in_repo.is_file() {
@@ -43,11 +46,25 @@ fn script_path() -> Result<PathBuf> {
     }
     let cache = std::env::var_os("SLUICE_CACHE")
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/sluice")))
-        .unwrap_or_else(std::env::temp_dir);
-    let path = cache.join("bin/kafka");
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/sluice")));
+    let bin = match cache {
+        Some(cache) => {
+            let bin = cache.join("bin");
+            std::fs::create_dir_all(&bin)
+                .map_err(|e| SluiceError::io(format!("creating {}", bin.display()), e))?;
+            bin
+        }
+        None => {
+            let bin =
+                std::env::temp_dir().join(format!("sluice-{}", uuid::Uuid::new_v4().simple()));
+            // create_dir, not create_dir_all: it must be new, and ours.
+            std::fs::create_dir(&bin)
+                .map_err(|e| SluiceError::io(format!("creating {}", bin.display()), e))?;
+            bin
+        }
+    };
+    let path = bin.join("kafka");
     let io = |e| SluiceError::io(format!("writing {}", path.display()), e);
-    std::fs::create_dir_all(cache.join("bin")).map_err(io)?;
     std::fs::write(&path, SCRIPT).map_err(io)?;
     #[cfg(unix)]
     {

@@ -1123,3 +1123,94 @@ async fn records_gone_before_they_are_read_stop_the_query_naming_them_or_count_a
     let want: Vec<i64> = (0..20).chain(30..40).chain(45..60).collect();
     assert_eq!(ids(read(&bootstrap, &output).await), want);
 }
+
+/// Produces `values` to partition 0 in order, `None` as a tombstone (a
+/// message without a value).
+fn produce_values(bootstrap: &str, topic: &str, values: &[Option<&str>]) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for (i, v) in values.iter().enumerate() {
+        let key = i.to_string();
+        let mut record = BaseRecord::to(topic).key(&key).partition(0);
+        if let Some(v) = v {
+            record = record.payload(*v);
+        }
+        producer.send::<String, str>(record).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// One message, one value: a message holding two JSON objects is a bad
+/// record (named, skipped or dead-lettered like any), never two rows that
+/// push a later message's row out. A tombstone (no value) on an append
+/// stream is no row: skipped and counted, it never stops the query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_is_one_value_and_a_tombstone_is_skipped_and_counted() {
+    let bootstrap = crate::util::broker().await;
+    let (doubled, tombstoned) = (fresh_topic("two-in-one"), fresh_topic("tombstone"));
+    for topic in [&doubled, &tombstoned] {
+        create_topic(&bootstrap, topic, 1).await.unwrap();
+    }
+    {
+        let (b, d, t) = (bootstrap.clone(), doubled.clone(), tombstoned.clone());
+        tokio::task::spawn_blocking(move || {
+            let row = |i: i64| format!("{{\"id\": {i}, \"name\": \"n{i}\"}}");
+            let two = format!("{}{}", row(1), row(100));
+            let (r0, r2, r3) = (row(0), row(2), row(3));
+            produce_values(&b, &d, &[Some(&r0), Some(&two), Some(&r2), Some(&r3)]);
+            produce_values(&b, &t, &[Some(&r0), None, Some(&r2), Some(""), Some(&r3)]);
+        })
+        .await
+        .unwrap();
+    }
+    let run = |topic: &str, on_error: &str| {
+        let (bootstrap, topic, on_error) =
+            (bootstrap.clone(), topic.to_string(), on_error.to_string());
+        async move {
+            let out = sluice::MemorySink::new();
+            let query = Session::new()
+                .read_stream()
+                .format("kafka")
+                .option("topic", topic)
+                .option("bootstrap.servers", bootstrap)
+                .option("format.on-error", on_error)
+                .schema(crate::util::schema())
+                .load()
+                .unwrap()
+                .select(vec![col("id"), col("_offset")])
+                .unwrap()
+                .write_stream()
+                .memory(&out)
+                .trigger(Trigger::AvailableNow)
+                .start()
+                .await
+                .unwrap();
+            let result = query.await_termination().await;
+            (result, out, query.recent_progress())
+        }
+    };
+    let (result, _, _) = run(&doubled, "fail").await;
+    let err = result.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("topic '{doubled}', partition 0, offset 1"))
+            && err.contains("not one"),
+        "{err}"
+    );
+    let (result, out, progress) = run(&doubled, "skip").await;
+    result.unwrap();
+    let batches = out.batches();
+    assert_eq!(crate::util::ints(&batches, "id"), vec![0, 2, 3]);
+    assert_eq!(crate::util::ints(&batches, "_offset"), vec![0, 2, 3]);
+    assert_eq!(crate::util::skipped(&progress), 1);
+
+    // Tombstones do not fail the query, even with 'format.on-error' = 'fail'.
+    let (result, out, progress) = run(&tombstoned, "fail").await;
+    result.unwrap();
+    let batches = out.batches();
+    assert_eq!(crate::util::ints(&batches, "id"), vec![0, 2, 3]);
+    assert_eq!(crate::util::ints(&batches, "_offset"), vec![0, 2, 4]);
+    assert_eq!(crate::util::skipped(&progress), 2, "tombstones are counted");
+}

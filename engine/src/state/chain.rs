@@ -24,8 +24,8 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use super::codec::{read_framed, write_framed};
-use crate::error::{Result, SluiceError};
+use super::codec::{create_dirs, read_framed, remove_file, write_framed};
+use crate::error::Result;
 
 /// What an operator stages for one epoch's commit.
 #[derive(Debug)]
@@ -190,8 +190,7 @@ impl Chain {
         let relative = format!("state/{}/{epoch}.{run}.{suffix}", self.folder);
         let path = dir.join(&relative);
         if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent)
-                .map_err(|e| SluiceError::io(format!("creating {}", parent.display()), e))?;
+            create_dirs(parent)?;
         }
         write_framed(&path, write)?;
         Ok(relative)
@@ -234,9 +233,7 @@ fn purge(folder: &Path, chain_start: &str, retain: usize) -> Result<()> {
         .unwrap_or(start);
     for (name, epoch) in files {
         if epoch < keep_from {
-            let p = folder.join(&name);
-            fs::remove_file(&p)
-                .map_err(|e| SluiceError::io(format!("removing {}", p.display()), e))?;
+            remove_file(&folder.join(&name))?;
         }
     }
     Ok(())

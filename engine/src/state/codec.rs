@@ -182,6 +182,57 @@ pub(crate) fn write_framed(
     Ok(())
 }
 
+/// Creates directory `path` and any missing parents, each made durable in
+/// its parent (fsync of the parent once the entry exists): a crash right
+/// after cannot lose a directory that files already committed live in.
+pub(crate) fn create_dirs(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dirs(parent)?;
+    }
+    match fs::create_dir(path) {
+        Ok(()) => {}
+        // Made meanwhile by someone else: fine, it exists.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(SluiceError::io(format!("creating {}", path.display()), e)),
+    }
+    if let Some(parent) = path.parent() {
+        if let Ok(d) = fs::File::open(parent) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// Removes `path`; a file already gone is fine (an earlier purge, cut
+/// short, removed it).
+pub(crate) fn remove_file(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(SluiceError::io(format!("removing {}", path.display()), e))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Removes from `dir` the temporary files of writes a crash interrupted
+/// (`.<name>.<id>.tmp`, see [`write_framed`]): never part of a checkpoint.
+pub(crate) fn remove_leftovers(dir: &Path) -> Result<()> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            remove_file(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 /// The payload of the file at `path`, after checking its frame (see
 /// [`unframe`]).
 pub(crate) fn read_framed(path: &Path) -> Result<Vec<u8>> {

@@ -152,6 +152,13 @@ pub(crate) fn factory(
         }
     }
     let max_records = o.take_parsed::<u64>("max-records-per-epoch", "a whole number of records")?;
+    if let Some(m) = max_records.filter(|m| *m == 0 || *m > i64::MAX as u64) {
+        return Err(SluiceError::config(format!(
+            "stream '{stream}': 'max-records-per-epoch' = '{m}' is out of range: use a whole \
+             number from 1 to {}",
+            i64::MAX
+        )));
+    }
     let on_error = match o
         .take_choice("format.on-error", &["fail", "skip", "dead-letter"])?
         .as_deref()
@@ -288,4 +295,42 @@ fn specific_offsets(stream: &str, list: &str) -> Result<BTreeMap<i32, i64>> {
         return Err(bad(list));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(pairs: &[(&str, &str)]) -> Options {
+        let mut o = Options::new();
+        for (k, v) in pairs {
+            o.set(k, *v);
+        }
+        o
+    }
+
+    #[test]
+    fn a_cap_per_epoch_beyond_the_offsets_range_is_refused() {
+        let declared = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let base = [("topic", "t"), ("bootstrap.servers", "127.0.0.1:9")];
+        for bad in ["0", "9223372036854775808", "18446744073709551615"] {
+            let mut pairs = base.to_vec();
+            pairs.push(("max-records-per-epoch", bad));
+            let err = factory(
+                "s",
+                options(&pairs),
+                Some(Arc::clone(&declared)),
+                Duration::ZERO,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("'max-records-per-epoch'") && err.contains(bad),
+                "{err}"
+            );
+        }
+        let mut pairs = base.to_vec();
+        pairs.push(("max-records-per-epoch", "9223372036854775807"));
+        factory("s", options(&pairs), Some(declared), Duration::ZERO).unwrap();
+    }
 }

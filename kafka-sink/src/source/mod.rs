@@ -24,6 +24,7 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::json::ReaderBuilder;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
@@ -385,6 +386,7 @@ impl SourceInner {
     ) -> Result<std::result::Result<BTreeMap<i32, Vec<Record>>, OutOfRange>> {
         let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
         let mut messages: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
+        let mut tombstones = 0;
         let ended = crate::position::read_ranges(
             &consumer,
             &self.config.topic,
@@ -392,6 +394,17 @@ impl SourceInner {
             self.config.connect_timeout,
             &|what, e| self.unreachable(what, e),
             |m| {
+                // A tombstone (no value; for JSON and Avro also an empty
+                // one) deletes a key in a compacted topic: on an append
+                // stream it is no row, and is skipped and counted.
+                let tombstone = match m.payload() {
+                    None => true,
+                    Some(v) => v.is_empty() && self.config.format != SourceFormat::Raw,
+                };
+                if tombstone {
+                    tombstones += 1;
+                    return Ok(());
+                }
                 messages.entry(m.partition()).or_default().push(Record {
                     key: m.key().map(<[u8]>::to_vec),
                     value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
@@ -405,33 +418,53 @@ impl SourceInner {
             },
         )?;
         Ok(match ended {
-            Ended::Reached => Ok(messages),
+            Ended::Reached => {
+                self.rejected
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .skipped += tombstones;
+                Ok(messages)
+            }
             Ended::OutOfRange => Err(OutOfRange),
         })
     }
 
-    /// Decodes each partition's records, in parallel: JSON decoding is
-    /// most of a read.
+    /// Decodes each partition's records, in parallel (JSON decoding is
+    /// most of a read) on at most one thread per core, whatever the number
+    /// of partitions: a 2,000-partition topic gets a few threads, not 2,000.
     fn decode_partitions(&self, messages: BTreeMap<i32, Vec<Record>>) -> Result<Partitions> {
-        if messages.is_empty() {
+        let partitions: Vec<(i32, Vec<Record>)> = messages.into_iter().collect();
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(partitions.len());
+        if workers == 0 {
             return Ok(Vec::new());
         }
-        let partitions: Vec<(i32, Vec<Record>)> = messages.into_iter().collect();
-        std::thread::scope(|scope| {
-            let decoders: Vec<_> = partitions
-                .iter()
-                .map(|(p, records)| scope.spawn(move || self.decode(*p, records)))
-                .collect();
-            decoders
-                .into_iter()
-                .map(|d| {
-                    let batch = d.join().map_err(|_| {
-                        SluiceError::Internal("a Kafka decoder thread panicked".into())
-                    })??;
-                    Ok(vec![batch])
+        let partitions = &partitions;
+        let mut decoded = std::thread::scope(|scope| {
+            let decoders: Vec<_> = (0..workers)
+                .map(|w| {
+                    scope.spawn(move || {
+                        partitions
+                            .iter()
+                            .enumerate()
+                            .skip(w)
+                            .step_by(workers)
+                            .map(|(i, (p, records))| Ok((i, self.decode(*p, records)?)))
+                            .collect::<Result<Vec<_>>>()
+                    })
                 })
-                .collect()
-        })
+                .collect();
+            let mut decoded = Vec::with_capacity(partitions.len());
+            for d in decoders {
+                decoded.extend(d.join().map_err(|_| {
+                    SluiceError::Internal("a Kafka decoder thread panicked".into())
+                })??);
+            }
+            Ok::<_, SluiceError>(decoded)
+        })?;
+        decoded.sort_unstable_by_key(|(i, _)| *i);
+        Ok(decoded.into_iter().map(|(_, b)| vec![b]).collect())
     }
 
     fn decode(&self, partition: i32, records: &[Record]) -> Result<RecordBatch> {
@@ -651,8 +684,9 @@ impl Source for KafkaSource {
 
 /// Decodes JSON message values, one object each, into one batch of
 /// `schema` (arrow-json's vectorised decoder): the Kafka source's fast
-/// path, public so that `benches/micro.rs` can measure it alone. An empty
-/// value, or one that is not an object of `schema`, is an error; the source
+/// path, public so that `benches/micro.rs` can measure it alone. Every
+/// message must be exactly one object of `schema`: one that holds none
+/// (blank), more than one, or something else is an error, and the source
 /// then decodes record by record to name (or skip) the bad one.
 ///
 /// ```
@@ -662,6 +696,8 @@ impl Source for KafkaSource {
 /// let values: [&[u8]; 2] = [br#"{"price": 7}"#, br#"{"price": 9}"#];
 /// let batch = sluice_kafka::decode_json(&schema, values)?;
 /// assert_eq!(batch.num_rows(), 2);
+/// let two_in_one: [&[u8]; 2] = [br#"{"price": 7}{"price": 8}"#, br#"{"price": 9}"#];
+/// assert!(sluice_kafka::decode_json(&schema, two_in_one).is_err());
 /// # Ok::<(), sluice_engine::SluiceError>(())
 /// ```
 pub fn decode_json<'a>(
@@ -673,11 +709,21 @@ pub fn decode_json<'a>(
         .with_batch_size(values.size_hint().0.max(1))
         .build_decoder()?;
     for value in values {
-        if value.iter().all(u8::is_ascii_whitespace) {
-            return Err(SluiceError::Internal("empty record".into()));
+        // One message, one value: the decoder stops early once its batch
+        // is full, so a message of two values would push the last
+        // message's row out unseen, and a message of half a value would
+        // merge with the next.
+        let before = decoder.len();
+        let read = decoder.decode(value)? + decoder.decode(b"\n")?;
+        if read != value.len() + 1 || decoder.has_partial_record() || decoder.len() != before + 1 {
+            let values = decoder.len() - before;
+            return Err(ArrowError::JsonError(if values == 0 {
+                "the message holds no JSON value".into()
+            } else {
+                format!("the message holds {values} or more JSON values, not one")
+            })
+            .into());
         }
-        decoder.decode(value)?;
-        decoder.decode(b"\n")?;
     }
     Ok(decoder
         .flush()?
