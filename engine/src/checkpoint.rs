@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! <location>/metadata     query id and format version; written once
+//! <location>/starts       where inputs start that had read nothing yet
 //! <location>/offsets/N    source offset ranges of epoch N, written before it runs
 //! <location>/commits/N    epoch N committed (its output reached the sink)
 //! ```
@@ -221,6 +222,23 @@ impl Checkpoint {
     /// Writes `offsets/N` durably. MUST happen before epoch N reads anything.
     pub fn write_offsets(&self, record: &OffsetRecord) -> Result<()> {
         write_file(&self.epoch_path("offsets", record.epoch), record)
+    }
+
+    /// Where inputs that had read nothing yet were resolved to start
+    /// (`starts`; see [`write_starts`](Self::write_starts)), by input key.
+    pub fn read_starts(&self) -> Result<BTreeMap<String, serde_json::Value>> {
+        let path = self.dir.join("starts");
+        if !path.exists() {
+            return Ok(BTreeMap::new());
+        }
+        read_file(&path)
+    }
+
+    /// Records where inputs start before they have read anything (a Kafka
+    /// source's `latest` resolved to offsets), so that every run before the
+    /// first commit of data starts there.
+    pub fn write_starts(&self, starts: &BTreeMap<String, serde_json::Value>) -> Result<()> {
+        write_file(&self.dir.join("starts"), starts)
     }
 
     /// Reads `offsets/N`.

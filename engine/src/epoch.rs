@@ -341,11 +341,43 @@ impl EpochLoop {
             }
             _ => None,
         };
+        self.start_positions(&mut positions).await?;
         Ok(Recovered {
             epoch: next,
             positions,
             replay,
         })
+    }
+
+    /// Gives each input that has read nothing yet the position it starts
+    /// at: the one recorded in the checkpoint's `starts` when a run before
+    /// resolved it, else the one its source resolves now
+    /// ([`Source::initial_position`](crate::Source::initial_position)),
+    /// recorded before any epoch, so that a restart before the first
+    /// commit starts where the first run would have (Kafka's `latest` is
+    /// resolved once, as Spark records its initial offsets).
+    async fn start_positions(&self, positions: &mut BTreeMap<String, Offset>) -> Result<()> {
+        let mut starts = self.checkpoint.read_starts()?;
+        let mut resolved = false;
+        for input in self.inputs() {
+            if positions.contains_key(&input.key) {
+                continue;
+            }
+            if !starts.contains_key(&input.key) {
+                let Some(start) = input.source.initial_position().await? else {
+                    continue;
+                };
+                starts.insert(input.key.clone(), start);
+                resolved = true;
+            }
+            if let Some(start) = starts.get(&input.key) {
+                positions.insert(input.key.clone(), start.clone());
+            }
+        }
+        if resolved {
+            self.checkpoint.write_starts(&starts)?;
+        }
+        Ok(())
     }
 
     /// The sink's record decides which epochs are committed; `commits/` is a

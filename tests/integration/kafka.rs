@@ -1214,3 +1214,51 @@ async fn a_message_is_one_value_and_a_tombstone_is_skipped_and_counted() {
     assert_eq!(crate::util::ints(&batches, "_offset"), vec![0, 2, 4]);
     assert_eq!(crate::util::skipped(&progress), 2, "tombstones are counted");
 }
+
+/// `scan.startup.mode = 'latest'` is resolved once, when the query first
+/// starts, and recorded: records that arrive while it is stopped, before
+/// its first epoch, are read by the next run rather than skipped by a
+/// `latest` resolved again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_is_resolved_once_and_what_arrives_before_the_first_epoch_is_read() {
+    let bootstrap = crate::util::broker().await;
+    let input = fresh_topic("latest");
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    let (b, i) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 0..5))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = || {
+        let (bootstrap, input, dir) = (bootstrap.clone(), input.clone(), dir.path().to_path_buf());
+        async move {
+            let out = sluice::MemorySink::new();
+            let query = Session::new()
+                .read_stream()
+                .format("kafka")
+                .option("topic", input)
+                .option("bootstrap.servers", bootstrap)
+                .option("scan.startup.mode", "latest")
+                .schema(crate::util::schema())
+                .load()
+                .unwrap()
+                .select(vec![col("id")])
+                .unwrap()
+                .write_stream()
+                .memory(&out)
+                .checkpoint_location(dir)
+                .trigger(Trigger::AvailableNow)
+                .start()
+                .await
+                .unwrap();
+            query.await_termination().await.unwrap();
+            crate::util::ints(&out.batches(), "id")
+        }
+    };
+    assert_eq!(run().await, Vec::<i64>::new(), "latest: nothing yet");
+    let (b, i) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 5..10))
+        .await
+        .unwrap();
+    assert_eq!(run().await, (5..10).collect::<Vec<_>>());
+}

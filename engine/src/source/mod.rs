@@ -131,6 +131,16 @@ pub trait Source: Send + Sync + Debug {
         Ok(None)
     }
 
+    /// Where this source starts, resolved now, when it depends on the
+    /// moment (Kafka's `latest`, `timestamp`): the engine records it in the
+    /// checkpoint before the first epoch and passes it as the start of the
+    /// first range, in this run and any restart, so nothing that arrives
+    /// between two runs is skipped. `None` (the default): the start does
+    /// not depend on when it is asked, and the first range starts at `None`.
+    async fn initial_position(&self) -> Result<Option<Offset>> {
+        Ok(None)
+    }
+
     /// Called once when the query runs with the available-now trigger: from
     /// then on, [`Source::latest_offset`] MUST NOT go past what is available
     /// now, so the query ends. The default does nothing, which is right for

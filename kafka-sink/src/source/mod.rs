@@ -619,6 +619,25 @@ impl Source for KafkaSource {
             .map_err(|e| SluiceError::Internal(format!("kafka read task: {e}")))?
     }
 
+    /// Kafka's `latest`, `timestamp` and `offsets` modes, resolved now:
+    /// a range `[pos, pos)` per partition, whose end is where it starts.
+    async fn initial_position(&self) -> Result<Option<Offset>> {
+        if self.0.config.startup == StartupMode::Earliest {
+            return Ok(None);
+        }
+        let inner = Arc::clone(&self.0);
+        let starts = tokio::task::spawn_blocking(move || {
+            let marks = inner.watermarks()?;
+            inner.startup_positions(&marks)
+        })
+        .await
+        .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))??;
+        let ranges = starts.into_iter().map(|(p, pos)| (p, (pos, pos))).collect();
+        serde_json::to_value(PlannedRanges { ranges })
+            .map(Some)
+            .map_err(|e| SluiceError::Internal(e.to_string()))
+    }
+
     async fn since_start(&self, end: &Offset) -> Result<Option<Offset>> {
         // With 'latest' the query began wherever the topic ended then.
         if self.0.config.startup == StartupMode::Latest {
