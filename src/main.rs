@@ -189,6 +189,10 @@ fn main() -> ExitCode {
                 }),
         }
     });
+    // Every query has ended or was given up on (--shutdown-timeout): what
+    // may still block (a commit to a broker that does not answer) must not
+    // hold up the exit.
+    runtime.shutdown_background();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Usage(m)) => {

@@ -253,19 +253,15 @@ impl Inner {
         for target in &self.targets {
             target.wait_for_topic(self.producer.client(), &target.topic)?;
         }
-        loop {
-            match self.producer.init_transactions(self.config.connect_timeout) {
-                Ok(()) => return Ok(()),
-                Err(e) if matches!(classify(&e), ErrorClass::Retriable) => {
-                    tracing::warn!(error = %e, "init_transactions: retrying");
-                }
-                Err(e) => {
-                    return Err(self
-                        .config
-                        .unreachable(format!("init_transactions failed: {e}")))
-                }
-            }
-        }
+        // A cluster whose transaction coordinator cannot come up answers
+        // "retriable" for ever: the start fails after 'connect.timeout'.
+        retrying("init_transactions", self.config.connect_timeout, || {
+            self.producer.init_transactions(self.config.connect_timeout)
+        })
+        .map_err(|e| {
+            self.config
+                .unreachable(format!("init_transactions failed: {e}"))
+        })
     }
 
     /// Produces epoch `record.epoch` (`outputs[i]` to the i-th target) and
@@ -361,26 +357,40 @@ impl Inner {
 
     /// `commit_transaction`, repeated while librdkafka says it is retriable
     /// (a timed-out commit may be retried with the same call).
+    /// Retried for at most the transaction timeout: by then the broker has
+    /// aborted the transaction anyway.
     fn commit(&self) -> std::result::Result<(), KafkaError> {
-        loop {
-            match self.producer.commit_transaction(self.transaction_timeout) {
-                Err(e) if matches!(classify(&e), ErrorClass::Retriable) => {
-                    tracing::warn!(error = %e, "commit_transaction: retrying");
-                }
-                other => return other,
-            }
-        }
+        retrying("commit_transaction", self.transaction_timeout, || {
+            self.producer.commit_transaction(self.transaction_timeout)
+        })
     }
 
     fn abort(&self) -> Result<()> {
-        loop {
-            match self.producer.abort_transaction(self.transaction_timeout) {
-                Ok(()) => return Ok(()),
-                Err(e) if matches!(classify(&e), ErrorClass::Retriable) => {
-                    tracing::warn!(error = %e, "abort_transaction: retrying");
-                }
-                Err(e) => return Err(self.stopped("abort_transaction", &e)),
+        retrying("abort_transaction", self.transaction_timeout, || {
+            self.producer.abort_transaction(self.transaction_timeout)
+        })
+        .map_err(|e| self.stopped("abort_transaction", &e))
+    }
+}
+
+/// `op` again while librdkafka says its error is retriable, for at most
+/// `limit`: every wait on Kafka is bounded, and the last outcome says why
+/// it ended.
+fn retrying<T>(
+    what: &str,
+    limit: Duration,
+    mut op: impl FnMut() -> std::result::Result<T, KafkaError>,
+) -> std::result::Result<T, KafkaError> {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match op() {
+            Err(e)
+                if matches!(classify(&e), ErrorClass::Retriable)
+                    && std::time::Instant::now() < deadline =>
+            {
+                tracing::warn!(error = %e, "{what}: retrying");
             }
+            other => return other,
         }
     }
 }
