@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -81,14 +81,24 @@ pub fn last_committed(
     Ok(read_last(&config, &topic, query_id)?.map(|r| (r.commit.epoch(), r.commit.plan.sources)))
 }
 
-/// Creates the progress topic unless it exists: one partition, compacted,
-/// the broker's default replication.
+/// Creates the progress topic unless it exists — one partition, compacted,
+/// replicated min(3, brokers) times — and refuses one that exists in
+/// another shape: with more partitions "the last record" has no meaning,
+/// and without compaction retention would delete the query's progress.
 pub(crate) async fn ensure_topic(config: &SinkConfig, topic: &str) -> Result<()> {
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", &config.bootstrap)
         .create()
         .map_err(|e| config.unreachable(format!("creating an admin client: {e}")))?;
-    let new = NewTopic::new(topic, 1, TopicReplication::Fixed(-1)).set("cleanup.policy", "compact");
+    let brokers = admin
+        .inner()
+        .fetch_metadata(None, config.connect_timeout)
+        .map_err(|e| config.unreachable(format!("fetching metadata: {e}")))?
+        .brokers()
+        .len();
+    let replicas = brokers.clamp(1, 3) as i32;
+    let new =
+        NewTopic::new(topic, 1, TopicReplication::Fixed(replicas)).set("cleanup.policy", "compact");
     let options = AdminOptions::new().request_timeout(Some(config.connect_timeout));
     let results = admin
         .create_topics([&new], &options)
@@ -110,7 +120,44 @@ pub(crate) async fn ensure_topic(config: &SinkConfig, topic: &str) -> Result<()>
             }
         }
     }
-    Ok(())
+    check_shape(config, &admin, topic).await
+}
+
+/// Refuses a progress topic of another shape than [`ensure_topic`] makes.
+async fn check_shape(
+    config: &SinkConfig,
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+) -> Result<()> {
+    let metadata = admin
+        .inner()
+        .fetch_metadata(Some(topic), config.connect_timeout)
+        .map_err(|e| config.unreachable(format!("fetching metadata of '{topic}': {e}")))?;
+    let partitions = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map_or(0, |t| t.partitions().len());
+    let options = AdminOptions::new().request_timeout(Some(config.connect_timeout));
+    let policy = admin
+        .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
+        .await
+        .map_err(|e| config.unreachable(format!("describing '{topic}': {e}")))?
+        .into_iter()
+        .flatten()
+        .find_map(|r| r.get("cleanup.policy").and_then(|e| e.value.clone()));
+    let compacted = policy.as_deref().is_some_and(|p| p.contains("compact"));
+    if partitions == 1 && compacted {
+        return Ok(());
+    }
+    Err(SluiceError::config(format!(
+        "the progress topic '{topic}' exists with {partitions} partition(s) and \
+         cleanup.policy={}, but a progress topic needs 1 partition (its last record is the \
+         query's last committed epoch) and cleanup.policy=compact (retention would delete the \
+         query's progress). Nothing was written. Delete it if it is yours and empty, or name \
+         another with 'progress.topic'",
+        policy.as_deref().unwrap_or("unknown")
+    )))
 }
 
 /// The last record for `query_id` in `topic`, read `read_committed`.

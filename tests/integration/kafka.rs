@@ -1262,3 +1262,48 @@ async fn latest_is_resolved_once_and_what_arrives_before_the_first_epoch_is_read
         .unwrap();
     assert_eq!(run().await, (5..10).collect::<Vec<_>>());
 }
+
+/// The progress topic is checked, not trusted: an existing one with more
+/// than one partition, or without compaction, is refused before anything is
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_topic_of_the_wrong_shape_is_refused() {
+    let bootstrap = crate::util::broker().await;
+    let output = fresh_topic("shape-out");
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    // Two partitions; one partition but deleted by retention.
+    let (two, deleting) = (fresh_topic("progress-two"), fresh_topic("progress-delete"));
+    create_topic(&bootstrap, &two, 2).await.unwrap();
+    create_topic(&bootstrap, &deleting, 1).await.unwrap();
+    for (progress, shape) in [
+        (&two, "2 partition(s)"),
+        (&deleting, "cleanup.policy=delete"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Session::new()
+            .read_stream()
+            .format("rate")
+            .load()
+            .unwrap()
+            .write_stream()
+            .format("kafka")
+            .option("topic", output.clone())
+            .option("bootstrap.servers", bootstrap.clone())
+            .option("progress.topic", progress.clone())
+            .checkpoint_location(dir.path())
+            .start()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("progress topic '{progress}'"))
+                && err.contains(shape)
+                && err.contains("needs 1 partition"),
+            "{err}"
+        );
+    }
+    assert!(
+        read(&bootstrap, &output).await.is_empty(),
+        "nothing written"
+    );
+}
