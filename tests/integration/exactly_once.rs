@@ -225,8 +225,19 @@ impl Pipeline {
 
 /// Starts the pipeline and SIGKILLs it at a random moment, 25 times, then
 /// lets it run to the end of its input.
-fn kill_until_done(p: &Pipeline, seed: u64) {
-    let mut rng = Lcg(seed);
+fn kill_until_done(p: &Pipeline, salt: u64) {
+    // A new seed each run, printed: a failure names the seed that replays
+    // it (SLUICE_CRASH_SEED=<seed>).
+    let seed = std::env::var("SLUICE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+    eprintln!("kill -9 schedule: SLUICE_CRASH_SEED={seed}");
+    let mut rng = Lcg(seed ^ salt);
     let mut kills = 0;
     loop {
         let mut child = p.spawn("available-now", None);
