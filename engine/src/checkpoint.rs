@@ -100,6 +100,12 @@ pub struct EpochCommit {
     /// Rows the epoch wrote to the sink.
     #[serde(default)]
     pub output_rows: u64,
+    /// What the query's state and offsets depend on (its inputs' topics or
+    /// directories, and each stateful operator's keys, functions and
+    /// columns), so that a changed query is refused instead of restoring
+    /// state that does not fit it; `None` in records of earlier releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
 }
 
 impl EpochCommit {

@@ -76,6 +76,9 @@ pub(crate) struct EpochLoop {
     pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
     /// When operators' state is written whole, and how much is kept.
     pub snapshots: SnapshotPolicy,
+    /// What the query's state and offsets depend on: every statement's
+    /// fingerprint, recorded in each commit and checked at recovery.
+    pub fingerprint: String,
     /// In-process recoveries so far (see `run_with_retries`).
     pub recoveries: u64,
 }
@@ -300,6 +303,7 @@ impl EpochLoop {
         // is loaded into this one's operators.
         if let Some(c) = &committed_epoch {
             self.check_sources(&c.plan)?;
+            check_fingerprint(c, &self.fingerprint, &self.sink_description)?;
         }
         // Everything in memory goes back to the committed epoch (nothing,
         // before the first commit): recovery also runs in-process after a
@@ -627,6 +631,7 @@ impl EpochLoop {
             watermarks,
             committed_at_ms: chrono::Utc::now().timestamp_millis(),
             output_rows,
+            fingerprint: Some(self.fingerprint.clone()),
         };
         let handover = Handover {
             dead_letters,
@@ -688,6 +693,26 @@ pub(crate) struct Recovered {
     epoch: u64,
     positions: BTreeMap<String, Offset>,
     replay: Option<OffsetRecord>,
+}
+
+/// A query whose fingerprint (see `statement::fingerprint`) differs from the
+/// one that committed `commit` (in `whose`: the checkpoint, or the sink's
+/// record) cannot restore its state and offsets: refused, showing both.
+/// Commits of earlier releases carry none and are not checked.
+pub(crate) fn check_fingerprint(commit: &EpochCommit, ours: &str, whose: &str) -> Result<()> {
+    match &commit.fingerprint {
+        Some(theirs) if theirs != ours => Err(SluiceError::config(format!(
+            "this query differs from the one that committed epoch {} ({whose}) in what its \
+             state and offsets depend on, so they cannot be restored into it:\n  committed:\n    \
+             {}\n  now:\n    {}\nRevert the change, or run the changed query as a new one (a new \
+             'pipeline.name' and checkpoint location: it then reads its input again from its \
+             startup position). docs/operations.md lists which changes keep state",
+            commit.epoch(),
+            theirs.replace('\n', "\n    "),
+            ours.replace('\n', "\n    ")
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// Moves each source's position to the end of its range in `record`. A

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::checkpoint::Checkpoint;
 use crate::connector::{ConnectorRegistry, SinkArgs};
-use crate::epoch::EpochLoop;
+use crate::epoch::{check_fingerprint, EpochLoop};
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
 use crate::progress::StreamingQueryListener;
@@ -198,6 +198,18 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
             (Checkpoint::open(dir.path(), &query_id)?, Some(dir))
         }
     };
+    // A changed query is refused before its sink opens, which would fence
+    // the running instance of the unchanged one.
+    let fingerprint = planned
+        .iter()
+        .map(Statement::fingerprint)
+        .collect::<Vec<_>>()
+        .join("\n");
+    if let Some(epoch) = checkpoint.latest_commit_epoch()? {
+        let commit = checkpoint.read_commit(epoch)?;
+        let whose = format!("checkpoint {}", checkpoint.dir().display());
+        check_fingerprint(&commit, &fingerprint, &whose)?;
+    }
     if !sink.accepts_source_commits() {
         for input in planned.iter().flat_map(|s| &s.plan.inputs) {
             if let Some(option) = input.source.commits_through_sink() {
@@ -217,6 +229,7 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         shared: Arc::clone(&shared),
         statements: planned,
         snapshots: settings.snapshots(),
+        fingerprint,
         recoveries: 0,
         sink_description: sink.describe(),
         sink,

@@ -12,11 +12,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::collect_partitioned;
 
 use crate::error::{Result, SluiceError};
-use crate::operator::aggregate::AggregateOperator;
-use crate::operator::join::JoinOperator;
+use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
+use crate::operator::join::{JoinConfig, JoinOperator};
 use crate::operator::pipeline::{Pipeline, PipelineStage};
 use crate::operator::Operator;
 use crate::planner::{IncrementalPlan, StageConfig};
@@ -32,12 +34,15 @@ pub(crate) struct Statement {
     /// The operator's committed state files, in a folder named after it,
     /// prefixed by the statement's position in a statement set.
     chain: Chain,
+    /// What its state and offsets depend on (see [`fingerprint`]).
+    fingerprint: String,
 }
 
 impl Statement {
     /// Statement `index` of a query with `statements` statements, its
     /// operator built from the plan.
     pub(crate) fn new(mut plan: IncrementalPlan, index: usize, statements: usize) -> Result<Self> {
+        let fingerprint = fingerprint(&plan, index, statements);
         let operator = build_operator(&mut plan)?;
         let op = operator.as_ref().map_or("none", |o| o.name());
         let folder = if statements == 1 {
@@ -49,7 +54,13 @@ impl Statement {
             plan,
             operator,
             chain: Chain::new(folder),
+            fingerprint,
         })
+    }
+
+    /// What the statement's state and offsets depend on, as text.
+    pub(crate) fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     /// The epoch's input with the watermarks moved: inputs with a
@@ -182,6 +193,84 @@ impl Statement {
         self.plan.watermarks.restore(watermarks);
         Ok(())
     }
+}
+
+/// What a statement's committed state and offsets depend on, one line
+/// each: what its inputs read (a Kafka topic, a directory), and each
+/// stateful operator with the keys, functions, join condition and columns
+/// its state is made of. A query restarted on a checkpoint whose commit
+/// records another fingerprint would restore state into operators that do
+/// not match it, or offsets of other inputs: it is refused. Stateless parts
+/// (a filter or projection before or after the operators) are not in it,
+/// and may change.
+fn fingerprint(plan: &IncrementalPlan, index: usize, statements: usize) -> String {
+    let at = if statements == 1 {
+        String::new()
+    } else {
+        format!("statement {index}: ")
+    };
+    let mut lines: Vec<String> = plan
+        .inputs
+        .iter()
+        .filter_map(|i| {
+            Some(format!(
+                "{at}input {} reads {}",
+                i.key,
+                i.identity.as_ref()?
+            ))
+        })
+        .collect();
+    let aggregate = |a: &AggregateConfig| match &a.aggregate {
+        LogicalPlan::Aggregate(agg) => {
+            let list = |exprs: &[datafusion::logical_expr::Expr]| {
+                exprs
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            format!(
+                "aggregate by [{}] of [{}]",
+                list(&agg.group_expr),
+                list(&agg.aggr_expr)
+            )
+        }
+        other => format!("aggregate {}", other.display()),
+    };
+    let join = |j: &JoinConfig| {
+        let columns = |schema: SchemaRef| {
+            schema
+                .fields()
+                .iter()
+                .map(|f| format!("{} {}", f.name(), f.data_type()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        format!(
+            "{} join {} of ({}) with ({})",
+            j.join_type,
+            j.join.display(),
+            columns(j.left_in.schema_ref()),
+            columns(j.right_in.schema_ref())
+        )
+    };
+    let mut operators: Vec<String> = plan
+        .stages
+        .iter()
+        .map(|s| match &s.config {
+            StageConfig::Aggregate(a) => aggregate(a),
+            StageConfig::Join(j) => join(j),
+        })
+        .collect();
+    operators.extend(plan.aggregate.as_ref().map(aggregate));
+    operators.extend(plan.join.as_ref().map(join));
+    lines.extend(
+        operators
+            .into_iter()
+            .enumerate()
+            .map(|(i, op)| format!("{at}operator {}: {op}", i + 1)),
+    );
+    lines.join("\n")
 }
 
 /// The stateful operator of a planned query, if it has one: the outermost

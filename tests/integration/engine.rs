@@ -425,3 +425,60 @@ async fn a_checkpoint_of_another_pipeline_name_is_refused() {
     assert_eq!(checkpoint.metadata().query_id, "orders");
     assert_eq!(checkpoint.latest_commit_epoch().unwrap(), Some(1));
 }
+
+/// A changed query on an old checkpoint: what its state and offsets depend
+/// on (the operators' keys, functions and columns; what its inputs read) is
+/// recorded with each commit, and a restart that changes it is refused
+/// before anything runs, showing both. A change to the stateless part (a
+/// filter after the aggregation) keeps the state and runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_aggregate_function_is_refused_and_a_changed_filter_is_not() {
+    use sluice::datafusion::functions_aggregate::expr_fn::{count, sum};
+    let dir = tempfile::tempdir().unwrap();
+    let input = MemoryStream::new(schema());
+    input.add_batch(batch(0..10)).unwrap();
+    let run = |function: Expr, at_least: i64| {
+        let (input, dir) = (input.clone(), dir.path().to_path_buf());
+        async move {
+            let out = MemorySink::new();
+            let started = Session::new()
+                .read_stream()
+                .memory(&input)
+                .unwrap()
+                .aggregate(
+                    vec![(col("id") % lit(2i64)).alias("parity")],
+                    vec![function.alias("n")],
+                )
+                .unwrap()
+                .filter(col("n").gt_eq(lit(at_least)))
+                .unwrap()
+                .write_stream()
+                .memory(&out)
+                .checkpoint_location(dir)
+                .trigger(Trigger::AvailableNow)
+                .start()
+                .await;
+            match started {
+                Ok(query) => {
+                    query.await_termination().await.unwrap();
+                    Ok(ints(&out.batches(), "n"))
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
+    assert_eq!(run(count(lit(1)), 0).await.unwrap(), vec![5, 5]);
+    let err = run(sum(col("id")), 0).await.unwrap_err();
+    assert!(
+        err.contains("differs from the one that committed epoch 1")
+            && err.contains("count(Int32(1))")
+            && err.contains("sum("),
+        "{err}"
+    );
+    input.add_batch(batch(10..14)).unwrap();
+    assert_eq!(
+        run(count(lit(1)), 7).await.unwrap(),
+        vec![7, 7],
+        "the counts go on from the restored state"
+    );
+}

@@ -62,6 +62,7 @@ pub(super) fn bind_inputs(
                 table: Arc::clone(&instance),
                 source,
                 description: format!("{} ← {}", table.definition().name, factory.describe()),
+                identity: factory.identity(),
                 scans: 1,
             });
             Ok(Transformed::yes(LogicalPlan::TableScan(TableScan {

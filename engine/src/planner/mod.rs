@@ -57,6 +57,8 @@ pub(crate) struct Input {
     pub source: Arc<dyn Source>,
     /// For progress and EXPLAIN.
     pub description: String,
+    /// What the source reads (see `SourceFactory::identity`).
+    pub identity: Option<String>,
     /// How many scans in the plan read it (a self-join, a stream on two
     /// paths): each epoch's input is read once and handed to all of them.
     pub scans: usize,

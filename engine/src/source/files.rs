@@ -90,6 +90,10 @@ impl SourceFactory for FilesFactory {
     fn describe(&self) -> String {
         format!("files({}, {:?})", self.dir.display(), self.format)
     }
+
+    fn identity(&self) -> Option<String> {
+        Some(format!("files {}", self.dir.display()))
+    }
 }
 
 #[derive(Debug)]

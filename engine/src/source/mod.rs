@@ -202,4 +202,12 @@ pub trait SourceFactory: Send + Sync + Debug {
 
     /// A one-line description for progress and `EXPLAIN`, e.g. `rate(5 rows/s)`.
     fn describe(&self) -> String;
+
+    /// What the source reads, in a form that changes only when it reads
+    /// something else (a Kafka topic, a directory), for the fingerprint
+    /// that keeps a changed query from restoring another's offsets. `None`
+    /// (the default): nothing such (a generator whose rate may change).
+    fn identity(&self) -> Option<String> {
+        None
+    }
 }

@@ -94,6 +94,10 @@ impl SourceFactory for KafkaSourceFactory {
     fn describe(&self) -> String {
         format!("kafka(topic={}, read_committed)", self.0.topic)
     }
+
+    fn identity(&self) -> Option<String> {
+        Some(format!("kafka topic {}", self.0.topic))
+    }
 }
 
 /// `{"ranges": {"<partition>": [from, to]}}`.
