@@ -464,19 +464,7 @@ impl EpochLoop {
 
     /// The checkpoint must belong to a query with the same inputs.
     fn check_sources(&self, record: &OffsetRecord) -> Result<()> {
-        let mut ours: Vec<&str> = self.inputs().map(|i| i.key.as_str()).collect();
-        ours.sort_unstable();
-        let theirs: Vec<&str> = record.sources.keys().map(String::as_str).collect();
-        if ours != theirs {
-            return Err(SluiceError::config(format!(
-                "the checkpoint at {} belongs to a query reading [{}], but this query reads [{}]; \
-                 use a new checkpoint location for a changed query",
-                self.checkpoint.dir().display(),
-                theirs.join(", "),
-                ours.join(", ")
-            )));
-        }
-        Ok(())
+        check_inputs(record, self.inputs(), self.checkpoint.dir())
     }
 
     /// Asks every source for its latest offset; writes and returns the
@@ -693,6 +681,28 @@ pub(crate) struct Recovered {
     epoch: u64,
     positions: BTreeMap<String, Offset>,
     replay: Option<OffsetRecord>,
+}
+
+/// The checkpoint at `dir`, whose epoch `record` planned, must belong to a
+/// query with the same `inputs`.
+pub(crate) fn check_inputs<'a>(
+    record: &OffsetRecord,
+    inputs: impl Iterator<Item = &'a Input>,
+    dir: &std::path::Path,
+) -> Result<()> {
+    let mut ours: Vec<&str> = inputs.map(|i| i.key.as_str()).collect();
+    ours.sort_unstable();
+    let theirs: Vec<&str> = record.sources.keys().map(String::as_str).collect();
+    if ours != theirs {
+        return Err(SluiceError::config(format!(
+            "the checkpoint at {} belongs to a query reading [{}], but this query reads [{}]; \
+             use a new checkpoint location for a changed query",
+            dir.display(),
+            theirs.join(", "),
+            ours.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// A query whose fingerprint (see `statement::fingerprint`) differs from the

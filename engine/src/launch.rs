@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use crate::checkpoint::Checkpoint;
 use crate::connector::{ConnectorRegistry, SinkArgs};
-use crate::epoch::{check_fingerprint, EpochLoop};
+use crate::epoch::{check_fingerprint, check_inputs, EpochLoop};
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
 use crate::progress::StreamingQueryListener;
@@ -207,6 +207,8 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         .join("\n");
     if let Some(epoch) = checkpoint.latest_commit_epoch()? {
         let commit = checkpoint.read_commit(epoch)?;
+        let inputs = planned.iter().flat_map(|s| &s.plan.inputs);
+        check_inputs(&commit.plan, inputs, checkpoint.dir())?;
         let whose = format!("checkpoint {}", checkpoint.dir().display());
         check_fingerprint(&commit, &fingerprint, &whose)?;
     }
