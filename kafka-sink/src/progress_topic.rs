@@ -129,15 +129,24 @@ async fn check_shape(
     admin: &AdminClient<DefaultClientContext>,
     topic: &str,
 ) -> Result<()> {
-    let metadata = admin
-        .inner()
-        .fetch_metadata(Some(topic), config.connect_timeout)
-        .map_err(|e| config.unreachable(format!("fetching metadata of '{topic}': {e}")))?;
-    let partitions = metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map_or(0, |t| t.partitions().len());
+    // A topic created a moment ago may not show its partitions in the
+    // metadata yet: ask again, up to 'connect.timeout'.
+    let deadline = std::time::Instant::now() + config.connect_timeout;
+    let partitions = loop {
+        let metadata = admin
+            .inner()
+            .fetch_metadata(Some(topic), config.connect_timeout)
+            .map_err(|e| config.unreachable(format!("fetching metadata of '{topic}': {e}")))?;
+        let partitions = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map_or(0, |t| t.partitions().len());
+        if partitions > 0 || std::time::Instant::now() >= deadline {
+            break partitions;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let options = AdminOptions::new().request_timeout(Some(config.connect_timeout));
     let policy = admin
         .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
