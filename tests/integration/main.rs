@@ -11,6 +11,7 @@ mod golden;
 mod joins;
 mod kafka;
 mod nexmark;
+mod no_silent_loss;
 mod pipelines;
 mod util;
 mod verify;

@@ -172,3 +172,17 @@ pub async fn broker() -> String {
         .unwrap()
         .unwrap()
 }
+
+/// A Kafka stream of `topic` with columns [`schema`] and the extra
+/// `options`.
+pub fn kafka_stream(bootstrap: &str, topic: &str, options: &[(&str, &str)]) -> sluice::StreamFrame {
+    sluice::Session::new()
+        .read_stream()
+        .format("kafka")
+        .option("topic", topic)
+        .option("bootstrap.servers", bootstrap)
+        .options(options.iter().copied())
+        .schema(schema())
+        .load()
+        .expect("a Kafka stream")
+}

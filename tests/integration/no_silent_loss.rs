@@ -1,0 +1,381 @@
+//! Nothing lost or repeated without a word, against the real broker: data
+//! loss in a Kafka input (records deleted before they were read, a replayed
+//! range gone, a topic recreated), one JSON value per message and
+//! tombstones, `latest` resolved once, and the progress topic's shape.
+
+use std::time::{Duration, Instant};
+
+use sluice::broker::{create_topic, fresh_topic};
+use sluice::datafusion::prelude::*;
+use sluice::{Session, Trigger};
+
+use crate::kafka::{json_rows, read};
+
+/// Produces `ids` as JSON rows to partition 0, without a transaction, so
+/// that offsets are the ids when the topic starts empty.
+fn produce_plain(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for v in json_rows(ids) {
+        producer
+            .send(BaseRecord::<(), _>::to(topic).payload(&v).partition(0))
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+fn admin(bootstrap: &str) -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> {
+    rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap()
+}
+
+/// Deletes the records of partition 0 of `topic` below `offset`, as
+/// retention would.
+async fn delete_records_below(bootstrap: &str, topic: &str, offset: i64) {
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, rdkafka::Offset::Offset(offset))
+        .unwrap();
+    let done = admin(bootstrap)
+        .delete_records(&tpl, &rdkafka::admin::AdminOptions::new())
+        .await
+        .unwrap();
+    let low = done.find_partition(topic, 0).unwrap();
+    assert_eq!(low.error(), Ok(()));
+    assert_eq!(low.offset(), rdkafka::Offset::Offset(offset));
+}
+
+/// Deletes `topic` and creates it again, empty, with one partition.
+async fn recreate(bootstrap: &str, topic: &str) {
+    let options = rdkafka::admin::AdminOptions::new();
+    let deleted = admin(bootstrap)
+        .delete_topics(&[topic], &options)
+        .await
+        .unwrap();
+    assert!(deleted.iter().all(|r| r.is_ok()), "{deleted:?}");
+    // Deletion completes in the background: create until it is through.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(e) = create_topic(bootstrap, topic, 1).await {
+        assert!(Instant::now() < deadline, "{e}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Data loss (Spark's failOnDataLoss, on by default): records gone before
+/// the query read them — deleted during a run, deleted under an epoch
+/// planned before a crash and replayed after it, a topic deleted and
+/// recreated — stop the query with the topic, partition and offsets lost,
+/// and nothing of the epoch is written. With 'fail-on-data-loss' = 'false'
+/// the query skips them and counts them as lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_gone_before_they_are_read_stop_the_query_naming_them_or_count_as_lost() {
+    use std::process::Command;
+    let bootstrap = crate::util::broker().await;
+    let (input, output) = (fresh_topic("loss-in"), fresh_topic("loss-out"));
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let progress = dir.path().join("progress.jsonl");
+    let run = |fail_on_loss: bool, failpoint: Option<&str>| {
+        let sql = dir.path().join(format!("loss-{fail_on_loss}.sql"));
+        std::fs::write(
+            &sql,
+            format!(
+                "SET 'pipeline.name' = '{output}';\n\
+                 SET 'checkpoint.location' = '{cp}';\n\
+                 SET 'trigger' = 'available-now';\n\
+                 CREATE STREAM src (id BIGINT, name VARCHAR) WITH (connector = 'kafka', \
+                   topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+                   'max-records-per-epoch' = '10', 'fail-on-data-loss' = '{fail_on_loss}');\n\
+                 CREATE STREAM dst WITH (connector = 'kafka', topic = '{output}', \
+                   'bootstrap.servers' = '{bootstrap}');\n\
+                 INSERT INTO dst SELECT id FROM src;\n",
+                cp = dir.path().join("checkpoint").display(),
+            ),
+        )
+        .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("run")
+            .arg(&sql)
+            .arg("--progress-log")
+            .arg(&progress);
+        if let Some(point) = failpoint {
+            cmd.env("SLUICE_FAILPOINT", point);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let ids = |records: Vec<sluice::broker::ReadRecord>| -> Vec<i64> {
+        records
+            .iter()
+            .map(|r| {
+                let v: serde_json::Value =
+                    serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+                v["id"].as_i64().unwrap()
+            })
+            .collect()
+    };
+    let lost = || -> u64 {
+        std::fs::read_to_string(&progress)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["lost_records"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .sum()
+    };
+
+    // During a run: 20..30 deleted before the query read them.
+    let b = bootstrap.clone();
+    let i = input.clone();
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 0..20))
+        .await
+        .unwrap();
+    let (status, err) = run(true, None);
+    assert!(status.success(), "{err}");
+    let b = bootstrap.clone();
+    let i = input.clone();
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 20..40))
+        .await
+        .unwrap();
+    delete_records_below(&bootstrap, &input, 30).await;
+    let (status, err) = run(true, None);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "data loss: topic '{input}' partition 0, offsets 20..30 were deleted"
+        )) && err.contains("'fail-on-data-loss' = 'false'"),
+        "{err}"
+    );
+    assert_eq!(
+        ids(read(&bootstrap, &output).await),
+        (0..20).collect::<Vec<_>>()
+    );
+    let (status, err) = run(false, None);
+    assert!(status.success(), "{err}");
+    let want: Vec<i64> = (0..20).chain(30..40).collect();
+    assert_eq!(ids(read(&bootstrap, &output).await), want);
+    assert_eq!(lost(), 10, "the skipped records are counted");
+
+    // During a replay: epoch [40, 50) planned, the process killed, 40..45
+    // deleted; the replay must read exactly its range, which is gone.
+    let b = bootstrap.clone();
+    let i = input.clone();
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 40..60))
+        .await
+        .unwrap();
+    let (status, _) = run(true, Some("after-offsets"));
+    assert!(!status.success(), "the fail point aborts the run");
+    delete_records_below(&bootstrap, &input, 45).await;
+    let (status, err) = run(true, None);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "data loss: topic '{input}' partition 0, offsets 40..45 were deleted"
+        )),
+        "{err}"
+    );
+    assert_eq!(ids(read(&bootstrap, &output).await), want);
+
+    // The topic deleted and recreated: its offsets start over below where
+    // the query had read to.
+    let (status, err) = run(false, None);
+    assert!(status.success(), "{err}");
+    assert_eq!(lost(), 15);
+    recreate(&bootstrap, &input).await;
+    let b = bootstrap.clone();
+    let i = input.clone();
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 100..105))
+        .await
+        .unwrap();
+    let (status, err) = run(true, None);
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the query had read up to 60 but the partition now ends at 5"),
+        "{err}"
+    );
+    let want: Vec<i64> = (0..20).chain(30..40).chain(45..60).collect();
+    assert_eq!(ids(read(&bootstrap, &output).await), want);
+}
+
+/// Produces `values` to partition 0 in order, `None` as a tombstone (a
+/// message without a value).
+fn produce_values(bootstrap: &str, topic: &str, values: &[Option<&str>]) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for (i, v) in values.iter().enumerate() {
+        let key = i.to_string();
+        let mut record = BaseRecord::to(topic).key(&key).partition(0);
+        if let Some(v) = v {
+            record = record.payload(*v);
+        }
+        producer.send::<String, str>(record).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// One message, one value: a message holding two JSON objects is a bad
+/// record (named, skipped or dead-lettered like any), never two rows that
+/// push a later message's row out. A tombstone (no value) on an append
+/// stream is no row: skipped and counted, it never stops the query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_is_one_value_and_a_tombstone_is_skipped_and_counted() {
+    let bootstrap = crate::util::broker().await;
+    let (doubled, tombstoned) = (fresh_topic("two-in-one"), fresh_topic("tombstone"));
+    for topic in [&doubled, &tombstoned] {
+        create_topic(&bootstrap, topic, 1).await.unwrap();
+    }
+    {
+        let (b, d, t) = (bootstrap.clone(), doubled.clone(), tombstoned.clone());
+        tokio::task::spawn_blocking(move || {
+            let row = |i: i64| format!("{{\"id\": {i}, \"name\": \"n{i}\"}}");
+            let two = format!("{}{}", row(1), row(100));
+            let (r0, r2, r3) = (row(0), row(2), row(3));
+            produce_values(&b, &d, &[Some(&r0), Some(&two), Some(&r2), Some(&r3)]);
+            produce_values(&b, &t, &[Some(&r0), None, Some(&r2), Some(""), Some(&r3)]);
+        })
+        .await
+        .unwrap();
+    }
+    let run = |topic: &str, on_error: &str| {
+        let (bootstrap, topic, on_error) =
+            (bootstrap.clone(), topic.to_string(), on_error.to_string());
+        async move {
+            let out = sluice::MemorySink::new();
+            let query = crate::util::kafka_stream(
+                &bootstrap,
+                &topic,
+                &[("format.on-error", on_error.as_str())],
+            )
+            .select(vec![col("id"), col("_offset")])
+            .unwrap()
+            .write_stream()
+            .memory(&out)
+            .trigger(Trigger::AvailableNow)
+            .start()
+            .await
+            .unwrap();
+            let result = query.await_termination().await;
+            (result, out, query.recent_progress())
+        }
+    };
+    let (result, _, _) = run(&doubled, "fail").await;
+    let err = result.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("topic '{doubled}', partition 0, offset 1"))
+            && err.contains("not one"),
+        "{err}"
+    );
+    let (result, out, progress) = run(&doubled, "skip").await;
+    result.unwrap();
+    let batches = out.batches();
+    assert_eq!(crate::util::ints(&batches, "id"), vec![0, 2, 3]);
+    assert_eq!(crate::util::ints(&batches, "_offset"), vec![0, 2, 3]);
+    assert_eq!(crate::util::skipped(&progress), 1);
+
+    // Tombstones do not fail the query, even with 'format.on-error' = 'fail'.
+    let (result, out, progress) = run(&tombstoned, "fail").await;
+    result.unwrap();
+    let batches = out.batches();
+    assert_eq!(crate::util::ints(&batches, "id"), vec![0, 2, 3]);
+    assert_eq!(crate::util::ints(&batches, "_offset"), vec![0, 2, 4]);
+    assert_eq!(crate::util::skipped(&progress), 2, "tombstones are counted");
+}
+
+/// `scan.startup.mode = 'latest'` is resolved once, when the query first
+/// starts, and recorded: records that arrive while it is stopped, before
+/// its first epoch, are read by the next run rather than skipped by a
+/// `latest` resolved again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_is_resolved_once_and_what_arrives_before_the_first_epoch_is_read() {
+    let bootstrap = crate::util::broker().await;
+    let input = fresh_topic("latest");
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    let (b, i) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 0..5))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = || {
+        let (bootstrap, input, dir) = (bootstrap.clone(), input.clone(), dir.path().to_path_buf());
+        async move {
+            let out = sluice::MemorySink::new();
+            let query =
+                crate::util::kafka_stream(&bootstrap, &input, &[("scan.startup.mode", "latest")])
+                    .select(vec![col("id")])
+                    .unwrap()
+                    .write_stream()
+                    .memory(&out)
+                    .checkpoint_location(dir)
+                    .trigger(Trigger::AvailableNow)
+                    .start()
+                    .await
+                    .unwrap();
+            query.await_termination().await.unwrap();
+            crate::util::ints(&out.batches(), "id")
+        }
+    };
+    assert_eq!(run().await, Vec::<i64>::new(), "latest: nothing yet");
+    let (b, i) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 5..10))
+        .await
+        .unwrap();
+    assert_eq!(run().await, (5..10).collect::<Vec<_>>());
+}
+
+/// The progress topic is checked, not trusted: an existing one with more
+/// than one partition, or without compaction, is refused before anything is
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_topic_of_the_wrong_shape_is_refused() {
+    let bootstrap = crate::util::broker().await;
+    let output = fresh_topic("shape-out");
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    // Two partitions; one partition but deleted by retention.
+    let (two, deleting) = (fresh_topic("progress-two"), fresh_topic("progress-delete"));
+    create_topic(&bootstrap, &two, 2).await.unwrap();
+    create_topic(&bootstrap, &deleting, 1).await.unwrap();
+    for (progress, shape) in [
+        (&two, "2 partition(s)"),
+        (&deleting, "cleanup.policy=delete"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let err = Session::new()
+            .read_stream()
+            .format("rate")
+            .load()
+            .unwrap()
+            .write_stream()
+            .format("kafka")
+            .option("topic", output.clone())
+            .option("bootstrap.servers", bootstrap.clone())
+            .option("progress.topic", progress.clone())
+            .checkpoint_location(dir.path())
+            .start()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&format!("progress topic '{progress}'"))
+                && err.contains(shape)
+                && err.contains("needs 1 partition"),
+            "{err}"
+        );
+    }
+    assert!(
+        read(&bootstrap, &output).await.is_empty(),
+        "nothing written"
+    );
+}
