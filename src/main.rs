@@ -394,7 +394,21 @@ async fn wait_or_signal(queries: &[StreamingQuery], timeout: Duration) -> Result
         _ = shutdown_signal() => {
             eprintln!("\nsluice: stopping (finishing the open epoch)...");
             return match tokio::time::timeout(timeout, stop_all(queries)).await {
-                Ok(()) => Ok(()),
+                // A query that could not finish its open epoch (its brokers
+                // were gone) stopped without it: that is a failure.
+                Ok(()) => {
+                    let failures: Vec<String> = queries
+                        .iter()
+                        .filter_map(|q| {
+                            q.exception().map(|e| format!("query '{}' failed: {e}", q.name()))
+                        })
+                        .collect();
+                    if failures.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(Failure::Runtime(failures.join("\n")))
+                    }
+                }
                 Err(_) => Err(Failure::Runtime(format!(
                     "sluice: the open epoch did not commit within {timeout:?} of the signal \
                      (--shutdown-timeout); stopping without it. Nothing of it is visible to \

@@ -109,6 +109,26 @@ pub struct EpochCommit {
 }
 
 impl EpochCommit {
+    /// Refuses state file paths that would lead outside the checkpoint:
+    /// absolute ones and any with `..`. The paths come from files and
+    /// Kafka records, which someone else may have written.
+    pub fn check_state_paths(&self) -> std::result::Result<(), String> {
+        use std::path::Component;
+        match self.state_files.iter().find(|f| {
+            f.is_empty()
+                || !std::path::Path::new(f)
+                    .components()
+                    .all(|c| matches!(c, Component::Normal(_)))
+        }) {
+            None => Ok(()),
+            Some(bad) => Err(format!(
+                "epoch {} names the state file '{bad}', which is not a path inside the \
+                 checkpoint; this record was not written by Sluice",
+                self.epoch()
+            )),
+        }
+    }
+
     /// The epoch's number.
     pub fn epoch(&self) -> u64 {
         self.plan.epoch
@@ -262,6 +282,9 @@ impl Checkpoint {
     pub fn read_commit(&self, epoch: u64) -> Result<EpochCommit> {
         let path = self.epoch_path("commits", epoch);
         let mut commit: EpochCommit = read_file(&path)?;
+        commit
+            .check_state_paths()
+            .map_err(|reason| SluiceError::checkpoint(&path, reason))?;
         let plan = self.read_offsets(epoch)?;
         if !commit.plan.sources.is_empty() && commit.plan != plan {
             return Err(SluiceError::checkpoint(
@@ -364,6 +387,30 @@ pub(crate) fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T> {
 mod tests {
     use super::*;
     use crate::state::codec::MAGIC;
+
+    #[test]
+    fn state_paths_outside_the_checkpoint_are_refused() {
+        let with = |files: &[&str]| EpochCommit {
+            state_files: files.iter().map(|f| f.to_string()).collect(),
+            ..Default::default()
+        };
+        assert!(
+            with(&["state/0.agg/3.ab.snapshot", "state/1.join/2.cd.delta"])
+                .check_state_paths()
+                .is_ok()
+        );
+        for bad in [
+            "../elsewhere/3.snapshot",
+            "state/../../x",
+            "/etc/passwd",
+            "",
+        ] {
+            let err = with(&["state/0.agg/1.a.snapshot", bad])
+                .check_state_paths()
+                .unwrap_err();
+            assert!(err.contains(&format!("'{bad}'")), "{err}");
+        }
+    }
 
     #[test]
     fn round_trip_and_latest() {

@@ -58,9 +58,6 @@ const IDLE_POLL: Duration = Duration::from_millis(10);
 const MIN_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
-/// How long a query retries without committing an epoch before it fails.
-const OUTAGE_LIMIT: Duration = Duration::from_secs(300);
-
 /// Everything one running query needs.
 pub(crate) struct EpochLoop {
     pub shared: Arc<QueryShared>,
@@ -73,6 +70,9 @@ pub(crate) struct EpochLoop {
     /// Keeps a temporary checkpoint directory alive for the query's life.
     pub temp_dir: Option<tempfile::TempDir>,
     pub trigger: Trigger,
+    /// How long the query retries without committing an epoch before it
+    /// fails (`QuerySettings::outage_limit`).
+    pub outage_limit: Duration,
     pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
     /// When operators' state is written whole, and how much is kept.
     pub snapshots: SnapshotPolicy,
@@ -147,8 +147,8 @@ impl EpochLoop {
     /// is unreachable, waits with exponential backoff, recovers from the
     /// checkpoint in-process as a restart would (state and positions of the
     /// last committed epoch, the failed epoch re-run over the same
-    /// offsets), and goes on. Gives up after [`OUTAGE_LIMIT`] without a
-    /// committed epoch.
+    /// offsets), and goes on. Gives up after the outage limit without a
+    /// committed epoch, naming the limit and the last failure.
     async fn run_with_retries(&mut self, mut recovered: Recovered) -> Result<()> {
         let mut outage: Option<(Instant, Duration)> = None;
         loop {
@@ -169,8 +169,21 @@ impl EpochLoop {
                     None => (Instant::now(), MIN_BACKOFF),
                 };
                 outage = Some((since, backoff));
-                if since.elapsed() > OUTAGE_LIMIT {
-                    return Err(failure);
+                if since.elapsed() > self.outage_limit {
+                    return Err(SluiceError::External {
+                        what: format!("query {}", self.shared.name),
+                        message: format!(
+                            "no epoch could commit for {:.0?} (the outage limit); the last \
+                             failure: {failure}",
+                            since.elapsed()
+                        ),
+                        hint: Some(
+                            "bring the brokers back and start the query again: it resumes \
+                             after its last committed epoch; 'outage.limit' sets how long a \
+                             query waits"
+                                .into(),
+                        ),
+                    });
                 }
                 tracing::warn!(query = %self.shared.name, error = %failure, ?backoff, "epoch failed; retrying after recovery");
                 self.shared.set_status(
@@ -178,8 +191,21 @@ impl EpochLoop {
                     false,
                     true,
                 );
+                // A stop during an outage ends the query without its open
+                // epoch: a failure, named as such.
                 if !self.sleep_until(Instant::now() + backoff).await {
-                    return Ok(());
+                    return Err(SluiceError::External {
+                        what: format!("query {}", self.shared.name),
+                        message: format!(
+                            "stopped during an outage, without committing the open epoch; \
+                             the last failure: {failure}"
+                        ),
+                        hint: Some(
+                            "start the query again when the brokers are back: it resumes after \
+                             its last committed epoch"
+                                .into(),
+                        ),
+                    });
                 }
                 match self.recover().await {
                     Ok(r) => {

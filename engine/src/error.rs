@@ -72,6 +72,21 @@ pub enum SluiceError {
         hint: Option<String>,
     },
 
+    /// An epoch that can never commit, whatever the retries: an output
+    /// record over the producer's size limit, a row that cannot be
+    /// encoded, a transaction the broker aborted for outliving its
+    /// timeout. The query stops with the reason and the way out; nothing
+    /// of the epoch is visible.
+    #[error("epoch {epoch} cannot commit: {reason}\n  hint: {way_out}")]
+    Poison {
+        /// The epoch.
+        epoch: u64,
+        /// Why it cannot commit.
+        reason: String,
+        /// What the user can change so that it can.
+        way_out: String,
+    },
+
     /// An error from DataFusion while planning or executing.
     #[error(transparent)]
     DataFusion(#[from] DataFusionError),

@@ -12,6 +12,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::checkpoint::Checkpoint;
 use crate::connector::{ConnectorRegistry, SinkArgs};
@@ -63,6 +64,12 @@ pub struct QuerySettings {
     /// Snapshots, each with its deltas, kept in the checkpoint (SQL:
     /// `state.retained.snapshots`; default 2, at least 1).
     pub state_retained_snapshots: usize,
+    /// How long the query keeps retrying while its brokers are unreachable
+    /// without committing an epoch, before it fails (SQL: `outage.limit`;
+    /// default 5 minutes). Every wait on Kafka inside an attempt is bounded
+    /// too (`connect.timeout`, `transaction.timeout`), so the query fails at
+    /// most one attempt after the limit.
+    pub outage_limit: Duration,
 }
 
 impl Default for QuerySettings {
@@ -74,6 +81,7 @@ impl Default for QuerySettings {
             pipeline_name: None,
             state_snapshot_interval: 10,
             state_retained_snapshots: 2,
+            outage_limit: Duration::from_secs(300),
         }
     }
 }
@@ -238,6 +246,7 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         checkpoint,
         temp_dir,
         trigger: settings.trigger,
+        outage_limit: settings.outage_limit,
         listeners,
     };
     let recovered = epochs.recover().await?;

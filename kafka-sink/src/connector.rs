@@ -25,6 +25,7 @@ const SINK_OPTIONS: &[&str] = &[
     "transaction.timeout",
     "progress.topic",
     "sink.transactional-id-prefix",
+    "dead-letter.topic",
     "kafka.*",
 ];
 
@@ -177,6 +178,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
         }
         None => Vec::new(),
     };
+    let dead_letter = o.take("dead-letter.topic");
     let passthrough = o.take_prefixed("kafka.");
     o.finish("kafka", SINK_OPTIONS)?;
     Ok(SinkSettings {
@@ -189,6 +191,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
             query_id: args.query_id,
             connect_timeout,
             passthrough,
+            dead_letter,
         },
         delivery: if exactly_once {
             Delivery::ExactlyOnce(Transactions {

@@ -9,7 +9,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{Header, Message as _, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use sluice_engine::{columns, DeadLetter, EpochOutput, GroupOffsets, Result, SluiceError};
@@ -22,6 +22,10 @@ pub(crate) use crate::encode::Message;
 pub(crate) const QUERY_ID_HEADER: &str = "sluice.query.id";
 /// Header naming the epoch whose transaction holds a record.
 pub(crate) const EPOCH_HEADER: &str = "sluice.epoch";
+
+/// How much of an oversized output record's value its dead letter keeps:
+/// the whole would be as oversized there.
+pub(crate) const OVERSIZED_PREFIX: usize = 16 * 1024;
 
 /// A Kafka sink's settings, parsed from its options.
 #[derive(Debug, Clone)]
@@ -36,6 +40,10 @@ pub(crate) struct SinkConfig {
     pub connect_timeout: Duration,
     /// `kafka.*` options, prefix stripped.
     pub passthrough: Vec<(String, String)>,
+    /// `'dead-letter.topic'`: where output records Kafka can never accept
+    /// (over `message.max.bytes`) are set aside; without one they stop the
+    /// query.
+    pub dead_letter: Option<String>,
 }
 
 impl SinkConfig {
@@ -168,14 +176,28 @@ impl SinkConfig {
     ) -> Result<()> {
         let headers = self.epoch_headers(epoch);
         for batch in batches {
-            for (key, value) in self.encode(batch)? {
+            let messages = self.encode(batch).map_err(|e| SluiceError::Poison {
+                epoch,
+                reason: format!(
+                    "an output row for topic '{}' cannot be encoded: {e}",
+                    self.topic
+                ),
+                way_out: "change the query so that its output fits the sink's format".into(),
+            })?;
+            for (key, value) in messages {
                 let mut record = BaseRecord::to(&self.topic)
                     .payload(value.as_slice())
                     .headers(headers.clone());
                 if let Some(key) = &key {
                     record = record.key(key.as_slice());
                 }
-                send(producer, record).map_err(|e| self.external(e.to_string()))?;
+                match send(producer, record) {
+                    Ok(()) => {}
+                    Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
+                        self.set_aside_oversized(producer, epoch, key.as_deref(), &value)?
+                    }
+                    Err(e) => return Err(self.external(e.to_string())),
+                }
             }
         }
         if let Some(keys) = retracted {
@@ -187,6 +209,61 @@ impl SinkConfig {
             }
         }
         Ok(())
+    }
+
+    /// An output record over the producer's `message.max.bytes`: Kafka will
+    /// never take it, so retrying the epoch cannot help. With a
+    /// `'dead-letter.topic'` it goes there in the epoch's transaction —
+    /// its key, the first [`OVERSIZED_PREFIX`] bytes of its value (at most
+    /// half the limit), and
+    /// headers saying why, for which topic and how big it was; without
+    /// one the epoch is poison and the query stops.
+    fn set_aside_oversized(
+        &self,
+        producer: &ThreadedProducer<DeliveryTracker>,
+        epoch: u64,
+        key: Option<&[u8]>,
+        value: &[u8],
+    ) -> Result<()> {
+        let limit: Option<usize> = self
+            .passthrough
+            .iter()
+            .find(|(k, _)| k == "message.max.bytes")
+            .and_then(|(_, v)| v.trim().parse().ok());
+        let reason = format!(
+            "an output record for topic '{}' is {} bytes, over the producer's \
+             message.max.bytes ({})",
+            self.topic,
+            value.len() + key.map_or(0, <[u8]>::len),
+            limit.map_or("1000000, librdkafka's default".to_string(), |l| l
+                .to_string())
+        );
+        let Some(topic) = &self.dead_letter else {
+            return Err(SluiceError::Poison {
+                epoch,
+                reason,
+                way_out: "raise 'kafka.message.max.bytes' (and the topic's max.message.bytes), \
+                          or set 'dead-letter.topic' on the sink to set such records aside"
+                    .into(),
+            });
+        };
+        let letter = DeadLetter {
+            topic: topic.clone(),
+            key: key.map(<[u8]>::to_vec),
+            // Half the limit leaves room for the key and headers.
+            value: value[..value
+                .len()
+                .min(OVERSIZED_PREFIX)
+                .min(limit.unwrap_or(usize::MAX) / 2)]
+                .to_vec(),
+            headers: vec![
+                ("sluice.error".into(), reason),
+                ("sluice.sink.topic".into(), self.topic.clone()),
+                ("sluice.value.bytes".into(), value.len().to_string()),
+            ],
+        };
+        tracing::warn!(epoch, topic = %self.topic, dead_letter = %topic, bytes = value.len(), "an oversized output record went to the dead-letter topic");
+        self.send_dead_letters(producer, epoch, std::slice::from_ref(&letter))
     }
 
     /// The message keys of retracted groups (`keys`: the output's key
@@ -338,12 +415,29 @@ pub(crate) fn send(
 /// Remembers the first failed delivery since it was last taken.
 #[derive(Default)]
 pub(crate) struct DeliveryTracker {
-    first_error: Mutex<Option<String>>,
+    first_error: Mutex<Option<DeliveryError>>,
+}
+
+/// A message the broker did not take.
+#[derive(Debug, Clone)]
+pub(crate) struct DeliveryError {
+    /// The broker's or librdkafka's error code.
+    pub code: Option<RDKafkaErrorCode>,
+    /// Its text.
+    pub message: String,
+    /// The message's topic.
+    pub topic: String,
+}
+
+impl std::fmt::Display for DeliveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "topic '{}': {}", self.topic, self.message)
+    }
 }
 
 impl DeliveryTracker {
     /// The first delivery error since the last call, if any.
-    pub(crate) fn take_error(&self) -> Option<String> {
+    pub(crate) fn take_error(&self) -> Option<DeliveryError> {
         self.first_error
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -357,9 +451,13 @@ impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, _)) = result {
+        if let Err((e, message)) = result {
             let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
-            first.get_or_insert_with(|| e.to_string());
+            first.get_or_insert_with(|| DeliveryError {
+                code: e.rdkafka_error_code(),
+                message: e.to_string(),
+                topic: message.topic().to_string(),
+            });
         }
     }
 }

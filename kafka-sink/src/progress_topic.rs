@@ -5,8 +5,9 @@
 //! `init_transactions`, is the last committed epoch: the decision point of
 //! docs/architecture.md §4. The topic (default `sluice-progress.<query id>`) has one
 //! partition and is compacted on the query id key, so it stays small. It is
-//! the query's own, so no other producer's open transaction can hold back
-//! its last stable offset while the query recovers.
+//! the query's own by default; on a shared one, another producer's open
+//! transaction holds back the last stable offset, and recovery waits for it
+//! (see [`read_last`]).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -77,8 +78,10 @@ pub fn last_committed(
         query_id: query_id.to_string(),
         connect_timeout: timeout,
         passthrough: Vec::new(),
+        dead_letter: None,
     };
-    Ok(read_last(&config, &topic, query_id)?.map(|r| (r.commit.epoch(), r.commit.plan.sources)))
+    Ok(read_last(&config, &topic, query_id, timeout)?
+        .map(|r| (r.commit.epoch(), r.commit.plan.sources)))
 }
 
 /// Creates the progress topic unless it exists — one partition, compacted,
@@ -172,54 +175,92 @@ async fn check_shape(
 /// The last record for `query_id` in `topic`, read `read_committed`.
 /// Blocking. MUST be called after `init_transactions`, so that no
 /// transaction of this query is left open to hide it.
+///
+/// A `read_committed` reader stops at the last stable offset, so another
+/// producer's transaction open on a shared progress topic would hide every
+/// record committed after it began: reading up to there could return an
+/// older epoch than the last committed, and the query would redo epochs.
+/// So the read first waits, up to `wait`, until no transaction is open
+/// below the end it reads to. Each record for the query is checked on the
+/// way: its body names the query of its key, epochs only grow, and its
+/// state files stay inside the checkpoint.
 pub(crate) fn read_last(
     config: &SinkConfig,
     topic: &str,
     query_id: &str,
+    wait: Duration,
 ) -> Result<Option<ProgressRecord>> {
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         config.unreachable(format!("reading progress topic '{topic}': {what}: {e}"))
     };
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &config.bootstrap)
-        .set("group.id", format!("sluice-recovery-{query_id}"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .map_err(|e| fail("creating a consumer", &e))?;
-    let (low, high) = consumer
+    let consumer = |isolation: &str| -> Result<BaseConsumer> {
+        ClientConfig::new()
+            .set("bootstrap.servers", &config.bootstrap)
+            .set("group.id", format!("sluice-recovery-{query_id}"))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", isolation)
+            .create()
+            .map_err(|e| fail("creating a consumer", &e))
+    };
+    let committed = consumer("read_committed")?;
+    // The end of the log as written (open transactions included) ...
+    let (low, high) = consumer("read_uncommitted")?
         .fetch_watermarks(topic, 0, config.connect_timeout)
         .map_err(|e| fail("fetching offsets", &e))?;
     if high <= low {
         return Ok(None);
+    }
+    // ... and the last stable offset, which a read_committed client is
+    // given as the end: below `high` while a transaction is open.
+    let deadline = std::time::Instant::now() + wait;
+    let mut warned = false;
+    loop {
+        let (_, stable) = committed
+            .fetch_watermarks(topic, 0, config.connect_timeout)
+            .map_err(|e| fail("fetching offsets", &e))?;
+        if stable >= high {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(SluiceError::Unreachable {
+                what: format!("kafka progress topic '{topic}' on '{}'", config.bootstrap),
+                message: format!(
+                    "a transaction of another producer is open at offset {stable} (the topic \
+                     ends at {high}) and did not end within {wait:?}; the query's last \
+                     committed epoch may lie past it, and reading before it could redo \
+                     committed epochs"
+                ),
+                hint: Some(
+                    "it ends when its producer commits or aborts, or after that producer's \
+                     transaction.timeout.ms; give each query a progress topic of its own \
+                     ('progress.topic')"
+                        .into(),
+                ),
+            });
+        }
+        if !std::mem::replace(&mut warned, true) {
+            tracing::warn!(%topic, stable, high, "another producer's transaction is open on the progress topic; waiting for it to end before reading the last committed epoch");
+        }
+        std::thread::sleep(Duration::from_millis(100));
     }
     // Read backwards in growing steps: the last record is near the end, but
     // transaction markers and aborted records take offsets too.
     let mut back = 16;
     loop {
         let start = (high - back).max(low);
-        let mut last = None;
+        let mut last: Option<ProgressRecord> = None;
         crate::position::read_ranges(
-            &consumer,
+            &committed,
             topic,
             &[(0, start, high)],
             config.connect_timeout,
             &|what, e| fail(what, &e),
             |m| {
-                if m.key() == Some(query_id.as_bytes()) {
-                    let payload = m.payload().unwrap_or_default();
-                    let record: ProgressRecord =
-                        serde_json::from_slice(payload).map_err(|e| SluiceError::External {
-                            what: format!("kafka progress topic '{topic}', offset {}", m.offset()),
-                            message: format!("unreadable progress record: {e}"),
-                            hint: Some(
-                                "the topic holds records Sluice did not write; give the query \
-                                 its own 'progress.topic'"
-                                    .into(),
-                            ),
-                        })?;
-                    last = Some(record);
+                if m.key() != Some(query_id.as_bytes()) {
+                    return Ok(());
                 }
+                let record = checked_record(topic, query_id, m, last.as_ref())?;
+                last = Some(record);
                 Ok(())
             },
         )?;
@@ -228,4 +269,41 @@ pub(crate) fn read_last(
         }
         back *= 4;
     }
+}
+
+/// The progress record in `m` (keyed `query_id`), refused unless it is one
+/// Sluice wrote for that query after `previous`.
+fn checked_record(
+    topic: &str,
+    query_id: &str,
+    m: &rdkafka::message::BorrowedMessage<'_>,
+    previous: Option<&ProgressRecord>,
+) -> Result<ProgressRecord> {
+    let refuse = |message: String| SluiceError::External {
+        what: format!("kafka progress topic '{topic}', offset {}", m.offset()),
+        message,
+        hint: Some(
+            "the topic holds records Sluice did not write for this query; give the query its \
+             own 'progress.topic'"
+                .into(),
+        ),
+    };
+    let payload = m.payload().unwrap_or_default();
+    let record: ProgressRecord = serde_json::from_slice(payload)
+        .map_err(|e| refuse(format!("unreadable progress record: {e}")))?;
+    if record.query_id != query_id {
+        return Err(refuse(format!(
+            "the record is keyed '{query_id}' but names query '{}'",
+            record.query_id
+        )));
+    }
+    if let Some(previous) = previous.filter(|p| p.commit.epoch() >= record.commit.epoch()) {
+        return Err(refuse(format!(
+            "epoch {} follows epoch {}: a query's epochs only grow",
+            record.commit.epoch(),
+            previous.commit.epoch()
+        )));
+    }
+    record.commit.check_state_paths().map_err(refuse)?;
+    Ok(record)
 }

@@ -42,13 +42,14 @@
 //!   set's exactly-once Kafka sinks must name the same brokers and producer
 //!   settings (checked when the set starts).
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
 use sluice_engine::{
@@ -77,7 +78,13 @@ struct Inner {
     targets: Vec<SinkConfig>,
     progress_topic: String,
     transaction_timeout: Duration,
-    producer: ThreadedProducer<DeliveryTracker>,
+    /// What the producer is made from: an in-process recovery makes a new
+    /// one (see [`Inner::reinit`]).
+    producer_config: ClientConfig,
+    producer: Mutex<Arc<ThreadedProducer<DeliveryTracker>>>,
+    /// True from `init_transactions` until the first recovery read: the
+    /// read at start needs no new producer, a later one does.
+    fresh: AtomicBool,
     groups: Groups,
 }
 
@@ -156,7 +163,9 @@ impl TransactionalSink {
             targets,
             progress_topic,
             transaction_timeout,
-            producer,
+            producer_config,
+            producer: Mutex::new(Arc::new(producer)),
+            fresh: AtomicBool::new(false),
             groups: Groups::default(),
         })))
     }
@@ -249,19 +258,45 @@ impl Inner {
         topics.join(", ")
     }
 
+    /// The current producer.
+    fn producer(&self) -> Arc<ThreadedProducer<DeliveryTracker>> {
+        Arc::clone(&self.producer.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     fn init(&self) -> Result<()> {
+        let producer = self.producer();
         for target in &self.targets {
-            target.wait_for_topic(self.producer.client(), &target.topic)?;
+            target.wait_for_topic(producer.client(), &target.topic)?;
         }
+        self.init_transactions(&producer)
+    }
+
+    fn init_transactions(&self, producer: &ThreadedProducer<DeliveryTracker>) -> Result<()> {
         // A cluster whose transaction coordinator cannot come up answers
         // "retriable" for ever: the start fails after 'connect.timeout'.
         retrying("init_transactions", self.config.connect_timeout, || {
-            self.producer.init_transactions(self.config.connect_timeout)
+            producer.init_transactions(self.config.connect_timeout)
         })
-        .map_err(|e| {
-            self.config
-                .unreachable(format!("init_transactions failed: {e}"))
-        })
+        .map_err(|e| self.stopped("init_transactions", &e))?;
+        self.fresh.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Before an in-process recovery reads the progress topic: a new
+    /// producer under the same transactional id, initialised. Whatever the
+    /// failed epoch left — a transaction open, or a commit whose outcome
+    /// never arrived — `init_transactions` completes or aborts it, so it
+    /// can neither hide the last committed epoch from the read (an open
+    /// transaction holds back the last stable offset) nor commit after it.
+    fn reinit(&self) -> Result<()> {
+        if self.fresh.swap(false, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let producer = Arc::new(create_producer(&self.producer_config)?);
+        self.init_transactions(&producer)?;
+        self.fresh.store(false, Ordering::SeqCst);
+        *self.producer.lock().unwrap_or_else(|p| p.into_inner()) = producer;
+        Ok(())
     }
 
     /// Produces epoch `record.epoch` (`outputs[i]` to the i-th target) and
@@ -281,30 +316,28 @@ impl Inner {
         }
         let epoch = commit.epoch();
         let progress = ProgressRecord::new(&self.config.query_id, commit).to_json()?;
+        let producer = self.producer();
+        let producer = producer.as_ref();
         for attempt in 1..=MAX_ATTEMPTS {
-            self.producer.context().take_error();
-            if let Err(e) = self.producer.begin_transaction() {
+            producer.context().take_error();
+            if let Err(e) = producer.begin_transaction() {
                 return Err(self.stopped("begin_transaction", &e));
             }
+            let began = Instant::now();
             let produced = self
                 .targets
                 .iter()
                 .zip(outputs)
                 .try_for_each(|(target, output)| {
-                    target.send_output(
-                        &self.producer,
-                        epoch,
-                        &output.rows,
-                        output.retracted.as_ref(),
-                    )
+                    target.send_output(producer, epoch, &output.rows, output.retracted.as_ref())
                 })
                 .and_then(|()| {
                     self.config
-                        .send_dead_letters(&self.producer, epoch, &handover.dead_letters)
+                        .send_dead_letters(producer, epoch, &handover.dead_letters)
                 })
                 .and_then(|()| {
                     self.groups.send_in_transaction(
-                        &self.producer,
+                        producer,
                         &self.config,
                         &handover.group_offsets,
                         self.transaction_timeout,
@@ -314,36 +347,82 @@ impl Inner {
                     let r = BaseRecord::to(&self.progress_topic)
                         .key(self.config.query_id.as_bytes())
                         .payload(progress.as_slice());
-                    send(&self.producer, r).map_err(|e| self.config.external(e.to_string()))
+                    send(producer, r).map_err(|e| self.config.external(e.to_string()))
                 });
             if let Err(e) = produced {
-                tracing::warn!(epoch, attempt, error = %e, "producing failed; aborting the transaction");
-                self.abort()?;
+                self.abort(producer)?;
+                // Only Kafka's own trouble can pass on a retry; a record
+                // Kafka never takes, a row that cannot be encoded, a
+                // missing dead-letter topic stay what they are.
+                if !matches!(e, SluiceError::External { .. }) {
+                    return Err(e);
+                }
+                tracing::warn!(epoch, attempt, error = %e, "producing failed; the transaction was aborted");
                 continue;
             }
             // Deliver within the transaction first: a delivery error is then
             // known before the commit, and the fail point below really
             // leaves records of an open transaction on the broker.
-            if let Err(e) = flush_within(&self.producer, self.transaction_timeout) {
+            if let Err(e) = flush_within(producer, self.transaction_timeout) {
                 tracing::warn!(epoch, attempt, error = %e, "flush failed; aborting the transaction");
-                self.abort()?;
+                self.abort(producer)?;
                 continue;
             }
-            if let Some(e) = self.producer.context().take_error() {
-                tracing::warn!(epoch, attempt, error = %e, "a message was not delivered; aborting the transaction");
-                self.abort()?;
+            if let Some(e) = producer.context().take_error() {
+                self.abort(producer)?;
+                if e.code == Some(RDKafkaErrorCode::MessageSizeTooLarge) {
+                    return Err(SluiceError::Poison {
+                        epoch,
+                        reason: format!(
+                            "the broker refused an output record as too large ({e}): the \
+                             topic's max.message.bytes is lower than the producer's \
+                             message.max.bytes"
+                        ),
+                        way_out: format!(
+                            "raise the topic's max.message.bytes, or lower \
+                             'kafka.message.max.bytes' to it and set 'dead-letter.topic' on the \
+                             sink (records over it then go there); topic(s): {}",
+                            self.topics()
+                        ),
+                    });
+                }
+                tracing::warn!(epoch, attempt, error = %e, "a message was not delivered; the transaction was aborted");
                 continue;
             }
             fail_point("kafka-before-commit", epoch);
-            match self.commit() {
+            match self.commit(producer) {
                 Ok(()) => {
                     fail_point("kafka-after-commit", epoch);
                     return Ok(());
                 }
+                Err(e)
+                    if began.elapsed() >= self.transaction_timeout
+                        && !matches!(classify(&e), ErrorClass::Retriable) =>
+                {
+                    // The broker aborts a transaction open longer than its
+                    // timeout and bumps the producer's epoch, so the error
+                    // reads as if another instance had taken over. (A
+                    // commit that timed out unanswered is an outage.)
+                    return Err(SluiceError::Poison {
+                        epoch,
+                        reason: format!(
+                            "its transaction was open for {:.1?}, longer than \
+                             'transaction.timeout' ({:?}), so the broker aborted it ({e}); \
+                             nothing of it is visible to read_committed readers",
+                            began.elapsed(),
+                            self.transaction_timeout
+                        ),
+                        way_out: "raise 'transaction.timeout' (up to the broker's \
+                                  transaction.max.timeout.ms), or make epochs smaller \
+                                  ('max-records-per-epoch', 'max-bytes-per-epoch' on the source); \
+                                  the restart re-runs the epoch"
+                            .into(),
+                    });
+                }
                 Err(e) => match classify(&e) {
                     ErrorClass::Abortable | ErrorClass::Retriable => {
                         tracing::warn!(epoch, attempt, error = %e, "commit failed; aborting and producing the epoch again");
-                        self.abort()?;
+                        self.abort(producer)?;
                     }
                     ErrorClass::Fatal => return Err(self.stopped("commit_transaction", &e)),
                 },
@@ -359,15 +438,18 @@ impl Inner {
     /// (a timed-out commit may be retried with the same call).
     /// Retried for at most the transaction timeout: by then the broker has
     /// aborted the transaction anyway.
-    fn commit(&self) -> std::result::Result<(), KafkaError> {
+    fn commit(
+        &self,
+        producer: &ThreadedProducer<DeliveryTracker>,
+    ) -> std::result::Result<(), KafkaError> {
         retrying("commit_transaction", self.transaction_timeout, || {
-            self.producer.commit_transaction(self.transaction_timeout)
+            producer.commit_transaction(self.transaction_timeout)
         })
     }
 
-    fn abort(&self) -> Result<()> {
+    fn abort(&self, producer: &ThreadedProducer<DeliveryTracker>) -> Result<()> {
         retrying("abort_transaction", self.transaction_timeout, || {
-            self.producer.abort_transaction(self.transaction_timeout)
+            producer.abort_transaction(self.transaction_timeout)
         })
         .map_err(|e| self.stopped("abort_transaction", &e))
     }
@@ -419,7 +501,16 @@ impl Sink for TransactionalSink {
     async fn committed_epoch(&self) -> Result<CommittedEpoch> {
         let inner = Arc::clone(&self.0);
         let last = tokio::task::spawn_blocking(move || {
-            progress_topic::read_last(&inner.config, &inner.progress_topic, &inner.config.query_id)
+            inner.reinit()?;
+            // A foreign transaction on a shared progress topic ends by its
+            // producer's timeout; ours is the best guess of it.
+            let wait = inner.transaction_timeout.max(inner.config.connect_timeout);
+            progress_topic::read_last(
+                &inner.config,
+                &inner.progress_topic,
+                &inner.config.query_id,
+                wait,
+            )
         })
         .await
         .map_err(|e| SluiceError::Internal(format!("recovery task: {e}")))??;

@@ -141,7 +141,8 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
 
     let last = {
         let (config, topic, id) = (config.clone(), progress_topic.clone(), query_id.clone());
-        blocking(move || read_last(&config, &topic, &id)).await?
+        let wait = config.connect_timeout;
+        blocking(move || read_last(&config, &topic, &id, wait)).await?
     };
     let Some(last) = last.map(|r| r.commit) else {
         lines.push(format!(

@@ -15,6 +15,7 @@ pub(crate) const SETTINGS: &[&str] = &[
     "output.mode",
     "state.snapshot.interval",
     "state.retained.snapshots",
+    "outage.limit",
 ];
 
 /// What the `SET`s so far say: the engine's one [`QuerySettings`] for the
@@ -79,6 +80,12 @@ impl SqlRunner<'_> {
             "checkpoint.location" => self.settings.query.checkpoint = Some(value.clone().into()),
             "trigger.interval" | "trigger" => {
                 self.settings.query.trigger = value.parse::<Trigger>().map_err(at_value)?
+            }
+            "outage.limit" => {
+                self.settings.query.outage_limit =
+                    sluice_engine::parse_duration(&value).map_err(|e| {
+                        self.err(text, Pos::from(&value_tok), format!("'outage.limit': {e}"))
+                    })?
             }
             "output.mode" => {
                 self.settings.output_mode = Some(value.parse::<OutputMode>().map_err(at_value)?)

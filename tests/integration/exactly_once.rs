@@ -48,6 +48,10 @@ struct Pipeline {
     second: Option<(String, String)>,
     /// `SET 'pipeline.name'`, when set.
     identity: Option<String>,
+    /// More `SET` statements, each ending in `;`.
+    settings: String,
+    /// More options of the output stream, each starting with `, `.
+    sink_options: String,
     bootstrap: String,
     _temp: tempfile::TempDir,
 }
@@ -63,7 +67,12 @@ impl Pipeline {
     }
 
     async fn with_query(files: usize, rows: usize, query: &str) -> Self {
-        let bootstrap = crate::util::broker().await;
+        Self::on(crate::util::broker().await, files, rows, query).await
+    }
+
+    /// [`with_query`](Self::with_query) writing to the broker at
+    /// `bootstrap`.
+    async fn on(bootstrap: String, files: usize, rows: usize, query: &str) -> Self {
         let topic = fresh_topic("eos");
         create_topic(&bootstrap, &topic, 1).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
@@ -75,6 +84,8 @@ impl Pipeline {
             query: query.to_string(),
             second: None,
             identity: None,
+            settings: String::new(),
+            sink_options: String::new(),
             topic,
             bootstrap,
             _temp: dir,
@@ -91,19 +102,21 @@ impl Pipeline {
         std::fs::write(
             &sql,
             format!(
-                "{identity}SET 'checkpoint.location' = '{checkpoint}';\n\
+                "{identity}{settings}SET 'checkpoint.location' = '{checkpoint}';\n\
                  SET 'trigger' = '{trigger}';\n\
                  CREATE STREAM rows (id BIGINT, name VARCHAR, ts TIMESTAMP, \
                    WATERMARK FOR ts AS ts - INTERVAL '2' SECOND) WITH (connector = 'files', \
                    path = '{input}', format = 'json', 'max_files_per_epoch' = '1');\n\
                  CREATE STREAM out WITH (connector = 'kafka', topic = '{topic}', \
-                   'bootstrap.servers' = '{bootstrap}', format = 'json');\n\
+                   'bootstrap.servers' = '{bootstrap}', format = 'json'{sink_options});\n\
                  {inserts}",
                 identity = self
                     .identity
                     .as_ref()
                     .map(|name| format!("SET 'pipeline.name' = '{name}';\n"))
                     .unwrap_or_default(),
+                settings = self.settings,
+                sink_options = self.sink_options,
                 checkpoint = self.dir.join(checkpoint).display(),
                 input = self.dir.join("input").display(),
                 topic = self.topic,
@@ -133,6 +146,11 @@ impl Pipeline {
 
     /// [`spawn`](Self::spawn) with the checkpoint in folder `checkpoint`.
     fn spawn_at(&self, checkpoint: &str, trigger: &str, failpoint: Option<&str>) -> Run {
+        Run::new(self.command(checkpoint, trigger, failpoint))
+    }
+
+    /// `sluice run` of the pipeline.
+    fn command(&self, checkpoint: &str, trigger: &str, failpoint: Option<&str>) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
         cmd.arg("run")
             .arg(self.sql(checkpoint, trigger))
@@ -140,7 +158,7 @@ impl Pipeline {
         if let Some(f) = failpoint {
             cmd.env("SLUICE_FAILPOINT", f);
         }
-        Run::new(cmd)
+        cmd
     }
 
     /// Waits until `run` has committed `epochs` epochs to its checkpoint. A
@@ -223,9 +241,114 @@ impl Pipeline {
     }
 }
 
-/// Starts the pipeline and SIGKILLs it at a random moment, 25 times, then
-/// lets it run to the end of its input.
+/// Where a kill -9 landed, as the checkpoint and Kafka show it afterwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Landing {
+    /// The run had planned and committed nothing (process start,
+    /// `init_transactions`, recovery).
+    Startup,
+    /// Between epochs: every planned epoch committed in Kafka and in the
+    /// checkpoint (planning the next, or waiting for input).
+    BetweenEpochs,
+    /// An epoch planned (`offsets/N` written), nothing of it in Kafka:
+    /// reading and computing it.
+    Compute,
+    /// Records of the epoch's transaction on the broker, uncommitted.
+    OpenTransaction,
+    /// Kafka committed the epoch; the checkpoint's `commits/N` was not
+    /// written yet.
+    AfterKafkaCommit,
+}
+
+/// The checkpoint's last planned and last committed epochs.
+fn checkpoint_epochs(p: &Pipeline) -> (Option<u64>, Option<u64>) {
+    Checkpoint::open_existing(p.dir.join("checkpoint"))
+        .ok()
+        .map_or((None, None), |cp| {
+            (
+                cp.latest_offsets_epoch().ok().flatten(),
+                cp.latest_commit_epoch().ok().flatten(),
+            )
+        })
+}
+
+/// True when a transaction is open on any of `topics`: a read_committed
+/// client is given an end (the last stable offset) below the log's end.
+fn open_transaction(bootstrap: &str, topics: &[String]) -> bool {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let end = |isolation: &str, topic: &str| {
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", bootstrap)
+            .set("group.id", "sluice-test-landing")
+            .set("isolation.level", isolation)
+            .create()
+            .unwrap();
+        c.fetch_watermarks(topic, 0, Duration::from_secs(10))
+            .unwrap()
+            .1
+    };
+    topics
+        .iter()
+        .any(|t| end("read_committed", t) < end("read_uncommitted", t))
+}
+
+/// Classifies the kill that just ended a run, given the checkpoint's
+/// epochs before the run started.
+fn landing(p: &Pipeline, before: (Option<u64>, Option<u64>)) -> Landing {
+    let (planned, committed) = checkpoint_epochs(p);
+    let query_id = Checkpoint::open_existing(p.dir.join("checkpoint"))
+        .map(|cp| cp.metadata().query_id.clone())
+        .ok();
+    let Some(query_id) = query_id else {
+        return Landing::Startup;
+    };
+    let progress = format!("sluice-progress.{query_id}");
+    let mut topics = vec![p.topic.clone(), progress];
+    topics.extend(p.second.iter().map(|(t, _)| t.clone()));
+    if open_transaction(&p.bootstrap, &topics) {
+        return Landing::OpenTransaction;
+    }
+    let kafka =
+        match sluice_kafka::last_committed(&p.bootstrap, None, &query_id, Duration::from_secs(5)) {
+            Ok(last) => last.map(|(epoch, _)| epoch),
+            Err(_) => return Landing::OpenTransaction,
+        };
+    if kafka > committed {
+        Landing::AfterKafkaCommit
+    } else if planned > kafka {
+        Landing::Compute
+    } else if (planned, committed) == before {
+        Landing::Startup
+    } else {
+        Landing::BetweenEpochs
+    }
+}
+
+/// Kills per crash test: `SLUICE_CRASH_KILLS`, else 25 (four tests keep CI
+/// above 100). The soak (`scripts/soak`) raises it.
+fn kills_per_test() -> usize {
+    std::env::var("SLUICE_CRASH_KILLS")
+        .ok()
+        .and_then(|k| k.parse().ok())
+        .unwrap_or(25)
+}
+
+/// Input files for a crash test of `files` files at 25 kills, grown with
+/// the kill count so that the kills meet a running pipeline.
+fn files_for_kills(files: usize) -> usize {
+    files * kills_per_test().max(25) / 25
+}
+
+/// Starts the pipeline and SIGKILLs it, `kills_per_test()` times, then lets
+/// it run to the end of its input. Half the kills come at a random moment
+/// after the start; the other half a random moment (0–25 ms) after the
+/// pipeline plans a new epoch, aimed at the phases not hit yet. Each kill
+/// is classified by what the checkpoint and Kafka show afterwards; the
+/// test fails unless kills landed both in compute and in open
+/// transactions (it kills on, up to twice the count, until they have).
+/// Prints the landings, and the seed that replays the schedule.
 fn kill_until_done(p: &Pipeline, salt: u64) {
+    use std::collections::BTreeMap;
     // A new seed each run, printed: a failure names the seed that replays
     // it (SLUICE_CRASH_SEED=<seed>).
     let seed = std::env::var("SLUICE_CRASH_SEED")
@@ -238,23 +361,82 @@ fn kill_until_done(p: &Pipeline, salt: u64) {
         });
     eprintln!("kill -9 schedule: SLUICE_CRASH_SEED={seed}");
     let mut rng = Lcg(seed ^ salt);
+    let wanted = kills_per_test();
+    let mut landings: BTreeMap<Landing, usize> = BTreeMap::new();
+    let hit = |l: &BTreeMap<Landing, usize>, at: Landing| l.get(&at).copied().unwrap_or(0) > 0;
     let mut kills = 0;
     loop {
+        let done = kills >= wanted
+            && hit(&landings, Landing::Compute)
+            && hit(&landings, Landing::OpenTransaction);
+        let before = checkpoint_epochs(p);
         let mut child = p.spawn("available-now", None);
-        if kills < 25 {
-            std::thread::sleep(Duration::from_millis(150 + rng.next(400)));
+        if !done && kills < 2 * wanted {
+            if kills % 2 == 0 {
+                std::thread::sleep(Duration::from_millis(150 + rng.next(400)));
+            } else {
+                // Aim: just after planning is compute; a few ms on, the
+                // transaction is open.
+                let delay_us = if !hit(&landings, Landing::Compute) {
+                    rng.next(2_000)
+                } else if !hit(&landings, Landing::OpenTransaction) {
+                    3_000 + rng.next(15_000)
+                } else {
+                    rng.next(25_000)
+                };
+                let deadline = Instant::now() + Duration::from_secs(20);
+                while checkpoint_epochs(p).0 <= before.0.max(before.1)
+                    && child.running()
+                    && Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                std::thread::sleep(Duration::from_micros(delay_us));
+            }
             if child.running() {
                 child.kill_9();
                 kills += 1;
+                *landings.entry(landing(p, before)).or_default() += 1;
                 continue;
             }
         }
         let status = child.wait(Duration::from_secs(120));
         assert!(status.success(), "the pipeline failed: {}", child.stderr());
-        if kills >= 25 {
-            return;
+        if done || kills >= 2 * wanted {
+            break;
         }
     }
+    eprintln!("kill -9 landings ({kills} kills): {landings:?}");
+    assert!(
+        hit(&landings, Landing::Compute) && hit(&landings, Landing::OpenTransaction),
+        "after {kills} kills no kill landed in compute or none in an open transaction: \
+         {landings:?} (SLUICE_CRASH_SEED={seed})"
+    );
+}
+
+/// Lost and duplicated records of `got` against `expected`, as multisets;
+/// printed for the soak, which sums them.
+fn lost_and_duplicated(got: &[String], expected: &[String]) -> (usize, usize) {
+    use std::collections::BTreeMap;
+    let mut count: BTreeMap<&str, i64> = BTreeMap::new();
+    for e in expected {
+        *count.entry(e).or_default() += 1;
+    }
+    for g in got {
+        *count.entry(g).or_default() -= 1;
+    }
+    let lost = count
+        .values()
+        .filter(|c| **c > 0)
+        .map(|c| *c as usize)
+        .sum();
+    let duplicated = count
+        .values()
+        .filter(|c| **c < 0)
+        .map(|c| -*c as usize)
+        .sum();
+    eprintln!("exactly-once check: {lost} lost, {duplicated} duplicated");
+    (lost, duplicated)
 }
 
 /// Runs the pipeline with fail point `point` at `epoch`: it must crash.
@@ -326,6 +508,20 @@ impl Run {
     fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
+
+    /// Waits until the process has written `text` to stderr.
+    fn wait_for_line(&mut self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !self.stderr().contains(text) {
+            assert!(self.running(), "ended before '{text}': {}", self.stderr());
+            assert!(
+                Instant::now() < deadline,
+                "no '{text}' within 90 s: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 impl Drop for Run {
@@ -337,9 +533,9 @@ impl Drop for Run {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stateless_output_is_exact_after_kill_9_at_random_moments() {
-    const FILES: usize = 60;
+    let files = files_for_kills(60);
     const ROWS: usize = 50;
-    let p = Pipeline::new(FILES, ROWS).await;
+    let p = Pipeline::new(files, ROWS).await;
 
     // Crashes placed exactly: inside the open transaction, after the Kafka
     // commit but before the checkpoint heard of it, and between the
@@ -369,11 +565,9 @@ async fn stateless_output_is_exact_after_kill_9_at_random_moments() {
     assert!(report.contains("source offsets"), "{report}");
 
     let committed: Vec<String> = p.values(true).await;
-    assert_eq!(
-        committed,
-        Pipeline::expected(FILES, ROWS),
-        "read_committed output differs"
-    );
+    let expected = Pipeline::expected(files, ROWS);
+    assert_eq!(lost_and_duplicated(&committed, &expected), (0, 0));
+    assert_eq!(committed, expected, "read_committed output differs");
 
     // Aborts really happened and were hidden: a read_uncommitted reader
     // sees the records of the transaction killed at the fail point.
@@ -398,9 +592,9 @@ fn epochs(records: &[ReadRecord]) -> std::collections::BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_set_commits_both_topics_in_one_transaction_through_kill_9() {
-    const FILES: usize = 30;
+    let files = files_for_kills(30);
     const ROWS: usize = 20;
-    let mut p = Pipeline::new(FILES, ROWS).await;
+    let mut p = Pipeline::new(files, ROWS).await;
     let counts = fresh_topic("eos-set");
     create_topic(&p.bootstrap, &counts, 1).await.unwrap();
     p.second = Some((
@@ -412,24 +606,43 @@ async fn a_statement_set_commits_both_topics_in_one_transaction_through_kill_9()
     }
     kill_until_done(&p, 0x5e7);
 
-    // Each statement's output is exact: the filter's rows once each, and
-    // the counts folded by bucket equal to counting the input directly.
-    assert_eq!(p.values(true).await, Pipeline::expected(FILES, ROWS));
+    // Each statement's output is exact, record by record: the filter's
+    // rows once each, in order; and every update of the counts, not only
+    // the last per bucket. Each epoch (one file of 20 ids) adds 4 to each
+    // of the 5 buckets, so bucket b is updated to 4, 8, 12, ... once per
+    // epoch, counted from the input directly.
+    let committed = p.values(true).await;
+    let expected = Pipeline::expected(files, ROWS);
+    assert_eq!(lost_and_duplicated(&committed, &expected), (0, 0));
+    assert_eq!(committed, expected);
     let committed_counts = p.read_topic(&counts, true).await;
-    let mut folded = std::collections::BTreeMap::new();
-    for r in &committed_counts {
-        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
-        folded.insert(v["bucket"].as_i64().unwrap(), v["n"].as_i64().unwrap());
-    }
-    let direct: std::collections::BTreeMap<i64, i64> = (0..5)
-        .map(|b| {
-            (
-                b,
-                (0..FILES * ROWS).filter(|id| id % 5 == b as usize).count() as i64,
-            )
+    let updates: Vec<String> = committed_counts.iter().map(ReadRecord::value_str).collect();
+    let per_bucket = |epochs: usize| -> Vec<(i64, i64)> {
+        (0..5)
+            .flat_map(|b| {
+                (1..=epochs).map(move |f| {
+                    let n = (0..f * ROWS).filter(|id| id % 5 == b as usize).count();
+                    (b, n as i64)
+                })
+            })
+            .collect()
+    };
+    let mut got: Vec<(i64, i64)> = updates
+        .iter()
+        .map(|u| {
+            let v: serde_json::Value = serde_json::from_str(u).unwrap();
+            (v["bucket"].as_i64().unwrap(), v["n"].as_i64().unwrap())
         })
         .collect();
-    assert_eq!(folded, direct);
+    // Within an epoch the buckets come in any order; per bucket, in order.
+    got.sort_by_key(|(b, _)| *b);
+    let expected_updates = per_bucket(files);
+    let as_text = |v: &[(i64, i64)]| v.iter().map(|u| format!("{u:?}")).collect::<Vec<_>>();
+    assert_eq!(
+        lost_and_duplicated(&as_text(&got), &as_text(&expected_updates)),
+        (0, 0)
+    );
+    assert_eq!(got, expected_updates);
 
     // One transaction per epoch for both topics: every committed epoch
     // wrote to both (each file has rows for both), and the transaction
@@ -437,7 +650,7 @@ async fn a_statement_set_commits_both_topics_in_one_transaction_through_kill_9()
     // read_committed readers.
     let committed_out = p.read(true).await;
     assert_eq!(epochs(&committed_out), epochs(&committed_counts));
-    assert_eq!(epochs(&committed_out).len(), FILES);
+    assert_eq!(epochs(&committed_out).len(), files);
     for topic in [&p.topic, &counts] {
         let (all, committed) = (
             p.read_topic(topic, false).await.len(),
@@ -591,19 +804,19 @@ fn per_key(values: &[String], key: &str) -> std::collections::BTreeMap<String, V
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn group_by_update_output_is_exact_after_kill_9_at_random_moments() {
-    const FILES: usize = 40;
+    let files = files_for_kills(40);
     const ROWS: usize = 30;
     const QUERY: &str =
         "SELECT id % 5 AS bucket, count(*) AS n, sum(id) AS total, max(name) AS top \
                          FROM rows GROUP BY id % 5";
-    let reference = failure_free(FILES, ROWS, QUERY).await;
+    let reference = failure_free(files, ROWS, QUERY).await;
     assert_eq!(
         reference.len(),
-        FILES * 5,
+        files * 5,
         "every epoch updates all five buckets"
     );
 
-    let p = Pipeline::with_query(FILES, ROWS, QUERY).await;
+    let p = Pipeline::with_query(files, ROWS, QUERY).await;
     for (point, epoch) in [
         ("kafka-before-commit", 3),
         ("kafka-after-commit", 5),
@@ -613,6 +826,7 @@ async fn group_by_update_output_is_exact_after_kill_9_at_random_moments() {
     }
     kill_until_done(&p, 0xa66);
     let committed: Vec<String> = p.values(true).await;
+    assert_eq!(lost_and_duplicated(&committed, &reference), (0, 0));
     assert_eq!(
         per_key(&committed, "bucket"),
         per_key(&reference, "bucket"),
@@ -622,20 +836,20 @@ async fn group_by_update_output_is_exact_after_kill_9_at_random_moments() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tumbling_window_append_output_is_exact_after_kill_9_at_random_moments() {
-    const FILES: usize = 40;
+    let files = files_for_kills(40);
     const ROWS: usize = 30;
     const QUERY: &str = "SELECT window_start, window_end, count(*) AS n, sum(id) AS total \
          FROM TABLE(TUMBLE(TABLE rows, DESCRIPTOR(ts), INTERVAL '1' SECOND)) \
          GROUP BY window_start, window_end";
-    let mut reference = failure_free(FILES, ROWS, QUERY).await;
-    // 120 s of event time in 1 s windows; the watermark ends 2 s behind
-    // the last row, so the last windows stay open.
+    let mut reference = failure_free(files, ROWS, QUERY).await;
+    // 3 s of event time per file in 1 s windows; the watermark ends 2 s
+    // behind the last row, so the last windows stay open.
     assert!(
-        reference.len() >= FILES * 3 - 4,
+        reference.len() >= files * 3 - 4,
         "{} windows emitted",
         reference.len()
     );
-    let p = Pipeline::with_query(FILES, ROWS, QUERY).await;
+    let p = Pipeline::with_query(files, ROWS, QUERY).await;
     for (point, epoch) in [
         ("kafka-before-commit", 3),
         ("kafka-after-commit", 5),
@@ -645,6 +859,7 @@ async fn tumbling_window_append_output_is_exact_after_kill_9_at_random_moments()
     }
     kill_until_done(&p, 0x717e);
     let mut committed: Vec<String> = p.values(true).await;
+    assert_eq!(lost_and_duplicated(&committed, &reference), (0, 0));
     let windows = per_key(&committed, "window_start");
     assert!(
         windows.values().all(|v| v.len() == 1),
@@ -711,6 +926,11 @@ async fn sigterm_commits_the_open_epoch_leaves_no_transaction_and_the_restart_co
     assert_eq!(committed, Pipeline::expected(FILES, ROWS));
 }
 
+/// The port of the broker that outage tests stop and start, one test at a
+/// time (they hold [`OWN_BROKER`]).
+const OWN_PORT: u16 = 9192;
+static OWN_BROKER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `scripts/kafka <command>` for a broker of its own on `port`, so that
 /// stopping it disturbs no other test.
 fn own_broker(command: &str, port: u16) -> String {
@@ -731,7 +951,8 @@ fn own_broker(command: &str, port: u16) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_20_second_broker_outage_stalls_the_query_which_then_resumes_exactly() {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    const PORT: u16 = 9192;
+    const PORT: u16 = OWN_PORT;
+    let _own = OWN_BROKER.lock().await;
     let bootstrap = tokio::task::spawn_blocking(|| own_broker("start", PORT))
         .await
         .unwrap();
@@ -845,4 +1066,229 @@ async fn a_20_second_broker_outage_stalls_the_query_which_then_resumes_exactly()
     tokio::task::spawn_blocking(|| own_broker("stop", PORT))
         .await
         .unwrap();
+}
+
+/// The broker stops while an epoch's transaction is open: the query waits,
+/// recovers, and after its `outage.limit` fails (status 1) naming the
+/// limit. A SIGTERM during the next outage ends the process within
+/// `--shutdown-timeout`, status 1. Once the broker is back the restart
+/// writes every row exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_broker_stopped_during_a_commit_fails_after_the_outage_limit_and_sigterm_exits_on_time()
+{
+    const FILES: usize = 12;
+    const ROWS: usize = 20;
+    let _own = OWN_BROKER.lock().await;
+    let start = || tokio::task::spawn_blocking(|| own_broker("start", OWN_PORT));
+    let stop = || tokio::task::spawn_blocking(|| own_broker("stop", OWN_PORT));
+    let bootstrap = start().await.unwrap();
+    let mut p = Pipeline::on(
+        bootstrap,
+        FILES,
+        ROWS,
+        "SELECT id, upper(name) AS name, id * 3 AS tripled FROM rows WHERE id % 7 <> 3",
+    )
+    .await;
+    p.settings = "SET 'outage.limit' = '5 s';\n".into();
+    p.sink_options = ", 'connect.timeout' = '5 s', 'transaction.timeout' = '10 s'".into();
+
+    // 1. Stopped with epoch 3's transaction open: fails after the limit.
+    let resume = p.dir.join("resume-1");
+    let mut run = p.spawn(
+        "available-now",
+        Some(&format!("kafka-before-commit@3:pause={}", resume.display())),
+    );
+    run.wait_for_line("pausing until");
+    stop().await.unwrap();
+    std::fs::write(&resume, "").unwrap();
+    let resumed = Instant::now();
+    let status = run.wait(Duration::from_secs(120));
+    let err = run.stderr();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no epoch could commit for") && err.contains("outage limit"),
+        "{err}"
+    );
+    // The commit waits up to 'transaction.timeout' and the abort as long;
+    // each recovery attempt up to 'connect.timeout'.
+    assert!(resumed.elapsed() < Duration::from_secs(60), "{err}");
+
+    // 2. SIGTERM while epoch 5's commit waits for the stopped broker.
+    start().await.unwrap();
+    let resume = p.dir.join("resume-2");
+    let mut cmd = p.command(
+        "checkpoint",
+        "available-now",
+        Some(&format!("kafka-before-commit@5:pause={}", resume.display())),
+    );
+    cmd.args(["--shutdown-timeout", "3"]);
+    let mut run = Run::new(cmd);
+    run.wait_for_line("pausing until");
+    stop().await.unwrap();
+    std::fs::write(&resume, "").unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(run.running(), "{}", run.stderr());
+    let signalled = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &run.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let status = run.wait(Duration::from_secs(30));
+    let took = signalled.elapsed();
+    let err = run.stderr();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        took < Duration::from_secs(6),
+        "exited {took:?} after SIGTERM: {err}"
+    );
+    assert!(err.contains("did not commit within 3s"), "{err}");
+
+    // 3. The broker back, the restart finishes: every row once.
+    start().await.unwrap();
+    let mut run = p.spawn("available-now", None);
+    let status = run.wait(Duration::from_secs(120));
+    assert!(status.success(), "{}", run.stderr());
+    assert_eq!(p.values(true).await, Pipeline::expected(FILES, ROWS));
+    stop().await.unwrap();
+}
+
+/// A poison epoch stops at once with its reason: an output record over the
+/// producer's `message.max.bytes` (then, with a dead-letter topic, set
+/// aside there), and a transaction the broker aborted for outliving
+/// `transaction.timeout` (not blamed on another instance).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_epoch_stops_with_its_reason_and_an_oversized_row_can_go_to_the_dead_letter_topic()
+{
+    const FILES: usize = 6;
+    const ROWS: usize = 20;
+    // Row 25 (epoch 2) is about 2,500 bytes; the producer takes 2,000.
+    let mut p = Pipeline::with_query(
+        FILES,
+        ROWS,
+        "SELECT id, CASE WHEN id = 25 THEN repeat(name, 500) ELSE name END AS name FROM rows",
+    )
+    .await;
+    p.sink_options = ", 'kafka.message.max.bytes' = '2000'".into();
+    let mut run = p.spawn("available-now", None);
+    let status = run.wait(Duration::from_secs(120));
+    let err = run.stderr();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("epoch 2 cannot commit: an output record for topic")
+            && err.contains("over the producer's message.max.bytes (2000)")
+            && err.contains("dead-letter.topic"),
+        "{err}"
+    );
+    assert!(!err.contains("failed 5 times"), "not retried: {err}");
+    let row = |id: usize| format!("{{\"id\":{id},\"name\":\"row{id}\"}}");
+    assert_eq!(p.values(true).await, (0..ROWS).map(row).collect::<Vec<_>>());
+
+    // With a dead-letter topic the row is set aside and the rest is written.
+    let dlq = fresh_topic("eos-dlq");
+    create_topic(&p.bootstrap, &dlq, 1).await.unwrap();
+    p.sink_options = format!("{}, 'dead-letter.topic' = '{dlq}'", p.sink_options);
+    let mut run = p.spawn("available-now", None);
+    let status = run.wait(Duration::from_secs(120));
+    assert!(status.success(), "{}", run.stderr());
+    let expected: Vec<String> = (0..FILES * ROWS).filter(|&id| id != 25).map(row).collect();
+    assert_eq!(p.values(true).await, expected);
+    let letters = p.read_topic(&dlq, true).await;
+    assert_eq!(letters.len(), 1);
+    let header = |k: &str| {
+        letters[0]
+            .headers
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default()
+    };
+    let full = format!("{{\"id\":25,\"name\":\"{}\"}}", "row25".repeat(500));
+    assert_eq!(header("sluice.value.bytes"), full.len().to_string());
+    assert_eq!(header("sluice.sink.topic"), p.topic);
+    assert_eq!(header("sluice.epoch"), "2");
+    assert!(header("sluice.error").contains("over the producer's message.max.bytes"));
+    let kept = letters[0].value.as_deref().unwrap();
+    assert_eq!(kept, &full.as_bytes()[..1000], "the first half-limit bytes");
+
+    // A transaction held open past 'transaction.timeout' (2 s) is aborted
+    // by the broker (which looks for such every second under scripts/kafka,
+    // every 10 s by default), and the query says so.
+    let mut p = Pipeline::new(FILES, ROWS).await;
+    p.sink_options = ", 'transaction.timeout' = '2 s'".into();
+    let resume = p.dir.join("resume");
+    let mut run = p.spawn(
+        "available-now",
+        Some(&format!("kafka-before-commit@3:pause={}", resume.display())),
+    );
+    run.wait_for_line("pausing until");
+    std::thread::sleep(Duration::from_secs(13));
+    std::fs::write(&resume, "").unwrap();
+    let status = run.wait(Duration::from_secs(120));
+    let err = run.stderr();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("epoch 3 cannot commit: its transaction was open for")
+            && err.contains("so the broker aborted it"),
+        "{err}"
+    );
+    assert!(!err.contains("another instance took over"), "{err}");
+    let mut run = p.spawn("available-now", None);
+    assert!(
+        run.wait(Duration::from_secs(120)).success(),
+        "{}",
+        run.stderr()
+    );
+    assert_eq!(p.values(true).await, Pipeline::expected(FILES, ROWS));
+}
+
+/// Another producer's transaction open on a shared progress topic hides
+/// what the query committed after it began from `read_committed` readers:
+/// the restart waits for it to end instead of resuming from an older epoch
+/// (which would write those epochs again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_open_transaction_on_a_shared_progress_topic_is_waited_out() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    const FILES: usize = 30;
+    const ROWS: usize = 20;
+    let mut p = Pipeline::new(FILES, ROWS).await;
+    let shared = fresh_topic("eos-shared-progress");
+    p.sink_options = format!(", 'progress.topic' = '{shared}'");
+    let mut run = p.spawn("250 ms", None);
+    p.wait_for_commits(&mut run, 3);
+
+    let foreign: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &p.bootstrap)
+        .set("transactional.id", format!("foreign-{shared}"))
+        .set("transaction.timeout.ms", "60000")
+        .create()
+        .unwrap();
+    foreign.init_transactions(Duration::from_secs(30)).unwrap();
+    foreign.begin_transaction().unwrap();
+    foreign
+        .send(
+            BaseRecord::<str, str>::to(&shared)
+                .key("another-query")
+                .payload("{}"),
+        )
+        .unwrap();
+    foreign.flush(Duration::from_secs(30)).unwrap();
+
+    // Epochs committed while the foreign transaction is open, then a crash.
+    let before = Checkpoint::open_existing(p.dir.join("checkpoint"))
+        .unwrap()
+        .latest_commit_epoch()
+        .unwrap()
+        .unwrap();
+    p.wait_for_commits(&mut run, before + 3);
+    run.kill_9();
+
+    let mut again = p.spawn("available-now", None);
+    again.wait_for_line("another producer's transaction is open on the progress topic");
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(again.running(), "{}", again.stderr());
+    foreign.abort_transaction(Duration::from_secs(30)).unwrap();
+    let status = again.wait(Duration::from_secs(120));
+    assert!(status.success(), "{}", again.stderr());
+    assert_eq!(p.values(true).await, Pipeline::expected(FILES, ROWS));
 }

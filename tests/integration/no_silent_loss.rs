@@ -27,6 +27,17 @@ fn produce_plain(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
     producer.flush(Duration::from_secs(30)).unwrap();
 }
 
+/// The `id` of each JSON record.
+fn ids(records: Vec<sluice::broker::ReadRecord>) -> Vec<i64> {
+    records
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            v["id"].as_i64().unwrap()
+        })
+        .collect()
+}
+
 fn admin(bootstrap: &str) -> rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> {
     rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -111,16 +122,6 @@ async fn records_gone_before_they_are_read_stop_the_query_naming_them_or_count_a
             out.status,
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
-    };
-    let ids = |records: Vec<sluice::broker::ReadRecord>| -> Vec<i64> {
-        records
-            .iter()
-            .map(|r| {
-                let v: serde_json::Value =
-                    serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
-                v["id"].as_i64().unwrap()
-            })
-            .collect()
     };
     let lost = || -> u64 {
         std::fs::read_to_string(&progress)
@@ -378,4 +379,78 @@ async fn a_progress_topic_of_the_wrong_shape_is_refused() {
         read(&bootstrap, &output).await.is_empty(),
         "nothing written"
     );
+}
+
+/// A query whose stream now reads another topic, restarted on the
+/// checkpoint of the running one: its offsets belong to the old topic, so
+/// it is refused, naming both topics, before its sink opens — the running
+/// instance is not fenced and goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_pointed_at_another_topic_is_refused_before_it_fences_the_running_one() {
+    let bootstrap = crate::util::broker().await;
+    let (first, second, output) = (
+        fresh_topic("moved-a"),
+        fresh_topic("moved-b"),
+        fresh_topic("moved-out"),
+    );
+    for t in [&first, &second, &output] {
+        create_topic(&bootstrap, t, 1).await.unwrap();
+    }
+    produce_plain(&bootstrap, &first, 0..20);
+    produce_plain(&bootstrap, &second, 0..20);
+    let dir = tempfile::tempdir().unwrap();
+    let sql = |topic: &str| {
+        format!(
+            "SET 'pipeline.name' = 'moved-{output}';\n\
+             SET 'checkpoint.location' = '{cp}';\n\
+             SET 'trigger' = '200 ms';\n\
+             CREATE STREAM src (id BIGINT, name VARCHAR) WITH (connector = 'kafka', \
+               topic = '{topic}', 'bootstrap.servers' = '{bootstrap}');\n\
+             CREATE STREAM dst WITH (connector = 'kafka', topic = '{output}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             INSERT INTO dst SELECT id, name FROM src;\n",
+            cp = dir.path().display()
+        )
+    };
+    let session = Session::new();
+    let running = crate::util::start_sql(&session, &sql(&first)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while running
+        .last_progress()
+        .is_none_or(|p| p.num_input_rows == 0)
+    {
+        assert!(running.is_active(), "{:?}", running.exception());
+        assert!(Instant::now() < deadline, "no epoch committed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let err = Session::new()
+        .sql(&sql(&second))
+        .await
+        .map(|_| ())
+        .expect_err("the changed query is refused")
+        .to_string();
+    assert!(
+        err.contains(&format!("kafka topic {first}"))
+            && err.contains(&format!("kafka topic {second}")),
+        "{err}"
+    );
+    produce_plain(&bootstrap, &first, 20..30);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        running.is_active(),
+        "the running instance was not fenced: {:?}",
+        running.exception()
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = ids(read(&bootstrap, &output).await);
+        if got.len() >= 30 {
+            assert_eq!(got, (0..30).collect::<Vec<_>>());
+            break;
+        }
+        assert!(Instant::now() < deadline, "{got:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    running.stop().await.unwrap();
 }

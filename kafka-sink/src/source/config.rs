@@ -21,6 +21,7 @@ pub(crate) const SOURCE_OPTIONS: &[&str] = &[
     "scan.startup.timestamp-millis",
     "scan.startup.specific-offsets",
     "max-records-per-epoch",
+    "max-bytes-per-epoch",
     "format.on-error",
     "dead-letter.topic",
     "group.id",
@@ -64,7 +65,12 @@ pub(crate) struct SourceConfig {
     pub bootstrap: String,
     pub format: SourceFormat,
     pub startup: StartupMode,
-    pub max_records: Option<u64>,
+    /// Cap on records an epoch plans (`max-records-per-epoch`).
+    pub max_records: u64,
+    /// Cap on bytes (keys and values) an epoch plans
+    /// (`max-bytes-per-epoch`), turned into records by the average record
+    /// size read so far.
+    pub max_bytes: u64,
     pub on_error: OnError,
     /// A consumer group to record the query's offsets for (lag tools).
     pub group: Option<String>,
@@ -151,13 +157,29 @@ pub(crate) fn factory(
             )));
         }
     }
-    let max_records = o.take_parsed::<u64>("max-records-per-epoch", "a whole number of records")?;
-    if let Some(m) = max_records.filter(|m| *m == 0 || *m > i64::MAX as u64) {
-        return Err(SluiceError::config(format!(
-            "stream '{stream}': 'max-records-per-epoch' = '{m}' is out of range: use a whole \
-             number from 1 to {}",
-            i64::MAX
-        )));
+    let max_records = o
+        .take_parsed::<u64>("max-records-per-epoch", "a whole number of records")?
+        .unwrap_or(DEFAULT_MAX_RECORDS_PER_EPOCH);
+    let max_bytes = match o.take("max-bytes-per-epoch") {
+        None => DEFAULT_MAX_BYTES_PER_EPOCH,
+        Some(text) => parse_bytes(&text).ok_or_else(|| {
+            SluiceError::config(format!(
+                "stream '{stream}': 'max-bytes-per-epoch' = '{text}' is not valid: expected a \
+                 size such as '64 MiB', '1 GiB' or '500000' (bytes)"
+            ))
+        })?,
+    };
+    for (key, m) in [
+        ("max-records-per-epoch", max_records),
+        ("max-bytes-per-epoch", max_bytes),
+    ] {
+        if m == 0 || m > i64::MAX as u64 {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': '{key}' = '{m}' is out of range: use a whole number from 1 \
+                 to {}",
+                i64::MAX
+            )));
+        }
     }
     let on_error = match o
         .take_choice("format.on-error", &["fail", "skip", "dead-letter"])?
@@ -253,6 +275,7 @@ pub(crate) fn factory(
         format,
         startup,
         max_records,
+        max_bytes,
         on_error,
         group,
         fail_on_data_loss,
@@ -297,6 +320,34 @@ fn specific_offsets(stream: &str, list: &str) -> Result<BTreeMap<i32, i64>> {
     Ok(out)
 }
 
+/// Records an epoch plans at most unless `max-records-per-epoch` says
+/// otherwise: one epoch stays within memory and well within the
+/// transaction timeout, whatever the backlog.
+pub(crate) const DEFAULT_MAX_RECORDS_PER_EPOCH: u64 = 1_000_000;
+
+/// Bytes an epoch plans at most unless `max-bytes-per-epoch` says
+/// otherwise.
+pub(crate) const DEFAULT_MAX_BYTES_PER_EPOCH: u64 = 256 << 20;
+
+/// `'64 MiB'`, `'1 GB'`, `'500000'`: a size in bytes.
+fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" | "bytes" => 1,
+        "kb" => 1_000,
+        "kib" => 1 << 10,
+        "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        _ => return None,
+    };
+    number.checked_mul(scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,6 +382,37 @@ mod tests {
         }
         let mut pairs = base.to_vec();
         pairs.push(("max-records-per-epoch", "9223372036854775807"));
-        factory("s", options(&pairs), Some(declared), Duration::ZERO).unwrap();
+        factory(
+            "s",
+            options(&pairs),
+            Some(Arc::clone(&declared)),
+            Duration::ZERO,
+        )
+        .unwrap();
+        for (size, ok) in [
+            ("64 MiB", true),
+            ("1GB", true),
+            ("0", false),
+            ("lots", false),
+        ] {
+            let mut pairs = base.to_vec();
+            pairs.push(("max-bytes-per-epoch", size));
+            let made = factory(
+                "s",
+                options(&pairs),
+                Some(Arc::clone(&declared)),
+                Duration::ZERO,
+            );
+            assert_eq!(made.is_ok(), ok, "{size}");
+        }
+    }
+
+    #[test]
+    fn sizes_take_decimal_and_binary_units() {
+        assert_eq!(parse_bytes("500000"), Some(500_000));
+        assert_eq!(parse_bytes("64 MiB"), Some(64 << 20));
+        assert_eq!(parse_bytes("2 kb"), Some(2_000));
+        assert_eq!(parse_bytes("1.5 GB"), None);
+        assert_eq!(parse_bytes("99999999999999999999 GiB"), None);
     }
 }

@@ -86,6 +86,7 @@ impl SourceFactory for KafkaSourceFactory {
             consumer: Mutex::new(consumer),
             initial: Mutex::new(BTreeMap::new()),
             cap: Mutex::new(None),
+            record_bytes: Mutex::new(None),
             lag: Mutex::new(BTreeMap::new()),
             rejected: Mutex::default(),
         }))))
@@ -122,6 +123,9 @@ struct SourceInner {
     initial: Mutex<BTreeMap<i32, i64>>,
     /// Per-partition end offsets when prepared for available-now.
     cap: Mutex<Option<BTreeMap<i32, i64>>>,
+    /// The average size of a record (key and value) in the last read, for
+    /// `max-bytes-per-epoch`; none before the first.
+    record_bytes: Mutex<Option<f64>>,
     /// Per partition, the last stable offset minus the last planned end.
     lag: Mutex<BTreeMap<String, i64>>,
     /// What the last read could not decode and set aside.
@@ -263,11 +267,12 @@ impl SourceInner {
             // Fixed at first sight, so 'latest' is resolved once per run.
             *initial = self.startup_positions(&marks)?;
         }
+        // The epoch's cap in records: the smaller of the record cap and the
+        // byte cap at the average record size read so far, shared evenly.
+        let per_record = *self.record_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        let by_bytes = per_record.map_or(u64::MAX, |b| (self.config.max_bytes as f64 / b) as u64);
         let with_data = marks.len().max(1) as u64;
-        let share = self
-            .config
-            .max_records
-            .map(|m| (m / with_data).max(1) as i64);
+        let share = Some((self.config.max_records.min(by_bytes) / with_data).max(1) as i64);
         let mut ranges = BTreeMap::new();
         let mut lag = BTreeMap::new();
         let mut any = false;
@@ -421,6 +426,19 @@ impl SourceInner {
                 Ok(())
             },
         )?;
+        let (count, bytes) = messages
+            .values()
+            .flatten()
+            .fold((0usize, 0usize), |(n, b), r| {
+                (
+                    n + 1,
+                    b + r.value.len() + r.key.as_ref().map_or(0, Vec::len),
+                )
+            });
+        if count > 0 {
+            *self.record_bytes.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((bytes as f64 / count as f64).max(1.0));
+        }
         Ok(match ended {
             Ended::Reached => {
                 self.rejected
