@@ -106,6 +106,12 @@ pub struct EpochCommit {
     /// state that does not fit it; `None` in records of earlier releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
+    /// The cluster each input read (a Kafka cluster id), keyed like the
+    /// offsets: offsets of one cluster mean nothing on another, whatever
+    /// the topic's name. Empty in records of earlier releases and for
+    /// inputs without one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub clusters: BTreeMap<String, String>,
 }
 
 impl EpochCommit {

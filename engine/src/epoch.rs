@@ -79,6 +79,9 @@ pub(crate) struct EpochLoop {
     /// What the query's state and offsets depend on: every statement's
     /// fingerprint, recorded in each commit and checked at recovery.
     pub fingerprint: String,
+    /// The cluster each input reads (see [`Source::cluster`]), recorded in
+    /// each commit and checked at recovery.
+    pub clusters: BTreeMap<String, String>,
     /// In-process recoveries so far (see `run_with_retries`).
     pub recoveries: u64,
 }
@@ -330,6 +333,7 @@ impl EpochLoop {
         if let Some(c) = &committed_epoch {
             self.check_sources(&c.plan)?;
             check_fingerprint(c, &self.fingerprint, &self.sink_description)?;
+            check_clusters(c, &self.clusters, &self.sink_description)?;
         }
         // Everything in memory goes back to the committed epoch (nothing,
         // before the first commit): recovery also runs in-process after a
@@ -646,6 +650,7 @@ impl EpochLoop {
             committed_at_ms: chrono::Utc::now().timestamp_millis(),
             output_rows,
             fingerprint: Some(self.fingerprint.clone()),
+            clusters: self.clusters.clone(),
         };
         let handover = Handover {
             dead_letters,
@@ -749,6 +754,43 @@ pub(crate) fn check_fingerprint(commit: &EpochCommit, ours: &str, whose: &str) -
         ))),
         _ => Ok(()),
     }
+}
+
+/// The cluster each of `inputs` reads, by input key (inputs that name
+/// none are left out).
+pub(crate) async fn clusters<'a>(
+    inputs: impl Iterator<Item = &'a Input>,
+) -> Result<BTreeMap<String, String>> {
+    let mut clusters = BTreeMap::new();
+    for input in inputs {
+        if let Some(cluster) = input.source.cluster().await? {
+            clusters.insert(input.key.clone(), cluster);
+        }
+    }
+    Ok(clusters)
+}
+
+/// An input that now reads another cluster than the one that committed
+/// `commit` (in `whose`): its offsets belong to the other cluster's log,
+/// so the start is refused, naming both. Inputs either side does not
+/// know the cluster of are not compared.
+pub(crate) fn check_clusters(
+    commit: &EpochCommit,
+    ours: &BTreeMap<String, String>,
+    whose: &str,
+) -> Result<()> {
+    for (input, theirs) in &commit.clusters {
+        if let Some(now) = ours.get(input).filter(|now| *now != theirs) {
+            return Err(SluiceError::config(format!(
+                "input {input} now reads Kafka cluster '{now}', but epoch {} ({whose}) was \
+                 committed reading cluster '{theirs}': its offsets mean nothing on another \
+                 cluster. Point the stream back at the cluster it read, or run the query as a \
+                 new one (a new 'pipeline.name' and checkpoint location)",
+                commit.epoch()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Moves each source's position to the end of its range in `record`. A

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::checkpoint::Checkpoint;
 use crate::connector::{ConnectorRegistry, SinkArgs};
-use crate::epoch::{check_fingerprint, check_inputs, EpochLoop};
+use crate::epoch::{check_clusters, check_fingerprint, check_inputs, clusters, EpochLoop};
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
 use crate::progress::StreamingQueryListener;
@@ -213,12 +213,14 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         .map(Statement::fingerprint)
         .collect::<Vec<_>>()
         .join("\n");
+    let clusters = clusters(planned.iter().flat_map(|s| &s.plan.inputs)).await?;
     if let Some(epoch) = checkpoint.latest_commit_epoch()? {
         let commit = checkpoint.read_commit(epoch)?;
         let inputs = planned.iter().flat_map(|s| &s.plan.inputs);
         check_inputs(&commit.plan, inputs, checkpoint.dir())?;
         let whose = format!("checkpoint {}", checkpoint.dir().display());
         check_fingerprint(&commit, &fingerprint, &whose)?;
+        check_clusters(&commit, &clusters, &whose)?;
     }
     if !sink.accepts_source_commits() {
         for input in planned.iter().flat_map(|s| &s.plan.inputs) {
@@ -240,6 +242,7 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         statements: planned,
         snapshots: settings.snapshots(),
         fingerprint,
+        clusters,
         recoveries: 0,
         sink_description: sink.describe(),
         sink,

@@ -1291,4 +1291,111 @@ async fn a_foreign_open_transaction_on_a_shared_progress_topic_is_waited_out() {
     let status = again.wait(Duration::from_secs(120));
     assert!(status.success(), "{}", again.stderr());
     assert_eq!(p.values(true).await, Pipeline::expected(FILES, ROWS));
+
+    // A record under the query's key whose body names another query is not
+    // trusted: the restart is refused, naming the topic and offset.
+    let query_id = Checkpoint::open_existing(p.dir.join("checkpoint"))
+        .unwrap()
+        .metadata()
+        .query_id
+        .clone();
+    let last = read_topic(&p.bootstrap, &shared, true, Duration::from_secs(30))
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find(|r| r.key.as_deref() == Some(query_id.as_bytes()))
+        .unwrap();
+    let mut forged: serde_json::Value =
+        serde_json::from_slice(last.value.as_deref().unwrap()).unwrap();
+    forged["query_id"] = serde_json::json!("someone-else");
+    forged["epoch"] = serde_json::json!(forged["epoch"].as_u64().unwrap() + 1);
+    foreign.begin_transaction().unwrap();
+    let body = forged.to_string();
+    foreign
+        .send(
+            BaseRecord::<str, str>::to(&shared)
+                .key(&query_id)
+                .payload(&body),
+        )
+        .unwrap();
+    foreign.commit_transaction(Duration::from_secs(30)).unwrap();
+    let mut refused = p.spawn("available-now", None);
+    let status = refused.wait(Duration::from_secs(120));
+    let err = refused.stderr();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(
+        err.contains(&format!("kafka progress topic '{shared}', offset"))
+            && err.contains("names query 'someone-else'"),
+        "{err}"
+    );
+}
+
+/// The same topic name on another cluster is another input: a query whose
+/// stream now reads another cluster is refused before its sink opens,
+/// naming both cluster ids, instead of applying one log's offsets to the
+/// other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_pointed_at_another_cluster_is_refused_naming_both() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let _own = OWN_BROKER.lock().await;
+    let shared = crate::util::broker().await;
+    let other = tokio::task::spawn_blocking(|| own_broker("start", OWN_PORT))
+        .await
+        .unwrap();
+    let (input, output) = (fresh_topic("cluster-in"), fresh_topic("cluster-out"));
+    create_topic(&shared, &input, 1).await.unwrap();
+    create_topic(&other, &input, 1).await.unwrap();
+    create_topic(&shared, &output, 1).await.unwrap();
+    {
+        let (b, t) = (shared.clone(), input.clone());
+        tokio::task::spawn_blocking(move || {
+            let p: BaseProducer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &b)
+                .create()
+                .unwrap();
+            for i in 0..10 {
+                let v = format!("{{\"id\": {i}, \"name\": \"n{i}\"}}");
+                p.send(BaseRecord::<(), _>::to(&t).payload(&v)).unwrap();
+            }
+            p.flush(Duration::from_secs(30)).unwrap();
+        })
+        .await
+        .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sql = |source: &str| {
+        format!(
+            "SET 'checkpoint.location' = '{cp}';\n\
+             SET 'trigger' = 'available-now';\n\
+             CREATE STREAM src (id BIGINT, name VARCHAR) WITH (connector = 'kafka', \
+               topic = '{input}', 'bootstrap.servers' = '{source}');\n\
+             CREATE STREAM dst WITH (connector = 'kafka', topic = '{output}', \
+               'bootstrap.servers' = '{shared}');\n\
+             INSERT INTO dst SELECT id, name FROM src;\n",
+            cp = dir.path().display()
+        )
+    };
+    let query = crate::util::start_sql(&sluice::Session::new(), &sql(&shared)).await;
+    query.await_termination().await.unwrap();
+    let err = sluice::Session::new()
+        .sql(&sql(&other))
+        .await
+        .map(|_| ())
+        .expect_err("another cluster is refused")
+        .to_string();
+    tokio::task::spawn_blocking(|| own_broker("stop", OWN_PORT))
+        .await
+        .unwrap();
+    assert!(
+        err.contains("now reads Kafka cluster '") && err.contains("committed reading cluster '"),
+        "{err}"
+    );
+    let ids: Vec<&str> = err.split('\'').skip(1).step_by(2).collect();
+    assert_ne!(ids.first(), ids.get(1), "two clusters named: {err}");
+    assert_eq!(
+        read_topic(&shared, &output, true, Duration::from_secs(30))
+            .unwrap()
+            .len(),
+        10
+    );
 }

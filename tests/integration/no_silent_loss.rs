@@ -454,3 +454,60 @@ async fn a_query_pointed_at_another_topic_is_refused_before_it_fences_the_runnin
     }
     running.stop().await.unwrap();
 }
+
+/// An epoch's input is capped in records and in bytes: from the second
+/// epoch on, at most 'max-bytes-per-epoch' of records at the average size
+/// read so far, so one epoch stays within memory and the transaction
+/// timeout whatever the backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_reads_at_most_its_record_and_byte_caps() {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let bootstrap = crate::util::broker().await;
+    let input = fresh_topic("byte-cap");
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    let (b, t) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || {
+        let producer: BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &b)
+            .create()
+            .unwrap();
+        // About 422 bytes each: 2 KiB holds 4 of them.
+        for i in 0..30 {
+            let v = format!("{{\"id\": {i:2}, \"name\": \"{}\"}}", "x".repeat(400));
+            producer
+                .send(BaseRecord::<(), _>::to(&t).payload(&v).partition(0))
+                .unwrap();
+        }
+        producer.flush(Duration::from_secs(30)).unwrap();
+    })
+    .await
+    .unwrap();
+    let out = sluice::MemorySink::new();
+    let query = crate::util::kafka_stream(
+        &bootstrap,
+        &input,
+        &[
+            ("max-records-per-epoch", "10"),
+            ("max-bytes-per-epoch", "2 KiB"),
+        ],
+    )
+    .select(vec![col("id")])
+    .unwrap()
+    .write_stream()
+    .memory(&out)
+    .trigger(Trigger::AvailableNow)
+    .start()
+    .await
+    .unwrap();
+    query.await_termination().await.unwrap();
+    let per_epoch: Vec<u64> = query
+        .recent_progress()
+        .iter()
+        .map(|p| p.num_input_rows)
+        .collect();
+    assert_eq!(per_epoch, vec![10, 4, 4, 4, 4, 4]);
+    assert_eq!(
+        crate::util::ints(&out.batches(), "id"),
+        (0..30).collect::<Vec<_>>()
+    );
+}

@@ -149,6 +149,14 @@ pub trait Source: Send + Sync + Debug {
         Ok(())
     }
 
+    /// The cluster the source reads (a Kafka cluster's id), recorded with
+    /// each commit: the same topic name on another cluster is another
+    /// input, whose offsets mean nothing to this checkpoint. `None` (the
+    /// default): no such thing, or not known.
+    async fn cluster(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
     /// One range from where this source began up to `end` (the end of an
     /// epoch's range), such that [`Source::read`] returns everything a
     /// query read until then: how `sluice verify` reads a query's whole

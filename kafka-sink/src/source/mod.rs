@@ -721,6 +721,21 @@ impl Source for KafkaSource {
             Some(marks.into_iter().map(|(p, (_, high))| (p, high)).collect());
         Ok(())
     }
+
+    /// The cluster id the brokers report (KIP-78); none from a broker that
+    /// does not answer within `connect.timeout` (the start then fails on
+    /// what it reads).
+    async fn cluster(&self) -> Result<Option<String>> {
+        let inner = Arc::clone(&self.0);
+        tokio::task::spawn_blocking(move || {
+            let consumer = inner.consumer.lock().unwrap_or_else(|p| p.into_inner());
+            consumer
+                .client()
+                .fetch_cluster_id(inner.config.connect_timeout)
+        })
+        .await
+        .map_err(|e| SluiceError::Internal(format!("kafka cluster task: {e}")))
+    }
 }
 
 /// Decodes JSON message values, one object each, into one batch of
