@@ -104,6 +104,7 @@ impl Case {
 fn last_record(bootstrap: &str, topic: &str) -> Result<(Vec<u8>, Vec<u8>), BoxError> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
+        .set("group.id", "sluice-bench-recovery")
         .set("isolation.level", "read_committed")
         .create()?;
     let (low, high) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(30))?;

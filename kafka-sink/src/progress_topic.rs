@@ -199,6 +199,10 @@ pub(crate) fn read_last(
             .set("group.id", format!("sluice-recovery-{query_id}"))
             .set("enable.auto.commit", "false")
             .set("isolation.level", isolation)
+            // The read ends at a transaction marker, which the broker hands
+            // over only with the next fetch; by default it holds an empty
+            // fetch 500 ms, and every recovery paid that once per step.
+            .set("fetch.wait.max.ms", "10")
             .create()
             .map_err(|e| fail("creating a consumer", &e))
     };

@@ -78,13 +78,13 @@ struct Inner {
     targets: Vec<SinkConfig>,
     progress_topic: String,
     transaction_timeout: Duration,
-    /// What the producer is made from: an in-process recovery makes a new
-    /// one (see [`Inner::reinit`]).
+    /// What the producer is made from: a recovery that cannot abort the
+    /// failed epoch's transaction makes a new one (see [`Inner::resolve`]).
     producer_config: ClientConfig,
     producer: Mutex<Arc<ThreadedProducer<DeliveryTracker>>>,
-    /// True from `init_transactions` until the first recovery read: the
-    /// read at start needs no new producer, a later one does.
-    fresh: AtomicBool,
+    /// True from `begin_transaction` until the transaction is committed or
+    /// aborted.
+    in_transaction: AtomicBool,
     groups: Groups,
 }
 
@@ -165,7 +165,7 @@ impl TransactionalSink {
             transaction_timeout,
             producer_config,
             producer: Mutex::new(Arc::new(producer)),
-            fresh: AtomicBool::new(false),
+            in_transaction: AtomicBool::new(false),
             groups: Groups::default(),
         })))
     }
@@ -278,23 +278,49 @@ impl Inner {
             producer.init_transactions(self.config.connect_timeout)
         })
         .map_err(|e| self.stopped("init_transactions", &e))?;
-        self.fresh.store(true, Ordering::SeqCst);
+        self.in_transaction.store(false, Ordering::SeqCst);
         Ok(())
     }
 
-    /// Before an in-process recovery reads the progress topic: a new
-    /// producer under the same transactional id, initialised. Whatever the
-    /// failed epoch left — a transaction open, or a commit whose outcome
-    /// never arrived — `init_transactions` completes or aborts it, so it
-    /// can neither hide the last committed epoch from the read (an open
-    /// transaction holds back the last stable offset) nor commit after it.
-    fn reinit(&self) -> Result<()> {
-        if self.fresh.swap(false, Ordering::SeqCst) {
+    /// Before a recovery reads the progress topic: whatever the failed
+    /// epoch left of its transaction is ended, so that it can neither hide
+    /// the last committed epoch from the read (an open transaction holds
+    /// back the last stable offset) nor commit after it.
+    ///
+    /// First by aborting it in place, which also tells whether another
+    /// instance took over meanwhile (fenced: stop). Only a transaction that
+    /// cannot be aborted in place (a commit whose outcome never arrived, a
+    /// producer librdkafka declared dead) gets a new producer under the same
+    /// transactional id, whose `init_transactions` completes or aborts it:
+    /// re-initialising every time would fence a newer instance that took
+    /// over during an outage, and the older one would win.
+    fn resolve(&self) -> Result<()> {
+        if !self.in_transaction.load(Ordering::SeqCst) {
             return Ok(());
+        }
+        let producer = self.producer();
+        let aborted = retrying("abort_transaction", self.transaction_timeout, || {
+            producer.abort_transaction(self.transaction_timeout)
+        });
+        match aborted {
+            Ok(()) => {
+                self.in_transaction.store(false, Ordering::SeqCst);
+                return Ok(());
+            }
+            Err(e) => {
+                let error = self.stopped("abort_transaction", &e);
+                // Fenced: another instance owns the query. Still timing
+                // out: the brokers are still away, and recovery retries.
+                if matches!(error, SluiceError::Stopped(_))
+                    || matches!(classify(&e), ErrorClass::Retriable)
+                {
+                    return Err(error);
+                }
+                tracing::warn!(error = %e, "the failed epoch's transaction cannot be aborted in place; re-initialising the producer");
+            }
         }
         let producer = Arc::new(create_producer(&self.producer_config)?);
         self.init_transactions(&producer)?;
-        self.fresh.store(false, Ordering::SeqCst);
         *self.producer.lock().unwrap_or_else(|p| p.into_inner()) = producer;
         Ok(())
     }
@@ -323,6 +349,7 @@ impl Inner {
             if let Err(e) = producer.begin_transaction() {
                 return Err(self.stopped("begin_transaction", &e));
             }
+            self.in_transaction.store(true, Ordering::SeqCst);
             let began = Instant::now();
             let produced = self
                 .targets
@@ -392,6 +419,7 @@ impl Inner {
             fail_point("kafka-before-commit", epoch);
             match self.commit(producer) {
                 Ok(()) => {
+                    self.in_transaction.store(false, Ordering::SeqCst);
                     fail_point("kafka-after-commit", epoch);
                     return Ok(());
                 }
@@ -451,7 +479,9 @@ impl Inner {
         retrying("abort_transaction", self.transaction_timeout, || {
             producer.abort_transaction(self.transaction_timeout)
         })
-        .map_err(|e| self.stopped("abort_transaction", &e))
+        .map_err(|e| self.stopped("abort_transaction", &e))?;
+        self.in_transaction.store(false, Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -501,7 +531,7 @@ impl Sink for TransactionalSink {
     async fn committed_epoch(&self) -> Result<CommittedEpoch> {
         let inner = Arc::clone(&self.0);
         let last = tokio::task::spawn_blocking(move || {
-            inner.reinit()?;
+            inner.resolve()?;
             // A foreign transaction on a shared progress topic ends by its
             // producer's timeout; ours is the best guess of it.
             let wait = inner.transaction_timeout.max(inner.config.connect_timeout);
