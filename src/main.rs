@@ -122,8 +122,27 @@ impl From<SqlError> for Failure {
     }
 }
 
+/// What `sluice --version` prints: the release, the commit it was built
+/// from, and the librdkafka it links with its features, so that a bug
+/// report says what ran.
+fn long_version() -> String {
+    let (librdkafka, features) = sluice_kafka::client_library();
+    format!(
+        "{} (commit {})\nlibrdkafka {librdkafka} ({features})",
+        env!("CARGO_PKG_VERSION"),
+        env!("SLUICE_GIT_COMMIT")
+    )
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    use clap::{CommandFactory, FromArgMatches};
+    // Built once per process; clap wants it for the process's life.
+    let version: &'static str = Box::leak(long_version().into_boxed_str());
+    let matches = Cli::command().version(version).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
@@ -306,11 +325,28 @@ async fn run(
     // Everything is parsed and planned before anything starts.
     let prepared = runner.prepare(&text).await?;
     let mut queries = Vec::new();
+    let mut answered = false;
     for p in prepared {
         match p {
-            Prepared::Done(outcome) => print_outcome(&outcome),
+            Prepared::Done(outcome) => {
+                answered |= matches!(
+                    outcome,
+                    StatementOutcome::Explained { .. } | StatementOutcome::Streams(_)
+                );
+                print_outcome(&outcome)
+            }
             Prepared::Query(q) => queries.push(q),
         }
+    }
+    // Declarations and settings alone run nothing: say so rather than exit
+    // 0 as if a pipeline had run.
+    if queries.is_empty() && !answered {
+        return Err(Failure::Usage(format!(
+            "sluice: {}: nothing to run: the file declares streams and settings but has no \
+             INSERT INTO ... SELECT; add one, e.g. INSERT INTO <sink stream> SELECT * FROM \
+             <source stream>",
+            file.display()
+        )));
     }
     let mut running: Vec<StreamingQuery> = Vec::new();
     for q in queries {

@@ -24,13 +24,13 @@ use std::time::Duration;
 use crate::error::{Result, SluiceError};
 use crate::progress::{QueryProgress, QueryStartedEvent, StreamingQueryListener};
 
-/// Upper bounds of the epoch phase histogram buckets, in seconds.
 /// Scrapes answered at once; more connections are closed unanswered.
 const MAX_SCRAPES: usize = 8;
 
 /// How long a scrape may take to send its request or read the answer.
 const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Upper bounds of the epoch phase histogram buckets, in seconds.
 const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
@@ -297,7 +297,8 @@ impl Metrics {
 
     /// Serves [`render`](Self::render) at `http://addr/metrics` from a
     /// thread of its own, until the process ends; returns the bound address
-    /// (port 0 picks one). Scrapes are rare and small: one at a time.
+    /// (port 0 picks one). Up to [`MAX_SCRAPES`] scrapes are answered at
+    /// once, each bounded by [`SCRAPE_TIMEOUT`].
     pub fn serve(self: Arc<Self>, addr: SocketAddr) -> Result<SocketAddr> {
         let listener = TcpListener::bind(addr)
             .map_err(|e| SluiceError::io(format!("binding the metrics endpoint to {addr}"), e))?;
@@ -381,4 +382,32 @@ fn process_usage() -> (Option<f64>, Option<f64>) {
             Some(kb * 1024.0)
         });
     (cpu, rss)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpStream;
+    use std::time::Instant;
+
+    /// A client that connects and says nothing holds up no other scrape.
+    #[test]
+    fn a_silent_client_does_not_hold_up_a_scrape() {
+        let metrics = Arc::new(Metrics::default());
+        let addr = metrics.serve("127.0.0.1:0".parse().unwrap()).unwrap();
+        let _silent = TcpStream::connect(addr).unwrap();
+        let began = Instant::now();
+        let mut scrape = TcpStream::connect(addr).unwrap();
+        scrape.set_read_timeout(Some(SCRAPE_TIMEOUT)).unwrap();
+        scrape.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        scrape.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+        assert!(answer.contains("process_resident_memory_bytes"), "{answer}");
+        assert!(
+            began.elapsed() < SCRAPE_TIMEOUT,
+            "answered after {:?}, behind the silent client",
+            began.elapsed()
+        );
+    }
 }

@@ -57,3 +57,22 @@ pub use encode::{Format, Message};
 pub use progress_topic::last_committed;
 pub use source::decode_json;
 pub use verify::{verify, Verdict};
+
+/// The librdkafka this build links and its compiled-in features (TLS, SASL,
+/// compression codecs), as librdkafka reports them: what a bug report
+/// needs to say.
+///
+/// ```
+/// let (version, features) = sluice_kafka::client_library();
+/// assert!(version.starts_with('2'));
+/// assert!(!features.is_empty());
+/// ```
+pub fn client_library() -> (String, String) {
+    let (_, version) = rdkafka::util::get_rdkafka_version();
+    let features = rdkafka::ClientConfig::new()
+        .create_native_config()
+        .ok()
+        .and_then(|c| c.get("builtin.features").ok())
+        .unwrap_or_else(|| "unknown".into());
+    (version, features)
+}

@@ -170,3 +170,30 @@ fn inspecting_a_directory_without_a_checkpoint_says_so_and_creates_nothing() {
     assert!(stderr.contains("no checkpoint here"), "{stderr}");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+/// `sluice --version` says what ran: the release, the commit it was built
+/// from (this checkout's), and the librdkafka it links with its features.
+#[test]
+fn version_names_the_release_the_commit_and_librdkafka() {
+    let out = sluice().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    assert!(
+        text.starts_with(&format!(
+            "sluice {} (commit {head}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{text}"
+    );
+    let (librdkafka, features) = sluice_kafka::client_library();
+    assert!(
+        text.contains(&format!("librdkafka {librdkafka} ({features})")),
+        "{text}"
+    );
+}
