@@ -90,6 +90,8 @@ impl SqlRunner<'_> {
                 });
             self.engine_error(text, at, e)
         })?;
+        self.option_positions
+            .insert(name.clone(), (text.to_string(), positions));
         Ok(StatementOutcome::Created { stream: name })
     }
 

@@ -1,6 +1,7 @@
 //! Continuous queries: `INSERT INTO ... SELECT`, `EXECUTE STATEMENT SET`,
 //! and the window table functions in their `FROM`.
 
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
@@ -26,6 +27,10 @@ pub struct PendingQuery {
     text: String,
     line: u64,
     column: u64,
+    /// Where the options of the file's streams are written (see
+    /// `SqlRunner::option_positions`): a connector checks some only when
+    /// the query starts.
+    options: BTreeMap<String, BTreeMap<String, Pos>>,
     run: Run,
 }
 
@@ -66,26 +71,41 @@ impl PendingQuery {
             Run::Insert(writer) => (*writer).start().await,
             Run::Set(set, _) => set.start().await,
         };
-        started.map_err(|e| {
-            let user = e.is_user_error();
-            let mut err = SqlError::at(&file, &text, line, column, e.to_string());
-            err.user_error = user;
-            err
-        })
+        let options = self.options;
+        started.map_err(|e| located(&file, &text, (line, column), &options, e))
     }
 
     fn error(&self, e: SluiceError) -> SqlError {
-        let user = e.is_user_error();
-        let mut err = SqlError::at(
-            &self.file,
-            &self.text,
-            self.line,
-            self.column,
-            e.to_string(),
-        );
-        err.user_error = user;
-        err
+        let at = (self.line, self.column);
+        located(&self.file, &self.text, at, &self.options, e)
     }
+}
+
+/// `e` as an error at the statement at `at` — or, when it is about an
+/// option of a stream ("stream 'bids' cannot be read: option 'format'
+/// ..."), at that option in the stream's `CREATE STREAM`.
+fn located(
+    file: &str,
+    text: &str,
+    at: (u64, u64),
+    options: &BTreeMap<String, BTreeMap<String, Pos>>,
+    e: SluiceError,
+) -> SqlError {
+    let message = e.to_string();
+    let option = message
+        .strip_prefix("stream '")
+        .and_then(|rest| rest.split_once('\''))
+        .and_then(|(stream, _)| options.get(stream))
+        .and_then(|positions| {
+            positions
+                .iter()
+                .find(|(key, _)| message.contains(&format!("'{key}'")))
+        })
+        .map(|(_, pos)| (pos.line, pos.column));
+    let (line, column) = option.unwrap_or(at);
+    let mut err = SqlError::at(file, text, line, column, message);
+    err.user_error = e.is_user_error();
+    err
 }
 
 impl SqlRunner<'_> {
@@ -197,6 +217,7 @@ impl SqlRunner<'_> {
             text: text.to_string(),
             line: pos.line,
             column: pos.column,
+            options: self.options_in(text),
             run: Run::Set(set, sinks),
         })
     }
@@ -283,6 +304,7 @@ impl SqlRunner<'_> {
             text: text.to_string(),
             line: pos.line,
             column: pos.column,
+            options: self.options_in(text),
             run: Run::Insert(Box::new(writer)),
         };
         // Plan now: a query that cannot run fails before anything starts.

@@ -108,6 +108,11 @@ pub struct SqlRunner<'a> {
     /// Window table function calls of the text, by placeholder name.
     windows: BTreeMap<String, WindowCall>,
     next_window: usize,
+    /// Where each `CREATE STREAM`'s options are written, by stream: a
+    /// Kafka stream's source options are checked when a query reads it,
+    /// and a mistake in one is shown at the option, not at the query. The
+    /// text they are positions in comes with them.
+    option_positions: BTreeMap<String, (String, BTreeMap<String, Pos>)>,
 }
 
 /// Where a statement or token starts.
@@ -137,6 +142,7 @@ impl<'a> SqlRunner<'a> {
             pipelines: BTreeSet::new(),
             windows: BTreeMap::new(),
             next_window: 0,
+            option_positions: BTreeMap::new(),
         }
     }
 
@@ -197,6 +203,15 @@ impl<'a> SqlRunner<'a> {
         let message = e.to_string();
         let (line, column) = parser_location(&message).unwrap_or((1, 1));
         SqlError::at(&self.file, text, line, column, strip_location(&message))
+    }
+
+    /// The option positions of the streams declared in `text`.
+    fn options_in(&self, text: &str) -> BTreeMap<String, BTreeMap<String, Pos>> {
+        self.option_positions
+            .iter()
+            .filter(|(_, (written, _))| written == text)
+            .map(|(stream, (_, positions))| (stream.clone(), positions.clone()))
+            .collect()
     }
 
     fn engine_error(&self, text: &str, pos: Pos, e: SluiceError) -> SqlError {
