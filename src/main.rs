@@ -77,6 +77,13 @@ enum Command {
         #[arg(long, default_value = "6")]
         seconds: u64,
     },
+    /// Print a completion script for SHELL, e.g.
+    /// `sluice completions bash > ~/.local/share/bash-completion/completions/sluice`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
@@ -179,6 +186,12 @@ fn main() -> ExitCode {
             Command::Explain { file } => explain(&file).await,
             Command::Verify { file } => verify(&file).await,
             Command::Demo { seconds } => demo(Duration::from_secs(seconds)).await,
+            Command::Completions { shell } => {
+                use clap::CommandFactory;
+                let mut command = Cli::command();
+                clap_complete::generate(shell, &mut command, "sluice", &mut std::io::stdout());
+                Ok(())
+            }
             Command::Nexmark {
                 command: NexmarkCommand::Load(load),
             } => match nexmark::load(&load).await {

@@ -171,6 +171,26 @@ fn inspecting_a_directory_without_a_checkpoint_says_so_and_creates_nothing() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
 
+/// `sluice completions SHELL` prints a completion script naming the
+/// subcommands.
+#[test]
+fn completions_cover_the_subcommands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = sluice().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        for sub in ["run", "explain", "verify", "checkpoint", "demo"] {
+            assert!(script.contains(sub), "{shell}: no '{sub}'");
+        }
+    }
+    let out = sluice().args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
+}
+
 /// `sluice --version` says what ran: the release, the commit it was built
 /// from (this checkout's), and the librdkafka it links with its features.
 #[test]
