@@ -263,7 +263,8 @@ pub(crate) fn read_last(
                 if m.key() != Some(query_id.as_bytes()) {
                     return Ok(());
                 }
-                let record = checked_record(topic, query_id, m, last.as_ref())?;
+                let payload = m.payload().unwrap_or_default();
+                let record = checked_record(topic, query_id, m.offset(), payload, last.as_ref())?;
                 last = Some(record);
                 Ok(())
             },
@@ -275,16 +276,17 @@ pub(crate) fn read_last(
     }
 }
 
-/// The progress record in `m` (keyed `query_id`), refused unless it is one
-/// Sluice wrote for that query after `previous`.
+/// The progress record `payload` at `offset` (keyed `query_id`), refused
+/// unless it is one Sluice wrote for that query after `previous`.
 fn checked_record(
     topic: &str,
     query_id: &str,
-    m: &rdkafka::message::BorrowedMessage<'_>,
+    offset: i64,
+    payload: &[u8],
     previous: Option<&ProgressRecord>,
 ) -> Result<ProgressRecord> {
     let refuse = |message: String| SluiceError::External {
-        what: format!("kafka progress topic '{topic}', offset {}", m.offset()),
+        what: format!("kafka progress topic '{topic}', offset {offset}"),
         message,
         hint: Some(
             "the topic holds records Sluice did not write for this query; give the query its \
@@ -292,7 +294,6 @@ fn checked_record(
                 .into(),
         ),
     };
-    let payload = m.payload().unwrap_or_default();
     let record: ProgressRecord = serde_json::from_slice(payload)
         .map_err(|e| refuse(format!("unreadable progress record: {e}")))?;
     if record.query_id != query_id {
@@ -310,4 +311,52 @@ fn checked_record(
     }
     record.commit.check_state_paths().map_err(refuse)?;
     Ok(record)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_engine::OffsetRecord;
+
+    fn record(query_id: &str, epoch: u64, state_files: &[&str]) -> Vec<u8> {
+        let commit = EpochCommit {
+            plan: OffsetRecord {
+                epoch,
+                ..Default::default()
+            },
+            state_files: state_files.iter().map(|f| f.to_string()).collect(),
+            ..Default::default()
+        };
+        ProgressRecord::new(query_id, &commit).to_json().unwrap()
+    }
+
+    fn check(payload: &[u8], previous: Option<&ProgressRecord>) -> Result<ProgressRecord> {
+        checked_record("progress", "q", 7, payload, previous)
+    }
+
+    #[test]
+    fn a_record_sluice_wrote_for_the_query_passes() {
+        let first = check(&record("q", 3, &["state/0.agg/3.a.snapshot"]), None).unwrap();
+        assert_eq!(first.commit.epoch(), 3);
+        let next = check(&record("q", 4, &[]), Some(&first)).unwrap();
+        assert_eq!(next.commit.epoch(), 4);
+    }
+
+    #[test]
+    fn records_that_are_not_the_querys_are_refused_naming_topic_and_offset() {
+        let first = check(&record("q", 5, &[]), None).unwrap();
+        for (payload, previous, says) in [
+            (b"not json".to_vec(), None, "unreadable progress record"),
+            (record("other", 6, &[]), None, "names query 'other'"),
+            (record("q", 5, &[]), Some(&first), "epoch 5 follows epoch 5"),
+            (record("q", 4, &[]), Some(&first), "epoch 4 follows epoch 5"),
+            (record("q", 6, &["../../etc/x"]), None, "'../../etc/x'"),
+        ] {
+            let err = check(&payload, previous).unwrap_err().to_string();
+            assert!(
+                err.contains("kafka progress topic 'progress', offset 7") && err.contains(says),
+                "{err}"
+            );
+        }
+    }
 }
