@@ -596,6 +596,7 @@ async fn demo(duration: Duration) -> Result<(), Failure> {
             q.recent_progress().len()
         );
     }
+    let broker = bootstrap.clone();
     let records = tokio::task::spawn_blocking(move || {
         sluice::broker::read_topic(&bootstrap, "updates", true, Duration::from_secs(30))
     })
@@ -626,5 +627,9 @@ async fn demo(duration: Duration) -> Result<(), Failure> {
             "sluice demo: no records came back from Kafka".into(),
         ));
     }
+    println!(
+        "sluice demo: the broker at {broker} keeps running for the next run; stop it with \
+         scripts/kafka stop"
+    );
     Ok(())
 }

@@ -2,8 +2,11 @@
 //!
 //! [`ensure_broker`] returns a bootstrap address, starting the project's
 //! `scripts/kafka` (Apache Kafka from Maven Central, KRaft, loopback) when
-//! nothing listens on `SLUICE_KAFKA_PORT` (default 9092). The script is also
-//! compiled into the binary, so `sluice demo` works outside the repository.
+//! nothing listens on `SLUICE_KAFKA_PORT` (default 9092);
+//! [`ensure_broker_on`] does the same on a port of the caller's (the tests
+//! keep a broker of their own, away from one the user runs on 9092). The
+//! script is also compiled into the binary, so `sluice demo` works outside
+//! the repository.
 //! Tests get unique topics from [`fresh_topic`] and read them back with
 //! [`read_topic`].
 
@@ -77,7 +80,12 @@ fn script_path() -> Result<PathBuf> {
 /// A bootstrap address of a running local broker, started through
 /// `scripts/kafka start` when nothing listens on [`broker_port`].
 pub fn ensure_broker() -> Result<String> {
-    let port = broker_port();
+    ensure_broker_on(broker_port())
+}
+
+/// [`ensure_broker`] on 127.0.0.1:`port` (its KRaft controller on
+/// `port + 1`).
+pub fn ensure_broker_on(port: u16) -> Result<String> {
     let address = format!("127.0.0.1:{port}");
     if listening(port) {
         return Ok(address);

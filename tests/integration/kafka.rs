@@ -922,3 +922,69 @@ async fn avro_rows_reach_kafka_single_object_encoded_and_a_source_reads_them_bac
     back.sort_unstable();
     assert_eq!(back, want);
 }
+
+/// The names of the topics on the broker at `bootstrap`; none when nothing
+/// answers there.
+fn topics_on(bootstrap: &str) -> Option<std::collections::BTreeSet<String>> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .ok()?;
+    let metadata = consumer.fetch_metadata(None, Duration::from_secs(5)).ok()?;
+    Some(
+        metadata
+            .topics()
+            .iter()
+            .map(|t| t.name().to_string())
+            .collect(),
+    )
+}
+
+/// The tests keep to a broker of their own (port 19092, or
+/// `SLUICE_TEST_KAFKA_PORT`): an exactly-once Kafka → Kafka query run
+/// through the test harness creates no topic on a broker a developer (or
+/// `sluice demo`) runs on 9092. Where nothing listens on 9092, only the
+/// port is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tests_leave_a_broker_on_9092_alone() {
+    let ours = crate::util::broker().await;
+    assert!(!ours.ends_with(":9092"), "the tests' broker is {ours}");
+    let before = tokio::task::spawn_blocking(|| topics_on("127.0.0.1:9092"))
+        .await
+        .unwrap();
+    let (input, output) = (fresh_topic("own-port-in"), fresh_topic("own-port-out"));
+    create_topic(&ours, &input, 1).await.unwrap();
+    create_topic(&ours, &output, 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sql = format!(
+        "SET 'checkpoint.location' = '{cp}';\n\
+         SET 'trigger' = 'available-now';\n\
+         CREATE STREAM src (id BIGINT, name VARCHAR) WITH (connector = 'kafka', \
+           topic = '{input}', 'bootstrap.servers' = '{ours}');\n\
+         CREATE STREAM dst WITH (connector = 'kafka', topic = '{output}', \
+           'bootstrap.servers' = '{ours}');\n\
+         INSERT INTO dst SELECT id, name FROM src;\n",
+        cp = dir.path().display()
+    );
+    let query = crate::util::start_sql(&sluice::Session::new(), &sql).await;
+    query.await_termination().await.unwrap();
+    let after = tokio::task::spawn_blocking(|| topics_on("127.0.0.1:9092"))
+        .await
+        .unwrap();
+    // Topics the tests make: `fresh_topic`'s `<prefix>-<32 hex digits>`,
+    // and progress topics. (Other topics may come and go on a developer's
+    // broker meanwhile.)
+    let a_tests = |t: &str| {
+        t.starts_with("sluice-progress.")
+            || t.rsplit_once('-')
+                .is_some_and(|(_, id)| id.len() == 32 && id.chars().all(|c| c.is_ascii_hexdigit()))
+    };
+    if let (Some(before), Some(after)) = (before, after) {
+        let created: Vec<&String> = after.difference(&before).filter(|t| a_tests(t)).collect();
+        assert!(
+            created.is_empty(),
+            "topics created on 9092 while the tests ran: {created:?}"
+        );
+    }
+}

@@ -165,9 +165,20 @@ pub fn timed_batch(rows: &[TimedRow]) -> RecordBatch {
     .expect("valid batch")
 }
 
-/// The local Kafka broker's bootstrap address, starting it if needed.
+/// The port of the tests' own broker: `SLUICE_TEST_KAFKA_PORT`, default
+/// 19092 (its controller on the next port). Never 9092, where a developer's
+/// own Kafka (or the demo's) may listen: the tests create topics by the
+/// hundred.
+pub fn test_broker_port() -> u16 {
+    std::env::var("SLUICE_TEST_KAFKA_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(19092)
+}
+
+/// The tests' Kafka broker's bootstrap address, starting it if needed.
 pub async fn broker() -> String {
-    tokio::task::spawn_blocking(sluice::broker::ensure_broker)
+    tokio::task::spawn_blocking(|| sluice::broker::ensure_broker_on(test_broker_port()))
         .await
         .unwrap()
         .unwrap()
