@@ -1336,7 +1336,6 @@ async fn a_foreign_open_transaction_on_a_shared_progress_topic_is_waited_out() {
 /// other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_pointed_at_another_cluster_is_refused_naming_both() {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     let _own = OWN_BROKER.lock().await;
     let shared = crate::util::broker().await;
     let other = tokio::task::spawn_blocking(|| own_broker("start", OWN_PORT))
@@ -1346,22 +1345,10 @@ async fn a_stream_pointed_at_another_cluster_is_refused_naming_both() {
     create_topic(&shared, &input, 1).await.unwrap();
     create_topic(&other, &input, 1).await.unwrap();
     create_topic(&shared, &output, 1).await.unwrap();
-    {
-        let (b, t) = (shared.clone(), input.clone());
-        tokio::task::spawn_blocking(move || {
-            let p: BaseProducer = rdkafka::ClientConfig::new()
-                .set("bootstrap.servers", &b)
-                .create()
-                .unwrap();
-            for i in 0..10 {
-                let v = format!("{{\"id\": {i}, \"name\": \"n{i}\"}}");
-                p.send(BaseRecord::<(), _>::to(&t).payload(&v)).unwrap();
-            }
-            p.flush(Duration::from_secs(30)).unwrap();
-        })
+    let (b, t) = (shared.clone(), input.clone());
+    tokio::task::spawn_blocking(move || crate::no_silent_loss::produce_plain(&b, &t, 0..10))
         .await
         .unwrap();
-    }
     let dir = tempfile::tempdir().unwrap();
     let sql = |source: &str| {
         format!(

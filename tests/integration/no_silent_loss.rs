@@ -13,7 +13,7 @@ use crate::kafka::{json_rows, read};
 
 /// Produces `ids` as JSON rows to partition 0, without a transaction, so
 /// that offsets are the ids when the topic starts empty.
-fn produce_plain(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
+pub(crate) fn produce_plain(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     let producer: BaseProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
