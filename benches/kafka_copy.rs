@@ -24,6 +24,13 @@
 //! the bid's columns and encoded again, against the raw copy of the same
 //! records.
 //!
+//! With `--secure` the bench starts the secured broker (`SLUICE_KAFKA_SECURE=1
+//! scripts/kafka start` on `SLUICE_KAFKA_PORT`, default 19192) and runs,
+//! side by side in each round over the same input, the Sluice pass-through
+//! (epochs of `--per-epoch` records, default 100000) through its PLAINTEXT,
+//! SASL_SSL (SCRAM-SHA-512) and SSL (mutual TLS) listeners: the cost of
+//! encryption and authentication.
+//!
 //! The last line of stdout is a JSON object with the medians and ratios;
 //! a Markdown table precedes it (see benches/README.md).
 
@@ -37,6 +44,7 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice::broker::{create_topic, ensure_broker, fresh_topic};
 use sluice::Trigger;
+use sluice_kafka::ClientOptions;
 
 const PARTITIONS: i32 = 2;
 
@@ -159,7 +167,7 @@ fn raw_copy(bootstrap: &str, from: &str, to: &str, n: u64) -> Result<f64, BoxErr
 /// Runs the pass-through query over the whole input with epochs capped at
 /// `per_epoch` records; returns records per second and the median epoch.
 async fn sluice_copy(
-    bootstrap: &str,
+    client: &ClientOptions,
     from: &str,
     to: &str,
     n: u64,
@@ -176,11 +184,16 @@ async fn sluice_copy(
             "SELECT auction, bidder, price, date_time, extra FROM input",
         ),
     };
-    let sql = format!(
+    let bootstrap = client.bootstrap();
+    let mut sql = String::new();
+    for (k, v) in client.properties() {
+        sql.push_str(&format!("SET 'kafka.{k}' = '{v}';\n"));
+    }
+    sql.push_str(&format!(
         "CREATE STREAM input {columns} WITH (connector = 'kafka', topic = '{from}', \
            'bootstrap.servers' = '{bootstrap}', format = '{format}', \
            'max-records-per-epoch' = '{per_epoch}');"
-    );
+    ));
     session.sql(&sql).await?;
     let progress = common::collect_progress(&session);
     let start = Instant::now();
@@ -192,6 +205,7 @@ async fn sluice_copy(
         .option("topic", to)
         .option("bootstrap.servers", bootstrap)
         .option("format", format)
+        .options(client.properties().map(|(k, v)| (format!("kafka.{k}"), v)))
         .checkpoint_location(dir.path())
         .trigger(Trigger::AvailableNow)
         .start()
@@ -220,10 +234,91 @@ async fn sluice_copy(
     ))
 }
 
+/// `--secure`: the pass-through through each listener of the secured
+/// broker, side by side.
+async fn secure(n: u64, rounds: usize) -> Result<(), BoxError> {
+    let port = std::env::var("SLUICE_KAFKA_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(19192);
+    let broker = tokio::task::spawn_blocking(move || sluice::broker::ensure_secure_broker_on(port))
+        .await??;
+    let per_epoch = common::number("--per-epoch", 100_000);
+    let input = fresh_topic("bench-secure-in");
+    create_topic(&broker.plaintext, &input, PARTITIONS).await?;
+    eprintln!("loading {n} records into {input}");
+    let (b, t) = (broker.plaintext.clone(), input.clone());
+    tokio::task::spawn_blocking(move || load(&b, &t, n)).await??;
+    let listeners = [
+        ("PLAINTEXT", ClientOptions::new(broker.plaintext.as_str())),
+        ("SASL_SSL (SCRAM-SHA-512)", broker.scram()),
+        ("SSL (mutual TLS)", broker.mtls()),
+    ];
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); listeners.len()];
+    let mut table = vec![
+        format!(
+            "| round | {} |",
+            listeners
+                .iter()
+                .map(|(name, _)| format!("{name} rec/s"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ),
+        format!("| --- |{}", " ---: |".repeat(listeners.len())),
+    ];
+    for round in 1..=rounds {
+        let mut cells = vec![round.to_string()];
+        for (i, (name, client)) in listeners.iter().enumerate() {
+            let out = fresh_topic("bench-secure-out");
+            create_topic(&broker.plaintext, &out, PARTITIONS).await?;
+            let (r, epoch_ms, epochs) =
+                sluice_copy(client, &input, &out, n, per_epoch, Shape::Bytes).await?;
+            eprintln!(
+                "round {round}: {name}: {r:.0} rec/s, {epochs} epochs, median {epoch_ms:.0} ms"
+            );
+            rates[i].push(r);
+            cells.push(format!("{:.0} K ({epoch_ms:.0} ms epochs)", r / 1e3));
+        }
+        table.push(format!("| {} |", cells.join(" | ")));
+    }
+    let medians: Vec<f64> = rates
+        .iter()
+        .map(|v| common::percentile(&common::sorted(v.clone()), 0.5))
+        .collect();
+    table.push(format!(
+        "| **median** | {} |",
+        medians
+            .iter()
+            .map(|m| format!("**{:.0} K** ({:.2} of PLAINTEXT)", m / 1e3, m / medians[0]))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    ));
+    for line in &table {
+        println!("{line}");
+    }
+    println!(
+        "{}",
+        serde_json::json!({
+            "records": n,
+            "rounds": rounds,
+            "per_epoch": per_epoch,
+            "plaintext_median_rec_per_s": medians[0],
+            "sasl_ssl_median_rec_per_s": medians[1],
+            "mtls_median_rec_per_s": medians[2],
+            "sasl_ssl_of_plaintext": medians[1] / medians[0],
+            "mtls_of_plaintext": medians[2] / medians[0],
+        })
+    );
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), BoxError> {
     let n = common::number("--records", 2_000_000);
     let rounds = common::number("--rounds", 3) as usize;
+    if std::env::args().any(|a| a == "--secure") {
+        return secure(n, rounds).await;
+    }
     let bootstrap = tokio::task::spawn_blocking(ensure_broker).await??;
     let (input, n, shape) = match common::flag("--nexmark-prefix") {
         Some(prefix) => {
@@ -263,8 +358,9 @@ async fn main() -> Result<(), BoxError> {
             let out = fresh_topic("bench-copy-sluice");
             create_topic(&bootstrap, &out, PARTITIONS).await?;
             let per_epoch = ((rate * interval) as u64).max(1);
+            let client = ClientOptions::new(bootstrap.as_str());
             let (r, epoch_ms, epochs) =
-                sluice_copy(&bootstrap, &input, &out, n, per_epoch, shape).await?;
+                sluice_copy(&client, &input, &out, n, per_epoch, shape).await?;
             eprintln!(
                 "round {round}: sluice {interval} s epochs ({per_epoch} records): {r:.0} rec/s, \
                  {epochs} epochs, median {epoch_ms:.0} ms"

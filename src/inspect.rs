@@ -6,11 +6,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use sluice::{Checkpoint, SluiceError};
+use sluice_kafka::ClientOptions;
 
-/// The report, as text; `bootstrap` adds the Kafka progress topic check.
+/// The report, as text; a Kafka `client` adds the progress topic check.
 pub fn inspect(
     dir: &Path,
-    bootstrap: Option<&str>,
+    client: Option<ClientOptions>,
     topic: Option<&str>,
 ) -> Result<String, SluiceError> {
     let cp = Checkpoint::open_existing(dir)?;
@@ -88,17 +89,14 @@ pub fn inspect(
             "  epoch {next} was planned but not committed: a restart re-runs it over the same offsets"
         );
     }
-    if let Some(bootstrap) = bootstrap {
-        let (b, q, t) = (
-            bootstrap.to_string(),
-            meta.query_id.clone(),
-            topic.map(str::to_string),
-        );
-        let kafka = std::thread::spawn(move || {
-            sluice_kafka::last_committed(&b, t.as_deref(), &q, Duration::from_secs(10))
-        })
-        .join()
-        .map_err(|_| SluiceError::Internal("the Kafka check panicked".into()))?;
+    if let Some(client) = client {
+        let bootstrap = client.bootstrap().to_string();
+        let client = client.connect_timeout(Duration::from_secs(10));
+        let (q, t) = (meta.query_id.clone(), topic.map(str::to_string));
+        let kafka =
+            std::thread::spawn(move || sluice_kafka::last_committed(&client, t.as_deref(), &q))
+                .join()
+                .map_err(|_| SluiceError::Internal("the Kafka check panicked".into()))?;
         let _ = writeln!(w, "kafka progress topic on {bootstrap}:");
         match kafka {
             Err(e) => {

@@ -11,8 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use sluice::{Prepared, SqlError, StatementOutcome};
+use sluice::{Prepared, SluiceError, SqlError, StatementOutcome};
 use sluice::{QueryProgress, StreamingQuery, StreamingQueryListener};
+use sluice_kafka::ClientOptions;
 
 mod inspect;
 mod nexmark;
@@ -86,6 +87,34 @@ enum Command {
     },
 }
 
+/// Client properties for the Kafka a command talks to, as a stream's
+/// `kafka.*` options give them to its clients.
+#[derive(clap::Args, Clone, Default)]
+pub(crate) struct KafkaProperties {
+    /// A librdkafka property for every Kafka client, e.g.
+    /// security.protocol=SASL_SSL (repeatable).
+    #[arg(long = "kafka-property", value_name = "KEY=VALUE")]
+    property: Vec<String>,
+    /// A properties file (key=value lines, as Java clients take); the
+    /// --kafka-property flags win over it.
+    #[arg(long = "kafka-properties", value_name = "FILE")]
+    file: Option<PathBuf>,
+}
+
+impl KafkaProperties {
+    /// The connection to `bootstrap` with these properties.
+    pub(crate) fn client(&self, bootstrap: &str) -> Result<ClientOptions, SluiceError> {
+        let mut client = ClientOptions::new(bootstrap);
+        if let Some(file) = &self.file {
+            client = client.properties_file(file)?;
+        }
+        for pair in &self.property {
+            client = client.property_pair(pair)?;
+        }
+        Ok(client)
+    }
+}
+
 #[derive(Subcommand)]
 enum NexmarkCommand {
     /// Write the first N Nexmark events as JSON to the topics
@@ -108,6 +137,8 @@ enum CheckpointCommand {
         /// The progress topic, if the query set 'progress.topic'.
         #[arg(long, value_name = "TOPIC")]
         progress_topic: Option<String>,
+        #[command(flatten)]
+        kafka: KafkaProperties,
     },
 }
 
@@ -150,12 +181,13 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    // SLUICE_LOG, else the RUST_LOG every Rust user knows, else warnings.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .or_else(|_| tracing_subscriber::EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .with_writer(|| RedactingStderr)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -209,9 +241,13 @@ fn main() -> ExitCode {
                         dir,
                         bootstrap,
                         progress_topic,
+                        kafka,
                     },
-            } => inspect::inspect(&dir, bootstrap.as_deref(), progress_topic.as_deref())
-                .map(|report| print!("{report}"))
+            } => bootstrap
+                .map(|b| kafka.client(&b))
+                .transpose()
+                .and_then(|client| inspect::inspect(&dir, client, progress_topic.as_deref()))
+                .map(|report| print!("{}", sluice::redact_secrets(&report)))
                 .map_err(|e| {
                     if e.is_user_error() {
                         Failure::Usage(format!("sluice: {e}"))
@@ -228,13 +264,29 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Usage(m)) => {
-            eprintln!("{m}");
+            eprintln!("{}", sluice::redact_secrets(&m));
             ExitCode::from(2)
         }
         Err(Failure::Runtime(m)) => {
-            eprintln!("{m}");
+            eprintln!("{}", sluice::redact_secrets(&m));
             ExitCode::from(1)
         }
+    }
+}
+
+/// Standard error with every secret Sluice was given taken out: the log
+/// formats each event into one write, so a secret is never split.
+struct RedactingStderr;
+
+impl std::io::Write for RedactingStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = sluice::redact_secrets(&String::from_utf8_lossy(buf));
+        std::io::stderr().write_all(text.as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
     }
 }
 

@@ -24,6 +24,8 @@ pub(crate) struct Load {
     /// Kafka brokers.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:9092")]
     pub bootstrap: String,
+    #[command(flatten)]
+    pub kafka: crate::KafkaProperties,
     /// Topic name prefix.
     #[arg(long, default_value = "nexmark")]
     pub prefix: String,
@@ -43,9 +45,10 @@ const TABLES: [&str; 3] = ["person", "auction", "bid"];
 /// Creates the topics (refusing ones that exist, so two loads never mix)
 /// and writes the events; returns a summary line per topic.
 pub(crate) async fn load(l: &Load) -> anyhow::Result<Vec<String>> {
+    let client = l.kafka.client(&l.bootstrap)?;
     for table in TABLES {
         let topic = format!("{}-{table}", l.prefix);
-        if let Err(e) = sluice::broker::create_topic(&l.bootstrap, &topic, l.partitions).await {
+        if let Err(e) = sluice::broker::create_topic(&client, &topic, l.partitions).await {
             if e.to_string().contains("already exists") {
                 bail!("topic '{topic}' already exists: delete it, or load under another --prefix");
             }
@@ -56,6 +59,15 @@ pub(crate) async fn load(l: &Load) -> anyhow::Result<Vec<String>> {
     let checkpoint =
         std::env::temp_dir().join(format!("sluice-nexmark-load-{}", std::process::id()));
     let mut sql = "SET 'trigger' = 'available-now';\n".to_string();
+    // The command's client properties, for every stream's clients.
+    let quote = |s: &str| s.replace('\'', "''").replace("${", "$${");
+    for (key, value) in client.properties() {
+        sql.push_str(&format!(
+            "SET 'kafka.{}' = '{}';\n",
+            quote(key),
+            quote(value)
+        ));
+    }
     // One generator partition: the events then reach each topic partition
     // in event-time order. With several, the sink would write one
     // partition's events (every time) before the next one's, so a reader
@@ -80,7 +92,7 @@ pub(crate) async fn load(l: &Load) -> anyhow::Result<Vec<String>> {
             rate = l.rate,
             seed = l.seed,
             prefix = l.prefix,
-            bootstrap = l.bootstrap,
+            bootstrap = client.bootstrap(),
         ));
     }
     let session = sluice::Session::new();

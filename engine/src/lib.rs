@@ -79,7 +79,10 @@ pub use fail_point::fail_point;
 pub use frame::{DataStreamWriter, StreamFrame};
 pub use launch::QuerySettings;
 pub use metrics::Metrics;
-pub use options::{closest, columns, parse_duration, quoted_list, Options};
+pub use options::{
+    closest, columns, is_sensitive, parse_duration, quoted_list, redact_secrets, register_secret,
+    Options, REDACTED,
+};
 pub use output_mode::OutputMode;
 pub use progress::{
     PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,

@@ -22,7 +22,7 @@ use crate::error::{Result, SluiceError};
 /// o.finish("rate", &["rows_per_second", "num_partitions"])?;
 /// # Ok::<(), sluice_engine::SluiceError>(())
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Options {
     values: BTreeMap<String, String>,
 }
@@ -44,9 +44,15 @@ impl Options {
         o
     }
 
-    /// Sets `key` (case-insensitive) to `value`.
+    /// Sets `key` (case-insensitive) to `value`. The value of a
+    /// [sensitive](is_sensitive) key is also remembered as a secret, which
+    /// [`redact_secrets`] takes out of anything printed.
     pub fn set(&mut self, key: &str, value: impl Into<String>) {
-        self.values.insert(key.to_ascii_lowercase(), value.into());
+        let value = value.into();
+        if is_sensitive(key) {
+            register_secret(&value);
+        }
+        self.values.insert(key.to_ascii_lowercase(), value);
     }
 
     /// The value of `key`, without taking it.
@@ -173,6 +179,96 @@ impl Options {
         }
         Ok(())
     }
+}
+
+/// Shows keys, and values except those of [sensitive](is_sensitive) keys.
+impl std::fmt::Debug for Options {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map()
+            .entries(self.values.iter().map(|(k, v)| {
+                let v = if is_sensitive(k) {
+                    REDACTED
+                } else {
+                    v.as_str()
+                };
+                (k, v)
+            }))
+            .finish()
+    }
+}
+
+/// True for an option or client property whose value is a secret:
+/// passwords, secrets, JAAS configurations, tokens and key material
+/// (`sasl.password`, `ssl.key.password`, `ssl.keystore.password`,
+/// `sasl.oauthbearer.client.secret`, `ssl.key.pem`, ...). Their values are
+/// never printed.
+///
+/// ```
+/// use sluice_engine::is_sensitive;
+/// assert!(is_sensitive("kafka.sasl.password"));
+/// assert!(is_sensitive("sasl.oauthbearer.client.secret"));
+/// assert!(is_sensitive("ssl.key.pem"));
+/// assert!(!is_sensitive("sasl.username"));
+/// ```
+pub fn is_sensitive(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    [
+        "password",
+        "passwd",
+        "secret",
+        "jaas",
+        "token",
+        "credential",
+        "ssl.key.",
+        "ssl.keystore.",
+        "private",
+        "sasl.oauthbearer.config",
+        "basic.auth.user.info",
+    ]
+    .iter()
+    .any(|word| key.contains(word))
+}
+
+/// The secrets this process was given (values of sensitive options).
+static SECRETS: std::sync::RwLock<Vec<String>> = std::sync::RwLock::new(Vec::new());
+
+/// What replaces a secret in anything Sluice prints.
+pub const REDACTED: &str = "[redacted]";
+
+/// Remembers `value` as a secret: [`redact_secrets`] replaces it from now
+/// on. Done by [`Options::set`] for every sensitive key; call it for
+/// secrets that reach Sluice another way.
+pub fn register_secret(value: &str) {
+    // A one-character "secret" would blank out unrelated text.
+    if value.chars().count() < 2 {
+        return;
+    }
+    let mut secrets = SECRETS.write().unwrap_or_else(|p| p.into_inner());
+    if !secrets.iter().any(|s| s == value) {
+        secrets.push(value.to_string());
+        // Longest first, so a secret containing another is replaced whole.
+        secrets.sort_by_key(|s| std::cmp::Reverse(s.len()));
+    }
+}
+
+/// `text` with every registered secret replaced by [`REDACTED`]: applied
+/// to errors, logs and reports before they are printed.
+///
+/// ```
+/// use sluice_engine::{redact_secrets, Options};
+/// let o = Options::from_pairs([("kafka.sasl.password", "pa55-w0rd")]);
+/// assert_eq!(redact_secrets("login with pa55-w0rd failed"), "login with [redacted] failed");
+/// # drop(o);
+/// ```
+pub fn redact_secrets(text: &str) -> String {
+    let secrets = SECRETS.read().unwrap_or_else(|p| p.into_inner());
+    let mut out = text.to_string();
+    for s in secrets.iter() {
+        if out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), REDACTED);
+        }
+    }
+    out
 }
 
 /// `'a', 'b', 'c'` — for error messages.

@@ -26,7 +26,7 @@ struct Inner {
 
 impl AtLeastOnceSink {
     pub(crate) fn new(config: SinkConfig) -> Result<Self> {
-        let producer = create_producer(&config.producer_config())?;
+        let producer = create_producer(&config.client, &config.producer_config())?;
         Ok(Self(Arc::new(Inner {
             config,
             producer,

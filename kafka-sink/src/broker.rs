@@ -19,8 +19,9 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::ClientConfig;
 use sluice_engine::{Result, SluiceError};
+
+use crate::client::{ClientOptions, Role};
 
 const SCRIPT: &str = include_str!("../../scripts/kafka");
 
@@ -90,27 +91,109 @@ pub fn ensure_broker_on(port: u16) -> Result<String> {
     if listening(port) {
         return Ok(address);
     }
+    tracing::info!("starting a local Kafka broker");
+    script(port, false, "start")?;
+    Ok(address)
+}
+
+/// Runs `scripts/kafka <command>` for the broker on `port`; its stdout.
+fn script(port: u16, secure: bool, command: &str) -> Result<String> {
     let script = script_path()?;
-    tracing::info!(script = %script.display(), "starting a local Kafka broker");
     let out = Command::new("bash")
         .arg(&script)
-        .arg("start")
+        .arg(command)
         .env("SLUICE_KAFKA_PORT", port.to_string())
+        .env("SLUICE_KAFKA_SECURE", if secure { "1" } else { "0" })
         .output()
         .map_err(|e| SluiceError::io(format!("running {}", script.display()), e))?;
     if !out.status.success() {
         return Err(SluiceError::External {
-            what: format!("starting Kafka with {}", script.display()),
+            what: format!("scripts/kafka {command} ({})", script.display()),
             message: format!(
                 "exit status {}\n{}{}",
                 out.status,
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             ),
-            hint: Some("run `scripts/kafka start` by hand to see what fails".into()),
+            hint: Some(format!(
+                "run `SLUICE_KAFKA_PORT={port} scripts/kafka {command}` by hand to see what fails"
+            )),
         });
     }
-    Ok(address)
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A local broker with TLS and SASL listeners (`SLUICE_KAFKA_SECURE=1
+/// scripts/kafka start`): where each listens, and the CA, client
+/// certificate and SCRAM user to reach them with.
+#[derive(Debug, Clone)]
+pub struct SecureBroker {
+    /// PLAINTEXT listener (for tools that need no login).
+    pub plaintext: String,
+    /// SASL_SSL listener: SCRAM-SHA-256/512 and PLAIN.
+    pub sasl_ssl: String,
+    /// SSL listener that requires a client certificate.
+    pub ssl: String,
+    /// SASL_PLAINTEXT listener.
+    pub sasl_plaintext: String,
+    /// The CA that signed the broker's (and the client's) certificate.
+    pub ca: PathBuf,
+    /// A client certificate the SSL listener accepts, and its key.
+    pub client_cert: PathBuf,
+    /// The client certificate's private key (PEM, unencrypted).
+    pub client_key: PathBuf,
+    /// The SCRAM (and PLAIN) user.
+    pub user: String,
+    /// Its password, random per broker.
+    pub password: String,
+}
+
+impl SecureBroker {
+    /// Client options for the SASL_SSL listener as the SCRAM-SHA-512 user.
+    pub fn scram(&self) -> ClientOptions {
+        ClientOptions::new(self.sasl_ssl.as_str())
+            .property("security.protocol", "SASL_SSL")
+            .property("sasl.mechanism", "SCRAM-SHA-512")
+            .property("sasl.username", self.user.as_str())
+            .property("sasl.password", self.password.as_str())
+            .property("ssl.ca.location", self.ca.display().to_string())
+    }
+
+    /// Client options for the SSL listener with the client certificate.
+    pub fn mtls(&self) -> ClientOptions {
+        ClientOptions::new(self.ssl.as_str())
+            .property("security.protocol", "SSL")
+            .property("ssl.ca.location", self.ca.display().to_string())
+            .property(
+                "ssl.certificate.location",
+                self.client_cert.display().to_string(),
+            )
+            .property("ssl.key.location", self.client_key.display().to_string())
+    }
+}
+
+/// A running secured broker on `port` (listeners on `port`..`port + 4`,
+/// see `scripts/kafka`), started when none runs there.
+pub fn ensure_secure_broker_on(port: u16) -> Result<SecureBroker> {
+    script(port, true, "start")?;
+    let env = script(port, true, "secure-env")?;
+    let get = |key: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .map(str::to_string)
+            .ok_or_else(|| SluiceError::Internal(format!("scripts/kafka secure-env: no {key}")))
+    };
+    Ok(SecureBroker {
+        plaintext: get("PLAINTEXT")?,
+        sasl_ssl: get("SASL_SSL")?,
+        ssl: get("SSL")?,
+        sasl_plaintext: get("SASL_PLAINTEXT")?,
+        ca: get("CA")?.into(),
+        client_cert: get("CLIENT_CERT")?.into(),
+        client_key: get("CLIENT_KEY")?.into(),
+        user: get("SASL_USER")?,
+        password: get("SASL_PASSWORD")?,
+    })
 }
 
 /// A topic name no earlier run has used: `<prefix>-<random>`.
@@ -118,20 +201,25 @@ pub fn fresh_topic(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
 
-fn kafka_error(what: &str, bootstrap: &str, e: impl std::fmt::Display) -> SluiceError {
+fn kafka_error(what: &str, client: &ClientOptions, e: impl std::fmt::Display) -> SluiceError {
     SluiceError::External {
-        what: format!("kafka at {bootstrap}: {what}"),
-        message: e.to_string(),
+        what: format!("kafka at {}: {what}", client.bootstrap()),
+        message: client.redact(&e.to_string()),
         hint: None,
     }
 }
 
-/// Creates `topic` with `partitions` partitions (replication 1).
-pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .map_err(|e| kafka_error("creating admin client", bootstrap, e))?;
+/// Creates `topic` with `partitions` partitions (replication 1), on the
+/// brokers `client` names (an address, or [`ClientOptions`]).
+pub async fn create_topic(
+    client: impl Into<ClientOptions>,
+    topic: &str,
+    partitions: i32,
+) -> Result<()> {
+    let client = client.into();
+    let bootstrap = &client;
+    let admin: AdminClient<DefaultClientContext> =
+        client.create(&client.config(Role::Admin), "admin client")?;
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     let results = admin
         .create_topics(
@@ -172,13 +260,15 @@ impl ReadRecord {
 /// now (the last stable offset when `read_committed`), partition by
 /// partition in offset order. Blocking: call from a blocking thread.
 pub fn read_topic(
-    bootstrap: &str,
+    client: impl Into<ClientOptions>,
     topic: &str,
     read_committed: bool,
     timeout: Duration,
 ) -> Result<Vec<ReadRecord>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+    let client = client.into();
+    let bootstrap = &client;
+    let mut config = client.config(Role::Consumer);
+    config
         .set(
             "group.id",
             format!("sluice-reader-{}", uuid::Uuid::new_v4().simple()),
@@ -191,9 +281,8 @@ pub fn read_topic(
             } else {
                 "read_uncommitted"
             },
-        )
-        .create()
-        .map_err(|e| kafka_error("creating consumer", bootstrap, e))?;
+        );
+    let consumer: BaseConsumer = client.create(&config, "consumer")?;
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)
         .map_err(|e| kafka_error("fetching metadata", bootstrap, e))?;

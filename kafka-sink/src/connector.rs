@@ -11,6 +11,7 @@ use sluice_engine::{
 };
 
 use crate::at_least_once::AtLeastOnceSink;
+use crate::client::{ClientOptions, DEFAULT_CONNECT_TIMEOUT};
 use crate::encode::Format;
 use crate::produce::SinkConfig;
 use crate::transactional_sink::TransactionalSink;
@@ -18,6 +19,7 @@ use crate::transactional_sink::TransactionalSink;
 const SINK_OPTIONS: &[&str] = &[
     "topic",
     "bootstrap.servers",
+    "properties.bootstrap.servers",
     "format",
     "key.fields",
     "sink.delivery",
@@ -27,14 +29,41 @@ const SINK_OPTIONS: &[&str] = &[
     "sink.transactional-id-prefix",
     "dead-letter.topic",
     "kafka.*",
+    "properties.*",
+];
+
+/// Producer properties the sinks set themselves, and why.
+const REFUSED: &[(&str, &str)] = &[
+    (
+        "enable.idempotence",
+        "the sink's guarantee needs an idempotent producer (a retried send is never written \
+         twice)",
+    ),
+    (
+        "acks",
+        "the sink's guarantee needs acks=all (a record is committed once all in-sync replicas \
+         have it)",
+    ),
+    (
+        "request.required.acks",
+        "the sink's guarantee needs acks=all (a record is committed once all in-sync replicas \
+         have it)",
+    ),
+    (
+        "transactional.id",
+        "it is made of 'sink.transactional-id-prefix' and the query's identity, so that a \
+         restarted query fences the one before it",
+    ),
+    (
+        "transaction.timeout.ms",
+        "set it with the sink option 'transaction.timeout', which the sink also checks against \
+         the broker's limit",
+    ),
 ];
 
 /// What `transactional.id` starts with unless `sink.transactional-id-prefix`
 /// says otherwise; the query's identity follows.
 const DEFAULT_TRANSACTIONAL_ID_PREFIX: &str = "sluice-";
-
-/// How long to wait for the brokers by default.
-const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// librdkafka's default; the broker aborts a transaction open longer.
 const DEFAULT_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
@@ -138,7 +167,12 @@ pub(crate) struct Transactions {
 pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let mut o = args.options;
     let topic = o.take_required("kafka", "topic", "updates")?;
-    let bootstrap = o.take_required("kafka", "bootstrap.servers", "localhost:9092")?;
+    let client = ClientOptions::from_options(
+        &mut o,
+        &format!("sink topic '{topic}'"),
+        DEFAULT_CONNECT_TIMEOUT,
+        REFUSED,
+    )?;
     let format = Format::parse(
         &o.take_choice("format", &["json", "csv", "raw", "avro"])?
             .unwrap_or_else(|| "json".into()),
@@ -152,9 +186,6 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let exactly_once = o
         .take_choice("sink.delivery", &["exactly-once", "at-least-once"])?
         .is_none_or(|d| d == "exactly-once");
-    let connect_timeout = o
-        .take_duration("connect.timeout")?
-        .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
     let transaction_timeout = o
         .take_duration("transaction.timeout")?
         .unwrap_or(DEFAULT_TRANSACTION_TIMEOUT);
@@ -179,18 +210,15 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
         None => Vec::new(),
     };
     let dead_letter = o.take("dead-letter.topic");
-    let passthrough = o.take_prefixed("kafka.");
     o.finish("kafka", SINK_OPTIONS)?;
     Ok(SinkSettings {
         config: SinkConfig {
             topic,
-            bootstrap,
+            client,
             format,
             key_fields,
             schema: args.schema,
             query_id: args.query_id,
-            connect_timeout,
-            passthrough,
             dead_letter,
         },
         delivery: if exactly_once {

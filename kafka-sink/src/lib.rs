@@ -43,6 +43,7 @@
 mod at_least_once;
 mod avro;
 pub mod broker;
+mod client;
 mod connector;
 mod encode;
 mod position;
@@ -52,6 +53,7 @@ mod source;
 mod transactional_sink;
 mod verify;
 
+pub use client::ClientOptions;
 pub use connector::KafkaConnector;
 pub use encode::{Format, Message};
 pub use progress_topic::last_committed;

@@ -14,6 +14,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use sluice_engine::{columns, DeadLetter, EpochOutput, GroupOffsets, Result, SluiceError};
 
+use crate::client::{ClientOptions, Role};
 use crate::encode::Format;
 
 pub(crate) use crate::encode::Message;
@@ -31,15 +32,13 @@ pub(crate) const OVERSIZED_PREFIX: usize = 16 * 1024;
 #[derive(Debug, Clone)]
 pub(crate) struct SinkConfig {
     pub topic: String,
-    pub bootstrap: String,
+    /// The brokers, connect timeout and `kafka.*` properties.
+    pub client: ClientOptions,
     pub format: Format,
     /// Output columns forming the message key; empty: no key.
     pub key_fields: Vec<usize>,
     pub schema: SchemaRef,
     pub query_id: String,
-    pub connect_timeout: Duration,
-    /// `kafka.*` options, prefix stripped.
-    pub passthrough: Vec<(String, String)>,
     /// `'dead-letter.topic'`: where output records Kafka can never accept
     /// (over `message.max.bytes`) are set aside; without one they stop the
     /// query.
@@ -53,32 +52,28 @@ impl SinkConfig {
     /// - `partitioner=murmur2_random`: keyed messages land where the Java
     ///   client and Kafka Streams would put them.
     /// - `linger.ms=5`: batches an epoch's messages without delaying it much.
+    ///
+    /// A user's `kafka.linger.ms` or `kafka.partitioner` wins; `acks` and
+    /// `enable.idempotence` cannot be set ([`SINK_REFUSED`]).
     pub(crate) fn producer_config(&self) -> ClientConfig {
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", &self.bootstrap)
-            .set("acks", "all")
-            .set("enable.idempotence", "true")
-            .set("partitioner", "murmur2_random")
-            .set("linger.ms", "5")
-            .set(
-                "socket.connection.setup.timeout.ms",
-                self.connect_timeout.as_millis().to_string(),
-            );
-        for (k, v) in &self.passthrough {
-            config.set(k, v);
+        let mut config = self.client.config(Role::Producer);
+        config.set("acks", "all").set("enable.idempotence", "true");
+        for (key, value) in [("partitioner", "murmur2_random"), ("linger.ms", "5")] {
+            if self.client.get(key).is_none() {
+                config.set(key, value);
+            }
         }
         config
     }
 
     pub(crate) fn unreachable(&self, message: String) -> SluiceError {
         SluiceError::Unreachable {
-            what: format!("kafka sink, brokers '{}'", self.bootstrap),
-            message,
+            what: format!("kafka sink, brokers '{}'", self.client.bootstrap()),
+            message: self.client.redact(&message),
             hint: Some(format!(
                 "check that Kafka runs there (for a local one: scripts/kafka start) and that \
                  'bootstrap.servers' is right; the wait is set by 'connect.timeout' (now {:?})",
-                self.connect_timeout
+                self.client.timeout()
             )),
         }
     }
@@ -86,7 +81,7 @@ impl SinkConfig {
     pub(crate) fn external(&self, message: impl Into<String>) -> SluiceError {
         SluiceError::External {
             what: format!("kafka sink, topic '{}'", self.topic),
-            message: message.into(),
+            message: self.client.redact(&message.into()),
             hint: None,
         }
     }
@@ -99,13 +94,15 @@ impl SinkConfig {
         client: &rdkafka::client::Client<C>,
         topic: &str,
     ) -> Result<()> {
-        let deadline = Instant::now() + self.connect_timeout;
+        self.client
+            .check_connection(&format!("kafka sink, topic '{topic}'"))?;
+        let deadline = Instant::now() + self.client.timeout();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let metadata = client
                 .fetch_metadata(Some(topic), left.max(Duration::from_millis(100)))
                 .map_err(|e| {
-                    self.unreachable(format!("no answer within {:?}: {e}", self.connect_timeout))
+                    self.unreachable(format!("no answer within {:?}: {e}", self.client.timeout()))
                 })?;
             let topic_error = metadata
                 .topics()
@@ -118,7 +115,10 @@ impl SinkConfig {
             };
             if Instant::now() >= deadline {
                 return Err(SluiceError::External {
-                    what: format!("kafka sink, topic '{topic}' on '{}'", self.bootstrap),
+                    what: format!(
+                        "kafka sink, topic '{topic}' on '{}'",
+                        self.client.bootstrap()
+                    ),
                     message: format!("the topic is not available: {e:?}"),
                     hint: Some(
                         "create the topic (or enable auto.create.topics.enable on the broker)"
@@ -226,10 +226,9 @@ impl SinkConfig {
         value: &[u8],
     ) -> Result<()> {
         let limit: Option<usize> = self
-            .passthrough
-            .iter()
-            .find(|(k, _)| k == "message.max.bytes")
-            .and_then(|(_, v)| v.trim().parse().ok());
+            .client
+            .get("message.max.bytes")
+            .and_then(|v| v.trim().parse().ok());
         let reason = format!(
             "an output record for topic '{}' is {} bytes, over the producer's \
              message.max.bytes ({})",
@@ -349,12 +348,13 @@ impl Groups {
     ) -> Result<T> {
         let mut consumers = self.consumers.lock().unwrap_or_else(|p| p.into_inner());
         if !consumers.contains_key(group) {
-            let consumer: BaseConsumer = ClientConfig::new()
-                .set("bootstrap.servers", &config.bootstrap)
+            let mut client = config.client.config(Role::Consumer);
+            client
                 .set("group.id", group)
-                .set("enable.auto.commit", "false")
-                .create()
-                .map_err(|e| config.external(format!("consumer for group '{group}': {e}")))?;
+                .set("enable.auto.commit", "false");
+            let consumer: BaseConsumer = config
+                .client
+                .create(&client, &format!("consumer for group '{group}'"))?;
             consumers.insert(group.to_string(), consumer);
         }
         let consumer = &consumers[group];
@@ -463,10 +463,13 @@ impl ProducerContext for DeliveryTracker {
 }
 
 /// Creates the producer for `config`.
-pub(crate) fn create_producer(config: &ClientConfig) -> Result<ThreadedProducer<DeliveryTracker>> {
+pub(crate) fn create_producer(
+    client: &ClientOptions,
+    config: &ClientConfig,
+) -> Result<ThreadedProducer<DeliveryTracker>> {
     config
         .create_with_context(DeliveryTracker::default())
-        .map_err(|e| SluiceError::config(format!("kafka sink: invalid producer setting: {e}")))
+        .map_err(|e| client.creation_error("kafka sink producer", &e))
 }
 
 /// Waits until every message sent so far is acknowledged or has failed,

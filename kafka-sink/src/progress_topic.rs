@@ -12,12 +12,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::client::{ClientOptions, Role};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::ClientConfig;
 use serde::{Deserialize, Serialize};
 use sluice_engine::{EpochCommit, Result, SluiceError, SourceRange};
 
@@ -61,23 +61,22 @@ pub(crate) fn default_topic(query_id: &str) -> String {
 /// What the progress topic says a query committed last: its epoch and
 /// source ranges (for `sluice checkpoint inspect`). `topic` defaults to
 /// the query's own. Blocking; reads `read_committed`, so an open
-/// transaction of a running query makes it wait up to `timeout`.
+/// transaction of a running query makes it wait up to the client's
+/// connect timeout.
 pub fn last_committed(
-    bootstrap: &str,
+    client: &ClientOptions,
     topic: Option<&str>,
     query_id: &str,
-    timeout: Duration,
 ) -> Result<Option<(u64, BTreeMap<String, SourceRange>)>> {
+    let timeout = client.timeout();
     let topic = topic.map_or_else(|| default_topic(query_id), str::to_string);
     let config = SinkConfig {
         topic: topic.clone(),
-        bootstrap: bootstrap.to_string(),
+        client: client.clone(),
         format: crate::Format::Json,
         key_fields: Vec::new(),
         schema: std::sync::Arc::new(datafusion::arrow::datatypes::Schema::empty()),
         query_id: query_id.to_string(),
-        connect_timeout: timeout,
-        passthrough: Vec::new(),
         dead_letter: None,
     };
     Ok(read_last(&config, &topic, query_id, timeout)?
@@ -89,20 +88,20 @@ pub fn last_committed(
 /// another shape: with more partitions "the last record" has no meaning,
 /// and without compaction retention would delete the query's progress.
 pub(crate) async fn ensure_topic(config: &SinkConfig, topic: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &config.bootstrap)
-        .create()
-        .map_err(|e| config.unreachable(format!("creating an admin client: {e}")))?;
+    let admin: AdminClient<DefaultClientContext> = config.client.create(
+        &config.client.config(Role::Admin),
+        "progress topic admin client",
+    )?;
     let brokers = admin
         .inner()
-        .fetch_metadata(None, config.connect_timeout)
+        .fetch_metadata(None, config.client.timeout())
         .map_err(|e| config.unreachable(format!("fetching metadata: {e}")))?
         .brokers()
         .len();
     let replicas = brokers.clamp(1, 3) as i32;
     let new =
         NewTopic::new(topic, 1, TopicReplication::Fixed(replicas)).set("cleanup.policy", "compact");
-    let options = AdminOptions::new().request_timeout(Some(config.connect_timeout));
+    let options = AdminOptions::new().request_timeout(Some(config.client.timeout()));
     let results = admin
         .create_topics([&new], &options)
         .await
@@ -112,7 +111,10 @@ pub(crate) async fn ensure_topic(config: &SinkConfig, topic: &str) -> Result<()>
             Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
             Err((t, e)) => {
                 return Err(SluiceError::External {
-                    what: format!("kafka progress topic '{t}' on '{}'", config.bootstrap),
+                    what: format!(
+                        "kafka progress topic '{t}' on '{}'",
+                        config.client.bootstrap()
+                    ),
                     message: format!("cannot create it: {e}"),
                     hint: Some(
                         "create it yourself (1 partition, cleanup.policy=compact) or name \
@@ -134,11 +136,11 @@ async fn check_shape(
 ) -> Result<()> {
     // A topic created a moment ago may not show its partitions in the
     // metadata yet: ask again, up to 'connect.timeout'.
-    let deadline = std::time::Instant::now() + config.connect_timeout;
+    let deadline = std::time::Instant::now() + config.client.timeout();
     let partitions = loop {
         let metadata = admin
             .inner()
-            .fetch_metadata(Some(topic), config.connect_timeout)
+            .fetch_metadata(Some(topic), config.client.timeout())
             .map_err(|e| config.unreachable(format!("fetching metadata of '{topic}': {e}")))?;
         let partitions = metadata
             .topics()
@@ -150,7 +152,7 @@ async fn check_shape(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let options = AdminOptions::new().request_timeout(Some(config.connect_timeout));
+    let options = AdminOptions::new().request_timeout(Some(config.client.timeout()));
     let policy = admin
         .describe_configs([&ResourceSpecifier::Topic(topic)], &options)
         .await
@@ -194,22 +196,21 @@ pub(crate) fn read_last(
         config.unreachable(format!("reading progress topic '{topic}': {what}: {e}"))
     };
     let consumer = |isolation: &str| -> Result<BaseConsumer> {
-        ClientConfig::new()
-            .set("bootstrap.servers", &config.bootstrap)
+        let mut client = config.client.config(Role::Consumer);
+        client
             .set("group.id", format!("sluice-recovery-{query_id}"))
             .set("enable.auto.commit", "false")
             .set("isolation.level", isolation)
             // The read ends at a transaction marker, which the broker hands
             // over only with the next fetch; by default it holds an empty
             // fetch 500 ms, and every recovery paid that once per step.
-            .set("fetch.wait.max.ms", "10")
-            .create()
-            .map_err(|e| fail("creating a consumer", &e))
+            .set("fetch.wait.max.ms", "10");
+        config.client.create(&client, "progress topic reader")
     };
     let committed = consumer("read_committed")?;
     // The end of the log as written (open transactions included) ...
     let (low, high) = consumer("read_uncommitted")?
-        .fetch_watermarks(topic, 0, config.connect_timeout)
+        .fetch_watermarks(topic, 0, config.client.timeout())
         .map_err(|e| fail("fetching offsets", &e))?;
     if high <= low {
         return Ok(None);
@@ -220,14 +221,17 @@ pub(crate) fn read_last(
     let mut warned = false;
     loop {
         let (_, stable) = committed
-            .fetch_watermarks(topic, 0, config.connect_timeout)
+            .fetch_watermarks(topic, 0, config.client.timeout())
             .map_err(|e| fail("fetching offsets", &e))?;
         if stable >= high {
             break;
         }
         if std::time::Instant::now() >= deadline {
             return Err(SluiceError::Unreachable {
-                what: format!("kafka progress topic '{topic}' on '{}'", config.bootstrap),
+                what: format!(
+                    "kafka progress topic '{topic}' on '{}'",
+                    config.client.bootstrap()
+                ),
                 message: format!(
                     "a transaction of another producer is open at offset {stable} (the topic \
                      ends at {high}) and did not end within {wait:?}; the query's last \
@@ -257,7 +261,7 @@ pub(crate) fn read_last(
             &committed,
             topic,
             &[(0, start, high)],
-            config.connect_timeout,
+            config.client.timeout(),
             &|what, e| fail(what, &e),
             |m| {
                 if m.key() != Some(query_id.as_bytes()) {

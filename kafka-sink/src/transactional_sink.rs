@@ -56,6 +56,7 @@ use sluice_engine::{
     fail_point, CommittedEpoch, EpochCommit, EpochOutput, Handover, Result, Sink, SluiceError,
 };
 
+use crate::client::Role;
 use crate::connector::Transactions;
 use crate::produce::{create_producer, flush_within, send, DeliveryTracker, Groups, SinkConfig};
 use crate::progress_topic::{self, ProgressRecord};
@@ -128,15 +129,14 @@ impl TransactionalSink {
             ));
         };
         for other in &targets[1..] {
-            let differs = if other.bootstrap != config.bootstrap {
+            let differs = if other.client.bootstrap() != config.client.bootstrap() {
                 Some(format!(
                     "brokers '{}' and '{}'",
-                    config.bootstrap, other.bootstrap
+                    config.client.bootstrap(),
+                    other.client.bootstrap()
                 ))
-            } else if other.passthrough != config.passthrough {
-                Some("different 'kafka.*' settings".to_string())
-            } else if other.connect_timeout != config.connect_timeout {
-                Some("different 'connect.timeout' settings".to_string())
+            } else if other.client != config.client {
+                Some("different 'kafka.*' or 'connect.timeout' settings".to_string())
             } else {
                 None
             };
@@ -156,7 +156,7 @@ impl TransactionalSink {
                 "transaction.timeout.ms",
                 transaction_timeout.as_millis().to_string(),
             );
-        let producer = create_producer(&producer_config)?;
+        let producer = create_producer(&config.client, &producer_config)?;
         Ok(Self(Arc::new(Inner {
             config,
             transactional_id,
@@ -220,21 +220,17 @@ impl Inner {
 
     /// The broker's `transaction.max.timeout.ms`, when it can be read.
     async fn broker_max_timeout(&self) -> Result<Option<Duration>> {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", &self.config.bootstrap)
-            .create()
-            .map_err(|e| {
-                self.config
-                    .unreachable(format!("creating an admin client: {e}"))
-            })?;
+        let client = &self.config.client;
+        let admin: AdminClient<DefaultClientContext> =
+            client.create(&client.config(Role::Admin), "kafka sink admin client")?;
         let metadata = admin
             .inner()
-            .fetch_metadata(None, self.config.connect_timeout)
+            .fetch_metadata(None, self.config.client.timeout())
             .map_err(|e| self.config.unreachable(format!("fetching metadata: {e}")))?;
         let Some(broker) = metadata.brokers().first().map(|b| b.id()) else {
             return Ok(None);
         };
-        let options = AdminOptions::new().request_timeout(Some(self.config.connect_timeout));
+        let options = AdminOptions::new().request_timeout(Some(self.config.client.timeout()));
         let results = admin
             .describe_configs([&ResourceSpecifier::Broker(broker)], &options)
             .await
@@ -274,8 +270,8 @@ impl Inner {
     fn init_transactions(&self, producer: &ThreadedProducer<DeliveryTracker>) -> Result<()> {
         // A cluster whose transaction coordinator cannot come up answers
         // "retriable" for ever: the start fails after 'connect.timeout'.
-        retrying("init_transactions", self.config.connect_timeout, || {
-            producer.init_transactions(self.config.connect_timeout)
+        retrying("init_transactions", self.config.client.timeout(), || {
+            producer.init_transactions(self.config.client.timeout())
         })
         .map_err(|e| self.stopped("init_transactions", &e))?;
         self.in_transaction.store(false, Ordering::SeqCst);
@@ -319,7 +315,7 @@ impl Inner {
                 tracing::warn!(error = %e, "the failed epoch's transaction cannot be aborted in place; re-initialising the producer");
             }
         }
-        let producer = Arc::new(create_producer(&self.producer_config)?);
+        let producer = Arc::new(create_producer(&self.config.client, &self.producer_config)?);
         self.init_transactions(&producer)?;
         *self.producer.lock().unwrap_or_else(|p| p.into_inner()) = producer;
         Ok(())
@@ -534,7 +530,7 @@ impl Sink for TransactionalSink {
             inner.resolve()?;
             // A foreign transaction on a shared progress topic ends by its
             // producer's timeout; ours is the best guess of it.
-            let wait = inner.transaction_timeout.max(inner.config.connect_timeout);
+            let wait = inner.transaction_timeout.max(inner.config.client.timeout());
             progress_topic::read_last(
                 &inner.config,
                 &inner.progress_topic,

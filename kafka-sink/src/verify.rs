@@ -141,7 +141,7 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
 
     let last = {
         let (config, topic, id) = (config.clone(), progress_topic.clone(), query_id.clone());
-        let wait = config.connect_timeout;
+        let wait = config.client.timeout();
         blocking(move || read_last(&config, &topic, &id, wait)).await?
     };
     let Some(last) = last.map(|r| r.commit) else {
@@ -269,12 +269,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 /// Every record of the sink's topic, `read_committed`, in partition and
 /// offset order.
 fn read_output(config: &SinkConfig) -> Result<Vec<OutputRecord>> {
-    let records = crate::broker::read_topic(
-        &config.bootstrap,
-        &config.topic,
-        true,
-        config.connect_timeout,
-    )?;
+    let records =
+        crate::broker::read_topic(&config.client, &config.topic, true, config.client.timeout())?;
     let header = |r: &ReadRecord, name: &str| {
         r.headers
             .iter()

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
 
 use crate::event_time::parse_watermark;
+use crate::substitute::substitute;
 use crate::{normalize, Pos, SqlError, SqlRunner, StatementOutcome};
 use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::sql::sqlparser::ast::ColumnOption;
@@ -65,6 +66,9 @@ impl SqlRunner<'_> {
                 ),
             )
         })?;
+        if connector.eq_ignore_ascii_case("kafka") {
+            self.settings.add_kafka_defaults(&mut options);
+        }
         let schema = if columns.is_empty() {
             None
         } else {
@@ -134,6 +138,19 @@ impl SqlRunner<'_> {
             self.err(text, named.unwrap_or(at(key)), message)
         };
         let what = format!("table '{name}'");
+        // Flink's spelling of a file table.
+        if let Some(c) = options.take("connector") {
+            if !c.eq_ignore_ascii_case("filesystem") {
+                return Err(self.err(
+                    text,
+                    at("connector"),
+                    format!(
+                        "a CREATE TABLE with connector '{c}' is a stream: write CREATE STREAM \
+                         {name} ... WITH (connector = '{c}', ...)"
+                    ),
+                ));
+            }
+        }
         let path = match options.take("path") {
             Some(p) => p,
             None => {
@@ -156,7 +173,7 @@ impl SqlRunner<'_> {
             .map_err(|e| config(e, "header"))?
             .unwrap_or(true);
         options
-            .finish_for(&what, &["path", "format", "header"])
+            .finish_for(&what, &["path", "format", "header", "connector"])
             .map_err(|e| {
                 let key = options
                     .iter()
@@ -274,6 +291,13 @@ impl SqlRunner<'_> {
                 }
             };
             let key = key.to_ascii_lowercase();
+            let value = substitute(&value).map_err(|message| {
+                self.err(
+                    text,
+                    Pos::from(&value_tok),
+                    format!("option '{key}': {message}"),
+                )
+            })?;
             if options.get(&key).is_some() {
                 return Err(self.err(
                     text,

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use sluice_engine::redact_secrets;
+
 /// An error tied to a place in a SQL file: `file:line:column: message`,
 /// then the line with a caret under the offending text.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,19 +24,28 @@ pub struct SqlError {
 }
 
 impl SqlError {
-    /// An error at `line:column` of `text`.
+    /// An error at `line:column` of `text`. Secrets (values of sensitive
+    /// options, [`sluice_engine::redact_secrets`]) are taken out of the
+    /// message and the quoted line, the caret kept under its text.
     pub fn at(file: &str, text: &str, line: u64, column: u64, message: impl Into<String>) -> Self {
         let line = line.max(1);
-        let source_line = text
-            .lines()
-            .nth((line - 1) as usize)
-            .unwrap_or_default()
-            .to_string();
+        let whole = text.lines().nth((line - 1) as usize).unwrap_or_default();
+        let split = whole
+            .char_indices()
+            .nth((column.max(1) - 1) as usize)
+            .map_or(whole.len(), |(i, _)| i);
+        let before = redact_secrets(&whole[..split]);
+        let column = if before == whole[..split] {
+            column.max(1)
+        } else {
+            before.chars().count() as u64 + 1
+        };
+        let source_line = before + &redact_secrets(&whole[split..]);
         Self {
             file: file.to_string(),
             line,
-            column: column.max(1),
-            message: message.into(),
+            column,
+            message: redact_secrets(&message.into()),
             source_line,
             user_error: true,
         }

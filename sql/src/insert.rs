@@ -92,16 +92,20 @@ fn located(
     e: SluiceError,
 ) -> SqlError {
     let message = e.to_string();
+    let named = |positions: &BTreeMap<String, Pos>| {
+        positions
+            .iter()
+            .find(|(key, _)| message.contains(&format!("'{key}'")))
+            .map(|(_, pos)| (pos.line, pos.column))
+    };
+    // The stream the message names, else (a sink's message names its
+    // topic) any stream of the file with the option it quotes.
     let option = message
         .strip_prefix("stream '")
         .and_then(|rest| rest.split_once('\''))
         .and_then(|(stream, _)| options.get(stream))
-        .and_then(|positions| {
-            positions
-                .iter()
-                .find(|(key, _)| message.contains(&format!("'{key}'")))
-        })
-        .map(|(_, pos)| (pos.line, pos.column));
+        .and_then(named)
+        .or_else(|| options.values().find_map(named));
     let (line, column) = option.unwrap_or(at);
     let mut err = SqlError::at(file, text, line, column, message);
     err.user_error = e.is_user_error();

@@ -34,6 +34,7 @@ mod error;
 mod event_time;
 mod insert;
 mod settings;
+mod substitute;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -246,7 +247,13 @@ impl<'a> SqlRunner<'a> {
         let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
         if p.parse_keyword(Keyword::CREATE) {
             if p.parse_keyword(Keyword::TABLE) {
-                return self.create_table(p, text).await.map(Prepared::Done);
+                // Flink declares a Kafka topic as a table with a connector:
+                // that is a stream here. Files stay static tables.
+                return if names_a_stream_connector(p) {
+                    self.create_stream(p, text).await.map(Prepared::Done)
+                } else {
+                    self.create_table(p, text).await.map(Prepared::Done)
+                };
             }
             if !p.parse_keyword(Keyword::STREAM) {
                 let t = p.peek_token();
@@ -388,6 +395,28 @@ fn locate_word(text: &str, from: Pos, word: &str) -> Option<Pos> {
 }
 
 /// Unquoted identifiers are case-insensitive (lower-cased), as in DataFusion.
+/// True when the `CREATE TABLE` ahead declares `'connector' = '...'` other
+/// than `'filesystem'`: Flink's way to declare a Kafka topic.
+fn names_a_stream_connector(p: &Parser<'_>) -> bool {
+    let text = |t: &Token| match t {
+        Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => Some(s.clone()),
+        Token::Word(w) => Some(w.value.clone()),
+        _ => None,
+    };
+    for n in 0.. {
+        let t = p.peek_nth_token(n).token;
+        if matches!(t, Token::SemiColon | Token::EOF) {
+            return false;
+        }
+        let is_key = text(&t).is_some_and(|k| k.eq_ignore_ascii_case("connector"));
+        if is_key && p.peek_nth_token(n + 1).token == Token::Eq {
+            return text(&p.peek_nth_token(n + 2).token)
+                .is_some_and(|v| !v.eq_ignore_ascii_case("filesystem"));
+        }
+    }
+    false
+}
+
 pub(crate) fn normalize(ident: &datafusion::sql::sqlparser::ast::Ident) -> String {
     if ident.quote_style.is_some() {
         ident.value.clone()

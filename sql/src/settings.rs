@@ -4,7 +4,9 @@ use crate::{Pos, SqlError, SqlRunner, StatementOutcome};
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::Token;
-use sluice_engine::{OutputMode, QuerySettings, SluiceError, Trigger};
+use sluice_engine::{Options, OutputMode, QuerySettings, SluiceError, Trigger};
+
+use crate::substitute::substitute;
 
 /// Settings a `SET` may change, with what each means.
 pub(crate) const SETTINGS: &[&str] = &[
@@ -16,6 +18,7 @@ pub(crate) const SETTINGS: &[&str] = &[
     "state.snapshot.interval",
     "state.retained.snapshots",
     "outage.limit",
+    "kafka.*",
 ];
 
 /// What the `SET`s so far say: the engine's one [`QuerySettings`] for the
@@ -24,6 +27,28 @@ pub(crate) const SETTINGS: &[&str] = &[
 pub(crate) struct Settings {
     pub query: QuerySettings,
     pub output_mode: Option<OutputMode>,
+    /// `SET 'kafka.<property>'` (or `'properties.<property>'`): client
+    /// properties every Kafka stream declared after it gets unless it sets
+    /// them itself, keyed `kafka.<property>`.
+    pub kafka: Options,
+}
+
+impl Settings {
+    /// Adds the session's Kafka properties a Kafka stream's `options` do
+    /// not set in either spelling (`bootstrap.servers` counts for
+    /// `kafka.bootstrap.servers`).
+    pub(crate) fn add_kafka_defaults(&self, options: &mut Options) {
+        for (key, value) in self.kafka.iter() {
+            let property = &key["kafka.".len()..];
+            let mut spellings = vec![key.to_string(), format!("properties.{property}")];
+            if property == "bootstrap.servers" {
+                spellings.push(property.to_string());
+            }
+            if spellings.iter().all(|k| options.get(k).is_none()) {
+                options.set(key, value);
+            }
+        }
+    }
 }
 
 impl SqlRunner<'_> {
@@ -71,7 +96,26 @@ impl SqlRunner<'_> {
                 ))
             }
         };
+        let value = substitute(&value).map_err(|message| {
+            self.err(
+                text,
+                Pos::from(&value_tok),
+                format!("setting '{key}': {message}"),
+            )
+        })?;
         let at_value = |e: SluiceError| self.err(text, Pos::from(&value_tok), e.to_string());
+        let property = key
+            .strip_prefix("kafka.")
+            .or_else(|| key.strip_prefix("properties."));
+        if let Some(property) = property.filter(|p| !p.is_empty()) {
+            let shown = if sluice_engine::is_sensitive(property) {
+                sluice_engine::REDACTED.to_string()
+            } else {
+                value.clone()
+            };
+            self.settings.kafka.set(&format!("kafka.{property}"), value);
+            return Ok(StatementOutcome::Set { key, value: shown });
+        }
         match key.as_str() {
             "pipeline.name" => {
                 QuerySettings::check_pipeline_name(&value).map_err(at_value)?;

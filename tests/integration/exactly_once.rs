@@ -308,11 +308,12 @@ fn landing(p: &Pipeline, before: (Option<u64>, Option<u64>)) -> Landing {
     if open_transaction(&p.bootstrap, &topics) {
         return Landing::OpenTransaction;
     }
-    let kafka =
-        match sluice_kafka::last_committed(&p.bootstrap, None, &query_id, Duration::from_secs(5)) {
-            Ok(last) => last.map(|(epoch, _)| epoch),
-            Err(_) => return Landing::OpenTransaction,
-        };
+    let client = sluice_kafka::ClientOptions::new(p.bootstrap.as_str())
+        .connect_timeout(Duration::from_secs(5));
+    let kafka = match sluice_kafka::last_committed(&client, None, &query_id) {
+        Ok(last) => last.map(|(epoch, _)| epoch),
+        Err(_) => return Landing::OpenTransaction,
+    };
     if kafka > committed {
         Landing::AfterKafkaCommit
     } else if planned > kafka {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::avro::AvroDecoder;
+use crate::client::ClientOptions;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use sluice_engine::{Options, Result, SluiceError, SourceFactory};
 
@@ -16,6 +17,7 @@ use super::KafkaSourceFactory;
 pub(crate) const SOURCE_OPTIONS: &[&str] = &[
     "topic",
     "bootstrap.servers",
+    "properties.bootstrap.servers",
     "format",
     "scan.startup.mode",
     "scan.startup.timestamp-millis",
@@ -28,6 +30,30 @@ pub(crate) const SOURCE_OPTIONS: &[&str] = &[
     "fail-on-data-loss",
     "connect.timeout",
     "kafka.*",
+    "properties.*",
+];
+
+/// Consumer properties the source sets itself, and why.
+const REFUSED: &[(&str, &str)] = &[
+    (
+        "isolation.level",
+        "the source reads read_committed, so that it never sees records of aborted \
+         transactions and its planned ranges end at the last stable offset",
+    ),
+    (
+        "enable.auto.commit",
+        "Sluice keeps the offsets it read in its checkpoint and progress topic; to record them \
+         in a consumer group for lag tools, use the stream option 'group.id'",
+    ),
+    (
+        "enable.auto.offset.store",
+        "Sluice keeps the offsets it read in its checkpoint and progress topic",
+    ),
+    (
+        "auto.offset.reset",
+        "where a query starts is 'scan.startup.mode', and what happens to records deleted \
+         before they were read is 'fail-on-data-loss'",
+    ),
 ];
 
 const VIRTUAL: &[&str] = &["_key", "_topic", "_partition", "_offset", "_timestamp"];
@@ -41,6 +67,9 @@ pub(crate) enum StartupMode {
     Timestamp(i64),
     /// Per partition; partitions not listed start at their beginning.
     Offsets(BTreeMap<i32, i64>),
+    /// Where this consumer group's committed offsets are; partitions it
+    /// never committed start at their beginning.
+    GroupOffsets(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,7 +91,8 @@ pub(crate) enum SourceFormat {
 pub(crate) struct SourceConfig {
     pub stream: String,
     pub topic: String,
-    pub bootstrap: String,
+    /// The brokers, connect timeout and `kafka.*` properties.
+    pub client: ClientOptions,
     pub format: SourceFormat,
     pub startup: StartupMode,
     /// Cap on records an epoch plans (`max-records-per-epoch`).
@@ -77,8 +107,6 @@ pub(crate) struct SourceConfig {
     /// Stop when records are gone before they were read (Spark's
     /// `failOnDataLoss`); else skip them and count them as lost.
     pub fail_on_data_loss: bool,
-    pub connect_timeout: Duration,
-    pub passthrough: Vec<(String, String)>,
     /// The declared (decoded) columns.
     pub value_schema: SchemaRef,
     /// For `format = 'avro'`: reads the declared columns' Avro records.
@@ -95,7 +123,23 @@ pub(crate) fn factory(
     connect_timeout_default: Duration,
 ) -> Result<Arc<dyn SourceFactory>> {
     let topic = o.take_required("kafka", "topic", "bids")?;
-    let bootstrap = o.take_required("kafka", "bootstrap.servers", "localhost:9092")?;
+    let mut client = ClientOptions::from_options(
+        &mut o,
+        &format!("stream '{stream}'"),
+        connect_timeout_default,
+        REFUSED,
+    )?;
+    // Flink's 'properties.group.id' is the group offsets are recorded to.
+    let group = match (o.take("group.id"), client.take("group.id")) {
+        (Some(_), Some(_)) => {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': 'group.id' and 'kafka.group.id' (or 'properties.group.id') \
+                 name the same consumer group; give it once"
+            )))
+        }
+        (Some(g), None) | (None, Some(g)) => Some(g),
+        (None, None) => None,
+    };
     let format = match o
         .take_choice("format", &["json", "raw", "csv", "avro"])?
         .as_deref()
@@ -110,15 +154,32 @@ pub(crate) fn factory(
             )))
         }
     };
+    // Sluice's short names and Flink's.
     let startup = match o
         .take_choice(
             "scan.startup.mode",
-            &["earliest", "latest", "timestamp", "offsets"],
+            &[
+                "earliest",
+                "earliest-offset",
+                "latest",
+                "latest-offset",
+                "group-offsets",
+                "timestamp",
+                "offsets",
+                "specific-offsets",
+            ],
         )?
         .as_deref()
     {
-        None | Some("earliest") => StartupMode::Earliest,
-        Some("latest") => StartupMode::Latest,
+        None | Some("earliest" | "earliest-offset") => StartupMode::Earliest,
+        Some("latest" | "latest-offset") => StartupMode::Latest,
+        Some("group-offsets") => StartupMode::GroupOffsets(group.clone().ok_or_else(|| {
+            o.missing(
+                &format!("stream '{stream}' with 'scan.startup.mode' = 'group-offsets'"),
+                "group.id",
+                "'group.id' = 'orders-consumer' (or Flink's 'properties.group.id')",
+            )
+        })?),
         Some("timestamp") => {
             let what = format!("stream '{stream}' with 'scan.startup.mode' = 'timestamp'");
             let ms = o
@@ -203,14 +264,9 @@ pub(crate) fn factory(
              'dead-letter'"
         )));
     }
-    let group = o.take("group.id");
     let fail_on_data_loss = o
         .take_parsed::<bool>("fail-on-data-loss", "true or false")?
         .unwrap_or(true);
-    let connect_timeout = o
-        .take_duration("connect.timeout")?
-        .unwrap_or(connect_timeout_default);
-    let passthrough = o.take_prefixed("kafka.");
     o.finish("kafka", SOURCE_OPTIONS)?;
     let value_schema = match (format, declared) {
         (SourceFormat::Raw, None) => {
@@ -271,7 +327,7 @@ pub(crate) fn factory(
     Ok(Arc::new(KafkaSourceFactory(SourceConfig {
         stream: stream.to_string(),
         topic,
-        bootstrap,
+        client,
         format,
         startup,
         max_records,
@@ -279,8 +335,6 @@ pub(crate) fn factory(
         on_error,
         group,
         fail_on_data_loss,
-        connect_timeout,
-        passthrough,
         value_schema,
         avro,
         schema: Arc::new(Schema::new(fields)),

@@ -28,7 +28,7 @@ use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::json::ReaderBuilder;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
-use rdkafka::{ClientConfig, Offset as KafkaOffset, TopicPartitionList};
+use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use sluice_engine::{
     DeadLetter, GroupOffsets, Offset, Partitions, Rejected, Result, SluiceError, Source,
@@ -37,6 +37,7 @@ use sluice_engine::{
 
 mod config;
 
+use crate::client::Role;
 use crate::position::Ended;
 pub(crate) use config::factory;
 use config::{OnError, SourceConfig, SourceFormat, StartupMode};
@@ -54,9 +55,8 @@ impl SourceFactory for KafkaSourceFactory {
 
     fn create(&self) -> Result<Arc<dyn Source>> {
         let c = &self.0;
-        let mut config = ClientConfig::new();
+        let mut config = c.client.config(Role::Consumer);
         config
-            .set("bootstrap.servers", &c.bootstrap)
             // Never used for offsets: Sluice plans them. librdkafka wants one.
             .set(
                 "group.id",
@@ -67,20 +67,10 @@ impl SourceFactory for KafkaSourceFactory {
             .set("isolation.level", "read_committed")
             // A range that starts where records are gone is an error to
             // report, never a jump to the log's end (librdkafka's default).
-            .set("auto.offset.reset", "error")
-            .set(
-                "socket.connection.setup.timeout.ms",
-                c.connect_timeout.as_millis().to_string(),
-            );
-        for (k, v) in &c.passthrough {
-            config.set(k, v);
-        }
-        let consumer: BaseConsumer = config.create().map_err(|e| {
-            SluiceError::config(format!(
-                "stream '{}': invalid consumer setting: {e}",
-                c.stream
-            ))
-        })?;
+            .set("auto.offset.reset", "error");
+        let consumer: BaseConsumer = c
+            .client
+            .create(&config, &format!("kafka source '{}'", c.stream))?;
         Ok(Arc::new(KafkaSource(Arc::new(SourceInner {
             config: c.clone(),
             consumer: Mutex::new(consumer),
@@ -145,13 +135,14 @@ impl SourceInner {
         SluiceError::Unreachable {
             what: format!(
                 "kafka source '{}', brokers '{}'",
-                self.config.stream, self.config.bootstrap
+                self.config.stream,
+                self.config.client.bootstrap()
             ),
             message: format!("{what}: {e}"),
             hint: Some(format!(
                 "check that Kafka runs there (for a local one: scripts/kafka start) and that \
                  'bootstrap.servers' is right; the wait is set by 'connect.timeout' (now {:?})",
-                self.config.connect_timeout
+                self.config.client.timeout()
             )),
         }
     }
@@ -181,9 +172,18 @@ impl SourceInner {
     }
 
     /// Each partition's `(low watermark, last stable offset)`.
+    /// Fails fast when the brokers refuse the stream's login or TLS
+    /// (checked once per process and connection settings).
+    fn check_connection(&self) -> Result<()> {
+        self.config
+            .client
+            .check_connection(&format!("kafka source '{}'", self.config.stream))
+    }
+
     fn watermarks(&self) -> Result<BTreeMap<i32, (i64, i64)>> {
+        self.check_connection()?;
         let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
-        let timeout = self.config.connect_timeout;
+        let timeout = self.config.client.timeout();
         let metadata = consumer
             .fetch_metadata(Some(&self.config.topic), timeout)
             .map_err(|e| self.unreachable("fetching metadata", e))?;
@@ -227,6 +227,45 @@ impl SourceInner {
                     (*p, given.get(p).map_or(*low, |o| (*o).clamp(*low, *high)))
                 })
                 .collect(),
+            StartupMode::GroupOffsets(group) => {
+                let mut config = self.config.client.config(Role::Consumer);
+                config
+                    .set("group.id", group)
+                    .set("enable.auto.commit", "false");
+                let consumer: BaseConsumer = self
+                    .config
+                    .client
+                    .create(&config, &format!("consumer group '{group}'"))?;
+                let mut query = TopicPartitionList::new();
+                for p in marks.keys() {
+                    query.add_partition(topic, *p);
+                }
+                let committed = consumer
+                    .committed_offsets(query, self.config.client.timeout())
+                    .map_err(|e| {
+                        self.unreachable(&format!("reading the offsets of group '{group}'"), e)
+                    })?;
+                marks
+                    .iter()
+                    .map(|(p, (low, high))| {
+                        let at = committed.find_partition(topic, *p).map(|e| e.offset());
+                        let pos = match at {
+                            Some(KafkaOffset::Offset(o)) => o.clamp(*low, *high),
+                            // Never committed by the group: from the
+                            // beginning, so nothing is skipped.
+                            _ => {
+                                tracing::info!(
+                                    topic = %topic, partition = p, group = %group,
+                                    "the group has no offset for this partition; reading it \
+                                     from the beginning"
+                                );
+                                *low
+                            }
+                        };
+                        (*p, pos)
+                    })
+                    .collect()
+            }
             StartupMode::Timestamp(ms) => {
                 let mut query = TopicPartitionList::new();
                 for p in marks.keys() {
@@ -238,7 +277,7 @@ impl SourceInner {
                     .consumer
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .offsets_for_times(query, self.config.connect_timeout)
+                    .offsets_for_times(query, self.config.client.timeout())
                     .map_err(|e| self.unreachable("looking up offsets by time", e))?;
                 marks
                     .iter()
@@ -400,7 +439,7 @@ impl SourceInner {
             &consumer,
             &self.config.topic,
             wanted,
-            self.config.connect_timeout,
+            self.config.client.timeout(),
             &|what, e| self.unreachable(what, e),
             |m| {
                 // A tombstone (no value; for JSON and Avro also an empty
@@ -728,13 +767,14 @@ impl Source for KafkaSource {
     async fn cluster(&self) -> Result<Option<String>> {
         let inner = Arc::clone(&self.0);
         tokio::task::spawn_blocking(move || {
+            inner.check_connection()?;
             let consumer = inner.consumer.lock().unwrap_or_else(|p| p.into_inner());
-            consumer
+            Ok(consumer
                 .client()
-                .fetch_cluster_id(inner.config.connect_timeout)
+                .fetch_cluster_id(inner.config.client.timeout()))
         })
         .await
-        .map_err(|e| SluiceError::Internal(format!("kafka cluster task: {e}")))
+        .map_err(|e| SluiceError::Internal(format!("kafka cluster task: {e}")))?
     }
 }
 
