@@ -23,7 +23,9 @@ use sluice_engine::{Result, SluiceError};
 
 use crate::client::{ClientOptions, Role};
 
-const SCRIPT: &str = include_str!("../../scripts/kafka");
+/// The script itself lives in this crate (so a published crate carries
+/// it); the repository's `scripts/kafka` is a link to it.
+const SCRIPT: &str = include_str!("../scripts/kafka");
 
 /// The port the local broker listens on: `SLUICE_KAFKA_PORT`, default 9092.
 pub fn broker_port() -> u16 {
@@ -44,7 +46,7 @@ fn listening(port: u16) -> bool {
 /// name (a fixed path in the shared temporary directory could be planted
 /// by another user).
 fn script_path() -> Result<PathBuf> {
-    let in_repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/kafka");
+    let in_repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka");
     if in_repo.is_file() {
         return Ok(in_repo);
     }
