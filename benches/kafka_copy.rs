@@ -234,6 +234,14 @@ async fn sluice_copy(
     ))
 }
 
+/// Prints the Markdown table, then the summary as the last line.
+fn report(table: &[String], summary: serde_json::Value) {
+    for line in table {
+        println!("{line}");
+    }
+    println!("{summary}");
+}
+
 /// `--secure`: the pass-through through each listener of the secured
 /// broker, side by side.
 async fn secure(n: u64, rounds: usize) -> Result<(), BoxError> {
@@ -293,11 +301,8 @@ async fn secure(n: u64, rounds: usize) -> Result<(), BoxError> {
             .collect::<Vec<_>>()
             .join(" | ")
     ));
-    for line in &table {
-        println!("{line}");
-    }
-    println!(
-        "{}",
+    report(
+        &table,
         serde_json::json!({
             "records": n,
             "rounds": rounds,
@@ -307,7 +312,7 @@ async fn secure(n: u64, rounds: usize) -> Result<(), BoxError> {
             "mtls_median_rec_per_s": medians[2],
             "sasl_ssl_of_plaintext": medians[1] / medians[0],
             "mtls_of_plaintext": medians[2] / medians[0],
-        })
+        }),
     );
     Ok(())
 }
@@ -380,11 +385,8 @@ async fn main() -> Result<(), BoxError> {
         median(fast.iter().map(|x| x.0).collect()) / 1e3,
         median(slow.iter().map(|x| x.0).collect()) / 1e3,
     ));
-    for line in &table {
-        println!("{line}");
-    }
-    println!(
-        "{}",
+    report(
+        &table,
         serde_json::json!({
             "records": n,
             "rounds": rounds,
@@ -397,7 +399,7 @@ async fn main() -> Result<(), BoxError> {
             "sluice_1s_median_rec_per_s": median(slow.iter().map(|x| x.0).collect()),
             "ratio_100ms_median": ratio_fast,
             "ratio_1s_median": ratio_slow,
-        })
+        }),
     );
     Ok(())
 }

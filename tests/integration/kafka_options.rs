@@ -23,9 +23,15 @@ fn ids(records: &[sluice::broker::ReadRecord]) -> Vec<i64> {
         .collect()
 }
 
-/// Runs `sql` to completion in a new session.
-async fn run(sql: &str) {
-    let query = crate::util::start_sql(&Session::new(), sql).await;
+/// Runs `sql` over the input present now, in a new session, with its
+/// checkpoint in a temporary directory.
+async fn run_available_now(sql: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = format!(
+        "SET 'checkpoint.location' = '{}';\nSET 'trigger' = 'available-now';\n{sql}",
+        dir.path().display()
+    );
+    let query = crate::util::start_sql(&Session::new(), &sql).await;
     query.await_termination().await.unwrap();
 }
 
@@ -58,11 +64,8 @@ async fn flink_ddl_with_group_offsets_starts_where_the_group_stopped() {
         .await
         .unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    run(&format!(
-        "SET 'checkpoint.location' = '{checkpoint}';\n\
-         SET 'trigger' = 'available-now';\n\
-         SET 'properties.bootstrap.servers' = '{bootstrap}';\n\
+    run_available_now(&format!(
+        "SET 'properties.bootstrap.servers' = '{bootstrap}';\n\
          CREATE TABLE orders (id BIGINT, name VARCHAR) WITH (\n\
            'connector' = 'kafka',\n\
            'topic' = '{input}',\n\
@@ -72,7 +75,6 @@ async fn flink_ddl_with_group_offsets_starts_where_the_group_stopped() {
          );\n\
          CREATE TABLE copy WITH ('connector' = 'kafka', 'topic' = '{output}');\n\
          INSERT INTO copy SELECT id FROM orders;",
-        checkpoint = dir.path().display(),
     ))
     .await;
     assert_eq!(
@@ -189,16 +191,12 @@ async fn a_zstd_topic_is_read_and_the_output_compressed_as_configured() {
         .await
         .unwrap();
     }
-    let dir = tempfile::tempdir().unwrap();
-    run(&format!(
-        "SET 'checkpoint.location' = '{checkpoint}';\n\
-         SET 'trigger' = 'available-now';\n\
-         SET 'kafka.bootstrap.servers' = '{bootstrap}';\n\
+    run_available_now(&format!(
+        "SET 'kafka.bootstrap.servers' = '{bootstrap}';\n\
          CREATE STREAM input (id BIGINT, name VARCHAR) WITH (connector = 'kafka', topic = '{input}');\n\
          CREATE STREAM out WITH (connector = 'kafka', topic = '{output}', \
            'kafka.compression.type' = 'zstd');\n\
          INSERT INTO out SELECT id, name, repeat(name, 40) AS padding FROM input;",
-        checkpoint = dir.path().display(),
     ))
     .await;
     let records = read(&bootstrap, &output).await;
