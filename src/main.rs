@@ -443,13 +443,16 @@ async fn verify(file: &Path) -> Result<(), Failure> {
         for (name, mut query) in q.batch_queries()? {
             match sluice_kafka::verify(&mut query).await {
                 Ok(verdict) => {
-                    print!("{verdict}");
+                    print!("{}", sluice::redact_secrets(&verdict.to_string()));
                     if !verdict.ok {
                         differ.push(name);
                     }
                 }
                 Err(e) if e.is_user_error() => {
-                    println!("query '{name}'\nNOT CHECKED: {e}");
+                    println!(
+                        "query '{name}'\nNOT CHECKED: {}",
+                        sluice::redact_secrets(&e.to_string())
+                    );
                     unchecked.push(name);
                 }
                 Err(e) => return Err(Failure::Runtime(format!("sluice: query '{name}': {e}"))),

@@ -12,7 +12,7 @@
 //! create is reported by the property's name and librdkafka's reason, never
 //! its value (librdkafka's own message echoes the value).
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::path::Path;
 use std::sync::Mutex;
@@ -45,7 +45,7 @@ pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// assert!(!format!("{options:?}").contains("hunter2"));
 /// assert_eq!(options.redact("login as hunter2 failed"), "login as [redacted] failed");
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash)]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ClientOptions {
     bootstrap: String,
     connect_timeout: Duration,
@@ -321,11 +321,9 @@ impl ClientOptions {
     /// itself would retry it until every request timed out as "no
     /// answer". Brokers that do not answer fail after the connect timeout.
     pub(crate) fn check_connection(&self, what: &str) -> Result<()> {
-        static CHECKED: Mutex<Option<HashSet<ClientOptions>>> = Mutex::new(None);
-        let seen = |checked: &mut Option<HashSet<ClientOptions>>| {
-            checked.get_or_insert_with(HashSet::new).contains(self)
-        };
-        if seen(&mut CHECKED.lock().unwrap_or_else(|p| p.into_inner())) {
+        static CHECKED: Mutex<BTreeSet<ClientOptions>> = Mutex::new(BTreeSet::new());
+        let checked = || CHECKED.lock().unwrap_or_else(|p| p.into_inner());
+        if checked().contains(self) {
             return Ok(());
         }
         let probe: BaseConsumer<Probe> = self
@@ -364,11 +362,7 @@ impl ClientOptions {
                 Err(_) => {}
             }
         }
-        CHECKED
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_or_insert_with(HashSet::new)
-            .insert(self.clone());
+        checked().insert(self.clone());
         Ok(())
     }
 

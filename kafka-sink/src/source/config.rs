@@ -462,6 +462,45 @@ mod tests {
     }
 
     #[test]
+    fn flink_names_of_startup_modes_and_properties_are_understood() {
+        let declared = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, true)]));
+        let startup = |pairs: &[(&str, &str)]| {
+            let mut all = vec![("topic", "t"), ("properties.bootstrap.servers", "b:1")];
+            all.extend_from_slice(pairs);
+            factory(
+                "s",
+                options(&all),
+                Some(Arc::clone(&declared)),
+                Duration::ZERO,
+            )
+            .map(|_| ())
+        };
+        for mode in ["earliest-offset", "latest-offset", "earliest", "latest"] {
+            assert!(startup(&[("scan.startup.mode", mode)]).is_ok(), "{mode}");
+        }
+        assert!(startup(&[
+            ("scan.startup.mode", "specific-offsets"),
+            ("scan.startup.specific-offsets", "partition:0,offset:3"),
+        ])
+        .is_ok());
+        assert!(startup(&[
+            ("scan.startup.mode", "group-offsets"),
+            ("properties.group.id", "g"),
+        ])
+        .is_ok());
+        let err = startup(&[("scan.startup.mode", "group-offsets")])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("'group.id'"), "{err}");
+        let err = startup(&[("group.id", "a"), ("kafka.group.id", "b")])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("give it once"), "{err}");
+    }
+
+    #[test]
     fn sizes_take_decimal_and_binary_units() {
         assert_eq!(parse_bytes("500000"), Some(500_000));
         assert_eq!(parse_bytes("64 MiB"), Some(64 << 20));
