@@ -182,6 +182,18 @@ impl Job {
         printed()
     }
 
+    /// `sluice checkpoint inspect` of the job's checkpoint against the
+    /// secured listener, given the client's properties on the command line.
+    fn inspect(&self) -> Output {
+        self.sluice()
+            .args(["checkpoint", "inspect"])
+            .arg(self.checkpoint())
+            .args(["--bootstrap", self.client.bootstrap()])
+            .args(property_args(&self.client))
+            .output()
+            .unwrap()
+    }
+
     /// Runs until the input present at start is committed.
     fn run_to_end(&self) -> Output {
         let out = self
@@ -208,6 +220,14 @@ impl Job {
         }
         out
     }
+}
+
+/// `--kafka-property key=value` for each of `client`'s properties.
+fn property_args(client: &ClientOptions) -> Vec<String> {
+    client
+        .properties()
+        .flat_map(|(k, v)| ["--kafka-property".to_string(), format!("{k}={v}")])
+        .collect()
 }
 
 fn text(out: &Output) -> String {
@@ -255,15 +275,7 @@ async fn exactly_once_through(client: ClientOptions, password: &str) {
     assert!(verify.status.success(), "{}", text(&verify));
     logs += &text(&verify);
 
-    let mut inspect = job.sluice();
-    inspect
-        .args(["checkpoint", "inspect"])
-        .arg(job.checkpoint())
-        .args(["--bootstrap", job.client.bootstrap()]);
-    for (k, v) in job.client.properties() {
-        inspect.arg("--kafka-property").arg(format!("{k}={v}"));
-    }
-    let inspected = inspect.output().unwrap();
+    let inspected = job.inspect();
     let report = text(&inspected);
     assert!(inspected.status.success(), "{report}");
     assert!(report.contains("agrees with the checkpoint"), "{report}");
@@ -441,19 +453,7 @@ async fn a_password_is_never_printed() {
     assert!(logged().contains("DEBUG"), "{}", logged());
     printed += &logged();
     printed += &std::fs::read_to_string(&progress).unwrap();
-    let inspect = job
-        .sluice()
-        .args(["checkpoint", "inspect"])
-        .arg(job.checkpoint())
-        .args(["--bootstrap", job.client.bootstrap()])
-        .args(
-            job.client
-                .properties()
-                .flat_map(|(k, v)| ["--kafka-property".to_string(), format!("{k}={v}")]),
-        )
-        .output()
-        .unwrap();
-    printed += &text(&inspect);
+    printed += &text(&job.inspect());
 
     // librdkafka refuses a misspelt property: its message would repeat
     // the value.
@@ -510,10 +510,8 @@ async fn nexmark_load_works_over_sasl_ssl() {
     let prefix = fresh_topic("secure-nexmark");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.args(["nexmark", "load", "--events", "500", "--partitions", "1"])
-        .args(["--bootstrap", client.bootstrap(), "--prefix", &prefix]);
-    for (k, v) in client.properties() {
-        cmd.arg("--kafka-property").arg(format!("{k}={v}"));
-    }
+        .args(["--bootstrap", client.bootstrap(), "--prefix", &prefix])
+        .args(property_args(&client));
     let out = cmd.output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
     assert!(!text(&out).contains(&broker.password));

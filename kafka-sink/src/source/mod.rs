@@ -102,6 +102,27 @@ fn parse(offset: &Offset) -> Result<PlannedRanges> {
         .map_err(|e| SluiceError::Internal(format!("kafka source offset {offset}: {e}")))
 }
 
+/// Each partition of `marks` (low watermark, last stable offset) at the
+/// offset Kafka `found` for it, moved into its range; `missing(partition,
+/// low, high)` where Kafka has none.
+fn found_positions(
+    found: &TopicPartitionList,
+    topic: &str,
+    marks: &BTreeMap<i32, (i64, i64)>,
+    missing: impl Fn(i32, i64, i64) -> i64,
+) -> BTreeMap<i32, i64> {
+    marks
+        .iter()
+        .map(|(&p, &(low, high))| {
+            let pos = match found.find_partition(topic, p).map(|e| e.offset()) {
+                Some(KafkaOffset::Offset(o)) => o.clamp(low, high),
+                _ => missing(p, low, high),
+            };
+            (p, pos)
+        })
+        .collect()
+}
+
 #[derive(Debug)]
 struct KafkaSource(Arc<SourceInner>);
 
@@ -245,26 +266,16 @@ impl SourceInner {
                     .map_err(|e| {
                         self.unreachable(&format!("reading the offsets of group '{group}'"), e)
                     })?;
-                marks
-                    .iter()
-                    .map(|(p, (low, high))| {
-                        let at = committed.find_partition(topic, *p).map(|e| e.offset());
-                        let pos = match at {
-                            Some(KafkaOffset::Offset(o)) => o.clamp(*low, *high),
-                            // Never committed by the group: from the
-                            // beginning, so nothing is skipped.
-                            _ => {
-                                tracing::info!(
-                                    topic = %topic, partition = p, group = %group,
-                                    "the group has no offset for this partition; reading it \
-                                     from the beginning"
-                                );
-                                *low
-                            }
-                        };
-                        (*p, pos)
-                    })
-                    .collect()
+                // Never committed by the group: from the beginning, so
+                // nothing is skipped.
+                found_positions(&committed, topic, marks, |p, low, _| {
+                    tracing::info!(
+                        topic = %topic, partition = p, group = %group,
+                        "the group has no offset for this partition; reading it from the \
+                         beginning"
+                    );
+                    low
+                })
             }
             StartupMode::Timestamp(ms) => {
                 let mut query = TopicPartitionList::new();
@@ -279,18 +290,8 @@ impl SourceInner {
                     .unwrap_or_else(|p| p.into_inner())
                     .offsets_for_times(query, self.config.client.timeout())
                     .map_err(|e| self.unreachable("looking up offsets by time", e))?;
-                marks
-                    .iter()
-                    .map(|(p, (low, high))| {
-                        let at = found.find_partition(topic, *p).map(|e| e.offset());
-                        // No record at or after the time: start at the end.
-                        let pos = match at {
-                            Some(KafkaOffset::Offset(o)) => o.clamp(*low, *high),
-                            _ => *high,
-                        };
-                        (*p, pos)
-                    })
-                    .collect()
+                // No record at or after the time: start at the end.
+                found_positions(&found, topic, marks, |_, _, high| high)
             }
         })
     }
