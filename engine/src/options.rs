@@ -209,9 +209,14 @@ impl std::fmt::Debug for Options {
 /// assert!(is_sensitive("sasl.oauthbearer.client.secret"));
 /// assert!(is_sensitive("ssl.key.pem"));
 /// assert!(!is_sensitive("sasl.username"));
+/// // Where a token comes from is not the token: errors may name it.
+/// assert!(!is_sensitive("sasl.oauthbearer.token.endpoint.url"));
 /// ```
 pub fn is_sensitive(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
+    if key.ends_with("token.endpoint.url") {
+        return false;
+    }
     [
         "password",
         "passwd",

@@ -7,6 +7,9 @@
 //! keep a broker of their own, away from one the user runs on 9092). The
 //! script is also compiled into the binary, so `sluice demo` works outside
 //! the repository.
+//! [`ensure_secure_broker_on`] starts one with TLS and SASL listeners, and
+//! [`ensure_oidc_broker_on`] one that also takes OAUTHBEARER tokens of a
+//! real OpenID Connect provider (`scripts/keycloak`, Keycloak).
 //! Tests get unique topics from [`fresh_topic`] and read them back with
 //! [`read_topic`].
 
@@ -23,9 +26,23 @@ use sluice_engine::{Result, SluiceError};
 
 use crate::client::{ClientOptions, Role};
 
-/// The script itself lives in this crate (so a published crate carries
-/// it); the repository's `scripts/kafka` is a link to it.
-const SCRIPT: &str = include_str!("../scripts/kafka");
+/// The scripts themselves live in this crate (so a published crate
+/// carries them); the repository's `scripts/` holds links to them.
+const KAFKA_SCRIPT: Script = Script {
+    name: "kafka",
+    text: include_str!("../scripts/kafka"),
+};
+const KEYCLOAK_SCRIPT: Script = Script {
+    name: "keycloak",
+    text: include_str!("../scripts/keycloak"),
+};
+
+/// One of the crate's scripts that start real servers.
+#[derive(Clone, Copy)]
+struct Script {
+    name: &'static str,
+    text: &'static str,
+}
 
 /// The port the local broker listens on: `SLUICE_KAFKA_PORT`, default 9092.
 pub fn broker_port() -> u16 {
@@ -40,44 +57,84 @@ fn listening(port: u16) -> bool {
     TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
 }
 
-/// The broker script: the repository's own when present, else the copy
-/// compiled into this binary, written to the user's cache directory — or,
-/// with neither `SLUICE_CACHE` nor `HOME`, to a new directory of a random
-/// name (a fixed path in the shared temporary directory could be planted
-/// by another user).
-fn script_path() -> Result<PathBuf> {
-    let in_repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka");
-    if in_repo.is_file() {
-        return Ok(in_repo);
-    }
-    let cache = std::env::var_os("SLUICE_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/sluice")));
-    let bin = match cache {
-        Some(cache) => {
-            let bin = cache.join("bin");
-            std::fs::create_dir_all(&bin)
-                .map_err(|e| SluiceError::io(format!("creating {}", bin.display()), e))?;
-            bin
+impl Script {
+    /// The script's path: the repository's own when present, else the
+    /// copy compiled into this binary, written to the user's cache
+    /// directory — or, with neither `SLUICE_CACHE` nor `HOME`, to a new
+    /// directory of a random name (a fixed path in the shared temporary
+    /// directory could be planted by another user).
+    fn path(self) -> Result<PathBuf> {
+        let in_repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("scripts")
+            .join(self.name);
+        if in_repo.is_file() {
+            return Ok(in_repo);
         }
-        None => {
-            let bin =
-                std::env::temp_dir().join(format!("sluice-{}", uuid::Uuid::new_v4().simple()));
-            // create_dir, not create_dir_all: it must be new, and ours.
-            std::fs::create_dir(&bin)
-                .map_err(|e| SluiceError::io(format!("creating {}", bin.display()), e))?;
-            bin
+        let cache = std::env::var_os("SLUICE_CACHE")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/sluice")));
+        let bin = match cache {
+            Some(cache) => {
+                let bin = cache.join("bin");
+                std::fs::create_dir_all(&bin)
+                    .map_err(|e| SluiceError::io(format!("creating {}", bin.display()), e))?;
+                bin
+            }
+            None => {
+                let bin =
+                    std::env::temp_dir().join(format!("sluice-{}", uuid::Uuid::new_v4().simple()));
+                // create_dir, not create_dir_all: it must be new, and ours.
+                std::fs::create_dir(&bin)
+                    .map_err(|e| SluiceError::io(format!("creating {}", bin.display()), e))?;
+                bin
+            }
+        };
+        let path = bin.join(self.name);
+        let io = |e| SluiceError::io(format!("writing {}", path.display()), e);
+        std::fs::write(&path, self.text).map_err(io)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
         }
-    };
-    let path = bin.join("kafka");
-    let io = |e| SluiceError::io(format!("writing {}", path.display()), e);
-    std::fs::write(&path, SCRIPT).map_err(io)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
+        Ok(path)
     }
-    Ok(path)
+
+    /// Runs `scripts/<name> <command>` with `env`; its stdout.
+    fn run(self, command: &str, env: &[(&str, String)]) -> Result<String> {
+        let script = self.path()?;
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg(command)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .map_err(|e| SluiceError::io(format!("running {}", script.display()), e))?;
+        if !out.status.success() {
+            let vars: String = env.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+            return Err(SluiceError::External {
+                what: format!("scripts/{} {command} ({})", self.name, script.display()),
+                message: format!(
+                    "exit status {}\n{}{}",
+                    out.status,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+                hint: Some(format!(
+                    "run `{vars}scripts/{} {command}` by hand to see what fails",
+                    self.name
+                )),
+            });
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// The `KEY=value` lines a script printed, looked up by key.
+fn env_value(script: &str, env: &str, key: &str) -> Result<String> {
+    env.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .map(str::to_string)
+        .ok_or_else(|| SluiceError::Internal(format!("scripts/{script}: no {key} in {env}")))
 }
 
 /// A bootstrap address of a running local broker, started through
@@ -94,35 +151,19 @@ pub fn ensure_broker_on(port: u16) -> Result<String> {
         return Ok(address);
     }
     tracing::info!("starting a local Kafka broker");
-    script(port, false, "start")?;
+    KAFKA_SCRIPT.run("start", &kafka_env(port, false))?;
     Ok(address)
 }
 
-/// Runs `scripts/kafka <command>` for the broker on `port`; its stdout.
-fn script(port: u16, secure: bool, command: &str) -> Result<String> {
-    let script = script_path()?;
-    let out = Command::new("bash")
-        .arg(&script)
-        .arg(command)
-        .env("SLUICE_KAFKA_PORT", port.to_string())
-        .env("SLUICE_KAFKA_SECURE", if secure { "1" } else { "0" })
-        .output()
-        .map_err(|e| SluiceError::io(format!("running {}", script.display()), e))?;
-    if !out.status.success() {
-        return Err(SluiceError::External {
-            what: format!("scripts/kafka {command} ({})", script.display()),
-            message: format!(
-                "exit status {}\n{}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-            hint: Some(format!(
-                "run `SLUICE_KAFKA_PORT={port} scripts/kafka {command}` by hand to see what fails"
-            )),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+/// The environment of `scripts/kafka` for the broker on `port`.
+fn kafka_env(port: u16, secure: bool) -> Vec<(&'static str, String)> {
+    vec![
+        ("SLUICE_KAFKA_PORT", port.to_string()),
+        (
+            "SLUICE_KAFKA_SECURE",
+            if secure { "1" } else { "0" }.to_string(),
+        ),
+    ]
 }
 
 /// A local broker with TLS and SASL listeners (`SLUICE_KAFKA_SECURE=1
@@ -148,6 +189,27 @@ pub struct SecureBroker {
     pub user: String,
     /// Its password, random per broker.
     pub password: String,
+    /// The SASL_SSL listener for OAUTHBEARER, and the OpenID Connect
+    /// provider whose tokens it accepts ([`ensure_oidc_broker_on`]).
+    pub oauthbearer: Option<(String, OidcProvider)>,
+}
+
+/// A running OpenID Connect provider (`scripts/keycloak`) and the client
+/// whose credentials it exchanges for tokens.
+#[derive(Debug, Clone)]
+pub struct OidcProvider {
+    /// The issuer its tokens name.
+    pub issuer: String,
+    /// Where a client exchanges its id and secret for a token.
+    pub token_url: String,
+    /// Where brokers fetch the keys that check a token's signature.
+    pub jwks_url: String,
+    /// The client allowed the client-credentials grant.
+    pub client_id: String,
+    /// Its secret, random per provider installation.
+    pub client_secret: String,
+    /// The audience its tokens name, which the broker requires.
+    pub audience: String,
 }
 
 impl SecureBroker {
@@ -172,20 +234,70 @@ impl SecureBroker {
             )
             .property("ssl.key.location", self.client_key.display().to_string())
     }
+
+    /// Client options for the OAUTHBEARER listener, the token fetched
+    /// from the provider with the client's id and secret (librdkafka's
+    /// `sasl.oauthbearer.method=oidc`); `None` without that listener.
+    pub fn oidc(&self) -> Option<ClientOptions> {
+        let (listener, provider) = self.oauthbearer.as_ref()?;
+        Some(
+            ClientOptions::new(listener.as_str())
+                .property("security.protocol", "SASL_SSL")
+                .property("sasl.mechanism", "OAUTHBEARER")
+                .property("sasl.oauthbearer.method", "oidc")
+                .property("sasl.oauthbearer.client.id", provider.client_id.as_str())
+                .property(
+                    "sasl.oauthbearer.client.secret",
+                    provider.client_secret.as_str(),
+                )
+                .property(
+                    "sasl.oauthbearer.token.endpoint.url",
+                    provider.token_url.as_str(),
+                )
+                .property("ssl.ca.location", self.ca.display().to_string()),
+        )
+    }
 }
 
 /// A running secured broker on `port` (listeners on `port`..`port + 4`,
 /// see `scripts/kafka`), started when none runs there.
 pub fn ensure_secure_broker_on(port: u16) -> Result<SecureBroker> {
-    script(port, true, "start")?;
-    let env = script(port, true, "secure-env")?;
-    let get = |key: &str| {
-        env.lines()
-            .find_map(|l| l.strip_prefix(&format!("{key}=")))
-            .map(str::to_string)
-            .ok_or_else(|| SluiceError::Internal(format!("scripts/kafka secure-env: no {key}")))
+    Ok(secure_broker(&kafka_env(port, true))?.0)
+}
+
+/// [`ensure_secure_broker_on`] with, on `port + 5`, a SASL_SSL listener
+/// for OAUTHBEARER tokens of a real OpenID Connect provider (Keycloak,
+/// `scripts/keycloak`) on `provider_port`, started first when it does
+/// not run.
+pub fn ensure_oidc_broker_on(port: u16, provider_port: u16) -> Result<SecureBroker> {
+    let env = vec![("SLUICE_KEYCLOAK_PORT", provider_port.to_string())];
+    KEYCLOAK_SCRIPT.run("start", &env)?;
+    let printed = KEYCLOAK_SCRIPT.run("env", &env)?;
+    let get = |key| env_value("keycloak", &printed, key);
+    let provider = OidcProvider {
+        issuer: get("ISSUER")?,
+        token_url: get("TOKEN_URL")?,
+        jwks_url: get("JWKS_URL")?,
+        client_id: get("CLIENT_ID")?,
+        client_secret: get("CLIENT_SECRET")?,
+        audience: get("AUDIENCE")?,
     };
-    Ok(SecureBroker {
+    let mut env = kafka_env(port, true);
+    env.push(("SLUICE_KAFKA_OIDC_JWKS_URL", provider.jwks_url.clone()));
+    env.push(("SLUICE_KAFKA_OIDC_ISSUER", provider.issuer.clone()));
+    env.push(("SLUICE_KAFKA_OIDC_AUDIENCE", provider.audience.clone()));
+    let (mut broker, printed) = secure_broker(&env)?;
+    broker.oauthbearer = Some((env_value("kafka", &printed, "OAUTHBEARER")?, provider));
+    Ok(broker)
+}
+
+/// Starts the secured broker `env` describes; it, and what
+/// `scripts/kafka secure-env` printed about it.
+fn secure_broker(env: &[(&str, String)]) -> Result<(SecureBroker, String)> {
+    KAFKA_SCRIPT.run("start", env)?;
+    let printed = KAFKA_SCRIPT.run("secure-env", env)?;
+    let get = |key| env_value("kafka", &printed, key);
+    let broker = SecureBroker {
         plaintext: get("PLAINTEXT")?,
         sasl_ssl: get("SASL_SSL")?,
         ssl: get("SSL")?,
@@ -195,7 +307,9 @@ pub fn ensure_secure_broker_on(port: u16) -> Result<SecureBroker> {
         client_key: get("CLIENT_KEY")?.into(),
         user: get("SASL_USER")?,
         password: get("SASL_PASSWORD")?,
-    })
+        oauthbearer: None,
+    };
+    Ok((broker, printed))
 }
 
 /// A topic name no earlier run has used: `<prefix>-<random>`.
@@ -220,6 +334,7 @@ pub async fn create_topic(
 ) -> Result<()> {
     let client = client.into();
     let bootstrap = &client;
+    client.check_connection("admin client")?;
     let admin: AdminClient<DefaultClientContext> =
         client.create(&client.config(Role::Admin), "admin client")?;
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
@@ -284,6 +399,7 @@ pub fn read_topic(
                 "read_uncommitted"
             },
         );
+    client.check_connection("consumer")?;
     let consumer: BaseConsumer = client.create(&config, "consumer")?;
     let metadata = consumer
         .fetch_metadata(Some(topic), timeout)

@@ -367,7 +367,16 @@ impl ClientOptions {
     }
 
     fn refused(&self, what: &str, refused: Refused) -> SluiceError {
+        let oauthbearer = self
+            .get("sasl.mechanism")
+            .is_some_and(|m| m.eq_ignore_ascii_case("OAUTHBEARER"));
         let (message, hint) = match refused {
+            Refused::Authentication(reason) if oauthbearer => (
+                format!("authentication failed: {reason}"),
+                "check 'kafka.sasl.oauthbearer.client.id', 'kafka.sasl.oauthbearer.client.secret' \
+                 and 'kafka.sasl.oauthbearer.token.endpoint.url' against the identity provider, \
+                 and that the brokers accept its tokens (issuer, audience, scope)",
+            ),
             Refused::Authentication(reason) => (
                 format!("authentication failed: {reason}"),
                 "check 'kafka.sasl.mechanism', 'kafka.sasl.username' and 'kafka.sasl.password' \

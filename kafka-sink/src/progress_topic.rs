@@ -70,6 +70,7 @@ pub fn last_committed(
 ) -> Result<Option<(u64, BTreeMap<String, SourceRange>)>> {
     let timeout = client.timeout();
     let topic = topic.map_or_else(|| default_topic(query_id), str::to_string);
+    client.check_connection("progress topic reader")?;
     let config = SinkConfig {
         topic: topic.clone(),
         client: client.clone(),

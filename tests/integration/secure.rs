@@ -2,7 +2,8 @@
 //! listeners (`SLUICE_KAFKA_SECURE=1 scripts/kafka start`), exactly-once
 //! through it under kill -9, quick and clear failures for a wrong password,
 //! an unknown CA or a hostname mismatch, and secrets that never reach
-//! anything Sluice prints.
+//! anything Sluice prints. The same over SASL/OAUTHBEARER with tokens of a
+//! real OpenID Connect provider (Keycloak, `scripts/keycloak`).
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -29,6 +30,20 @@ fn secure_broker() -> &'static SecureBroker {
             .and_then(|p| p.parse().ok())
             .unwrap_or(19192);
         sluice::broker::ensure_secure_broker_on(port).expect("a secured broker")
+    })
+}
+
+/// A second secured broker whose extra listener takes OAUTHBEARER tokens
+/// of a real OpenID Connect provider: `SLUICE_TEST_OIDC_KAFKA_PORT`
+/// (default 19292), the provider (Keycloak) on that port + 8.
+fn oidc_broker() -> &'static SecureBroker {
+    static BROKER: OnceLock<SecureBroker> = OnceLock::new();
+    BROKER.get_or_init(|| {
+        let port = std::env::var("SLUICE_TEST_OIDC_KAFKA_PORT")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(19292);
+        sluice::broker::ensure_oidc_broker_on(port, port + 8).expect("a broker with OIDC")
     })
 }
 
@@ -60,14 +75,15 @@ fn produce(client: &ClientOptions, topic: &str, rows: i64) {
 }
 
 /// `SET 'kafka.<key>' = '<value>'` for each of `client`'s properties and
-/// its brokers, the password as `${SLUICE_TEST_KAFKA_PASSWORD}`.
+/// its brokers, the password (or OIDC client secret) as
+/// `${SLUICE_TEST_KAFKA_PASSWORD}`.
 fn connection_settings(client: &ClientOptions) -> String {
     let mut sql = format!(
         "SET 'kafka.bootstrap.servers' = '{}';\n",
         client.bootstrap()
     );
     for (k, v) in client.properties() {
-        let v = if k == "sasl.password" {
+        let v = if k == "sasl.password" || k == "sasl.oauthbearer.client.secret" {
             format!("${{{PASSWORD_VAR}}}")
         } else {
             v.to_string()
@@ -299,6 +315,16 @@ async fn exactly_once_over_mutual_tls_survives_kill_9() {
     exactly_once_through(secure_broker().mtls(), "").await;
 }
 
+/// SASL/OAUTHBEARER with OIDC client credentials: every client fetches
+/// its token from Keycloak with the client's id and secret, and the
+/// broker checks the token's signature, issuer and audience.
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_over_oauthbearer_with_oidc_tokens_survives_kill_9() {
+    let broker = oidc_broker();
+    let (_, provider) = broker.oauthbearer.as_ref().unwrap();
+    exactly_once_through(broker.oidc().unwrap(), &provider.client_secret).await;
+}
+
 /// `sluice run` of a query reading `topic` through `client`'s listener:
 /// the exit and what it printed, and how long it took.
 fn run_against(client: &ClientOptions, password: &str, topic: &str) -> (Output, Duration) {
@@ -327,22 +353,41 @@ fn run_against(client: &ClientOptions, password: &str, topic: &str) -> (Output, 
     (out, started.elapsed())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_wrong_password_fails_within_30_s_saying_authentication_failed() {
-    let broker = secure_broker();
+/// A query whose `client` has the `wrong` password (or secret) under
+/// `key` exits 1 within 30 s saying that authentication failed, without
+/// printing it.
+async fn refused_login(client: ClientOptions, key: &str, wrong: &str) {
     let topic = fresh_topic("secure-auth");
-    create_topic(&broker.scram(), &topic, 1).await.unwrap();
-    let wrong = "not-the-password-4711";
-    let client = broker.scram().property("sasl.password", wrong);
+    create_topic(&client, &topic, 1).await.unwrap();
+    let client = client.property(key, wrong);
     let (out, took) = run_against(&client, wrong, &topic);
     let printed = text(&out);
     assert_eq!(out.status.code(), Some(1), "{printed}");
     assert!(took < Duration::from_secs(30), "took {took:?}: {printed}");
     assert!(printed.contains("authentication failed"), "{printed}");
-    assert!(
-        !printed.contains(wrong),
-        "the password was printed:\n{printed}"
-    );
+    assert!(!printed.contains(wrong), "{key} was printed:\n{printed}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_password_fails_within_30_s_saying_authentication_failed() {
+    refused_login(
+        secure_broker().scram(),
+        "sasl.password",
+        "not-the-password-4711",
+    )
+    .await;
+}
+
+/// The OIDC provider refuses the client's secret: no token, no login.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wrong_oidc_client_secret_fails_within_30_s_saying_authentication_failed() {
+    let client = oidc_broker().oidc().unwrap();
+    refused_login(
+        client,
+        "sasl.oauthbearer.client.secret",
+        "not-the-secret-4711",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
