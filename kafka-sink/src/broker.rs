@@ -287,7 +287,14 @@ pub fn ensure_oidc_broker_on(port: u16, provider_port: u16) -> Result<SecureBrok
     env.push(("SLUICE_KAFKA_OIDC_ISSUER", provider.issuer.clone()));
     env.push(("SLUICE_KAFKA_OIDC_AUDIENCE", provider.audience.clone()));
     let (mut broker, printed) = secure_broker(&env)?;
-    broker.oauthbearer = Some((env_value("kafka", &printed, "OAUTHBEARER")?, provider));
+    let listener = env_value("kafka", &printed, "OAUTHBEARER").map_err(|_| {
+        SluiceError::config(format!(
+            "the broker on port {port} runs without an OAUTHBEARER listener (started without \
+             SLUICE_KAFKA_OIDC_JWKS_URL); stop it (SLUICE_KAFKA_PORT={port} scripts/kafka stop) \
+             and it is started again with one"
+        ))
+    })?;
+    broker.oauthbearer = Some((listener, provider));
     Ok(broker)
 }
 
