@@ -7,7 +7,7 @@ use std::sync::Arc;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
 
 use crate::event_time::parse_watermark;
-use crate::substitute::substitute;
+use crate::substitute::value_of;
 use crate::{normalize, Pos, SqlError, SqlRunner, StatementOutcome};
 use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::sql::sqlparser::ast::ColumnOption;
@@ -276,28 +276,9 @@ impl SqlRunner<'_> {
             }
             p.expect_token(&Token::Eq).map_err(|e| pe(self, e))?;
             let value_tok = p.next_token();
-            let value = match &value_tok.token {
-                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
-                Token::Number(n, _) => n.clone(),
-                Token::Word(w) => w.value.clone(),
-                other => {
-                    return Err(self.err(
-                        text,
-                        Pos::from(&value_tok),
-                        format!(
-                            "expected a value such as 'json' for option '{key}', found '{other}'"
-                        ),
-                    ))
-                }
-            };
             let key = key.to_ascii_lowercase();
-            let value = substitute(&value).map_err(|message| {
-                self.err(
-                    text,
-                    Pos::from(&value_tok),
-                    format!("option '{key}': {message}"),
-                )
-            })?;
+            let value = value_of(&value_tok.token, &format!("option '{key}'"))
+                .map_err(|message| self.err(text, Pos::from(&value_tok), message))?;
             if options.get(&key).is_some() {
                 return Err(self.err(
                     text,

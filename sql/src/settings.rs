@@ -6,7 +6,7 @@ use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::Token;
 use sluice_engine::{Options, OutputMode, QuerySettings, SluiceError, Trigger};
 
-use crate::substitute::substitute;
+use crate::substitute::value_of;
 
 /// Settings a `SET` may change, with what each means.
 pub(crate) const SETTINGS: &[&str] = &[
@@ -84,25 +84,8 @@ impl SqlRunner<'_> {
             ));
         }
         let value_tok = p.next_token();
-        let value = match &value_tok.token {
-            Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
-            Token::Number(n, _) => n.clone(),
-            Token::Word(w) => w.value.clone(),
-            other => {
-                return Err(self.err(
-                    text,
-                    Pos::from(&value_tok),
-                    format!("expected a value for '{key}', found '{other}'"),
-                ))
-            }
-        };
-        let value = substitute(&value).map_err(|message| {
-            self.err(
-                text,
-                Pos::from(&value_tok),
-                format!("setting '{key}': {message}"),
-            )
-        })?;
+        let value = value_of(&value_tok.token, &format!("setting '{key}'"))
+            .map_err(|message| self.err(text, Pos::from(&value_tok), message))?;
         let at_value = |e: SluiceError| self.err(text, Pos::from(&value_tok), e.to_string());
         let property = key
             .strip_prefix("kafka.")

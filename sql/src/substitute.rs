@@ -1,6 +1,22 @@
-//! `${NAME}` in option and setting values: the value of environment
-//! variable `NAME`, so that passwords and other secrets need not be written
-//! in `.sql` files. `$${` stands for a literal `${`.
+//! The value a `WITH` option or a `SET` is given, and `${NAME}` in it: the
+//! value of environment variable `NAME`, so that passwords and other
+//! secrets need not be written in `.sql` files. `$${` stands for a literal
+//! `${`.
+
+use datafusion::sql::sqlparser::tokenizer::Token;
+
+/// The value `token` gives `what` (e.g. "option 'format'"): a quoted
+/// string, a number or a bare word, with `${NAME}` substituted. The error
+/// names `what`; it belongs at the token's position.
+pub(crate) fn value_of(token: &Token, what: &str) -> Result<String, String> {
+    let raw = match token {
+        Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
+        Token::Number(n, _) => n.clone(),
+        Token::Word(w) => w.value.clone(),
+        other => return Err(format!("expected a value for {what}, found '{other}'")),
+    };
+    substitute(&raw).map_err(|message| format!("{what}: {message}"))
+}
 
 /// `value` with each `${NAME}` replaced by the variable's value; the error
 /// says which variable is unset or which reference is malformed.
