@@ -471,11 +471,23 @@ impl Inner {
         })
     }
 
+    /// Aborts the failed attempt's transaction. A producer librdkafka
+    /// declared dead meanwhile (after a broker restart it once answered
+    /// the abort with "invalid state") does not end the query: the epoch
+    /// fails as an outage, and the recovery before its retry gives the
+    /// transactional id a new producer ([`Self::resolve`]), as a restart
+    /// would.
     fn abort(&self, producer: &ThreadedProducer<DeliveryTracker>) -> Result<()> {
         retrying("abort_transaction", self.transaction_timeout, || {
             producer.abort_transaction(self.transaction_timeout)
         })
-        .map_err(|e| self.stopped("abort_transaction", &e))?;
+        .map_err(|e| match self.stopped("abort_transaction", &e) {
+            SluiceError::External { .. } => self.config.unreachable(format!(
+                "abort_transaction failed ({e}); the producer is re-initialised before the \
+                 epoch is retried"
+            )),
+            other => other,
+        })?;
         self.in_transaction.store(false, Ordering::SeqCst);
         Ok(())
     }
