@@ -371,16 +371,17 @@ impl ClientOptions {
             .get("sasl.mechanism")
             .is_some_and(|m| m.eq_ignore_ascii_case("OAUTHBEARER"));
         let (message, hint) = match refused {
-            Refused::Authentication(reason) if oauthbearer => (
-                format!("authentication failed: {reason}"),
-                "check 'kafka.sasl.oauthbearer.client.id', 'kafka.sasl.oauthbearer.client.secret' \
-                 and 'kafka.sasl.oauthbearer.token.endpoint.url' against the identity provider, \
-                 and that the brokers accept its tokens (issuer, audience, scope)",
-            ),
             Refused::Authentication(reason) => (
                 format!("authentication failed: {reason}"),
-                "check 'kafka.sasl.mechanism', 'kafka.sasl.username' and 'kafka.sasl.password' \
-                 (or the client certificate) against the cluster's users",
+                if oauthbearer {
+                    "check 'kafka.sasl.oauthbearer.client.id', \
+                     'kafka.sasl.oauthbearer.client.secret' and \
+                     'kafka.sasl.oauthbearer.token.endpoint.url' against the identity provider, \
+                     and that the brokers accept its tokens (issuer, audience, scope)"
+                } else {
+                    "check 'kafka.sasl.mechanism', 'kafka.sasl.username' and 'kafka.sasl.password' \
+                     (or the client certificate) against the cluster's users"
+                },
             ),
             Refused::Tls(reason) => (
                 format!("the TLS handshake failed: {reason}"),

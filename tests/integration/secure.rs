@@ -25,10 +25,7 @@ const PASSWORD_VAR: &str = "SLUICE_TEST_KAFKA_PASSWORD";
 fn secure_broker() -> &'static SecureBroker {
     static BROKER: OnceLock<SecureBroker> = OnceLock::new();
     BROKER.get_or_init(|| {
-        let port = std::env::var("SLUICE_TEST_SECURE_KAFKA_PORT")
-            .ok()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(19192);
+        let port = crate::util::port_from_env("SLUICE_TEST_SECURE_KAFKA_PORT", 19192);
         sluice::broker::ensure_secure_broker_on(port).expect("a secured broker")
     })
 }
@@ -39,10 +36,7 @@ fn secure_broker() -> &'static SecureBroker {
 fn oidc_broker() -> &'static SecureBroker {
     static BROKER: OnceLock<SecureBroker> = OnceLock::new();
     BROKER.get_or_init(|| {
-        let port = std::env::var("SLUICE_TEST_OIDC_KAFKA_PORT")
-            .ok()
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(19292);
+        let port = crate::util::port_from_env("SLUICE_TEST_OIDC_KAFKA_PORT", 19292);
         sluice::broker::ensure_oidc_broker_on(port, port + 8).expect("a broker with OIDC")
     })
 }

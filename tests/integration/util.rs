@@ -170,10 +170,15 @@ pub fn timed_batch(rows: &[TimedRow]) -> RecordBatch {
 /// own Kafka (or the demo's) may listen: the tests create topics by the
 /// hundred.
 pub fn test_broker_port() -> u16 {
-    std::env::var("SLUICE_TEST_KAFKA_PORT")
+    port_from_env("SLUICE_TEST_KAFKA_PORT", 19092)
+}
+
+/// The port environment variable `var` names, else `default`.
+pub fn port_from_env(var: &str, default: u16) -> u16 {
+    std::env::var(var)
         .ok()
         .and_then(|p| p.parse().ok())
-        .unwrap_or(19092)
+        .unwrap_or(default)
 }
 
 /// The tests' Kafka broker's bootstrap address, starting it if needed.
