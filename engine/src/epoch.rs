@@ -43,6 +43,7 @@ use crate::source::{GroupOffsets, Handover, Offset};
 use crate::state::chain::SnapshotPolicy;
 use crate::statement::Statement;
 use crate::table::EpochInput;
+use crate::task::TaskId;
 use crate::trigger::Trigger;
 use crate::watermark::format_nanos;
 
@@ -61,6 +62,13 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// Everything one running query needs.
 pub(crate) struct EpochLoop {
     pub shared: Arc<QueryShared>,
+    /// Which task of the query this loop runs (`None`: the query is not
+    /// divided), and its slot in `shared`.
+    pub task: Option<TaskId>,
+    pub slot: usize,
+    /// With tasks, how many of them may run an epoch at once
+    /// (`tasks.threads`): a permit is held from planning to commit.
+    pub permits: Option<Arc<tokio::sync::Semaphore>>,
     /// The query's statements: one, or those of a statement set, which
     /// share the epochs, the checkpoint and the sink's commit.
     pub statements: Vec<Statement>,
@@ -100,18 +108,9 @@ impl EpochLoop {
             .min()
     }
 
-    /// Runs the query until it is stopped, runs out of input under the
-    /// available-now trigger, or fails.
-    pub(crate) async fn run(mut self, recovered: Recovered) {
-        let started = QueryStartedEvent {
-            id: self.shared.id.clone(),
-            run_id: self.shared.run_id.clone(),
-            name: self.shared.name.clone(),
-        };
-        tracing::info!(query = %self.shared.name, id = %self.shared.id, "query started");
-        for l in &self.listeners {
-            l.on_query_started(&started);
-        }
+    /// Runs this loop's task until the query is stopped, its input runs
+    /// out under the available-now trigger, or it fails.
+    async fn run(mut self, recovered: Recovered) -> Result<()> {
         // A bug that panics must still end the query, or its waiters would
         // wait forever.
         let result = AssertUnwindSafe(self.run_with_retries(recovered))
@@ -129,21 +128,11 @@ impl EpochLoop {
                      last committed epoch"
                 )))
             });
-        if let Err(e) = &result {
-            tracing::error!(query = %self.shared.name, error = %e, "query failed");
-        }
-        let terminated = QueryTerminatedEvent {
-            id: self.shared.id.clone(),
-            run_id: self.shared.run_id.clone(),
-            name: self.shared.name.clone(),
-            error: result.as_ref().err().map(ToString::to_string),
-        };
-        // Listeners hear the end before waiters on the handle wake up.
-        for l in &self.listeners {
-            l.on_query_terminated(&terminated);
-        }
-        self.shared.finish(result);
         drop(self.temp_dir.take());
+        match (self.task, result) {
+            (Some(task), Err(e)) => Err(e.in_task(task)),
+            (_, result) => result,
+        }
     }
 
     /// Runs epochs; when one fails because an external system (a broker)
@@ -155,14 +144,14 @@ impl EpochLoop {
     async fn run_with_retries(&mut self, mut recovered: Recovered) -> Result<()> {
         let mut outage: Option<(Instant, Duration)> = None;
         loop {
-            let committed_before = self.shared.last_epoch();
+            let committed_before = self.shared.last_epoch(self.slot);
             let failure = match self.run_epochs(recovered).await {
                 Ok(()) => return Ok(()),
                 Err(e) if e.is_transient() => e,
                 Err(e) => return Err(e),
             };
             // An epoch committed since the last failure: a new outage.
-            if self.shared.last_epoch() > committed_before {
+            if self.shared.last_epoch(self.slot) > committed_before {
                 outage = None;
             }
             // Loop until recovery itself succeeds.
@@ -190,6 +179,7 @@ impl EpochLoop {
                 }
                 tracing::warn!(query = %self.shared.name, error = %failure, ?backoff, "epoch failed; retrying after recovery");
                 self.shared.set_status(
+                    self.slot,
                     &format!("Waiting {backoff:?} to retry after: {failure}"),
                     false,
                     true,
@@ -244,7 +234,7 @@ impl EpochLoop {
             if let Trigger::ProcessingTime(interval) = self.trigger {
                 if !interval.is_zero() {
                     self.shared
-                        .set_status("Waiting for next trigger", false, false);
+                        .set_status(self.slot, "Waiting for next trigger", false, false);
                     if !self.sleep_until(next_tick).await {
                         return Ok(());
                     }
@@ -256,15 +246,26 @@ impl EpochLoop {
                     }
                 }
             }
+            let permit = match &self.permits {
+                Some(permits) => Some(Arc::clone(permits).acquire_owned().await.map_err(|e| {
+                    SluiceError::Internal(format!("the tasks' epoch permits: {e}"))
+                })?),
+                None => None,
+            };
             let epoch_start = Instant::now();
             let record = match replay.take() {
                 Some(r) => r,
                 None => match self.plan_epoch(epoch, &positions).await? {
                     Some(r) => r,
                     None => {
-                        self.shared.record_no_data();
-                        self.shared
-                            .set_status("Waiting for data to arrive", false, false);
+                        drop(permit);
+                        self.shared.record_no_data(self.slot);
+                        self.shared.set_status(
+                            self.slot,
+                            "Waiting for data to arrive",
+                            false,
+                            false,
+                        );
                         if self.trigger == Trigger::AvailableNow {
                             return Ok(());
                         }
@@ -279,10 +280,11 @@ impl EpochLoop {
             };
             let plan_ms = ms(epoch_start.elapsed());
             self.shared
-                .set_status(&format!("Processing epoch {epoch}"), true, true);
+                .set_status(self.slot, &format!("Processing epoch {epoch}"), true, true);
             let progress = self
                 .run_epoch(&record, plan_ms, epoch_start, last_epoch_start)
                 .await?;
+            drop(permit);
             advance(&mut positions, record);
             tracing::info!(
                 target: "sluice::progress",
@@ -296,7 +298,7 @@ impl EpochLoop {
             for l in &self.listeners {
                 l.on_query_progress(&progress);
             }
-            self.shared.record_progress(progress);
+            self.shared.record_progress(self.slot, progress);
             last_epoch_start = epoch_start;
             epoch += 1;
         }
@@ -684,6 +686,7 @@ impl EpochLoop {
             }
         };
         Ok(QueryProgress {
+            task: self.task.map(|t| t.index),
             id: self.shared.id.clone(),
             run_id: self.shared.run_id.clone(),
             name: self.shared.name.clone(),
@@ -712,6 +715,66 @@ impl EpochLoop {
             sink: self.sink_description.clone(),
         })
     }
+}
+
+/// Runs a query's epoch loops, one per task (each recovered), until all
+/// have ended: the first to fail stops the others after their epoch in
+/// progress, and its error is the query's. Listeners hear the query start
+/// and end once, whatever its number of tasks.
+pub(crate) async fn run_query(
+    shared: Arc<QueryShared>,
+    loops: Vec<(EpochLoop, Recovered)>,
+    listeners: Vec<Arc<dyn StreamingQueryListener>>,
+) {
+    let started = QueryStartedEvent {
+        id: shared.id.clone(),
+        run_id: shared.run_id.clone(),
+        name: shared.name.clone(),
+    };
+    tracing::info!(query = %shared.name, id = %shared.id, tasks = loops.len(), "query started");
+    for l in &listeners {
+        l.on_query_started(&started);
+    }
+    let result = match <[_; 1]>::try_from(loops) {
+        // One task runs here, as before queries had tasks.
+        Ok([(one, recovered)]) => one.run(recovered).await,
+        Err(loops) => {
+            let mut running: futures::stream::FuturesUnordered<_> = loops
+                .into_iter()
+                .map(|(task, recovered)| tokio::spawn(task.run(recovered)))
+                .collect();
+            let mut first_error = None;
+            while let Some(ended) = futures::StreamExt::next(&mut running).await {
+                let ended = ended.unwrap_or_else(|e| {
+                    Err(SluiceError::Internal(format!(
+                        "a task's epoch loop ended: {e}"
+                    )))
+                });
+                if let Err(e) = ended {
+                    if first_error.is_none() {
+                        tracing::error!(query = %shared.name, error = %e, "a task failed; stopping the others");
+                        shared.request_stop();
+                        first_error = Some(e);
+                    }
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        }
+    };
+    if let Err(e) = &result {
+        tracing::error!(query = %shared.name, error = %e, "query failed");
+    }
+    let terminated = QueryTerminatedEvent {
+        id: shared.id.clone(),
+        run_id: shared.run_id.clone(),
+        name: shared.name.clone(),
+        error: result.as_ref().err().map(ToString::to_string),
+    };
+    // Listeners hear the end before waiters on the handle wake up.
+    for l in &listeners {
+        l.on_query_terminated(&terminated);
+    }
+    shared.finish(result);
 }
 
 /// Where a query resumes.

@@ -133,6 +133,42 @@ impl SluiceError {
         }
     }
 
+    /// This error, raised by one task of a query divided into tasks, naming
+    /// the task where its text says what failed.
+    pub fn in_task(self, task: crate::TaskId) -> Self {
+        match self {
+            Self::External {
+                what,
+                message,
+                hint,
+            } => Self::External {
+                what: format!("{task}, {what}"),
+                message,
+                hint,
+            },
+            Self::Unreachable {
+                what,
+                message,
+                hint,
+            } => Self::Unreachable {
+                what: format!("{task}, {what}"),
+                message,
+                hint,
+            },
+            Self::Poison {
+                epoch,
+                reason,
+                way_out,
+            } => Self::Poison {
+                epoch,
+                reason: format!("{task}: {reason}"),
+                way_out,
+            },
+            Self::Stopped(message) => Self::Stopped(format!("{task}: {message}")),
+            other => other,
+        }
+    }
+
     /// True when retrying may succeed: an external system was unreachable.
     pub fn is_transient(&self) -> bool {
         matches!(self, Self::Unreachable { .. })

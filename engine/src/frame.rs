@@ -27,6 +27,7 @@ use crate::session::Session;
 use crate::sink::{MemorySink, Sink};
 use crate::statement_set::StatementSet;
 use crate::table::as_stream_table;
+use crate::task::TaskId;
 use crate::trigger::Trigger;
 use crate::watermark::WatermarkSpec;
 use crate::window::Window;
@@ -365,17 +366,23 @@ impl DataStreamWriter {
     }
 
     fn plan(&self) -> Result<IncrementalPlan> {
-        self.plan_with_keys("")
+        self.plan_with_keys("", None)
     }
 
-    /// The plan, its inputs' checkpoint keys prefixed by `key_prefix`.
-    pub(crate) fn plan_with_keys(&self, key_prefix: &str) -> Result<IncrementalPlan> {
+    /// The plan (reading `task`'s share of the inputs, when given), its
+    /// inputs' checkpoint keys prefixed by `key_prefix`.
+    pub(crate) fn plan_with_keys(
+        &self,
+        key_prefix: &str,
+        task: Option<TaskId>,
+    ) -> Result<IncrementalPlan> {
         planner::plan_query(
             &self.frame.session.context().state(),
             &self.frame.session.connectors(),
             self.frame.logical_plan(),
             self.output_mode,
             key_prefix,
+            task,
         )
     }
 
@@ -412,7 +419,7 @@ impl DataStreamWriter {
             },
             sink_options: self.options.clone(),
             checkpoint,
-            plan: self.plan_with_keys(key_prefix)?,
+            plan: self.plan_with_keys(key_prefix, None)?,
         })
     }
 

@@ -16,7 +16,9 @@ use std::time::Duration;
 
 use crate::checkpoint::Checkpoint;
 use crate::connector::{ConnectorRegistry, SinkArgs};
-use crate::epoch::{check_clusters, check_fingerprint, check_inputs, clusters, EpochLoop};
+use crate::epoch::{
+    check_clusters, check_fingerprint, check_inputs, clusters, run_query, EpochLoop, Recovered,
+};
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
 use crate::progress::StreamingQueryListener;
@@ -24,6 +26,7 @@ use crate::query::{QueryShared, StreamingQuery};
 use crate::sink::{FanOut, Sink};
 use crate::state::chain::SnapshotPolicy;
 use crate::statement::Statement;
+use crate::task::{TaskId, Tasks};
 use crate::trigger::Trigger;
 
 /// The settings of a query, whatever builds it: SQL `SET`s, a
@@ -70,6 +73,12 @@ pub struct QuerySettings {
     /// too (`connect.timeout`, `transaction.timeout`), so the query fails at
     /// most one attempt after the limit.
     pub outage_limit: Duration,
+    /// How the query is divided into tasks (SQL: `tasks`; default one
+    /// task): see [`Tasks`].
+    pub tasks: Tasks,
+    /// With tasks, how many run an epoch at once in this process (SQL:
+    /// `tasks.threads`); `None` (the default): one per core.
+    pub task_threads: Option<usize>,
 }
 
 impl Default for QuerySettings {
@@ -82,6 +91,8 @@ impl Default for QuerySettings {
             state_snapshot_interval: 10,
             state_retained_snapshots: 2,
             outage_limit: Duration::from_secs(300),
+            tasks: Tasks::One,
+            task_threads: None,
         }
     }
 }
@@ -116,7 +127,7 @@ impl QuerySettings {
 }
 
 /// Where a statement's output goes.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum SinkChoice {
     None,
     /// A connector by name, built with the statement's options.
@@ -126,30 +137,35 @@ pub(crate) enum SinkChoice {
 }
 
 /// A query ready to launch: its statements planned, each with where its
-/// output goes.
+/// output goes, for each of its tasks.
 pub(crate) struct QueryPlan {
     pub name: String,
     pub settings: QuerySettings,
-    /// Each statement with its sink and the sink's options.
-    pub statements: Vec<(Statement, SinkChoice, Options)>,
+    /// One undivided task, or one per partition (see `task`).
+    pub tasks: Vec<TaskPlan>,
     pub connectors: ConnectorRegistry,
     pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
 }
 
-/// Opens `query`'s checkpoint and sinks, recovers, and spawns its epoch
-/// loop on the current tokio runtime.
+/// One task's statements, planned over its share of the inputs.
+pub(crate) struct TaskPlan {
+    /// `None`: the query is not divided.
+    pub task: Option<TaskId>,
+    /// Each statement with its sink and the sink's options.
+    pub statements: Vec<(Statement, SinkChoice, Options)>,
+}
+
+/// Opens `query`'s checkpoint and, for each task, its checkpoint folder
+/// and sinks; recovers each; and spawns the query's epoch loops on the
+/// current tokio runtime. Nothing runs unless every task recovered.
 pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
     let QueryPlan {
         name,
         settings,
-        statements,
+        tasks,
         connectors,
         listeners,
     } = query;
-    let (planned, outputs): (Vec<Statement>, Vec<(SinkChoice, Options)>) = statements
-        .into_iter()
-        .map(|(statement, sink, options)| (statement, (sink, options)))
-        .unzip();
     let declared = settings.pipeline_name.clone();
     if let Some(name) = &declared {
         QuerySettings::check_pipeline_name(name)?;
@@ -177,84 +193,228 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
     let query_id = checkpoint
         .as_ref()
         .map_or(new_id, |c| c.metadata().query_id.clone());
-    let sink = sinks(&connectors, outputs, &planned, &query_id, &name)?;
-    if declared.is_none() && sink.records_commits() {
-        tracing::warn!(
-            query = %name,
-            id = %query_id,
-            "query '{name}' has no 'pipeline.name', so its identity is the id generated into its \
-             checkpoint ({query_id}): started from another checkpoint location it would be a new \
-             query that writes its output again. Set one (SQL: SET 'pipeline.name' = '{name}'; \
-             API: .pipeline_name(..)) to keep one identity whatever the checkpoint location"
-        );
+    let ids: Vec<Option<TaskId>> = tasks.iter().map(|t| t.task).collect();
+    if let Some(cp) = &checkpoint {
+        check_division(cp, &ids)?;
     }
-    let (checkpoint, temp_dir) = match checkpoint {
-        Some(c) => (c, None),
-        None if sink.needs_checkpoint() => {
-            return Err(SluiceError::config(format!(
-                "query '{name}' writes to {}, which needs a checkpoint location to know what \
-                 it already wrote: set .checkpoint_location(dir), or in SQL \
-                 SET 'checkpoint.location' = './checkpoints/{name}'",
-                sink.describe()
-            )))
-        }
-        None => {
-            let dir = tempfile::Builder::new()
-                .prefix("sluice-checkpoint-")
-                .tempdir()
-                .map_err(|e| SluiceError::io("creating a temporary checkpoint", e))?;
-            (Checkpoint::open(dir.path(), &query_id)?, Some(dir))
-        }
+    let divided = ids.iter().any(Option::is_some);
+    let shared = QueryShared::new(query_id.clone(), name.clone(), &ids);
+    let permits = divided.then(|| {
+        let threads = settings.task_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        });
+        Arc::new(tokio::sync::Semaphore::new(threads.max(1)))
+    });
+    let mut root = checkpoint;
+    let mut loops = Vec::with_capacity(tasks.len());
+    for (slot, plan) in tasks.into_iter().enumerate() {
+        // Without a location, each task gets a temporary one (when its
+        // sink can do without).
+        let checkpoint = match (plan.task, &root) {
+            (Some(task), Some(root)) => Some(Checkpoint::open(
+                root.dir().join("tasks").join(task.index.to_string()),
+                &query_id,
+            )?),
+            (_, _) => root.take(),
+        };
+        let task = TaskLaunch {
+            name: &name,
+            settings: &settings,
+            query_id: &query_id,
+            connectors: &connectors,
+            listeners: &listeners,
+            shared: &shared,
+            slot,
+            permits: permits.clone(),
+        };
+        loops.push(task.open(plan, checkpoint).await?);
+    }
+    shared.set_task(tokio::spawn(run_query(
+        Arc::clone(&shared),
+        loops,
+        listeners,
+    )));
+    Ok(StreamingQuery::new(shared))
+}
+
+/// A query is divided into tasks, or not, for its whole life: the
+/// checkpoint at `root` must have been written the way `tasks` divide it,
+/// or be new. A query that ran as one task keeps its offsets and state at
+/// the root, which its tasks would not see, and the other way round.
+fn check_division(root: &Checkpoint, tasks: &[Option<TaskId>]) -> Result<()> {
+    let tasks_dir = root.dir().join("tasks");
+    let as_one = root.latest_commit_epoch()?.is_some();
+    let as_tasks = tasks_dir.is_dir();
+    let divided = tasks.iter().any(Option::is_some);
+    let refuse = |was: &str, now: &str| {
+        Err(SluiceError::config(format!(
+            "the checkpoint at {} was written by this query running {was}, but it now runs \
+             {now} ('tasks' changed): its offsets and state cannot move between the two. Set \
+             'tasks' back, or run the changed query as a new one (a new 'pipeline.name' and \
+             checkpoint location)",
+            root.dir().display()
+        )))
     };
-    // A changed query is refused before its sink opens, which would fence
-    // the running instance of the unchanged one.
-    let fingerprint = planned
-        .iter()
-        .map(Statement::fingerprint)
-        .collect::<Vec<_>>()
-        .join("\n");
-    let clusters = clusters(planned.iter().flat_map(|s| &s.plan.inputs)).await?;
-    if let Some(epoch) = checkpoint.latest_commit_epoch()? {
-        let commit = checkpoint.read_commit(epoch)?;
-        let inputs = planned.iter().flat_map(|s| &s.plan.inputs);
-        check_inputs(&commit.plan, inputs, checkpoint.dir())?;
-        let whose = format!("checkpoint {}", checkpoint.dir().display());
-        check_fingerprint(&commit, &fingerprint, &whose)?;
-        check_clusters(&commit, &clusters, &whose)?;
+    if divided && as_one {
+        return refuse("as one task", "divided into tasks");
     }
-    if !sink.accepts_source_commits() {
-        for input in planned.iter().flat_map(|s| &s.plan.inputs) {
-            if let Some(option) = input.source.commits_through_sink() {
+    if !divided && as_tasks {
+        return refuse("divided into tasks", "as one task");
+    }
+    if let (true, Some(Some(task))) = (as_tasks, tasks.first()) {
+        let before = std::fs::read_dir(&tasks_dir)
+            .map_err(|e| SluiceError::io(format!("listing {}", tasks_dir.display()), e))?
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&i| i >= task.count)
+            .max();
+        if let Some(i) = before {
+            return Err(SluiceError::config(format!(
+                "the checkpoint at {} has task {i}, but the query's inputs now have {} \
+                 partitions: partitions were removed, or the topic recreated. Run the query as a \
+                 new one (a new 'pipeline.name' and checkpoint location)",
+                root.dir().display(),
+                task.count
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn temp_checkpoint() -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("sluice-checkpoint-")
+        .tempdir()
+        .map_err(|e| SluiceError::io("creating a temporary checkpoint", e))
+}
+
+/// What every task of a query launches with.
+struct TaskLaunch<'a> {
+    name: &'a str,
+    settings: &'a QuerySettings,
+    query_id: &'a str,
+    connectors: &'a ConnectorRegistry,
+    listeners: &'a [Arc<dyn StreamingQueryListener>],
+    shared: &'a Arc<QueryShared>,
+    slot: usize,
+    permits: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+impl TaskLaunch<'_> {
+    /// Builds and opens `plan`'s sinks over `checkpoint` (the task's
+    /// folder; `None` when the query has no location), and
+    /// recovers the task: its epoch loop, ready to run.
+    async fn open(
+        self,
+        plan: TaskPlan,
+        checkpoint: Option<Checkpoint>,
+    ) -> Result<(EpochLoop, Recovered)> {
+        let TaskLaunch {
+            name,
+            settings,
+            query_id,
+            connectors,
+            listeners,
+            shared,
+            slot,
+            permits,
+        } = self;
+        let task = plan.task;
+        let (planned, outputs): (Vec<Statement>, Vec<(SinkChoice, Options)>) = plan
+            .statements
+            .into_iter()
+            .map(|(statement, sink, options)| (statement, (sink, options)))
+            .unzip();
+        let sink = sinks(connectors, outputs, &planned, query_id, name, task)?;
+        if settings.pipeline_name.is_none() && sink.records_commits() && slot == 0 {
+            tracing::warn!(
+                query = %name,
+                id = %query_id,
+                "query '{name}' has no 'pipeline.name', so its identity is the id generated into \
+                 its checkpoint ({query_id}): started from another checkpoint location it would \
+                 be a new query that writes its output again. Set one (SQL: SET \
+                 'pipeline.name' = '{name}'; API: .pipeline_name(..)) to keep one identity \
+                 whatever the checkpoint location"
+            );
+        }
+        let (checkpoint, temp_dir) = match checkpoint {
+            Some(c) => (c, None),
+            None if sink.needs_checkpoint() => {
                 return Err(SluiceError::config(format!(
-                    "query '{name}' reads {} with {option}, which needs a Kafka sink to \
-                     commit it with the epoch's output; {} cannot: write to Kafka, or \
-                     remove {option}",
-                    input.description,
+                    "query '{name}' writes to {}, which needs a checkpoint location to know \
+                     what it already wrote: set .checkpoint_location(dir), or in SQL \
+                     SET 'checkpoint.location' = './checkpoints/{name}'",
                     sink.describe()
-                )));
+                )))
+            }
+            None => {
+                let dir = temp_checkpoint()?;
+                (Checkpoint::open(dir.path(), query_id)?, Some(dir))
+            }
+        };
+        // A changed query is refused before its sink opens, which would
+        // fence the running instance of the unchanged one.
+        let mut fingerprint = planned
+            .iter()
+            .map(Statement::fingerprint)
+            .collect::<Vec<_>>()
+            .join("\n");
+        // A task's offsets are its partition's whatever the partition count;
+        // its state holds the keys of its partition only while the count
+        // stays (adding partitions moves keys between them).
+        match task {
+            Some(task) if planned.iter().any(Statement::is_stateful) => {
+                fingerprint.push_str(&format!("\n{task}"))
+            }
+            Some(task) => fingerprint.push_str(&format!("\ntask {}", task.index)),
+            None => {}
+        }
+        let clusters = clusters(planned.iter().flat_map(|s| &s.plan.inputs)).await?;
+        if let Some(epoch) = checkpoint.latest_commit_epoch()? {
+            let commit = checkpoint.read_commit(epoch)?;
+            let inputs = planned.iter().flat_map(|s| &s.plan.inputs);
+            check_inputs(&commit.plan, inputs, checkpoint.dir())?;
+            let whose = format!("checkpoint {}", checkpoint.dir().display());
+            check_fingerprint(&commit, &fingerprint, &whose)?;
+            check_clusters(&commit, &clusters, &whose)?;
+        }
+        if !sink.accepts_source_commits() {
+            for input in planned.iter().flat_map(|s| &s.plan.inputs) {
+                if let Some(option) = input.source.commits_through_sink() {
+                    return Err(SluiceError::config(format!(
+                        "query '{name}' reads {} with {option}, which needs a Kafka sink to \
+                         commit it with the epoch's output; {} cannot: write to Kafka, or \
+                         remove {option}",
+                        input.description,
+                        sink.describe()
+                    )));
+                }
             }
         }
+        sink.open().await?;
+        let mut epochs = EpochLoop {
+            shared: Arc::clone(shared),
+            task,
+            slot,
+            permits,
+            statements: planned,
+            snapshots: settings.snapshots(),
+            fingerprint,
+            clusters,
+            recoveries: 0,
+            sink_description: sink.describe(),
+            sink,
+            checkpoint,
+            temp_dir,
+            trigger: settings.trigger,
+            outage_limit: settings.outage_limit,
+            listeners: listeners.to_vec(),
+        };
+        let recovered = epochs.recover().await.map_err(|e| match task {
+            Some(task) => e.in_task(task),
+            None => e,
+        })?;
+        Ok((epochs, recovered))
     }
-    sink.open().await?;
-    let shared = QueryShared::new(query_id, name);
-    let mut epochs = EpochLoop {
-        shared: Arc::clone(&shared),
-        statements: planned,
-        snapshots: settings.snapshots(),
-        fingerprint,
-        clusters,
-        recoveries: 0,
-        sink_description: sink.describe(),
-        sink,
-        checkpoint,
-        temp_dir,
-        trigger: settings.trigger,
-        outage_limit: settings.outage_limit,
-        listeners,
-    };
-    let recovered = epochs.recover().await?;
-    shared.set_task(tokio::spawn(epochs.run(recovered)));
-    Ok(StreamingQuery::new(shared))
 }
 
 /// One sink for all the statements: each connector's
@@ -267,6 +427,7 @@ fn sinks(
     statements: &[Statement],
     query_id: &str,
     name: &str,
+    task: Option<TaskId>,
 ) -> Result<Arc<dyn Sink>> {
     let count = outputs.len();
     let mut parts: Vec<(Arc<dyn Sink>, Vec<usize>)> = Vec::new();
@@ -279,6 +440,14 @@ fn sinks(
                 return Err(SluiceError::config(format!(
                     "query '{name}' has no sink: choose one with .format(\"kafka\"), one of {}",
                     connectors.names().join(", ")
+                )))
+            }
+            SinkChoice::Instance(s) if task.is_some() => {
+                return Err(SluiceError::config(format!(
+                    "query '{name}' is divided into tasks ('tasks' = 'per-partition'), whose \
+                     epochs commit alone, so it writes through a connector: {} is one instance \
+                     all tasks would share",
+                    s.describe()
                 )))
             }
             SinkChoice::Instance(s) => {
@@ -302,6 +471,7 @@ fn sinks(
                     query_id: query_id.to_string(),
                     query_name: name.to_string(),
                     key_columns: plan.key_columns.clone(),
+                    task,
                 };
                 match groups.iter_mut().find(|(name, _, _)| *name == c) {
                     Some((_, indices, all)) => {

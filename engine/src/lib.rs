@@ -63,6 +63,7 @@ mod state;
 mod statement;
 mod statement_set;
 mod table;
+mod task;
 mod trigger;
 mod watermark;
 mod window;
@@ -99,6 +100,7 @@ pub use source::{
 pub use state::KeyedState;
 pub use statement_set::StatementSet;
 pub use table::{StreamDefinition, StreamTable};
+pub use task::{TaskId, Tasks};
 pub use trigger::Trigger;
 pub use watermark::WatermarkSpec;
 pub use window::Window;

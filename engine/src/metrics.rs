@@ -69,14 +69,39 @@ struct QueryMetrics {
     skipped_records: u64,
     dead_lettered_records: u64,
     lost_records: u64,
+    /// Per task (`None`: a query not divided into tasks), its latest.
+    tasks: BTreeMap<Option<u32>, TaskGauges>,
+    phases: BTreeMap<&'static str, Histogram>,
+    /// (source, partition) → records behind.
+    lag: BTreeMap<(String, String), i64>,
+}
+
+/// One task's latest gauges; a query's are the sum over its tasks (the
+/// watermark: the minimum).
+#[derive(Debug, Clone, Default)]
+struct TaskGauges {
+    /// The last committed epoch.
+    epoch: u64,
     recoveries: u64,
     state_rows: u64,
     state_bytes: u64,
     /// Seconds since the Unix epoch.
     watermark: Option<f64>,
-    phases: BTreeMap<&'static str, Histogram>,
-    /// (source, partition) → records behind.
-    lag: BTreeMap<(String, String), i64>,
+}
+
+impl QueryMetrics {
+    fn sum(&self, gauge: impl Fn(&TaskGauges) -> u64) -> u64 {
+        self.tasks.values().map(gauge).sum()
+    }
+
+    fn watermark(&self) -> Option<f64> {
+        self.tasks
+            .values()
+            .map(|t| t.watermark)
+            .collect::<Option<Vec<f64>>>()?
+            .into_iter()
+            .reduce(f64::min)
+    }
 }
 
 /// Per-query metrics from progress events; register it with
@@ -98,16 +123,18 @@ impl StreamingQueryListener for Metrics {
             q.input_rows += p.num_input_rows;
             q.output_rows += p.num_output_rows;
             q.late_rows += p.late_rows;
-            q.recoveries = q.recoveries.max(p.recoveries);
             for s in &p.sources {
                 q.skipped_records += s.skipped_records;
                 q.dead_lettered_records += s.dead_lettered_records;
                 q.lost_records += s.lost_records;
             }
-            q.state_rows = p.state_rows;
-            q.state_bytes = p.state_bytes;
+            let task = q.tasks.entry(p.task).or_default();
+            task.epoch = p.epoch;
+            task.recoveries = task.recoveries.max(p.recoveries);
+            task.state_rows = p.state_rows;
+            task.state_bytes = p.state_bytes;
             if let Some(w) = &p.watermark {
-                q.watermark =
+                task.watermark =
                     datafusion::arrow::compute::kernels::cast_utils::string_to_timestamp_nanos(w)
                         .ok()
                         .map(|ns| ns as f64 / 1e9);
@@ -194,7 +221,7 @@ impl Metrics {
             "sluice_recoveries_total",
             "counter",
             "In-process recoveries after an external system (a broker) failed an epoch.",
-            per_query(&|q| Some(q.recoveries as f64)),
+            per_query(&|q| Some(q.sum(|t| t.recoveries) as f64)),
         );
         family(
             "sluice_skipped_records_total",
@@ -218,26 +245,26 @@ impl Metrics {
             "sluice_state_rows",
             "gauge",
             "Rows held in operator state.",
-            per_query(&|q| Some(q.state_rows as f64)),
+            per_query(&|q| Some(q.sum(|t| t.state_rows) as f64)),
         );
         family(
             "sluice_state_bytes",
             "gauge",
             "Bytes held in operator state.",
-            per_query(&|q| Some(q.state_bytes as f64)),
+            per_query(&|q| Some(q.sum(|t| t.state_bytes) as f64)),
         );
         family(
             "sluice_watermark_seconds",
             "gauge",
             "The query's event-time watermark, seconds since the Unix epoch.",
-            per_query(&|q| q.watermark),
+            per_query(&|q| q.watermark()),
         );
         let now = chrono::Utc::now().timestamp_millis() as f64 / 1e3;
         family(
             "sluice_watermark_lag_seconds",
             "gauge",
             "Wall-clock time minus the watermark.",
-            per_query(&|q| q.watermark.map(|w| now - w)),
+            per_query(&|q| q.watermark().map(|w| now - w)),
         );
         let lag: Vec<(String, f64)> = queries
             .iter()
@@ -260,6 +287,30 @@ impl Metrics {
             "gauge",
             "Records available beyond the last planned epoch, per source partition.",
             lag,
+        );
+        let per_task = |f: &dyn Fn(&TaskGauges) -> f64| -> Vec<(String, f64)> {
+            queries
+                .iter()
+                .flat_map(|(name, q)| {
+                    q.tasks.iter().filter_map(move |(task, t)| {
+                        let labels =
+                            format!("{{query=\"{}\",task=\"{}\"}}", escape(name), (*task)?);
+                        Some((labels, f(t)))
+                    })
+                })
+                .collect()
+        };
+        family(
+            "sluice_task_epoch",
+            "gauge",
+            "A task's last committed epoch (queries divided into tasks).",
+            per_task(&|t| t.epoch as f64),
+        );
+        family(
+            "sluice_task_state_rows",
+            "gauge",
+            "Rows held in a task's operator state (queries divided into tasks).",
+            per_task(&|t| t.state_rows as f64),
         );
         let mut histogram = Vec::new();
         for (name, q) in &queries {

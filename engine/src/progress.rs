@@ -52,6 +52,11 @@ pub struct SourceProgress {
 /// Progress of one committed epoch.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QueryProgress {
+    /// The task whose epoch this is, for a query divided into tasks
+    /// (`'tasks' = 'per-partition'`: the partition it reads); each task
+    /// numbers its epochs from 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<u32>,
     /// Query id, stable across restarts.
     pub id: String,
     /// Id of this run of the query.
@@ -93,9 +98,9 @@ impl QueryProgress {
     /// The JSON object `sluice run --progress-log` appends per epoch:
     /// `{"query", "epoch", "input_rows", "duration_ms": {"total", "read",
     /// "compute", "state", "commit"}, "state_rows", "state_bytes",
-    /// "watermark", "late_rows"}`.
+    /// "watermark", "late_rows"}`, and `"task"` for a task's epoch.
     pub fn log_line(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut line = serde_json::json!({
             "query": self.name,
             "epoch": self.epoch,
             "input_rows": self.num_input_rows,
@@ -113,7 +118,11 @@ impl QueryProgress {
             "skipped_records": self.sources.iter().map(|s| s.skipped_records).sum::<u64>(),
             "dead_lettered_records": self.sources.iter().map(|s| s.dead_lettered_records).sum::<u64>(),
             "lost_records": self.sources.iter().map(|s| s.lost_records).sum::<u64>(),
-        })
+        });
+        if let (Some(task), Some(fields)) = (self.task, line.as_object_mut()) {
+            fields.insert("task".into(), task.into());
+        }
+        line
     }
 }
 

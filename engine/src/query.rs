@@ -1,7 +1,7 @@
 //! [`StreamingQuery`]: the handle to a running query.
 //!
-//! The epoch loop (see `epoch`) runs on its own task and reports through the
-//! shared state here; the handle reads it, waits on it, and asks the loop to
+//! The epoch loop (see `epoch`; one per task of a query divided into tasks)
+//! runs on its own tokio task and reports through the shared state here; the handle reads it, waits on it, and asks the loop to
 //! stop. Stopping is graceful: the loop finishes the epoch it is in (its
 //! output and commit) and stops before planning the next.
 
@@ -15,6 +15,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{Result, SluiceError};
 use crate::progress::QueryProgress;
+use crate::task::TaskId;
 
 /// How many progress reports [`StreamingQuery::recent_progress`] keeps.
 const RECENT_PROGRESS: usize = 100;
@@ -30,19 +31,28 @@ pub struct QueryStatus {
     pub is_trigger_active: bool,
 }
 
+/// What one task of a query is doing (a query that is not divided into
+/// tasks is one).
 #[derive(Debug)]
-struct RunState {
+struct TaskState {
+    task: Option<TaskId>,
     status: QueryStatus,
     recent: VecDeque<QueryProgress>,
-    /// Times the loop looked at its sources and found nothing new.
+    /// Times the task looked at its sources and found nothing new.
     no_data_rounds: u64,
+}
+
+#[derive(Debug)]
+struct RunState {
+    tasks: Vec<TaskState>,
     terminated: bool,
     /// The error that ended the query, until someone takes it.
     error: Option<SluiceError>,
     error_text: Option<String>,
 }
 
-/// State shared by a query's epoch loop and its handles.
+/// State shared by a query's epoch loops (one per task) and its handles.
+/// An epoch loop reports through its task's slot, the `slot` argument.
 #[derive(Debug)]
 pub(crate) struct QueryShared {
     pub(crate) id: String,
@@ -56,7 +66,8 @@ pub(crate) struct QueryShared {
 }
 
 impl QueryShared {
-    pub(crate) fn new(id: String, name: String) -> Arc<Self> {
+    /// A query of `tasks` (one `None` when it is not divided).
+    pub(crate) fn new(id: String, name: String, tasks: &[Option<TaskId>]) -> Arc<Self> {
         Arc::new(Self {
             id,
             run_id: uuid::Uuid::new_v4().to_string(),
@@ -64,13 +75,19 @@ impl QueryShared {
             stop: watch::channel(false).0,
             changes: watch::channel(0).0,
             state: Mutex::new(RunState {
-                status: QueryStatus {
-                    message: "Initializing".into(),
-                    is_data_available: false,
-                    is_trigger_active: false,
-                },
-                recent: VecDeque::new(),
-                no_data_rounds: 0,
+                tasks: tasks
+                    .iter()
+                    .map(|&task| TaskState {
+                        task,
+                        status: QueryStatus {
+                            message: "Initializing".into(),
+                            is_data_available: false,
+                            is_trigger_active: false,
+                        },
+                        recent: VecDeque::new(),
+                        no_data_rounds: 0,
+                    })
+                    .collect(),
                 terminated: false,
                 error: None,
                 error_text: None,
@@ -88,13 +105,21 @@ impl QueryShared {
         self.changes.send_modify(|n| *n += 1);
     }
 
+    fn update_task(&self, slot: usize, f: impl FnOnce(&mut TaskState)) {
+        self.update(|s| {
+            if let Some(t) = s.tasks.get_mut(slot) {
+                f(t)
+            }
+        });
+    }
+
     pub(crate) fn set_task(&self, task: JoinHandle<()>) {
         *self.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
     }
 
-    pub(crate) fn set_status(&self, message: &str, data: bool, active: bool) {
-        self.update(|s| {
-            s.status = QueryStatus {
+    pub(crate) fn set_status(&self, slot: usize, message: &str, data: bool, active: bool) {
+        self.update_task(slot, |t| {
+            t.status = QueryStatus {
                 message: message.to_string(),
                 is_data_available: data,
                 is_trigger_active: active,
@@ -102,35 +127,41 @@ impl QueryShared {
         });
     }
 
-    pub(crate) fn record_progress(&self, progress: QueryProgress) {
-        self.update(|s| {
-            if s.recent.len() == RECENT_PROGRESS {
-                s.recent.pop_front();
+    pub(crate) fn record_progress(&self, slot: usize, progress: QueryProgress) {
+        self.update_task(slot, |t| {
+            if t.recent.len() == RECENT_PROGRESS {
+                t.recent.pop_front();
             }
-            s.recent.push_back(progress);
+            t.recent.push_back(progress);
         });
     }
 
-    /// The last committed epoch of this run, if any.
-    pub(crate) fn last_epoch(&self) -> Option<u64> {
-        self.lock().recent.back().map(|p| p.epoch)
+    /// The last committed epoch of this run of task `slot`, if any.
+    pub(crate) fn last_epoch(&self, slot: usize) -> Option<u64> {
+        self.lock()
+            .tasks
+            .get(slot)
+            .and_then(|t| t.recent.back())
+            .map(|p| p.epoch)
     }
 
-    pub(crate) fn record_no_data(&self) {
-        self.update(|s| {
-            s.no_data_rounds += 1;
-            s.status.is_data_available = false;
+    pub(crate) fn record_no_data(&self, slot: usize) {
+        self.update_task(slot, |t| {
+            t.no_data_rounds += 1;
+            t.status.is_data_available = false;
         });
     }
 
     pub(crate) fn finish(&self, result: Result<()>) {
         self.update(|s| {
             s.terminated = true;
-            s.status = QueryStatus {
-                message: "Stopped".into(),
-                is_data_available: false,
-                is_trigger_active: false,
-            };
+            for t in &mut s.tasks {
+                t.status = QueryStatus {
+                    message: "Stopped".into(),
+                    is_data_available: false,
+                    is_trigger_active: false,
+                };
+            }
             if let Err(e) = result {
                 s.error_text = Some(e.to_string());
                 s.error = Some(e);
@@ -140,6 +171,11 @@ impl QueryShared {
 
     pub(crate) fn stop_requested(&self) -> bool {
         *self.stop.borrow()
+    }
+
+    /// Asks every task to stop after its epoch in progress.
+    pub(crate) fn request_stop(&self) {
+        self.stop.send_replace(true);
     }
 
     /// Resolves when a stop is requested.
@@ -200,9 +236,35 @@ impl StreamingQuery {
         &self.shared.name
     }
 
-    /// What the query is doing now.
+    /// What the query is doing now; for a query divided into tasks, what
+    /// each task is doing, and whether any has data or is processing.
     pub fn status(&self) -> QueryStatus {
-        self.shared.lock().status.clone()
+        let s = self.shared.lock();
+        match s.tasks.as_slice() {
+            [one] => one.status.clone(),
+            tasks => QueryStatus {
+                message: tasks
+                    .iter()
+                    .map(|t| match t.task {
+                        Some(task) => format!("task {}: {}", task.index, t.status.message),
+                        None => t.status.message.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                is_data_available: tasks.iter().any(|t| t.status.is_data_available),
+                is_trigger_active: tasks.iter().any(|t| t.status.is_trigger_active),
+            },
+        }
+    }
+
+    /// The tasks the query is divided into (empty when it is one task).
+    pub fn tasks(&self) -> Vec<TaskId> {
+        self.shared
+            .lock()
+            .tasks
+            .iter()
+            .filter_map(|t| t.task)
+            .collect()
     }
 
     /// Whether the query is still running.
@@ -210,14 +272,30 @@ impl StreamingQuery {
         !self.shared.lock().terminated
     }
 
-    /// The progress of the last committed epoch.
+    /// The progress of the last committed epoch (of any task).
     pub fn last_progress(&self) -> Option<QueryProgress> {
-        self.shared.lock().recent.back().cloned()
+        self.shared
+            .lock()
+            .tasks
+            .iter()
+            .filter_map(|t| t.recent.back())
+            .max_by(|a, b| (&a.timestamp, a.epoch).cmp(&(&b.timestamp, b.epoch)))
+            .cloned()
     }
 
-    /// The progress of the last (up to 100) committed epochs, oldest first.
+    /// The progress of the last (up to 100 per task) committed epochs,
+    /// oldest first (by when each was planned, across tasks).
     pub fn recent_progress(&self) -> Vec<QueryProgress> {
-        self.shared.lock().recent.iter().cloned().collect()
+        let s = self.shared.lock();
+        let mut all: Vec<QueryProgress> = s
+            .tasks
+            .iter()
+            .flat_map(|t| t.recent.iter().cloned())
+            .collect();
+        if s.tasks.len() > 1 {
+            all.sort_by(|a, b| (&a.timestamp, a.epoch).cmp(&(&b.timestamp, b.epoch)));
+        }
+        all
     }
 
     /// The error that stopped the query, if any.
@@ -228,7 +306,7 @@ impl StreamingQuery {
     /// Asks the query to stop after the epoch in progress, and waits until
     /// it has. Stopping a stopped query does nothing.
     pub async fn stop(&self) -> Result<()> {
-        self.shared.stop.send_replace(true);
+        self.shared.request_stop();
         let task = self
             .shared
             .task
@@ -270,7 +348,21 @@ impl StreamingQuery {
         // A look at the sources that *started* after this call and found
         // nothing proves everything before it was processed: the look in
         // progress now may predate the data, so wait for two.
-        let seen = self.shared.lock().no_data_rounds;
-        self.shared.wait(|s| s.no_data_rounds >= seen + 2).await
+        // Every task, each from its own count.
+        let seen: Vec<u64> = self
+            .shared
+            .lock()
+            .tasks
+            .iter()
+            .map(|t| t.no_data_rounds)
+            .collect();
+        self.shared
+            .wait(|s| {
+                s.tasks
+                    .iter()
+                    .zip(&seen)
+                    .all(|(t, seen)| t.no_data_rounds >= seen + 2)
+            })
+            .await
     }
 }

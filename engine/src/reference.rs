@@ -112,6 +112,7 @@ impl BatchQuery {
             query_id: query_id.to_string(),
             query_name: self.name.clone().unwrap_or_default(),
             key_columns: self.plan.key_columns.clone(),
+            task: None,
         }
     }
 

@@ -58,6 +58,11 @@ impl Statement {
         })
     }
 
+    /// Whether the statement keeps state across epochs.
+    pub(crate) fn is_stateful(&self) -> bool {
+        self.operator.is_some()
+    }
+
     /// What the statement's state and offsets depend on, as text.
     pub(crate) fn fingerprint(&self) -> &str {
         &self.fingerprint

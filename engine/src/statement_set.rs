@@ -31,11 +31,12 @@ use std::path::PathBuf;
 
 use crate::error::{Result, SluiceError};
 use crate::frame::DataStreamWriter;
-use crate::launch::{launch, QueryPlan, QuerySettings};
+use crate::launch::{launch, QueryPlan, QuerySettings, TaskPlan};
 use crate::query::StreamingQuery;
 use crate::reference::BatchQuery;
 use crate::session::Session;
 use crate::statement::Statement;
+use crate::task::{self, TaskId, Tasks};
 use crate::trigger::Trigger;
 
 /// INSERTs to run as one query (see the module documentation). The
@@ -157,13 +158,34 @@ impl StatementSet {
         }
         // Every statement planned and its operator built before anything
         // opens: opening the Kafka sink fences the query's running instance.
-        let mut statements = Vec::with_capacity(count);
-        for (i, writer) in self.writers.into_iter().enumerate() {
-            refuse_own_settings(i, &writer)?;
-            let plan = writer.plan_with_keys(&key_prefix(i, count, &writer))?;
-            let statement = Statement::new(plan, i, count)?;
-            statements.push((statement, writer.sink, writer.options));
+        for (i, writer) in self.writers.iter().enumerate() {
+            refuse_own_settings(i, writer)?;
         }
+        let plan = |task: Option<TaskId>| -> Result<TaskPlan> {
+            let mut statements = Vec::with_capacity(count);
+            for (i, writer) in self.writers.iter().enumerate() {
+                let plan = writer.plan_with_keys(&key_prefix(i, count, writer), task)?;
+                let statement = Statement::new(plan, i, count)?;
+                statements.push((statement, writer.sink.clone(), writer.options.clone()));
+            }
+            Ok(TaskPlan { task, statements })
+        };
+        let tasks = match self.settings.tasks {
+            Tasks::One => vec![plan(None)?],
+            Tasks::PerPartition => {
+                let undivided = self
+                    .writers
+                    .iter()
+                    .enumerate()
+                    .map(|(i, w)| w.plan_with_keys(&key_prefix(i, count, w), None))
+                    .collect::<Result<Vec<_>>>()?;
+                let count = task::count(&undivided).await?;
+                drop(undivided);
+                (0..count)
+                    .map(|index| plan(Some(TaskId { index, count })))
+                    .collect::<Result<_>>()?
+            }
+        };
         let name = self
             .settings
             .name
@@ -173,7 +195,7 @@ impl StatementSet {
         let query = launch(QueryPlan {
             name,
             settings: self.settings,
-            statements,
+            tasks,
             connectors: self.session.connectors(),
             listeners: self.session.listeners(),
         })
@@ -201,6 +223,8 @@ fn refuse_own_settings(index: usize, writer: &DataStreamWriter) -> Result<()> {
             "state_retained_snapshots",
             own.state_retained_snapshots != defaults.state_retained_snapshots,
         ),
+        ("tasks", own.tasks != defaults.tasks),
+        ("task_threads", own.task_threads != defaults.task_threads),
     ];
     match set.iter().find(|(_, is_set)| *is_set) {
         Some((setting, _)) => Err(SluiceError::config(format!(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use datafusion::arrow::datatypes::SchemaRef;
 use sluice_engine::{
     columns, Connector, FanOut, OutputMode, Result, Sink, SinkArgs, SluiceError, SourceArgs,
-    SourceFactory,
+    SourceFactory, TaskId,
 };
 
 use crate::at_least_once::AtLeastOnceSink;
@@ -192,13 +192,18 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let progress_topic = o
         .take("progress.topic")
         .unwrap_or_else(|| crate::progress_topic::default_topic(&args.query_id));
+    // Each task of a divided query commits alone: its own transactional id
+    // and progress record, in the query's progress topic.
+    let identity = match args.task {
+        Some(task) => task_identity(&args.query_id, task),
+        None => args.query_id,
+    };
     // Clusters with prefixed ACLs grant transactional ids by prefix.
     let transactional_id = format!(
-        "{}{}",
+        "{}{identity}",
         o.take("sink.transactional-id-prefix")
             .as_deref()
             .unwrap_or(DEFAULT_TRANSACTIONAL_ID_PREFIX),
-        args.query_id
     );
     // An update stream is keyed by its group key unless told otherwise,
     // so the topic is a valid compacted upsert stream.
@@ -218,7 +223,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
             format,
             key_fields,
             schema: args.schema,
-            query_id: args.query_id,
+            query_id: identity,
             dead_letter,
         },
         delivery: if exactly_once {
@@ -231,6 +236,12 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
             Delivery::AtLeastOnce
         },
     })
+}
+
+/// What task `task` of query `query_id` is known by in Kafka: its
+/// transactional id (after the prefix) and its progress record's key.
+pub fn task_identity(query_id: &str, task: TaskId) -> String {
+    format!("{query_id}-{}", task.index)
 }
 
 fn key_indices(list: &str, schema: &SchemaRef) -> Result<Vec<usize>> {

@@ -54,7 +54,7 @@ mod transactional_sink;
 mod verify;
 
 pub use client::ClientOptions;
-pub use connector::KafkaConnector;
+pub use connector::{task_identity, KafkaConnector};
 pub use encode::{Format, Message};
 pub use progress_topic::last_committed;
 pub use source::decode_json;

@@ -18,6 +18,8 @@ pub(crate) const SETTINGS: &[&str] = &[
     "state.snapshot.interval",
     "state.retained.snapshots",
     "outage.limit",
+    "tasks",
+    "tasks.threads",
     "kafka.*",
 ];
 
@@ -113,6 +115,28 @@ impl SqlRunner<'_> {
                     sluice_engine::parse_duration(&value).map_err(|e| {
                         self.err(text, Pos::from(&value_tok), format!("'outage.limit': {e}"))
                     })?
+            }
+            "tasks" => {
+                self.settings.query.tasks =
+                    value.parse::<sluice_engine::Tasks>().map_err(at_value)?
+            }
+            "tasks.threads" => {
+                let n = value
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n >= 1)
+                    .ok_or_else(|| {
+                        self.err(
+                            text,
+                            Pos::from(&value_tok),
+                            format!(
+                                "'tasks.threads' takes a whole number from 1 (how many tasks \
+                                 run an epoch at once), found '{value}'"
+                            ),
+                        )
+                    })?;
+                self.settings.query.task_threads = Some(n);
             }
             "output.mode" => {
                 self.settings.output_mode = Some(value.parse::<OutputMode>().map_err(at_value)?)

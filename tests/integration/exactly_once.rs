@@ -5,10 +5,10 @@
 //! the failure-free output exactly.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::util::Lcg;
+use crate::util::{Lcg, Run};
 use sluice::broker::{create_topic, fresh_topic, read_topic, ReadRecord};
 use sluice::Checkpoint;
 
@@ -465,87 +465,6 @@ fn crash_at(p: &Pipeline, point: &str, epoch: u64) {
     );
 }
 
-/// A `sluice` process whose stderr is drained as it is written: a process
-/// blocked on a full pipe would look like a hang.
-struct Run {
-    child: Child,
-    stderr: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl Run {
-    fn new(mut cmd: Command) -> Self {
-        use std::io::BufRead;
-        let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
-        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let pipe = child.stderr.take().unwrap();
-        let sink = std::sync::Arc::clone(&stderr);
-        std::thread::spawn(move || {
-            for line in std::io::BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                let mut s = sink.lock().unwrap();
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        Self { child, stderr }
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-
-    fn kill_9(&mut self) {
-        self.child.kill().unwrap(); // SIGKILL
-        self.child.wait().unwrap();
-    }
-
-    /// Waits for the exit; past `limit` the process is killed and the test
-    /// fails with what it wrote.
-    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + limit;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                // Let the reader thread take the last lines.
-                std::thread::sleep(Duration::from_millis(50));
-                return status;
-            }
-            if Instant::now() >= deadline {
-                self.kill_9();
-                panic!(
-                    "the pipeline did not finish within {limit:?}; it wrote:\n{}",
-                    self.stderr()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// Waits until the process has written `text` to stderr.
-    fn wait_for_line(&mut self, text: &str) {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while !self.stderr().contains(text) {
-            assert!(self.running(), "ended before '{text}': {}", self.stderr());
-            assert!(
-                Instant::now() < deadline,
-                "no '{text}' within 90 s: {}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Run {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stateless_output_is_exact_after_kill_9_at_random_moments() {
     let files = files_for_kills(60);
@@ -897,7 +816,7 @@ async fn sigterm_commits_the_open_epoch_leaves_no_transaction_and_the_restart_co
     p.wait_for_commits(&mut child, 3);
     let signalled = Instant::now();
     let kill = Command::new("kill")
-        .args(["-TERM", &child.child.id().to_string()])
+        .args(["-TERM", &child.pid().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());
@@ -1145,7 +1064,7 @@ async fn the_broker_stopped_during_a_commit_fails_after_the_outage_limit_and_sig
     assert!(run.running(), "{}", run.stderr());
     let signalled = Instant::now();
     let kill = Command::new("kill")
-        .args(["-TERM", &run.child.id().to_string()])
+        .args(["-TERM", &run.pid().to_string()])
         .status()
         .unwrap();
     assert!(kill.success());

@@ -15,6 +15,7 @@ mod nexmark;
 mod no_silent_loss;
 mod pipelines;
 mod secure;
+mod tasks;
 mod util;
 mod verify;
 mod windows;

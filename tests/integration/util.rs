@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests.
 
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use sluice::arrow::array::{Int64Array, StringArray};
 use sluice::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -201,4 +203,90 @@ pub fn kafka_stream(bootstrap: &str, topic: &str, options: &[(&str, &str)]) -> s
         .schema(schema())
         .load()
         .expect("a Kafka stream")
+}
+
+/// A `sluice` process whose stderr is drained as it is written: a process
+/// blocked on a full pipe would look like a hang.
+pub struct Run {
+    child: Child,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Run {
+    pub fn new(mut cmd: Command) -> Self {
+        use std::io::BufRead;
+        let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let pipe = child.stderr.take().unwrap();
+        let sink = std::sync::Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        Self { child, stderr }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    pub fn kill_9(&mut self) {
+        self.child.kill().unwrap(); // SIGKILL
+        self.child.wait().unwrap();
+    }
+
+    /// Waits for the exit; past `limit` the process is killed and the test
+    /// fails with what it wrote.
+    pub fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Let the reader thread take the last lines.
+                std::thread::sleep(Duration::from_millis(50));
+                return status;
+            }
+            if Instant::now() >= deadline {
+                self.kill_9();
+                panic!(
+                    "the pipeline did not finish within {limit:?}; it wrote:\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits until the process has written `text` to stderr.
+    pub fn wait_for_line(&mut self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !self.stderr().contains(text) {
+            assert!(self.running(), "ended before '{text}': {}", self.stderr());
+            assert!(
+                Instant::now() < deadline,
+                "no '{text}' within 90 s: {}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

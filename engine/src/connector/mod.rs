@@ -16,6 +16,7 @@ use crate::options::{closest, Options};
 use crate::output_mode::OutputMode;
 use crate::sink::Sink;
 use crate::source::SourceFactory;
+use crate::task::TaskId;
 
 mod builtin;
 
@@ -51,6 +52,10 @@ pub struct SinkArgs {
     /// Output columns that carry the GROUP BY key unchanged, when all of
     /// them do: an upsert sink's natural key. Empty otherwise.
     pub key_columns: Vec<String>,
+    /// The task this sink writes for, when the query is divided into
+    /// tasks: each task commits alone, so a transactional sink needs an
+    /// identity per task.
+    pub task: Option<TaskId>,
 }
 
 /// A named kind of source and/or sink.

@@ -12,16 +12,18 @@ use super::{unwrap_external, Input};
 use crate::connector::ConnectorRegistry;
 use crate::error::Result;
 use crate::table::as_stream_table;
+use crate::task::TaskId;
 
-/// `plan` with each stream scan bound to a fresh source and table instance,
-/// and the inputs so made, in plan order; their keys start with
-/// `key_prefix`. A stream scanned twice (a self-join, a stream on two
+/// `plan` with each stream scan bound to a fresh source (for `task` only,
+/// when given) and table instance, and the inputs so made, in plan order;
+/// their keys start with `key_prefix`. A stream scanned twice (a self-join, a stream on two
 /// paths) is one input read once per epoch.
 pub(super) fn bind_inputs(
     plan: &LogicalPlan,
     registry: &ConnectorRegistry,
     key_prefix: &str,
     default_partitions: usize,
+    task: Option<TaskId>,
 ) -> Result<(LogicalPlan, Vec<Input>)> {
     let mut inputs: Vec<Input> = Vec::new();
     // The stream tables bound so far (by identity: a DataFrame's streams may
@@ -52,9 +54,11 @@ pub(super) fn bind_inputs(
             let factory = table
                 .factory(registry, default_partitions)
                 .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-            let source = factory
-                .create()
-                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+            let source = match task {
+                Some(task) => factory.create_task(task),
+                None => factory.create(),
+            }
+            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
             let instance = table.for_query();
             bound_tables.push((identity, inputs.len()));
             inputs.push(Input {

@@ -34,6 +34,7 @@ use crate::operator::join::JoinConfig;
 use crate::output_mode::OutputMode;
 use crate::source::Source;
 use crate::table::{EpochBatches, StreamTable};
+use crate::task::TaskId;
 use crate::watermark::WatermarkTracker;
 
 mod bind;
@@ -136,13 +137,15 @@ fn without_rules(state: &SessionState, without: &[&[&str]]) -> SessionState {
 }
 
 /// Checks that `plan` can run incrementally in `mode` (derived when
-/// `None`), and binds it; its inputs' keys start with `key_prefix`.
+/// `None`), and binds it (to `task`'s share of its inputs, when given);
+/// its inputs' keys start with `key_prefix`.
 pub(crate) fn plan_query(
     state: &SessionState,
     registry: &ConnectorRegistry,
     plan: &LogicalPlan,
     mode: Option<OutputMode>,
     key_prefix: &str,
+    task: Option<TaskId>,
 ) -> Result<IncrementalPlan> {
     let Checked {
         mode,
@@ -156,6 +159,7 @@ pub(crate) fn plan_query(
         registry,
         key_prefix,
         state.config().target_partitions(),
+        task,
     )?;
     if inputs.is_empty() {
         return Err(SluiceError::plan(

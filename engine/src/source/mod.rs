@@ -19,6 +19,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::error::Result;
+use crate::task::TaskId;
 
 mod files;
 mod memory;
@@ -197,6 +198,13 @@ pub trait Source: Send + Sync + Debug {
     fn lag(&self) -> BTreeMap<String, i64> {
         BTreeMap::new()
     }
+
+    /// How many partitions the input has now, when it can be divided into
+    /// one task per partition (see [`SourceFactory::create_task`]); `None`
+    /// (the default) when it cannot.
+    async fn partition_count(&self) -> Result<Option<u32>> {
+        Ok(None)
+    }
 }
 
 /// What a declared stream reads from: creates one [`Source`] per running
@@ -207,6 +215,18 @@ pub trait SourceFactory: Send + Sync + Debug {
 
     /// A new source for one query.
     fn create(&self) -> Result<Arc<dyn Source>>;
+
+    /// A new source for one task of a query divided by partition (see
+    /// [`TaskId`]): it reads partition `task.index` only, and fails when the
+    /// input no longer has `task.count` partitions. The default refuses:
+    /// the source cannot be divided (its [`Source::partition_count`] is
+    /// `None`).
+    fn create_task(&self, task: TaskId) -> Result<Arc<dyn Source>> {
+        Err(crate::error::SluiceError::config(format!(
+            "{} cannot be divided into tasks ({task})",
+            self.describe()
+        )))
+    }
 
     /// A one-line description for progress and `EXPLAIN`, e.g. `rate(5 rows/s)`.
     fn describe(&self) -> String;

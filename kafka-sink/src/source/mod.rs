@@ -32,7 +32,7 @@ use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use sluice_engine::{
     DeadLetter, GroupOffsets, Offset, Partitions, Rejected, Result, SluiceError, Source,
-    SourceFactory,
+    SourceFactory, TaskId,
 };
 
 mod config;
@@ -54,6 +54,25 @@ impl SourceFactory for KafkaSourceFactory {
     }
 
     fn create(&self) -> Result<Arc<dyn Source>> {
+        self.open(None)
+    }
+
+    fn create_task(&self, task: TaskId) -> Result<Arc<dyn Source>> {
+        self.open(Some(task))
+    }
+
+    fn describe(&self) -> String {
+        format!("kafka(topic={}, read_committed)", self.0.topic)
+    }
+
+    fn identity(&self) -> Option<String> {
+        Some(format!("kafka topic {}", self.0.topic))
+    }
+}
+
+impl KafkaSourceFactory {
+    /// A source of its own consumer, reading every partition or `task`'s.
+    fn open(&self, task: Option<TaskId>) -> Result<Arc<dyn Source>> {
         let c = &self.0;
         let mut config = c.client.config(Role::Consumer);
         config
@@ -73,6 +92,7 @@ impl SourceFactory for KafkaSourceFactory {
             .create(&config, &format!("kafka source '{}'", c.stream))?;
         Ok(Arc::new(KafkaSource(Arc::new(SourceInner {
             config: c.clone(),
+            task,
             consumer: Mutex::new(consumer),
             initial: Mutex::new(BTreeMap::new()),
             cap: Mutex::new(None),
@@ -80,14 +100,6 @@ impl SourceFactory for KafkaSourceFactory {
             lag: Mutex::new(BTreeMap::new()),
             rejected: Mutex::default(),
         }))))
-    }
-
-    fn describe(&self) -> String {
-        format!("kafka(topic={}, read_committed)", self.0.topic)
-    }
-
-    fn identity(&self) -> Option<String> {
-        Some(format!("kafka topic {}", self.0.topic))
     }
 }
 
@@ -128,6 +140,8 @@ struct KafkaSource(Arc<SourceInner>);
 
 struct SourceInner {
     config: SourceConfig,
+    /// The task whose partition this source reads; `None`: all of them.
+    task: Option<TaskId>,
     consumer: Mutex<BaseConsumer>,
     /// Where partitions without a position start, fixed on first sight so
     /// that `latest` and `timestamp` are resolved once per run.
@@ -225,8 +239,36 @@ impl SourceInner {
                 hint: Some("create the topic, or fix 'topic'".into()),
             });
         }
+        if let Some(task) = self.task {
+            let count = topic.partitions().len();
+            if count != task.count as usize {
+                return Err(SluiceError::External {
+                    what: format!(
+                        "kafka source '{}', topic '{}'",
+                        self.config.stream, self.config.topic
+                    ),
+                    message: format!(
+                        "the topic now has {count} partitions, but the query was divided into \
+                         {} tasks, one per partition: records of the new partitions would be \
+                         read by no task, or keys would move between tasks",
+                        task.count
+                    ),
+                    hint: Some(
+                        "restart the query: each start divides it by the partitions of the \
+                         moment. A stateful one then starts as a new query (a new \
+                         'pipeline.name' and checkpoint location), since its keys moved between \
+                         partitions"
+                            .into(),
+                    ),
+                });
+            }
+        }
         let mut out = BTreeMap::new();
-        for p in topic.partitions() {
+        for p in topic
+            .partitions()
+            .iter()
+            .filter(|p| self.task.is_none_or(|t| t.reads(p.id())))
+        {
             let (low, high) = consumer
                 .fetch_watermarks(&self.config.topic, p.id(), timeout)
                 .map_err(|e| self.unreachable("fetching offsets", e))?;
@@ -725,6 +767,14 @@ impl Source for KafkaSource {
 
     fn lag(&self) -> BTreeMap<String, i64> {
         self.0.lag.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    async fn partition_count(&self) -> Result<Option<u32>> {
+        let inner = Arc::clone(&self.0);
+        let marks = tokio::task::spawn_blocking(move || inner.watermarks())
+            .await
+            .map_err(|e| SluiceError::Internal(format!("partition count task: {e}")))??;
+        Ok(Some(marks.len() as u32))
     }
 
     fn take_rejected(&self) -> Rejected {

@@ -1,0 +1,235 @@
+//! Queries divided into tasks, one per Kafka partition
+//! (`'tasks' = 'per-partition'`), against the real broker: every task
+//! commits alone (its own checkpoint folder, transactional id and progress
+//! record), a `sluice run` killed with SIGKILL at random moments loses and
+//! repeats nothing, and what tasks cannot divide is refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use sluice::broker::{create_topic, fresh_topic, read_topic, ReadRecord};
+
+use crate::util::{broker, Lcg, Run};
+
+const PARTITIONS: i32 = 6;
+const RECORDS: i64 = 6_000;
+const KEYS: i64 = 40;
+
+/// Produces `ids` keyed `k<id % KEYS>` (librdkafka's partitioner sends a
+/// key to one partition), each value `{"id": <id>}`.
+fn produce_keyed(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for id in ids {
+        let key = format!("k{}", id % KEYS);
+        let value = format!("{{\"id\":{id}}}");
+        loop {
+            match producer.send(BaseRecord::to(topic).key(&key).payload(&value)) {
+                Ok(()) => break,
+                Err((_, _)) => {
+                    producer.poll(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+struct Divided {
+    dir: tempfile::TempDir,
+    bootstrap: String,
+    input: String,
+    copy: String,
+    counts: String,
+    pipeline: String,
+}
+
+impl Divided {
+    async fn new() -> Self {
+        let bootstrap = broker().await;
+        let input = fresh_topic("tasks-in");
+        let copy = fresh_topic("tasks-copy");
+        let counts = fresh_topic("tasks-counts");
+        create_topic(bootstrap.as_str(), &input, PARTITIONS)
+            .await
+            .unwrap();
+        for topic in [&copy, &counts] {
+            create_topic(bootstrap.as_str(), topic, 1).await.unwrap();
+        }
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            pipeline: fresh_topic("tasks"),
+            bootstrap,
+            input,
+            copy,
+            counts,
+        }
+    }
+
+    /// The SQL file: a stateless copy and a count per record key, each a
+    /// query of its own, both divided per partition unless `tasks` says
+    /// otherwise; `group_by` is the count's key.
+    fn sql(&self, tasks: &str, group_by: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("q-{tasks}-{group_by}.sql"));
+        let checkpoint = |name: &str| self.dir.path().join(name).display().to_string();
+        std::fs::write(
+            &path,
+            format!(
+                "CREATE STREAM input (id BIGINT) WITH (connector = 'kafka', topic = '{input}', \
+                   'bootstrap.servers' = '{b}', 'max-records-per-epoch' = '150');\n\
+                 CREATE STREAM copy WITH (connector = 'kafka', topic = '{copy}', \
+                   'bootstrap.servers' = '{b}');\n\
+                 CREATE STREAM counts WITH (connector = 'kafka', topic = '{counts}', \
+                   'bootstrap.servers' = '{b}');\n\
+                 SET 'tasks' = '{tasks}';\n\
+                 SET 'trigger' = 'available-now';\n\
+                 SET 'pipeline.name' = '{p}-copy';\n\
+                 SET 'checkpoint.location' = '{copy_cp}';\n\
+                 INSERT INTO copy SELECT id, _key AS k, _partition AS p FROM input;\n\
+                 SET 'pipeline.name' = '{p}-counts';\n\
+                 SET 'checkpoint.location' = '{counts_cp}';\n\
+                 INSERT INTO counts SELECT {group_by} AS k, count(*) AS n FROM input \
+                   GROUP BY {group_by};\n",
+                input = self.input,
+                copy = self.copy,
+                counts = self.counts,
+                b = self.bootstrap,
+                p = self.pipeline,
+                copy_cp = checkpoint("copy"),
+                counts_cp = checkpoint("counts"),
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    fn command(&self, sql: &Path) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("run").arg(sql).stdout(Stdio::null());
+        cmd
+    }
+
+    async fn read(&self, topic: &str) -> Vec<ReadRecord> {
+        let (b, t) = (self.bootstrap.clone(), topic.to_string());
+        tokio::task::spawn_blocking(move || read_topic(&b, &t, true, Duration::from_secs(60)))
+            .await
+            .unwrap()
+            .unwrap()
+    }
+}
+
+fn json(record: &ReadRecord) -> serde_json::Value {
+    serde_json::from_slice(record.value.as_deref().unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_through_kill_9() {
+    let d = Divided::new().await;
+    produce_keyed(&d.bootstrap, &d.input, 0..RECORDS);
+    let sql = d.sql("per-partition", "_key");
+
+    // Kill -9 at random moments, then run to the end of the input.
+    let seed = std::env::var("SLUICE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x7a5c);
+    eprintln!("kill -9 schedule: SLUICE_CRASH_SEED={seed}");
+    let mut rng = Lcg(seed);
+    let mut killed_running = 0;
+    for _ in 0..6 {
+        let mut run = Run::new(d.command(&sql));
+        std::thread::sleep(Duration::from_millis(700 + rng.next(2_500)));
+        if run.running() {
+            run.kill_9();
+            killed_running += 1;
+        } else {
+            let status = run.wait(Duration::from_secs(5));
+            assert!(status.success(), "the run failed: {}", run.stderr());
+            break;
+        }
+    }
+    let mut last = Run::new(d.command(&sql));
+    let status = last.wait(Duration::from_secs(300));
+    assert!(status.success(), "the last run failed: {}", last.stderr());
+    assert!(killed_running > 0, "no kill landed while the query ran");
+
+    // The copy: every input record exactly once, each from its own task.
+    let copied = d.read(&d.copy).await;
+    let mut ids: Vec<i64> = copied
+        .iter()
+        .map(|r| json(r)["id"].as_i64().unwrap())
+        .collect();
+    ids.sort_unstable();
+    let expected: Vec<i64> = (0..RECORDS).collect();
+    assert_eq!(ids.len(), expected.len(), "lost or repeated records");
+    assert_eq!(ids, expected);
+
+    // The counts: per key, strictly growing (an update repeated by a
+    // replayed epoch would show twice), ending at the key's count in the
+    // input, counted here independently.
+    let mut per_key: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for r in d.read(&d.counts).await {
+        let v = json(&r);
+        per_key
+            .entry(v["k"].as_str().unwrap().to_string())
+            .or_default()
+            .push(v["n"].as_i64().unwrap());
+    }
+    assert_eq!(per_key.len() as i64, KEYS, "{per_key:?}");
+    for (key, updates) in &per_key {
+        let k: i64 = key[1..].parse().unwrap();
+        let count = (0..RECORDS).filter(|id| id % KEYS == k).count() as i64;
+        assert!(
+            updates.windows(2).all(|w| w[0] < w[1]),
+            "key {key}: updates not strictly growing: {updates:?}"
+        );
+        assert_eq!(updates.last(), Some(&count), "key {key}: {updates:?}");
+    }
+
+    // Each task committed alone: its own checkpoint folder and its own
+    // progress record (keyed by its transactional identity).
+    for query in ["copy", "counts"] {
+        let tasks: BTreeSet<String> = std::fs::read_dir(d.dir.path().join(query).join("tasks"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        let want: BTreeSet<String> = (0..PARTITIONS).map(|i| i.to_string()).collect();
+        assert_eq!(tasks, want, "{query}'s task folders");
+        let progress = d
+            .read(&format!("sluice-progress.{}-{query}", d.pipeline))
+            .await;
+        let keys: BTreeSet<String> = progress
+            .iter()
+            .map(|r| String::from_utf8(r.key.clone().unwrap()).unwrap())
+            .collect();
+        let want: BTreeSet<String> = (0..PARTITIONS)
+            .map(|i| format!("{}-{query}-{i}", d.pipeline))
+            .collect();
+        assert_eq!(keys, want, "{query}'s progress records");
+    }
+
+    // A query is divided, or not, for its whole life.
+    let mut once = Run::new(d.command(&d.sql("1", "_key")));
+    let status = once.wait(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(2), "{}", once.stderr());
+    assert!(
+        once.stderr().contains("'tasks' changed"),
+        "{}",
+        once.stderr()
+    );
+
+    // A GROUP BY on what does not decide the partition is refused.
+    let mut refused = Run::new(d.command(&d.sql("per-partition", "id % 7")));
+    let status = refused.wait(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused.stderr().contains("add the record key `_key`"),
+        "{}",
+        refused.stderr()
+    );
+}
