@@ -9,8 +9,59 @@ use sluice::{Checkpoint, SluiceError};
 use sluice_kafka::ClientOptions;
 
 /// The report, as text; a Kafka `client` adds the progress topic check.
+/// A query divided into tasks gets one report per task, each checked
+/// against the task's own progress record.
 pub fn inspect(
     dir: &Path,
+    client: Option<ClientOptions>,
+    topic: Option<&str>,
+) -> Result<String, SluiceError> {
+    let tasks = task_folders(dir)?;
+    if tasks.is_empty() {
+        return report(dir, None, client, topic);
+    }
+    let cp = Checkpoint::open_existing(dir)?;
+    let id = &cp.metadata().query_id;
+    let mut out = format!(
+        "checkpoint {}\n  query id: {id}\n  divided into {} tasks, one per input partition, each \
+         committing alone:\n",
+        dir.display(),
+        tasks.len()
+    );
+    let topic = topic.map_or_else(|| sluice_kafka::default_progress_topic(id), str::to_string);
+    for (index, folder) in tasks {
+        let task = report(&folder, Some(index), client.clone(), Some(&topic))?;
+        for line in task.lines() {
+            let _ = writeln!(out, "  {line}");
+        }
+    }
+    Ok(out)
+}
+
+/// The task folders of a divided query's checkpoint, by task number.
+fn task_folders(dir: &Path) -> Result<Vec<(u32, std::path::PathBuf)>, SluiceError> {
+    let tasks = dir.join("tasks");
+    if !tasks.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(&tasks)
+        .map_err(|e| SluiceError::io(format!("listing {}", tasks.display()), e))?
+    {
+        let entry =
+            entry.map_err(|e| SluiceError::io(format!("listing {}", tasks.display()), e))?;
+        if let Some(index) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
+            found.push((index, entry.path()));
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// One checkpoint's report: the query's, or task `task`'s.
+fn report(
+    dir: &Path,
+    task: Option<u32>,
     client: Option<ClientOptions>,
     topic: Option<&str>,
 ) -> Result<String, SluiceError> {
@@ -18,13 +69,22 @@ pub fn inspect(
     let meta = cp.metadata();
     let mut out = String::new();
     let w = &mut out;
-    let _ = writeln!(w, "checkpoint {}", dir.display());
-    let _ = writeln!(w, "  query id: {}", meta.query_id);
-    let _ = writeln!(
-        w,
-        "  written by: sluice {} (checkpoint format {})",
-        meta.engine_version, meta.format_version
-    );
+    match task {
+        Some(index) => {
+            let _ = writeln!(w, "task {index}: {}", dir.display());
+        }
+        None => {
+            let _ = writeln!(w, "checkpoint {}", dir.display());
+            let _ = writeln!(w, "  query id: {}", meta.query_id);
+        }
+    }
+    if task.is_none() {
+        let _ = writeln!(
+            w,
+            "  written by: sluice {} (checkpoint format {})",
+            meta.engine_version, meta.format_version
+        );
+    }
     let offsets = cp.offset_epochs()?;
     let commits = cp.commit_epochs()?;
     let span = |e: &[u64]| match (e.first(), e.last()) {
@@ -92,7 +152,12 @@ pub fn inspect(
     if let Some(client) = client {
         let bootstrap = client.bootstrap().to_string();
         let client = client.connect_timeout(Duration::from_secs(10));
-        let (q, t) = (meta.query_id.clone(), topic.map(str::to_string));
+        // A task's progress record is keyed by its own identity.
+        let q = match task {
+            Some(index) => sluice_kafka::task_identity(&meta.query_id, index),
+            None => meta.query_id.clone(),
+        };
+        let t = topic.map(str::to_string);
         let kafka =
             std::thread::spawn(move || sluice_kafka::last_committed(&client, t.as_deref(), &q))
                 .join()

@@ -110,7 +110,7 @@ impl EpochLoop {
 
     /// Runs this loop's task until the query is stopped, its input runs
     /// out under the available-now trigger, or it fails.
-    async fn run(mut self, recovered: Recovered) -> Result<()> {
+    pub(crate) async fn run(mut self, recovered: Recovered) -> Result<()> {
         // A bug that panics must still end the query, or its waiters would
         // wait forever.
         let result = AssertUnwindSafe(self.run_with_retries(recovered))
@@ -228,7 +228,7 @@ impl EpochLoop {
         let mut last_epoch_start = started_at;
         let mut next_tick = started_at;
         loop {
-            if self.shared.stop_requested() {
+            if self.shared.stop_requested(self.slot) {
                 return Ok(());
             }
             if let Trigger::ProcessingTime(interval) = self.trigger {
@@ -308,7 +308,7 @@ impl EpochLoop {
     async fn sleep_until(&self, deadline: Instant) -> bool {
         tokio::select! {
             _ = tokio::time::sleep_until(deadline.into()) => true,
-            _ = self.shared.stopped() => false,
+            _ = self.shared.stopped(self.slot) => false,
         }
     }
 
@@ -717,13 +717,12 @@ impl EpochLoop {
     }
 }
 
-/// Runs a query's epoch loops, one per task (each recovered), until all
-/// have ended: the first to fail stops the others after their epoch in
-/// progress, and its error is the query's. Listeners hear the query start
-/// and end once, whatever its number of tasks.
+/// Runs a query's `body` (its tasks' epoch loops) to its end, telling
+/// listeners of the query's start and end once, whatever its number of
+/// tasks, and the handle of its result.
 pub(crate) async fn run_query(
     shared: Arc<QueryShared>,
-    loops: Vec<(EpochLoop, Recovered)>,
+    body: impl std::future::Future<Output = Result<()>>,
     listeners: Vec<Arc<dyn StreamingQueryListener>>,
 ) {
     let started = QueryStartedEvent {
@@ -731,11 +730,35 @@ pub(crate) async fn run_query(
         run_id: shared.run_id.clone(),
         name: shared.name.clone(),
     };
-    tracing::info!(query = %shared.name, id = %shared.id, tasks = loops.len(), "query started");
+    tracing::info!(query = %shared.name, id = %shared.id, "query started");
     for l in &listeners {
         l.on_query_started(&started);
     }
-    let result = match <[_; 1]>::try_from(loops) {
+    let result = body.await;
+    if let Err(e) = &result {
+        tracing::error!(query = %shared.name, error = %e, "query failed");
+    }
+    let terminated = QueryTerminatedEvent {
+        id: shared.id.clone(),
+        run_id: shared.run_id.clone(),
+        name: shared.name.clone(),
+        error: result.as_ref().err().map(ToString::to_string),
+    };
+    // Listeners hear the end before waiters on the handle wake up.
+    for l in &listeners {
+        l.on_query_terminated(&terminated);
+    }
+    shared.finish(result);
+}
+
+/// Runs epoch loops, one per task (each recovered), until all have ended:
+/// the first to fail stops the others after their epoch in progress, and
+/// its error is the query's.
+pub(crate) async fn run_tasks(
+    shared: Arc<QueryShared>,
+    loops: Vec<(EpochLoop, Recovered)>,
+) -> Result<()> {
+    match <[_; 1]>::try_from(loops) {
         // One task runs here, as before queries had tasks.
         Ok([(one, recovered)]) => one.run(recovered).await,
         Err(loops) => {
@@ -760,21 +783,7 @@ pub(crate) async fn run_query(
             }
             first_error.map_or(Ok(()), Err)
         }
-    };
-    if let Err(e) = &result {
-        tracing::error!(query = %shared.name, error = %e, "query failed");
     }
-    let terminated = QueryTerminatedEvent {
-        id: shared.id.clone(),
-        run_id: shared.run_id.clone(),
-        name: shared.name.clone(),
-        error: result.as_ref().err().map(ToString::to_string),
-    };
-    // Listeners hear the end before waiters on the handle wake up.
-    for l in &listeners {
-        l.on_query_terminated(&terminated);
-    }
-    shared.finish(result);
 }
 
 /// Where a query resumes.

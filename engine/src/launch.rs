@@ -17,7 +17,8 @@ use std::time::Duration;
 use crate::checkpoint::Checkpoint;
 use crate::connector::{ConnectorRegistry, SinkArgs};
 use crate::epoch::{
-    check_clusters, check_fingerprint, check_inputs, clusters, run_query, EpochLoop, Recovered,
+    check_clusters, check_fingerprint, check_inputs, clusters, run_query, run_tasks, EpochLoop,
+    Recovered,
 };
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
@@ -26,7 +27,7 @@ use crate::query::{QueryShared, StreamingQuery};
 use crate::sink::{FanOut, Sink};
 use crate::state::chain::SnapshotPolicy;
 use crate::statement::Statement;
-use crate::task::{TaskId, Tasks};
+use crate::task::{TaskGroup, TaskId, Tasks};
 use crate::trigger::Trigger;
 
 /// The settings of a query, whatever builds it: SQL `SET`s, a
@@ -76,6 +77,14 @@ pub struct QuerySettings {
     /// How the query is divided into tasks (SQL: `tasks`; default one
     /// task): see [`Tasks`].
     pub tasks: Tasks,
+    /// Whether the processes running this query share its tasks through
+    /// their input's group, each task running in one of them (SQL:
+    /// `tasks.group`; default false: this process runs every task).
+    pub task_group: bool,
+    /// How long a process of the group may stay silent before its tasks
+    /// move to the others (SQL: `tasks.group.session.timeout`; default
+    /// 10 s).
+    pub task_group_session_timeout: Duration,
     /// With tasks, how many run an epoch at once in this process (SQL:
     /// `tasks.threads`); `None` (the default): one per core.
     pub task_threads: Option<usize>,
@@ -92,6 +101,8 @@ impl Default for QuerySettings {
             state_retained_snapshots: 2,
             outage_limit: Duration::from_secs(300),
             tasks: Tasks::One,
+            task_group: false,
+            task_group_session_timeout: Duration::from_secs(10),
             task_threads: None,
         }
     }
@@ -141,8 +152,11 @@ pub(crate) enum SinkChoice {
 pub(crate) struct QueryPlan {
     pub name: String,
     pub settings: QuerySettings,
-    /// One undivided task, or one per partition (see `task`).
+    /// One undivided task, or one per partition (see `task`); none when
+    /// `group` hands them out.
     pub tasks: Vec<TaskPlan>,
+    /// Tasks shared with other processes: planned when they come here.
+    pub group: Option<TaskGroup>,
     pub connectors: ConnectorRegistry,
     pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
 }
@@ -163,6 +177,7 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         name,
         settings,
         tasks,
+        group,
         connectors,
         listeners,
     } = query;
@@ -193,7 +208,17 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
     let query_id = checkpoint
         .as_ref()
         .map_or(new_id, |c| c.metadata().query_id.clone());
-    let ids: Vec<Option<TaskId>> = tasks.iter().map(|t| t.task).collect();
+    let ids: Vec<Option<TaskId>> = match &group {
+        Some(g) => (0..g.count)
+            .map(|index| {
+                Some(TaskId {
+                    index,
+                    count: g.count,
+                })
+            })
+            .collect(),
+        None => tasks.iter().map(|t| t.task).collect(),
+    };
     if let Some(cp) = &checkpoint {
         check_division(cp, &ids)?;
     }
@@ -205,34 +230,49 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         });
         Arc::new(tokio::sync::Semaphore::new(threads.max(1)))
     });
-    let mut root = checkpoint;
-    let mut loops = Vec::with_capacity(tasks.len());
-    for (slot, plan) in tasks.into_iter().enumerate() {
-        // Without a location, each task gets a temporary one (when its
-        // sink can do without).
-        let checkpoint = match (plan.task, &root) {
-            (Some(task), Some(root)) => Some(Checkpoint::open(
-                root.dir().join("tasks").join(task.index.to_string()),
-                &query_id,
-            )?),
-            (_, _) => root.take(),
-        };
-        let task = TaskLaunch {
-            name: &name,
-            settings: &settings,
-            query_id: &query_id,
-            connectors: &connectors,
-            listeners: &listeners,
-            shared: &shared,
-            slot,
-            permits: permits.clone(),
-        };
-        loops.push(task.open(plan, checkpoint).await?);
-    }
+    let query_listeners = listeners.clone();
+    let launcher = Launcher {
+        name,
+        settings,
+        query_id,
+        connectors,
+        listeners,
+        shared: Arc::clone(&shared),
+        permits,
+        root: checkpoint.as_ref().map(|c| c.dir().to_path_buf()),
+    };
+    let body: futures::future::BoxFuture<'static, Result<()>> = match group {
+        Some(group) => {
+            if launcher.root.is_none() {
+                return Err(SluiceError::config(format!(
+                    "query '{}' shares its tasks with other processes ('tasks.group'), which \
+                     restore each other's tasks from the checkpoint: set a checkpoint location \
+                     all of them reach",
+                    launcher.name
+                )));
+            }
+            Box::pin(crate::task::run_group(Arc::new(launcher), group))
+        }
+        None => {
+            let mut root = checkpoint;
+            let mut loops = Vec::with_capacity(tasks.len());
+            for (slot, plan) in tasks.into_iter().enumerate() {
+                // Without a location, each task gets a temporary one (when
+                // its sink can do without).
+                let checkpoint = match plan.task {
+                    Some(task) => launcher.task_checkpoint(task)?,
+                    None => root.take(),
+                };
+                shared.start_task(slot);
+                loops.push(launcher.open(slot, plan, checkpoint).await?);
+            }
+            Box::pin(run_tasks(Arc::clone(&shared), loops))
+        }
+    };
     shared.set_task(tokio::spawn(run_query(
         Arc::clone(&shared),
-        loops,
-        listeners,
+        body,
+        query_listeners,
     )));
     Ok(StreamingQuery::new(shared))
 }
@@ -287,37 +327,55 @@ fn temp_checkpoint() -> Result<tempfile::TempDir> {
         .map_err(|e| SluiceError::io("creating a temporary checkpoint", e))
 }
 
-/// What every task of a query launches with.
-struct TaskLaunch<'a> {
-    name: &'a str,
-    settings: &'a QuerySettings,
-    query_id: &'a str,
-    connectors: &'a ConnectorRegistry,
-    listeners: &'a [Arc<dyn StreamingQueryListener>],
-    shared: &'a Arc<QueryShared>,
-    slot: usize,
-    permits: Option<Arc<tokio::sync::Semaphore>>,
+/// What every task of a query launches with, at the query's start or,
+/// when its tasks move between processes, whenever one comes to this one.
+pub(crate) struct Launcher {
+    pub name: String,
+    pub settings: QuerySettings,
+    pub query_id: String,
+    pub connectors: ConnectorRegistry,
+    pub listeners: Vec<Arc<dyn StreamingQueryListener>>,
+    pub shared: Arc<QueryShared>,
+    /// With tasks, the epochs they may run at once (`tasks.threads`).
+    pub permits: Option<Arc<tokio::sync::Semaphore>>,
+    /// The checkpoint location, when the query has one.
+    pub root: Option<PathBuf>,
 }
 
-impl TaskLaunch<'_> {
+impl Launcher {
+    /// Task `task`'s checkpoint folder, `<location>/tasks/<i>`.
+    pub(crate) fn task_checkpoint(&self, task: TaskId) -> Result<Option<Checkpoint>> {
+        self.root
+            .as_ref()
+            .map(|root| {
+                Checkpoint::open(
+                    root.join("tasks").join(task.index.to_string()),
+                    &self.query_id,
+                )
+            })
+            .transpose()
+    }
+
     /// Builds and opens `plan`'s sinks over `checkpoint` (the task's
-    /// folder; `None` when the query has no location), and
-    /// recovers the task: its epoch loop, ready to run.
-    async fn open(
-        self,
+    /// folder; `None` when the query has no location), and recovers the
+    /// task in `slot`: its epoch loop, ready to run.
+    pub(crate) async fn open(
+        &self,
+        slot: usize,
         plan: TaskPlan,
         checkpoint: Option<Checkpoint>,
     ) -> Result<(EpochLoop, Recovered)> {
-        let TaskLaunch {
+        let Launcher {
             name,
             settings,
             query_id,
             connectors,
             listeners,
             shared,
-            slot,
             permits,
+            root: _,
         } = self;
+        let (name, query_id) = (name.as_str(), query_id.as_str());
         let task = plan.task;
         let (planned, outputs): (Vec<Statement>, Vec<(SinkChoice, Options)>) = plan
             .statements
@@ -395,7 +453,7 @@ impl TaskLaunch<'_> {
             shared: Arc::clone(shared),
             task,
             slot,
-            permits,
+            permits: permits.clone(),
             statements: planned,
             snapshots: settings.snapshots(),
             fingerprint,
@@ -407,7 +465,7 @@ impl TaskLaunch<'_> {
             temp_dir,
             trigger: settings.trigger,
             outage_limit: settings.outage_limit,
-            listeners: listeners.to_vec(),
+            listeners: listeners.clone(),
         };
         let recovered = epochs.recover().await.map_err(|e| match task {
             Some(task) => e.in_task(task),

@@ -100,7 +100,7 @@ pub use source::{
 pub use state::KeyedState;
 pub use statement_set::StatementSet;
 pub use table::{StreamDefinition, StreamTable};
-pub use task::{TaskId, Tasks};
+pub use task::{TaskAssigner, TaskId, Tasks};
 pub use trigger::Trigger;
 pub use watermark::WatermarkSpec;
 pub use window::Window;

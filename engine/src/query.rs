@@ -36,6 +36,10 @@ pub struct QueryStatus {
 #[derive(Debug)]
 struct TaskState {
     task: Option<TaskId>,
+    /// Asks this task alone to stop (it left this process).
+    stop: watch::Sender<bool>,
+    /// Whether the task runs in this process.
+    here: bool,
     status: QueryStatus,
     recent: VecDeque<QueryProgress>,
     /// Times the task looked at its sources and found nothing new.
@@ -79,6 +83,8 @@ impl QueryShared {
                     .iter()
                     .map(|&task| TaskState {
                         task,
+                        stop: watch::channel(false).0,
+                        here: false,
                         status: QueryStatus {
                             message: "Initializing".into(),
                             is_data_available: false,
@@ -169,8 +175,40 @@ impl QueryShared {
         });
     }
 
-    pub(crate) fn stop_requested(&self) -> bool {
-        *self.stop.borrow()
+    /// Whether the query, or task `slot` alone, was asked to stop.
+    pub(crate) fn stop_requested(&self, slot: usize) -> bool {
+        *self.stop.borrow() || self.task_stop(slot).is_some_and(|s| *s.borrow())
+    }
+
+    fn task_stop(&self, slot: usize) -> Option<watch::Sender<bool>> {
+        self.lock().tasks.get(slot).map(|t| t.stop.clone())
+    }
+
+    /// Asks task `slot` alone to stop after its epoch in progress.
+    pub(crate) fn stop_task(&self, slot: usize) {
+        if let Some(stop) = self.task_stop(slot) {
+            stop.send_replace(true);
+        }
+    }
+
+    /// Task `slot` starts (again) in this process.
+    pub(crate) fn start_task(&self, slot: usize) {
+        if let Some(stop) = self.task_stop(slot) {
+            stop.send_replace(false);
+        }
+        self.update_task(slot, |t| t.here = true);
+    }
+
+    /// Task `slot` no longer runs in this process, for `why`.
+    pub(crate) fn task_left(&self, slot: usize, why: &str) {
+        self.update_task(slot, |t| {
+            t.here = false;
+            t.status = QueryStatus {
+                message: why.to_string(),
+                is_data_available: false,
+                is_trigger_active: false,
+            };
+        });
     }
 
     /// Asks every task to stop after its epoch in progress.
@@ -178,10 +216,27 @@ impl QueryShared {
         self.stop.send_replace(true);
     }
 
-    /// Resolves when a stop is requested.
-    pub(crate) async fn stopped(&self) {
-        let mut rx = self.stop.subscribe();
-        let _ = rx.wait_for(|s| *s).await;
+    /// Resolves when the query, or task `slot` alone, is asked to stop.
+    pub(crate) async fn stopped(&self, slot: usize) {
+        let mut query = self.stop.subscribe();
+        let task = self.task_stop(slot);
+        let task_stopped = async {
+            match task {
+                Some(t) => {
+                    let _ = t.subscribe().wait_for(|s| *s).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = query.wait_for(|s| *s) => {}
+            _ = task_stopped => {}
+        }
+    }
+
+    /// Resolves when the query is asked to stop.
+    pub(crate) async fn query_stopped(&self) {
+        let _ = self.stop.subscribe().wait_for(|s| *s).await;
     }
 
     /// Waits until `done` holds for the run state; errors if the query
@@ -348,20 +403,21 @@ impl StreamingQuery {
         // A look at the sources that *started* after this call and found
         // nothing proves everything before it was processed: the look in
         // progress now may predate the data, so wait for two.
-        // Every task, each from its own count.
-        let seen: Vec<u64> = self
+        // Every task running here, each from its own count (a task that
+        // leaves meanwhile is another process's to finish).
+        let seen: Vec<Option<u64>> = self
             .shared
             .lock()
             .tasks
             .iter()
-            .map(|t| t.no_data_rounds)
+            .map(|t| t.here.then_some(t.no_data_rounds))
             .collect();
         self.shared
             .wait(|s| {
-                s.tasks
-                    .iter()
-                    .zip(&seen)
-                    .all(|(t, seen)| t.no_data_rounds >= seen + 2)
+                s.tasks.iter().zip(&seen).all(|(t, seen)| match seen {
+                    Some(seen) => !t.here || t.no_data_rounds >= seen + 2,
+                    None => true,
+                })
             })
             .await
     }

@@ -28,6 +28,7 @@
 //! ```
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::error::{Result, SluiceError};
 use crate::frame::DataStreamWriter;
@@ -36,7 +37,7 @@ use crate::query::StreamingQuery;
 use crate::reference::BatchQuery;
 use crate::session::Session;
 use crate::statement::Statement;
-use crate::task::{self, TaskId, Tasks};
+use crate::task::{self, TaskGroup, TaskId, Tasks};
 use crate::trigger::Trigger;
 
 /// INSERTs to run as one query (see the module documentation). The
@@ -161,29 +162,47 @@ impl StatementSet {
         for (i, writer) in self.writers.iter().enumerate() {
             refuse_own_settings(i, writer)?;
         }
-        let plan = |task: Option<TaskId>| -> Result<TaskPlan> {
-            let mut statements = Vec::with_capacity(count);
-            for (i, writer) in self.writers.iter().enumerate() {
-                let plan = writer.plan_with_keys(&key_prefix(i, count, writer), task)?;
-                let statement = Statement::new(plan, i, count)?;
-                statements.push((statement, writer.sink.clone(), writer.options.clone()));
-            }
-            Ok(TaskPlan { task, statements })
-        };
+        let writers = Arc::new(self.writers);
+        let mut group = None;
         let tasks = match self.settings.tasks {
-            Tasks::One => vec![plan(None)?],
+            Tasks::One => vec![plan_task(&writers, None)?],
             Tasks::PerPartition => {
-                let undivided = self
-                    .writers
+                let mut undivided = writers
                     .iter()
                     .enumerate()
                     .map(|(i, w)| w.plan_with_keys(&key_prefix(i, count, w), None))
                     .collect::<Result<Vec<_>>>()?;
-                let count = task::count(&undivided).await?;
-                drop(undivided);
-                (0..count)
-                    .map(|index| plan(Some(TaskId { index, count })))
-                    .collect::<Result<_>>()?
+                let tasks = task::count(&undivided).await?;
+                if self.settings.task_group {
+                    if self.settings.trigger == Trigger::AvailableNow {
+                        return Err(SluiceError::config(
+                            "a query whose tasks are shared between processes ('tasks.group') \
+                             runs until stopped: 'available-now' would end each process when \
+                             its own tasks are done, whatever the others'. Run it in one \
+                             process (no 'tasks.group') to process what is available now",
+                        ));
+                    }
+                    let writers = Arc::clone(&writers);
+                    group = Some(TaskGroup {
+                        count: tasks,
+                        source: Arc::clone(&undivided.swap_remove(0).inputs[0].source),
+                        plan: Arc::new(move |task| plan_task(&writers, Some(task))),
+                    });
+                    Vec::new()
+                } else {
+                    drop(undivided);
+                    (0..tasks)
+                        .map(|index| {
+                            plan_task(
+                                &writers,
+                                Some(TaskId {
+                                    index,
+                                    count: tasks,
+                                }),
+                            )
+                        })
+                        .collect::<Result<_>>()?
+                }
             }
         };
         let name = self
@@ -196,6 +215,7 @@ impl StatementSet {
             name,
             settings: self.settings,
             tasks,
+            group,
             connectors: self.session.connectors(),
             listeners: self.session.listeners(),
         })
@@ -203,6 +223,19 @@ impl StatementSet {
         self.session.track(query.clone());
         Ok(query)
     }
+}
+
+/// Every statement of a set planned over `task`'s share of the inputs
+/// (all of them when `None`), its operator built.
+fn plan_task(writers: &[DataStreamWriter], task: Option<TaskId>) -> Result<TaskPlan> {
+    let count = writers.len();
+    let mut statements = Vec::with_capacity(count);
+    for (i, writer) in writers.iter().enumerate() {
+        let plan = writer.plan_with_keys(&key_prefix(i, count, writer), task)?;
+        let statement = Statement::new(plan, i, count)?;
+        statements.push((statement, writer.sink.clone(), writer.options.clone()));
+    }
+    Ok(TaskPlan { task, statements })
 }
 
 /// A writer's own query-wide settings (checkpoint, trigger, state
@@ -224,6 +257,7 @@ fn refuse_own_settings(index: usize, writer: &DataStreamWriter) -> Result<()> {
             own.state_retained_snapshots != defaults.state_retained_snapshots,
         ),
         ("tasks", own.tasks != defaults.tasks),
+        ("task_group", own.task_group != defaults.task_group),
         ("task_threads", own.task_threads != defaults.task_threads),
     ];
     match set.iter().find(|(_, is_set)| *is_set) {

@@ -19,13 +19,20 @@
 //! anything else would count one key in several tasks: refused at start
 //! with what would work, as are joins.
 
+use std::collections::BTreeSet;
+use std::fmt::Debug;
 use std::str::FromStr;
+use std::sync::Arc;
+
+use futures::stream::{FuturesUnordered, StreamExt};
 
 use datafusion::common::Column;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
 use crate::error::{Result, SluiceError};
+use crate::launch::{Launcher, TaskPlan};
 use crate::planner::IncrementalPlan;
+use crate::query::QueryShared;
 
 /// Which share of a divided query one task runs: partition `index` of each
 /// of its inputs, which have `count` partitions.
@@ -88,6 +95,25 @@ impl FromStr for Tasks {
             ))),
         }
     }
+}
+
+/// Hands a divided query's tasks out among the processes that run it, so
+/// that each task runs in one process at a time (`'tasks.group' = 'true'`;
+/// for Kafka inputs, Kafka's consumer-group protocol). The engine starts
+/// the tasks it is given, stops those taken away, and says when they have
+/// stopped.
+pub trait TaskAssigner: Send + Sync + Debug {
+    /// The task numbers this process owns now; changes as the group moves
+    /// tasks between processes.
+    fn owned(&self) -> tokio::sync::watch::Receiver<BTreeSet<u32>>;
+
+    /// The engine has stopped `tasks`, which left this process: the group
+    /// may hand them to their next owner now.
+    fn released(&self, tasks: &BTreeSet<u32>);
+
+    /// Leaves the group, once every task of this process has stopped: its
+    /// tasks move to the other processes at once.
+    fn leave(&self);
 }
 
 /// How many tasks `plans` (planned undivided) divide into under
@@ -188,5 +214,147 @@ fn from_partitioning_column(plan: &LogicalPlan, column: &Column) -> bool {
             from_partitioning_column(input, &Column::from((qualifier, field)))
         }
         _ => false,
+    }
+}
+
+/// A divided query's tasks shared with the other processes running it:
+/// the group that hands them out, and how to plan one that comes here.
+pub(crate) struct TaskGroup {
+    /// How many tasks the query has.
+    pub count: u32,
+    /// The input whose group hands the tasks out (see
+    /// [`Source::task_group`](crate::Source::task_group)).
+    pub source: Arc<dyn crate::Source>,
+    /// Plans a task's statements over its share of the inputs.
+    pub plan: Arc<dyn Fn(TaskId) -> Result<TaskPlan> + Send + Sync>,
+}
+
+/// The status of a task another process runs.
+const OWNED_ELSEWHERE: &str = "Owned by another process";
+
+/// Runs the tasks `group` gives this process, until the query is stopped
+/// or a task fails: a task handed here is planned, opened (its Kafka
+/// producer fences the previous owner's), restored from the checkpoint and
+/// started; a task taken away is stopped after its epoch in progress, and
+/// the group told. A task fenced by a newer owner ends quietly. On the way
+/// out the process leaves the group, so its tasks move at once.
+pub(crate) async fn run_group(launcher: Arc<Launcher>, group: TaskGroup) -> Result<()> {
+    let shared = Arc::clone(&launcher.shared);
+    let assigner = group
+        .source
+        .task_group(
+            &launcher.query_id,
+            launcher.settings.task_group_session_timeout,
+        )?
+        .ok_or_else(|| {
+            SluiceError::config(format!(
+                "query '{}' shares its tasks ('tasks.group'), but its input has no group to \
+                 share them through (only Kafka streams have)",
+                launcher.name
+            ))
+        })?;
+    let mut owned = assigner.owned();
+    let mut running: BTreeSet<u32> = BTreeSet::new();
+    let mut ended: FuturesUnordered<tokio::task::JoinHandle<(u32, Result<()>)>> =
+        FuturesUnordered::new();
+    for slot in 0..group.count as usize {
+        shared.task_left(slot, OWNED_ELSEWHERE);
+    }
+    let result = loop {
+        tokio::select! {
+            _ = shared.query_stopped() => break Ok(()),
+            changed = owned.changed() => {
+                if changed.is_err() {
+                    break Err(SluiceError::Internal("the task group ended".into()));
+                }
+                let now = owned.borrow_and_update().clone();
+                let gone: BTreeSet<u32> = running.difference(&now).copied().collect();
+                for &t in &gone {
+                    shared.stop_task(t as usize);
+                }
+                let mut failed = None;
+                while running.iter().any(|t| gone.contains(t)) {
+                    let Some(end) = ended.next().await else { break };
+                    if let Err(e) = task_ended(&shared, &mut running, end) {
+                        failed.get_or_insert(e);
+                    }
+                }
+                for &t in &gone {
+                    shared.task_left(t as usize, OWNED_ELSEWHERE);
+                }
+                assigner.released(&gone);
+                if let Some(e) = failed {
+                    break Err(e);
+                }
+                let mut failed = None;
+                for index in now.difference(&running).copied().collect::<Vec<_>>() {
+                    let task = TaskId { index, count: group.count };
+                    match start(&launcher, &group, task).await {
+                        Ok(handle) => {
+                            running.insert(index);
+                            ended.push(handle);
+                        }
+                        Err(e) => {
+                            failed = Some(e.in_task(task));
+                            break;
+                        }
+                    }
+                }
+                if let Some(e) = failed {
+                    break Err(e);
+                }
+            }
+            Some(end) = ended.next(), if !ended.is_empty() => {
+                if let Err(e) = task_ended(&shared, &mut running, end) {
+                    break Err(e);
+                }
+            }
+        }
+    };
+    shared.request_stop();
+    while let Some(end) = ended.next().await {
+        let _ = task_ended(&shared, &mut running, end);
+    }
+    let leaving = Arc::clone(&assigner);
+    let _ = tokio::task::spawn_blocking(move || leaving.leave()).await;
+    result
+}
+
+/// Plans, opens and recovers `task`, and spawns its epoch loop.
+async fn start(
+    launcher: &Launcher,
+    group: &TaskGroup,
+    task: TaskId,
+) -> Result<tokio::task::JoinHandle<(u32, Result<()>)>> {
+    tracing::info!(query = %launcher.name, %task, "task starts in this process");
+    let slot = task.index as usize;
+    launcher.shared.start_task(slot);
+    let plan = (group.plan)(task)?;
+    let checkpoint = launcher.task_checkpoint(task)?;
+    let (epochs, recovered) = launcher.open(slot, plan, checkpoint).await?;
+    let index = task.index;
+    Ok(tokio::spawn(
+        async move { (index, epochs.run(recovered).await) },
+    ))
+}
+
+/// Takes note of a task's end: a failure fails the query, except a task
+/// fenced by its next owner, which is gone from this process.
+fn task_ended(
+    shared: &QueryShared,
+    running: &mut BTreeSet<u32>,
+    end: std::result::Result<(u32, Result<()>), tokio::task::JoinError>,
+) -> Result<()> {
+    let (index, result) =
+        end.map_err(|e| SluiceError::Internal(format!("a task's epoch loop ended: {e}")))?;
+    running.remove(&index);
+    match result {
+        Ok(()) => Ok(()),
+        Err(SluiceError::Stopped(why)) => {
+            tracing::warn!(query = %shared.name, task = index, "task taken over: {why}");
+            shared.task_left(index as usize, "Taken over by another process");
+            Ok(())
+        }
+        Err(e) => Err(e),
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use datafusion::arrow::datatypes::SchemaRef;
 use sluice_engine::{
     columns, Connector, FanOut, OutputMode, Result, Sink, SinkArgs, SluiceError, SourceArgs,
-    SourceFactory, TaskId,
+    SourceFactory,
 };
 
 use crate::at_least_once::AtLeastOnceSink;
@@ -195,7 +195,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     // Each task of a divided query commits alone: its own transactional id
     // and progress record, in the query's progress topic.
     let identity = match args.task {
-        Some(task) => task_identity(&args.query_id, task),
+        Some(task) => task_identity(&args.query_id, task.index),
         None => args.query_id,
     };
     // Clusters with prefixed ACLs grant transactional ids by prefix.
@@ -238,10 +238,15 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     })
 }
 
-/// What task `task` of query `query_id` is known by in Kafka: its
-/// transactional id (after the prefix) and its progress record's key.
-pub fn task_identity(query_id: &str, task: TaskId) -> String {
-    format!("{query_id}-{}", task.index)
+/// What task `index` of query `query_id` (see [`sluice_engine::TaskId`]) is known by in
+/// Kafka: its transactional id (after the prefix) and its progress
+/// record's key.
+///
+/// ```
+/// assert_eq!(sluice_kafka::task_identity("orders", 3), "orders-3");
+/// ```
+pub fn task_identity(query_id: &str, index: u32) -> String {
+    format!("{query_id}-{index}")
 }
 
 fn key_indices(list: &str, schema: &SchemaRef) -> Result<Vec<usize>> {

@@ -46,6 +46,7 @@ pub mod broker;
 mod client;
 mod connector;
 mod encode;
+mod group;
 mod position;
 mod produce;
 mod progress_topic;
@@ -56,7 +57,7 @@ mod verify;
 pub use client::ClientOptions;
 pub use connector::{task_identity, KafkaConnector};
 pub use encode::{Format, Message};
-pub use progress_topic::last_committed;
+pub use progress_topic::{default_topic as default_progress_topic, last_committed};
 pub use source::decode_json;
 pub use verify::{verify, Verdict};
 

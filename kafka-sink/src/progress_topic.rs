@@ -54,7 +54,7 @@ impl ProgressRecord {
 }
 
 /// The default progress topic of a query.
-pub(crate) fn default_topic(query_id: &str) -> String {
+pub fn default_topic(query_id: &str) -> String {
     format!("sluice-progress.{query_id}")
 }
 

@@ -39,7 +39,7 @@ pub struct PendingQuery {
 enum Run {
     Insert(Box<DataStreamWriter>),
     /// `EXECUTE STATEMENT SET`, with its INSERTs' sink names.
-    Set(StatementSet, Vec<String>),
+    Set(Box<StatementSet>, Vec<String>),
 }
 
 impl PendingQuery {
@@ -222,7 +222,7 @@ impl SqlRunner<'_> {
             line: pos.line,
             column: pos.column,
             options: self.options_in(text),
-            run: Run::Set(set, sinks),
+            run: Run::Set(Box::new(set), sinks),
         })
     }
 

@@ -20,6 +20,8 @@ pub(crate) const SETTINGS: &[&str] = &[
     "outage.limit",
     "tasks",
     "tasks.threads",
+    "tasks.group",
+    "tasks.group.session.timeout",
     "kafka.*",
 ];
 
@@ -119,6 +121,32 @@ impl SqlRunner<'_> {
             "tasks" => {
                 self.settings.query.tasks =
                     value.parse::<sluice_engine::Tasks>().map_err(at_value)?
+            }
+            "tasks.group" => {
+                self.settings.query.task_group = match value.trim().to_ascii_lowercase().as_str() {
+                    "true" | "on" => true,
+                    "false" | "off" => false,
+                    _ => {
+                        return Err(self.err(
+                            text,
+                            Pos::from(&value_tok),
+                            format!(
+                                "'tasks.group' takes 'true' (the processes running this query \
+                                 share its tasks) or 'false', found '{value}'"
+                            ),
+                        ))
+                    }
+                }
+            }
+            "tasks.group.session.timeout" => {
+                self.settings.query.task_group_session_timeout =
+                    sluice_engine::parse_duration(&value).map_err(|e| {
+                        self.err(
+                            text,
+                            Pos::from(&value_tok),
+                            format!("'tasks.group.session.timeout': {e}"),
+                        )
+                    })?
             }
             "tasks.threads" => {
                 let n = value

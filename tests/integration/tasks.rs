@@ -72,10 +72,16 @@ impl Divided {
     }
 
     /// The SQL file: a stateless copy and a count per record key, each a
-    /// query of its own, both divided per partition unless `tasks` says
-    /// otherwise; `group_by` is the count's key.
+    /// query of its own, divided as `tasks` says, processing all input
+    /// available now; `group_by` is the count's key.
     fn sql(&self, tasks: &str, group_by: &str) -> PathBuf {
-        let path = self.dir.path().join(format!("q-{tasks}-{group_by}.sql"));
+        let settings = format!("SET 'tasks' = '{tasks}';\nSET 'trigger' = 'available-now';\n");
+        self.sql_with(&format!("{tasks}-{group_by}"), &settings, group_by)
+    }
+
+    /// The SQL file named `name` with `settings` before the queries.
+    fn sql_with(&self, name: &str, settings: &str, group_by: &str) -> PathBuf {
+        let path = self.dir.path().join(format!("q-{name}.sql"));
         let checkpoint = |name: &str| self.dir.path().join(name).display().to_string();
         std::fs::write(
             &path,
@@ -86,8 +92,7 @@ impl Divided {
                    'bootstrap.servers' = '{b}');\n\
                  CREATE STREAM counts WITH (connector = 'kafka', topic = '{counts}', \
                    'bootstrap.servers' = '{b}');\n\
-                 SET 'tasks' = '{tasks}';\n\
-                 SET 'trigger' = 'available-now';\n\
+                 {settings}\
                  SET 'pipeline.name' = '{p}-copy';\n\
                  SET 'checkpoint.location' = '{copy_cp}';\n\
                  INSERT INTO copy SELECT id, _key AS k, _partition AS p FROM input;\n\
@@ -158,38 +163,7 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     assert!(status.success(), "the last run failed: {}", last.stderr());
     assert!(killed_running > 0, "no kill landed while the query ran");
 
-    // The copy: every input record exactly once, each from its own task.
-    let copied = d.read(&d.copy).await;
-    let mut ids: Vec<i64> = copied
-        .iter()
-        .map(|r| json(r)["id"].as_i64().unwrap())
-        .collect();
-    ids.sort_unstable();
-    let expected: Vec<i64> = (0..RECORDS).collect();
-    assert_eq!(ids.len(), expected.len(), "lost or repeated records");
-    assert_eq!(ids, expected);
-
-    // The counts: per key, strictly growing (an update repeated by a
-    // replayed epoch would show twice), ending at the key's count in the
-    // input, counted here independently.
-    let mut per_key: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for r in d.read(&d.counts).await {
-        let v = json(&r);
-        per_key
-            .entry(v["k"].as_str().unwrap().to_string())
-            .or_default()
-            .push(v["n"].as_i64().unwrap());
-    }
-    assert_eq!(per_key.len() as i64, KEYS, "{per_key:?}");
-    for (key, updates) in &per_key {
-        let k: i64 = key[1..].parse().unwrap();
-        let count = (0..RECORDS).filter(|id| id % KEYS == k).count() as i64;
-        assert!(
-            updates.windows(2).all(|w| w[0] < w[1]),
-            "key {key}: updates not strictly growing: {updates:?}"
-        );
-        assert_eq!(updates.last(), Some(&count), "key {key}: {updates:?}");
-    }
+    check_output(&d).await;
 
     // Each task committed alone: its own checkpoint folder and its own
     // progress record (keyed by its transactional identity).
@@ -211,6 +185,26 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
             .map(|i| format!("{}-{query}-{i}", d.pipeline))
             .collect();
         assert_eq!(keys, want, "{query}'s progress records");
+
+        // `sluice checkpoint inspect` shows every task, each agreeing with
+        // its own progress record.
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["checkpoint", "inspect"])
+            .arg(d.dir.path().join(query))
+            .args(["--bootstrap", &d.bootstrap])
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{report}");
+        assert!(
+            report.contains(&format!("divided into {PARTITIONS} tasks")),
+            "{report}"
+        );
+        assert_eq!(
+            report.matches("agrees with the checkpoint").count(),
+            PARTITIONS as usize,
+            "{report}"
+        );
     }
 
     // A query is divided, or not, for its whole life.
@@ -232,4 +226,130 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
         "{}",
         refused.stderr()
     );
+}
+
+/// The outputs of [`Divided`]'s queries are exact: the copy holds every
+/// input record once, and per key the counts grow strictly (an update
+/// repeated by a replayed epoch would show twice) up to the key's count in
+/// the input, counted here independently.
+async fn check_output(d: &Divided) {
+    let copied = d.read(&d.copy).await;
+    let mut ids: Vec<i64> = copied
+        .iter()
+        .map(|r| json(r)["id"].as_i64().unwrap())
+        .collect();
+    ids.sort_unstable();
+    let expected: Vec<i64> = (0..RECORDS).collect();
+    assert_eq!(ids.len(), expected.len(), "lost or repeated records");
+    assert_eq!(ids, expected);
+    let mut per_key: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for r in d.read(&d.counts).await {
+        let v = json(&r);
+        per_key
+            .entry(v["k"].as_str().unwrap().to_string())
+            .or_default()
+            .push(v["n"].as_i64().unwrap());
+    }
+    assert_eq!(per_key.len() as i64, KEYS, "{per_key:?}");
+    for (key, updates) in &per_key {
+        let k: i64 = key[1..].parse().unwrap();
+        let count = (0..RECORDS).filter(|id| id % KEYS == k).count() as i64;
+        assert!(
+            updates.windows(2).all(|w| w[0] < w[1]),
+            "key {key}: updates not strictly growing: {updates:?}"
+        );
+        assert_eq!(updates.last(), Some(&count), "key {key}: {updates:?}");
+    }
+}
+
+/// Whether both outputs are complete, read_committed: the copy has every
+/// record and the last count of every key is its total.
+async fn complete(d: &Divided) -> bool {
+    if d.read(&d.copy).await.len() < RECORDS as usize {
+        return false;
+    }
+    let mut last: BTreeMap<String, i64> = BTreeMap::new();
+    for r in d.read(&d.counts).await {
+        let v = json(&r);
+        last.insert(
+            v["k"].as_str().unwrap().to_string(),
+            v["n"].as_i64().unwrap(),
+        );
+    }
+    last.values().sum::<i64>() == RECORDS
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_of_one_query_share_its_tasks_through_the_kafka_group_and_take_over_the_killed_ones(
+) {
+    let d = Divided::new().await;
+    let sql = d.sql_with(
+        "group",
+        "SET 'tasks' = 'per-partition';\n\
+         SET 'tasks.group' = 'true';\n\
+         SET 'tasks.group.session.timeout' = '6 s';\n\
+         SET 'trigger' = '200 ms';\n",
+        "_key",
+    );
+    let spawn = || {
+        let mut cmd = d.command(&sql);
+        cmd.env("SLUICE_LOG", "sluice_kafka::group=info,warn");
+        Run::new(cmd)
+    };
+    let given = |run: &Run| run.stderr().matches("tasks come to this process").count();
+    let mut a = spawn();
+    let mut b = spawn();
+    produce_keyed(&d.bootstrap, &d.input, 0..RECORDS / 2);
+    // Both processes get tasks of both queries.
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while given(&a) < 2 || given(&b) < 2 {
+        assert!(a.running() && b.running(), "{}\n{}", a.stderr(), b.stderr());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "tasks not shared within 90 s:\nA: {}\nB: {}",
+            a.stderr(),
+            b.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    // A dies with tasks in hand; a third process joins; the rest of the
+    // input arrives.
+    a.kill_9();
+    let mut c = spawn();
+    produce_keyed(&d.bootstrap, &d.input, RECORDS / 2..RECORDS);
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while !complete(&d).await {
+        assert!(
+            b.running() && c.running(),
+            "B: {}\nC: {}",
+            b.stderr(),
+            c.stderr()
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the output was not complete within 180 s:\nB: {}\nC: {}",
+            b.stderr(),
+            c.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        given(&c) > 0,
+        "the process that joined got no task: {}",
+        c.stderr()
+    );
+    // SIGTERM: each finishes its epoch, leaves the group and exits cleanly.
+    for run in [&mut b, &mut c] {
+        let killed = Command::new("kill")
+            .args(["-TERM", &run.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+    }
+    for run in [&mut b, &mut c] {
+        let status = run.wait(Duration::from_secs(60));
+        assert!(status.success(), "{}", run.stderr());
+    }
+    check_output(&d).await;
 }

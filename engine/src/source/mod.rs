@@ -19,7 +19,7 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::error::Result;
-use crate::task::TaskId;
+use crate::task::{TaskAssigner, TaskId};
 
 mod files;
 mod memory;
@@ -203,6 +203,19 @@ pub trait Source: Send + Sync + Debug {
     /// one task per partition (see [`SourceFactory::create_task`]); `None`
     /// (the default) when it cannot.
     async fn partition_count(&self) -> Result<Option<u32>> {
+        Ok(None)
+    }
+
+    /// Joins the group of the processes running query `query_id` divided
+    /// into tasks, a member declared dead after `session_timeout` without
+    /// a sign of life (see [`TaskAssigner`]); `None` (the default): the
+    /// source has no such group, and one process runs every task.
+    fn task_group(
+        &self,
+        query_id: &str,
+        session_timeout: std::time::Duration,
+    ) -> Result<Option<Arc<dyn TaskAssigner>>> {
+        let _ = (query_id, session_timeout);
         Ok(None)
     }
 }

@@ -32,12 +32,13 @@ use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use sluice_engine::{
     DeadLetter, GroupOffsets, Offset, Partitions, Rejected, Result, SluiceError, Source,
-    SourceFactory, TaskId,
+    SourceFactory, TaskAssigner, TaskId,
 };
 
 mod config;
 
 use crate::client::Role;
+use crate::group::KafkaTaskGroup;
 use crate::position::Ended;
 pub(crate) use config::factory;
 use config::{OnError, SourceConfig, SourceFormat, StartupMode};
@@ -767,6 +768,16 @@ impl Source for KafkaSource {
 
     fn lag(&self) -> BTreeMap<String, i64> {
         self.0.lag.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn task_group(
+        &self,
+        query_id: &str,
+        session_timeout: std::time::Duration,
+    ) -> Result<Option<Arc<dyn TaskAssigner>>> {
+        let c = &self.0.config;
+        let group = KafkaTaskGroup::join(&c.client, &c.topic, query_id, session_timeout)?;
+        Ok(Some(Arc::new(group)))
     }
 
     async fn partition_count(&self) -> Result<Option<u32>> {
