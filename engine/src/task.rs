@@ -286,17 +286,25 @@ pub(crate) async fn run_group(launcher: Arc<Launcher>, group: TaskGroup) -> Resu
                 if let Some(e) = failed {
                     break Err(e);
                 }
+                // Opened side by side: each waits on Kafka (fencing,
+                // recovery), and a revoke waits for all of them.
+                let coming: Vec<TaskId> = now
+                    .difference(&running)
+                    .map(|&index| TaskId { index, count: group.count })
+                    .collect();
+                let started = futures::future::join_all(
+                    coming.iter().map(|&task| start(&launcher, &group, task)),
+                )
+                .await;
                 let mut failed = None;
-                for index in now.difference(&running).copied().collect::<Vec<_>>() {
-                    let task = TaskId { index, count: group.count };
-                    match start(&launcher, &group, task).await {
+                for (task, started) in coming.into_iter().zip(started) {
+                    match started {
                         Ok(handle) => {
-                            running.insert(index);
+                            running.insert(task.index);
                             ended.push(handle);
                         }
                         Err(e) => {
-                            failed = Some(e.in_task(task));
-                            break;
+                            failed.get_or_insert(e.in_task(task));
                         }
                     }
                 }

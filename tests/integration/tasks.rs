@@ -351,5 +351,6 @@ async fn processes_of_one_query_share_its_tasks_through_the_kafka_group_and_take
         let status = run.wait(Duration::from_secs(60));
         assert!(status.success(), "{}", run.stderr());
     }
+    eprintln!("A:\n{}\nB:\n{}\nC:\n{}", a.stderr(), b.stderr(), c.stderr());
     check_output(&d).await;
 }
