@@ -16,11 +16,11 @@ pub fn inspect(
     client: Option<ClientOptions>,
     topic: Option<&str>,
 ) -> Result<String, SluiceError> {
-    let tasks = task_folders(dir)?;
+    let cp = Checkpoint::open_existing(dir)?;
+    let tasks = cp.tasks()?;
     if tasks.is_empty() {
         return report(dir, None, client, topic);
     }
-    let cp = Checkpoint::open_existing(dir)?;
     let id = &cp.metadata().query_id;
     let mut out = format!(
         "checkpoint {}\n  query id: {id}\n  divided into {} tasks, one per input partition, each \
@@ -29,33 +29,14 @@ pub fn inspect(
         tasks.len()
     );
     let topic = topic.map_or_else(|| sluice_kafka::default_progress_topic(id), str::to_string);
-    for (index, folder) in tasks {
+    for index in tasks {
+        let folder = dir.join("tasks").join(index.to_string());
         let task = report(&folder, Some(index), client.clone(), Some(&topic))?;
         for line in task.lines() {
             let _ = writeln!(out, "  {line}");
         }
     }
     Ok(out)
-}
-
-/// The task folders of a divided query's checkpoint, by task number.
-fn task_folders(dir: &Path) -> Result<Vec<(u32, std::path::PathBuf)>, SluiceError> {
-    let tasks = dir.join("tasks");
-    if !tasks.is_dir() {
-        return Ok(Vec::new());
-    }
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(&tasks)
-        .map_err(|e| SluiceError::io(format!("listing {}", tasks.display()), e))?
-    {
-        let entry =
-            entry.map_err(|e| SluiceError::io(format!("listing {}", tasks.display()), e))?;
-        if let Some(index) = entry.file_name().to_str().and_then(|n| n.parse().ok()) {
-            found.push((index, entry.path()));
-        }
-    }
-    found.sort();
-    Ok(found)
 }
 
 /// One checkpoint's report: the query's, or task `task`'s.

@@ -7,6 +7,9 @@
 //! <location>/commits/N    epoch N committed (its output reached the sink)
 //! ```
 //!
+//! The location is a local directory, or a prefix on object storage
+//! (`s3://`, `gs://`, `az://`; see `state::remote`) with the same layout.
+//!
 //! This is Spark's offsets log / commits log pair. On restart the engine
 //! reads the highest `commits/C`; if `offsets/C+1` exists, epoch C+1 was
 //! planned but not committed and is re-run over exactly the same offsets.
@@ -18,7 +21,6 @@
 //! silently ignored or reset.
 
 use std::collections::BTreeMap;
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -26,7 +28,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, SluiceError};
 pub use crate::state::codec::FORMAT_VERSION;
-use crate::state::codec::{create_dirs, read_framed, remove_file, remove_leftovers, write_framed};
+use crate::state::codec::{
+    create_dirs, file_len, list_dir, read_framed, remove_file, remove_leftovers, write_framed,
+};
+use crate::state::remote::local_or_remote;
 
 /// What never changes for a query: written once, when its checkpoint is made.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -160,9 +165,9 @@ impl Checkpoint {
     /// Opens the checkpoint at `dir` without creating or changing anything
     /// (for inspection); fails if there is none.
     pub fn open_existing(dir: impl Into<PathBuf>) -> Result<Self> {
-        let dir = dir.into();
+        let dir = local_or_remote(dir.into());
         let meta_path = dir.join("metadata");
-        if !meta_path.exists() {
+        if file_len(&meta_path)?.is_none() {
             return Err(SluiceError::checkpoint(
                 &dir,
                 "no checkpoint here: it has no metadata file (a query writes one when it starts)",
@@ -184,22 +189,37 @@ impl Checkpoint {
     /// The size in bytes of a state file a commit names.
     pub fn state_file_len(&self, relative: &str) -> Result<u64> {
         let path = self.dir.join(relative);
-        fs::metadata(&path)
-            .map(|m| m.len())
-            .map_err(|e| SluiceError::io(format!("reading {}", path.display()), e))
+        file_len(&path)?.ok_or_else(|| {
+            SluiceError::io(
+                format!("reading {}", path.display()),
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
+            )
+        })
+    }
+
+    /// Whether the state file a commit names is in the checkpoint.
+    pub fn has_state_file(&self, relative: &str) -> Result<bool> {
+        Ok(file_len(&self.dir.join(relative))?.is_some())
+    }
+
+    /// The task folders (`tasks/<i>`) of a query divided into tasks, by
+    /// task number; empty for a query that is one task.
+    pub fn tasks(&self) -> Result<Vec<u32>> {
+        let mut tasks: Vec<u32> = list_dir(&self.dir.join("tasks"))?
+            .iter()
+            .filter_map(|name| name.parse().ok())
+            .collect();
+        tasks.sort_unstable();
+        Ok(tasks)
     }
 
     /// Opens (or creates) the checkpoint at `dir`. A new checkpoint gets
     /// `new_query_id` as its query id; an existing one keeps its own.
     /// Temporary files of writes a crash interrupted are removed.
     pub fn open(dir: impl Into<PathBuf>, new_query_id: &str) -> Result<Self> {
-        let checkpoint = Self::open_dirs(dir.into(), new_query_id)?;
+        let checkpoint = Self::open_dirs(local_or_remote(dir.into()), new_query_id)?;
         let state = checkpoint.dir.join("state");
-        let operators = fs::read_dir(&state)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.path());
+        let operators = list_dir(&state)?.into_iter().map(|name| state.join(name));
         for dir in ["", "offsets", "commits"]
             .iter()
             .map(|sub| checkpoint.dir.join(sub))
@@ -216,7 +236,7 @@ impl Checkpoint {
             create_dirs(&dir.join(sub))?;
         }
         let meta_path = dir.join("metadata");
-        let metadata = if meta_path.exists() {
+        let metadata = if file_len(&meta_path)?.is_some() {
             let m: Metadata = read_file(&meta_path)?;
             if m.format_version != FORMAT_VERSION {
                 return Err(SluiceError::checkpoint(
@@ -260,7 +280,7 @@ impl Checkpoint {
     /// (`starts`; see [`write_starts`](Self::write_starts)), by input key.
     pub fn read_starts(&self) -> Result<BTreeMap<String, serde_json::Value>> {
         let path = self.dir.join("starts");
-        if !path.exists() {
+        if file_len(&path)?.is_none() {
             return Ok(BTreeMap::new());
         }
         read_file(&path)
@@ -337,20 +357,15 @@ impl Checkpoint {
 }
 
 fn epochs_in(dir: &Path) -> Result<Vec<u64>> {
-    let entries =
-        fs::read_dir(dir).map_err(|e| SluiceError::io(format!("listing {}", dir.display()), e))?;
     let mut epochs = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| SluiceError::io(format!("listing {}", dir.display()), e))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
+    for name in list_dir(dir)? {
         if name.starts_with('.') {
             // A temporary file of an interrupted write: never part of the log.
             continue;
         }
         let epoch = name.parse::<u64>().map_err(|_| {
             SluiceError::checkpoint(
-                entry.path(),
+                dir.join(&name),
                 "unexpected file in the checkpoint: names here are epoch numbers; \
                  remove the file if it was put there by hand",
             )
@@ -393,6 +408,7 @@ pub(crate) fn read_file<T: DeserializeOwned>(path: &Path) -> Result<T> {
 mod tests {
     use super::*;
     use crate::state::codec::MAGIC;
+    use std::fs;
 
     #[test]
     fn state_paths_outside_the_checkpoint_are_refused() {

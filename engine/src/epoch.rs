@@ -444,12 +444,12 @@ impl EpochLoop {
             let d = c.epoch();
             // Kafka says what was committed, but the state it names is not
             // here: this is not the checkpoint the query ran with.
-            let missing: Vec<&str> = c
-                .state_files
-                .iter()
-                .filter(|f| !cp.dir().join(f).is_file())
-                .map(String::as_str)
-                .collect();
+            let mut missing: Vec<&str> = Vec::new();
+            for f in &c.state_files {
+                if !cp.has_state_file(f)? {
+                    missing.push(f);
+                }
+            }
             if !missing.is_empty() {
                 return Err(SluiceError::checkpoint(
                     cp.dir(),

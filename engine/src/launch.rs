@@ -282,9 +282,8 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
 /// or be new. A query that ran as one task keeps its offsets and state at
 /// the root, which its tasks would not see, and the other way round.
 fn check_division(root: &Checkpoint, tasks: &[Option<TaskId>]) -> Result<()> {
-    let tasks_dir = root.dir().join("tasks");
     let as_one = root.latest_commit_epoch()?.is_some();
-    let as_tasks = tasks_dir.is_dir();
+    let before = root.tasks()?;
     let divided = tasks.iter().any(Option::is_some);
     let refuse = |was: &str, now: &str| {
         Err(SluiceError::config(format!(
@@ -298,16 +297,11 @@ fn check_division(root: &Checkpoint, tasks: &[Option<TaskId>]) -> Result<()> {
     if divided && as_one {
         return refuse("as one task", "divided into tasks");
     }
-    if !divided && as_tasks {
+    if !divided && !before.is_empty() {
         return refuse("divided into tasks", "as one task");
     }
-    if let (true, Some(Some(task))) = (as_tasks, tasks.first()) {
-        let before = std::fs::read_dir(&tasks_dir)
-            .map_err(|e| SluiceError::io(format!("listing {}", tasks_dir.display()), e))?
-            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-            .filter(|&i| i >= task.count)
-            .max();
-        if let Some(i) = before {
+    if let (Some(&i), Some(Some(task))) = (before.last(), tasks.first()) {
+        if i >= task.count {
             return Err(SluiceError::config(format!(
                 "the checkpoint at {} has task {i}, but the query's inputs now have {} \
                  partitions: partitions were removed, or the topic recreated. Run the query as a \

@@ -123,7 +123,8 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
              SET 'checkpoint.location' as when the query runs"
         ))
     })?;
-    if dir.join("tasks").is_dir() {
+    let checkpoint = Checkpoint::open_existing(dir)?;
+    if !checkpoint.tasks()?.is_empty() {
         return Err(SluiceError::config(format!(
             "query '{name}' is divided into tasks ('tasks' = 'per-partition'), and verify does \
              not yet put their committed ranges together; `sluice checkpoint inspect {}` shows \
@@ -131,7 +132,6 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
             dir.display()
         )));
     }
-    let checkpoint = Checkpoint::open_existing(dir)?;
     let query_id = checkpoint.metadata().query_id.clone();
     let settings = sink_settings(query.sink_args(&query_id))?;
     let Delivery::ExactlyOnce(Transactions { progress_topic, .. }) = settings.delivery else {

@@ -42,6 +42,11 @@ fn produce_keyed(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
 
 struct Divided {
     dir: tempfile::TempDir,
+    /// Where the queries' checkpoints go: a local folder, or a prefix on
+    /// the S3-compatible server.
+    checkpoints: String,
+    /// The environment of every `sluice run` (the object store's).
+    env: Vec<(String, String)>,
     bootstrap: String,
     input: String,
     copy: String,
@@ -61,8 +66,11 @@ impl Divided {
         for topic in [&copy, &counts] {
             create_topic(bootstrap.as_str(), topic, 1).await.unwrap();
         }
+        let dir = tempfile::tempdir().unwrap();
         Self {
-            dir: tempfile::tempdir().unwrap(),
+            checkpoints: dir.path().display().to_string(),
+            env: Vec::new(),
+            dir,
             pipeline: fresh_topic("tasks"),
             bootstrap,
             input,
@@ -82,7 +90,7 @@ impl Divided {
     /// The SQL file named `name` with `settings` before the queries.
     fn sql_with(&self, name: &str, settings: &str, group_by: &str) -> PathBuf {
         let path = self.dir.path().join(format!("q-{name}.sql"));
-        let checkpoint = |name: &str| self.dir.path().join(name).display().to_string();
+        let checkpoint = |name: &str| format!("{}/{name}", self.checkpoints);
         std::fs::write(
             &path,
             format!(
@@ -116,6 +124,7 @@ impl Divided {
     fn command(&self, sql: &Path) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
         cmd.arg("run").arg(sql).stdout(Stdio::null());
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 
@@ -283,6 +292,62 @@ async fn complete(d: &Divided) -> bool {
 async fn processes_of_one_query_share_its_tasks_through_the_kafka_group_and_take_over_the_killed_ones(
 ) {
     let d = Divided::new().await;
+    share_and_take_over(&d).await;
+}
+
+/// The same with the checkpoints on the S3-compatible server: the tasks of
+/// the killed process are restored from object storage by the others, and
+/// `sluice checkpoint inspect` reads every task back from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_from_there() {
+    let mut d = Divided::new().await;
+    let s3 = crate::util::object_store().await;
+    let prefix = fresh_topic("tasks-checkpoints");
+    d.checkpoints = format!("s3://{}/{prefix}", s3.bucket);
+    d.env = s3.env.clone();
+    share_and_take_over(&d).await;
+    // The checkpoints are objects on the server (its files, one per
+    // object), every task's.
+    for query in ["copy", "counts"] {
+        for task in 0..PARTITIONS {
+            let commits = s3
+                .data
+                .join(&s3.bucket)
+                .join(&prefix)
+                .join(query)
+                .join(format!("tasks/{task}/commits"));
+            let epochs = std::fs::read_dir(&commits).map(|e| e.count()).unwrap_or(0);
+            assert!(
+                epochs > 0,
+                "no commits of {query} task {task} in {}",
+                commits.display()
+            );
+        }
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["checkpoint", "inspect"])
+            .arg(format!("{}/{query}", d.checkpoints))
+            .args(["--bootstrap", &d.bootstrap])
+            .envs(d.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{report}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            report.matches("agrees with the checkpoint").count(),
+            PARTITIONS as usize,
+            "{report}"
+        );
+    }
+}
+
+/// Two processes share the queries' tasks; one is killed with tasks in
+/// hand, a third joins, the rest of the input arrives; the output is exact
+/// and the survivors leave cleanly on SIGTERM.
+async fn share_and_take_over(d: &Divided) {
     let sql = d.sql_with(
         "group",
         "SET 'tasks' = 'per-partition';\n\
@@ -319,7 +384,7 @@ async fn processes_of_one_query_share_its_tasks_through_the_kafka_group_and_take
     let mut c = spawn();
     produce_keyed(&d.bootstrap, &d.input, RECORDS / 2..RECORDS);
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    while !complete(&d).await {
+    while !complete(d).await {
         assert!(
             b.running() && c.running(),
             "B: {}\nC: {}",
@@ -352,5 +417,5 @@ async fn processes_of_one_query_share_its_tasks_through_the_kafka_group_and_take
         assert!(status.success(), "{}", run.stderr());
     }
     eprintln!("A:\n{}\nB:\n{}\nC:\n{}", a.stderr(), b.stderr(), c.stderr());
-    check_output(&d).await;
+    check_output(d).await;
 }

@@ -191,6 +191,63 @@ pub async fn broker() -> String {
         .unwrap()
 }
 
+/// The tests' S3-compatible server (`scripts/s3proxy`), started if needed.
+pub struct ObjectStore {
+    /// The `AWS_*` variables its clients need.
+    pub env: Vec<(String, String)>,
+    /// Its bucket.
+    pub bucket: String,
+    /// The directory its objects are files in.
+    pub data: std::path::PathBuf,
+}
+
+/// Starts the tests' S3-compatible server on `SLUICE_TEST_S3_PORT` (default
+/// 19400) unless it runs, and returns how to reach it.
+pub async fn object_store() -> ObjectStore {
+    let port = port_from_env("SLUICE_TEST_S3_PORT", 19400).to_string();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/s3proxy");
+    let run = move |command: &str| {
+        let out = Command::new(script)
+            .arg(command)
+            .env("SLUICE_S3_PORT", &port)
+            .output()
+            .expect("scripts/s3proxy runs");
+        assert!(
+            out.status.success(),
+            "scripts/s3proxy {command}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let env = tokio::task::spawn_blocking(move || {
+        run("start");
+        run("env")
+    })
+    .await
+    .unwrap();
+    let pairs: Vec<(String, String)> = env
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let value = |key: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("scripts/s3proxy env has no {key}"))
+    };
+    ObjectStore {
+        bucket: value("BUCKET"),
+        data: value("DATA").into(),
+        env: pairs
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("AWS_"))
+            .collect(),
+    }
+}
+
 /// A Kafka stream of `topic` with columns [`schema`] and the extra
 /// `options`.
 pub fn kafka_stream(bootstrap: &str, topic: &str, options: &[(&str, &str)]) -> sluice::StreamFrame {

@@ -20,11 +20,10 @@
 //! every [`SnapshotPolicy::every`] files, and one instead of a delta that
 //! would be no smaller ([`delta_outgrows`]).
 
-use std::fs;
 use std::io::Write;
 use std::path::Path;
 
-use super::codec::{create_dirs, read_framed, remove_file, write_framed};
+use super::codec::{create_dirs, list_dir, read_framed, remove_file, write_framed};
 use crate::error::Result;
 
 /// What an operator stages for one epoch's commit.
@@ -208,13 +207,9 @@ fn purge(folder: &Path, chain_start: &str, retain: usize) -> Result<()> {
     let Some(start) = epoch_of(chain_start) else {
         return Ok(());
     };
-    let Ok(entries) = fs::read_dir(folder) else {
-        return Ok(());
-    };
-    let files: Vec<(String, u64)> = entries
-        .flatten()
-        .filter_map(|f| {
-            let name = f.file_name().to_string_lossy().into_owned();
+    let files: Vec<(String, u64)> = list_dir(folder)?
+        .into_iter()
+        .filter_map(|name| {
             let epoch = epoch_of(&name)?;
             Some((name, epoch))
         })

@@ -32,6 +32,7 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Typ
 use datafusion::arrow::ipc::reader::FileReader;
 use datafusion::arrow::ipc::writer::FileWriter;
 
+use super::remote;
 use crate::error::{Result, SluiceError};
 
 /// Version of the checkpoint layout this engine writes and reads.
@@ -147,6 +148,14 @@ pub(crate) fn write_framed(
     path: &Path,
     write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<()> {
+    if let Some(object) = remote::of(path)? {
+        let io = |e| SluiceError::io(format!("writing {}", path.display()), e);
+        let mut body = Framed::start(Vec::new()).map_err(io)?;
+        write(&mut body).map_err(io)?;
+        let (mut bytes, header) = body.finish();
+        bytes[..header.len()].copy_from_slice(header.as_bytes());
+        return object.put(bytes);
+    }
     let dir = path
         .parent()
         .ok_or_else(|| SluiceError::Internal(format!("{} has no parent", path.display())))?;
@@ -186,7 +195,8 @@ pub(crate) fn write_framed(
 /// its parent (fsync of the parent once the entry exists): a crash right
 /// after cannot lose a directory that files already committed live in.
 pub(crate) fn create_dirs(path: &Path) -> Result<()> {
-    if path.is_dir() {
+    // An object store has no directories: a path exists with its objects.
+    if path.is_dir() || remote::is_remote(path) {
         return Ok(());
     }
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -209,6 +219,9 @@ pub(crate) fn create_dirs(path: &Path) -> Result<()> {
 /// Removes `path`; a file already gone is fine (an earlier purge, cut
 /// short, removed it).
 pub(crate) fn remove_file(path: &Path) -> Result<()> {
+    if let Some(object) = remote::of(path)? {
+        return object.delete();
+    }
     match fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(SluiceError::io(format!("removing {}", path.display()), e))
@@ -220,6 +233,10 @@ pub(crate) fn remove_file(path: &Path) -> Result<()> {
 /// Removes from `dir` the temporary files of writes a crash interrupted
 /// (`.<name>.<id>.tmp`, see [`write_framed`]): never part of a checkpoint.
 pub(crate) fn remove_leftovers(dir: &Path) -> Result<()> {
+    // Puts to an object store are atomic: nothing is left half written.
+    if remote::is_remote(dir) {
+        return Ok(());
+    }
     let Ok(entries) = fs::read_dir(dir) else {
         return Ok(());
     };
@@ -236,9 +253,43 @@ pub(crate) fn remove_leftovers(dir: &Path) -> Result<()> {
 /// The payload of the file at `path`, after checking its frame (see
 /// [`unframe`]).
 pub(crate) fn read_framed(path: &Path) -> Result<Vec<u8>> {
-    let bytes =
-        fs::read(path).map_err(|e| SluiceError::io(format!("reading {}", path.display()), e))?;
+    let bytes = match remote::of(path)? {
+        Some(object) => object.get()?,
+        None => {
+            fs::read(path).map_err(|e| SluiceError::io(format!("reading {}", path.display()), e))?
+        }
+    };
     Ok(unframe(path, &bytes)?.to_vec())
+}
+
+/// The names in directory `dir` (on an object store: under the prefix),
+/// sorted; empty when there is no such directory.
+pub(crate) fn list_dir(dir: &Path) -> Result<Vec<String>> {
+    if let Some(prefix) = remote::of(dir)? {
+        return prefix.list();
+    }
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(Vec::new());
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| SluiceError::io(format!("listing {}", dir.display()), e))?;
+        names.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// The size of the file at `path`, or `None` when there is none.
+pub(crate) fn file_len(path: &Path) -> Result<Option<u64>> {
+    if let Some(object) = remote::of(path)? {
+        return object.len();
+    }
+    match fs::metadata(path) {
+        Ok(m) => Ok(Some(m.len())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(SluiceError::io(format!("reading {}", path.display()), e)),
+    }
 }
 
 /// Two byte strings as one: the first's length (8 bytes, little endian),

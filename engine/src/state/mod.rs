@@ -8,6 +8,8 @@
 //!   checksums) and of the state in them (Arrow IPC parts).
 //! - [`chain`]: snapshot-and-deltas chains in the checkpoint, and the
 //!   policy that picks a snapshot or a delta.
+//! - [`remote`]: checkpoint files on object storage (`s3://`, `gs://`,
+//!   `az://`), behind the same file operations as on disk.
 //!
 //! An operator keeps whatever state it needs (a [`KeyedState`], a join's
 //! two buffers) and stages it through the operator lifecycle
@@ -19,6 +21,7 @@ pub(crate) mod chain;
 pub(crate) mod codec;
 mod columns;
 pub(crate) mod keyed;
+pub(crate) mod remote;
 
 pub(crate) use columns::compact_views;
 pub use keyed::KeyedState;
