@@ -394,7 +394,9 @@ impl DataStreamWriter {
             SinkChoice::Connector(c) => c.clone(),
             SinkChoice::Instance(s) => s.describe(),
         };
-        Ok(planner::explain(&plan, &sink))
+        let mut out = planner::explain(&plan, &sink);
+        out.push_str(&crate::task::explain(&self.settings));
+        Ok(out)
     }
 
     /// Plans the query for its batch answer over bounded input (what

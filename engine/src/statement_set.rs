@@ -120,8 +120,9 @@ impl StatementSet {
     /// Each statement's incremental plan, without starting anything.
     pub fn explain(&self) -> Result<String> {
         let mut out = format!(
-            "statement set of {} statements, committed together each epoch\n",
-            self.writers.len()
+            "statement set of {} statements, committed together each epoch\n{}",
+            self.writers.len(),
+            task::explain(&self.settings)
         );
         for (i, writer) in self.writers.iter().enumerate() {
             out.push_str(&format!("\n-- statement {i}\n"));

@@ -116,6 +116,25 @@ pub trait TaskAssigner: Send + Sync + Debug {
     fn leave(&self);
 }
 
+/// What EXPLAIN says of how `settings` divide the query: nothing for one
+/// task.
+pub(crate) fn explain(settings: &crate::QuerySettings) -> String {
+    match (settings.tasks, settings.task_group) {
+        (Tasks::One, _) => String::new(),
+        (Tasks::PerPartition, false) => {
+            "tasks: one per partition of the inputs (counted at start), each committing alone, \
+             all in this process\n"
+                .into()
+        }
+        (Tasks::PerPartition, true) => {
+            "tasks: one per partition of the inputs (counted at start), each committing alone, \
+             shared with the other processes of the query through its Kafka group \
+             ('tasks.group')\n"
+                .into()
+        }
+    }
+}
+
 /// How many tasks `plans` (planned undivided) divide into under
 /// `'tasks' = 'per-partition'`: their inputs' common partition count.
 /// Refuses, naming the statement and the reason, a query whose answer

@@ -18,7 +18,8 @@ const RECORDS: i64 = 6_000;
 const KEYS: i64 = 40;
 
 /// Produces `ids` keyed `k<id % KEYS>` (librdkafka's partitioner sends a
-/// key to one partition), each value `{"id": <id>}`.
+/// key to one partition), each value `{"id": <id>, "ts": <event time>}`,
+/// the event time [`event_ms`]`(id)` after 2026-01-01T00:00:00Z.
 fn produce_keyed(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     let producer: BaseProducer = rdkafka::ClientConfig::new()
@@ -27,7 +28,13 @@ fn produce_keyed(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
         .unwrap();
     for id in ids {
         let key = format!("k{}", id % KEYS);
-        let value = format!("{{\"id\":{id}}}");
+        let ms = event_ms(id);
+        let value = format!(
+            "{{\"id\":{id},\"ts\":\"2026-01-01T00:{:02}:{:02}.{:03}Z\"}}",
+            ms / 60_000,
+            ms / 1_000 % 60,
+            ms % 1_000
+        );
         loop {
             match producer.send(BaseRecord::to(topic).key(&key).payload(&value)) {
                 Ok(()) => break,
@@ -40,6 +47,15 @@ fn produce_keyed(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
     producer.flush(Duration::from_secs(30)).unwrap();
 }
 
+/// Record `id`'s event time, in ms after the first record's: 10 ms apart.
+fn event_ms(id: i64) -> i64 {
+    id * 10
+}
+
+/// The windowed query's window size and watermark delay, in ms.
+const WINDOW_MS: i64 = 1_000;
+const DELAY_MS: i64 = 1_000;
+
 struct Divided {
     dir: tempfile::TempDir,
     /// Where the queries' checkpoints go: a local folder, or a prefix on
@@ -51,6 +67,7 @@ struct Divided {
     input: String,
     copy: String,
     counts: String,
+    windows: String,
     pipeline: String,
 }
 
@@ -60,10 +77,11 @@ impl Divided {
         let input = fresh_topic("tasks-in");
         let copy = fresh_topic("tasks-copy");
         let counts = fresh_topic("tasks-counts");
+        let windows = fresh_topic("tasks-windows");
         create_topic(bootstrap.as_str(), &input, PARTITIONS)
             .await
             .unwrap();
-        for topic in [&copy, &counts] {
+        for topic in [&copy, &counts, &windows] {
             create_topic(bootstrap.as_str(), topic, 1).await.unwrap();
         }
         let dir = tempfile::tempdir().unwrap();
@@ -76,10 +94,12 @@ impl Divided {
             input,
             copy,
             counts,
+            windows,
         }
     }
 
-    /// The SQL file: a stateless copy and a count per record key, each a
+    /// The SQL file: a stateless copy, a count per record key (update mode)
+    /// and a count per key and 1 s tumbling window (append mode), each a
     /// query of its own, divided as `tasks` says, processing all input
     /// available now; `group_by` is the count's key.
     fn sql(&self, tasks: &str, group_by: &str) -> PathBuf {
@@ -100,6 +120,11 @@ impl Divided {
                    'bootstrap.servers' = '{b}');\n\
                  CREATE STREAM counts WITH (connector = 'kafka', topic = '{counts}', \
                    'bootstrap.servers' = '{b}');\n\
+                 CREATE STREAM timed (id BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - \
+                   INTERVAL '{delay}' SECOND) WITH (connector = 'kafka', topic = '{input}', \
+                   'bootstrap.servers' = '{b}', 'max-records-per-epoch' = '150');\n\
+                 CREATE STREAM windows WITH (connector = 'kafka', topic = '{windows}', \
+                   'bootstrap.servers' = '{b}');\n\
                  {settings}\
                  SET 'pipeline.name' = '{p}-copy';\n\
                  SET 'checkpoint.location' = '{copy_cp}';\n\
@@ -107,7 +132,16 @@ impl Divided {
                  SET 'pipeline.name' = '{p}-counts';\n\
                  SET 'checkpoint.location' = '{counts_cp}';\n\
                  INSERT INTO counts SELECT {group_by} AS k, count(*) AS n FROM input \
-                   GROUP BY {group_by};\n",
+                   GROUP BY {group_by};\n\
+                 SET 'pipeline.name' = '{p}-windows';\n\
+                 SET 'checkpoint.location' = '{windows_cp}';\n\
+                 INSERT INTO windows SELECT _key AS k, window_start, count(*) AS n \
+                   FROM TABLE(TUMBLE(TABLE timed, DESCRIPTOR(ts), INTERVAL '{size}' SECOND)) \
+                   GROUP BY _key, window_start, window_end;\n",
+                windows = self.windows,
+                delay = DELAY_MS / 1_000,
+                size = WINDOW_MS / 1_000,
+                windows_cp = checkpoint("windows"),
                 input = self.input,
                 copy = self.copy,
                 counts = self.counts,
@@ -176,7 +210,7 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
 
     // Each task committed alone: its own checkpoint folder and its own
     // progress record (keyed by its transactional identity).
-    for query in ["copy", "counts"] {
+    for query in ["copy", "counts", "windows"] {
         let tasks: BTreeSet<String> = std::fs::read_dir(d.dir.path().join(query).join("tasks"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -226,6 +260,21 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
         once.stderr()
     );
 
+    // EXPLAIN says how each query is divided.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("explain")
+        .arg(&sql)
+        .output()
+        .unwrap();
+    let plan = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{plan}");
+    assert_eq!(
+        plan.matches("tasks: one per partition of the inputs")
+            .count(),
+        3,
+        "{plan}"
+    );
+
     // A GROUP BY on what does not decide the partition is refused.
     let mut refused = Run::new(d.command(&d.sql("per-partition", "id % 7")));
     let status = refused.wait(Duration::from_secs(60));
@@ -238,9 +287,10 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
 }
 
 /// The outputs of [`Divided`]'s queries are exact: the copy holds every
-/// input record once, and per key the counts grow strictly (an update
+/// input record once; per key the counts grow strictly (an update
 /// repeated by a replayed epoch would show twice) up to the key's count in
-/// the input, counted here independently.
+/// the input, counted here independently; every window that closed is
+/// emitted once with its count.
 async fn check_output(d: &Divided) {
     let copied = d.read(&d.copy).await;
     let mut ids: Vec<i64> = copied
@@ -269,12 +319,70 @@ async fn check_output(d: &Divided) {
         );
         assert_eq!(updates.last(), Some(&count), "key {key}: {updates:?}");
     }
+    // The windows: each closed window emitted once (append mode), with
+    // its count; none that must stay open.
+    let emitted = emitted_windows(d).await;
+    let expected = expected_windows(d).await;
+    assert!(!expected.is_empty());
+    for (window, counts) in &emitted {
+        assert_eq!(counts.len(), 1, "window {window:?} emitted {counts:?}");
+    }
+    let emitted: BTreeMap<(String, i64), i64> = emitted
+        .into_iter()
+        .map(|(w, counts)| (w, counts[0]))
+        .collect();
+    assert_eq!(emitted, expected, "windows emitted vs expected");
 }
 
-/// Whether both outputs are complete, read_committed: the copy has every
-/// record and the last count of every key is its total.
+/// Per key and window start (ms), the count the windowed query must emit:
+/// a window closes once its partition's watermark (its latest event time
+/// less the delay) reaches the window's end, so the last windows of each
+/// partition stay open. Computed here from the input topic as written.
+async fn expected_windows(d: &Divided) -> BTreeMap<(String, i64), i64> {
+    let input = d.read(&d.input).await;
+    let mut latest: BTreeMap<i32, i64> = BTreeMap::new();
+    for r in &input {
+        let at = latest.entry(r.partition).or_insert(i64::MIN);
+        *at = (*at).max(event_ms(json(r)["id"].as_i64().unwrap()));
+    }
+    let mut expected = BTreeMap::new();
+    for r in &input {
+        let start = event_ms(json(r)["id"].as_i64().unwrap()) / WINDOW_MS * WINDOW_MS;
+        if start + WINDOW_MS <= latest[&r.partition] - DELAY_MS {
+            let key = String::from_utf8(r.key.clone().unwrap()).unwrap();
+            *expected.entry((key, start)).or_insert(0) += 1;
+        }
+    }
+    expected
+}
+
+/// The windowed query's output: per key and window start (ms), every count
+/// emitted for it.
+async fn emitted_windows(d: &Divided) -> BTreeMap<(String, i64), Vec<i64>> {
+    let mut emitted: BTreeMap<(String, i64), Vec<i64>> = BTreeMap::new();
+    for r in d.read(&d.windows).await {
+        let v = json(&r);
+        // `2026-01-01T00:MM:SS[.fff][Z]`: the time of day, in ms.
+        let start = v["window_start"].as_str().unwrap();
+        let time = start.split('T').nth(1).unwrap().trim_end_matches('Z');
+        let parts: Vec<f64> = time.split(':').map(|p| p.parse().unwrap()).collect();
+        let ms = ((parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]) * 1000.0).round() as i64;
+        emitted
+            .entry((v["k"].as_str().unwrap().to_string(), ms))
+            .or_default()
+            .push(v["n"].as_i64().unwrap());
+    }
+    emitted
+}
+
+/// Whether every output is complete, read_committed: the copy has every
+/// record, the last count of every key is its total, and every window that
+/// must close has been emitted.
 async fn complete(d: &Divided) -> bool {
     if d.read(&d.copy).await.len() < RECORDS as usize {
+        return false;
+    }
+    if emitted_windows(d).await.len() < expected_windows(d).await.len() {
         return false;
     }
     let mut last: BTreeMap<String, i64> = BTreeMap::new();
@@ -308,7 +416,7 @@ async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_
     share_and_take_over(&d).await;
     // The checkpoints are objects on the server (its files, one per
     // object), every task's.
-    for query in ["copy", "counts"] {
+    for query in ["copy", "counts", "windows"] {
         for task in 0..PARTITIONS {
             let commits = s3
                 .data
@@ -361,13 +469,25 @@ async fn share_and_take_over(d: &Divided) {
         cmd.env("SLUICE_LOG", "sluice_kafka::group=info,warn");
         Run::new(cmd)
     };
-    let given = |run: &Run| run.stderr().matches("tasks come to this process").count();
+    // The queries (groups) a process was given tasks of.
+    let given = |run: &Run| {
+        let stderr = run.stderr();
+        stderr
+            .lines()
+            .filter(|l| l.contains("tasks come to this process"))
+            .filter_map(|l| {
+                let group = &l[l.find("sluice-tasks-")?..];
+                Some(group[..group.find([' ', '\x1b']).unwrap_or(group.len())].to_string())
+            })
+            .collect::<BTreeSet<String>>()
+            .len()
+    };
     let mut a = spawn();
     let mut b = spawn();
     produce_keyed(&d.bootstrap, &d.input, 0..RECORDS / 2);
     // Both processes get tasks of both queries.
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while given(&a) < 2 || given(&b) < 2 {
+    while given(&a) < 3 || given(&b) < 3 {
         assert!(a.running() && b.running(), "{}\n{}", a.stderr(), b.stderr());
         assert!(
             std::time::Instant::now() < deadline,
