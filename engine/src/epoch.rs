@@ -56,8 +56,8 @@ const IDLE_POLL: Duration = Duration::from_millis(10);
 
 /// The first wait before retrying after an external system failed; it
 /// doubles with each failure, up to [`MAX_BACKOFF`].
-const MIN_BACKOFF: Duration = Duration::from_millis(500);
-const MAX_BACKOFF: Duration = Duration::from_secs(10);
+pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(500);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// Everything one running query needs.
 pub(crate) struct EpochLoop {

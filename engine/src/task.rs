@@ -29,6 +29,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use datafusion::common::Column;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
+use crate::epoch::{MAX_BACKOFF, MIN_BACKOFF};
 use crate::error::{Result, SluiceError};
 use crate::launch::{Launcher, TaskPlan};
 use crate::planner::IncrementalPlan;
@@ -279,7 +280,9 @@ pub(crate) async fn run_group(launcher: Arc<Launcher>, group: TaskGroup) -> Resu
     for slot in 0..group.count as usize {
         shared.task_left(slot, OWNED_ELSEWHERE);
     }
+    let mut retry: Option<Retry> = None;
     let result = loop {
+        let retry_at = retry.as_ref().map(|r| r.at);
         tokio::select! {
             _ = shared.query_stopped() => break Ok(()),
             changed = owned.changed() => {
@@ -298,36 +301,27 @@ pub(crate) async fn run_group(launcher: Arc<Launcher>, group: TaskGroup) -> Resu
                         failed.get_or_insert(e);
                     }
                 }
-                for &t in &gone {
+                // Those gone, and any waiting to retry that went with them.
+                for t in (0..group.count).filter(|t| !now.contains(t) && !running.contains(t)) {
                     shared.task_left(t as usize, OWNED_ELSEWHERE);
                 }
                 assigner.released(&gone);
                 if let Some(e) = failed {
                     break Err(e);
                 }
-                // Opened side by side: each waits on Kafka (fencing,
-                // recovery), and a revoke waits for all of them.
-                let coming: Vec<TaskId> = now
-                    .difference(&running)
-                    .map(|&index| TaskId { index, count: group.count })
-                    .collect();
-                let started = futures::future::join_all(
-                    coming.iter().map(|&task| start(&launcher, &group, task)),
-                )
-                .await;
-                let mut failed = None;
-                for (task, started) in coming.into_iter().zip(started) {
-                    match started {
-                        Ok(handle) => {
-                            running.insert(task.index);
-                            ended.push(handle);
-                        }
-                        Err(e) => {
-                            failed.get_or_insert(e.in_task(task));
-                        }
-                    }
+                if let Err(e) =
+                    start_owned(&launcher, &group, &now, &mut running, &mut ended, &mut retry).await
+                {
+                    break Err(e);
                 }
-                if let Some(e) = failed {
+            }
+            _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)),
+                if retry_at.is_some() =>
+            {
+                let now = owned.borrow().clone();
+                if let Err(e) =
+                    start_owned(&launcher, &group, &now, &mut running, &mut ended, &mut retry).await
+                {
                     break Err(e);
                 }
             }
@@ -345,6 +339,84 @@ pub(crate) async fn run_group(launcher: Arc<Launcher>, group: TaskGroup) -> Resu
     let leaving = Arc::clone(&assigner);
     let _ = tokio::task::spawn_blocking(move || leaving.leave()).await;
     result
+}
+
+/// Tasks this process owns that could not start for an outage (a broker
+/// or the checkpoint store unreachable): retried with backoff until the
+/// query's outage limit, as a failed epoch is.
+struct Retry {
+    since: std::time::Instant,
+    at: tokio::time::Instant,
+    backoff: std::time::Duration,
+}
+
+/// Starts the tasks of `owned` that do not run here yet, side by side
+/// (each waits on Kafka: fencing, recovery). Those that meet an outage are
+/// left to `retry`; any other failure fails the query.
+async fn start_owned(
+    launcher: &Launcher,
+    group: &TaskGroup,
+    owned: &BTreeSet<u32>,
+    running: &mut BTreeSet<u32>,
+    ended: &mut FuturesUnordered<tokio::task::JoinHandle<(u32, Result<()>)>>,
+    retry: &mut Option<Retry>,
+) -> Result<()> {
+    let coming: Vec<TaskId> = owned
+        .difference(running)
+        .map(|&index| TaskId {
+            index,
+            count: group.count,
+        })
+        .collect();
+    let started =
+        futures::future::join_all(coming.iter().map(|&task| start(launcher, group, task))).await;
+    let mut outage = None;
+    for (task, started) in coming.into_iter().zip(started) {
+        match started {
+            Ok(handle) => {
+                running.insert(task.index);
+                ended.push(handle);
+            }
+            Err(e) if e.is_transient() => {
+                let e = e.in_task(task);
+                launcher
+                    .shared
+                    .task_left(task.index as usize, &format!("Waiting to retry after: {e}"));
+                outage.get_or_insert(e);
+            }
+            Err(e) => return Err(e.in_task(task)),
+        }
+    }
+    let Some(failure) = outage else {
+        *retry = None;
+        return Ok(());
+    };
+    let (since, backoff) = match retry.take() {
+        Some(r) => (r.since, (r.backoff * 2).min(MAX_BACKOFF)),
+        None => (std::time::Instant::now(), MIN_BACKOFF),
+    };
+    if since.elapsed() > launcher.settings.outage_limit {
+        return Err(SluiceError::External {
+            what: format!("query {}", launcher.name),
+            message: format!(
+                "tasks handed to this process could not start for {:.0?} (the outage limit); \
+                 the last failure: {failure}",
+                since.elapsed()
+            ),
+            hint: Some(
+                "bring the brokers (and the checkpoint store) back and start the process \
+                 again; 'outage.limit' sets how long a query waits"
+                    .into(),
+            ),
+        });
+    }
+    tracing::warn!(query = %launcher.name, error = %failure, ?backoff, "a task could not start; retrying");
+    *retry = Some(Retry {
+        since,
+        at: tokio::time::Instant::now() + backoff,
+        backoff,
+    });
+    Ok(())
 }
 
 /// Plans, opens and recovers `task`, and spawns its epoch loop.
