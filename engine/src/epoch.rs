@@ -289,6 +289,7 @@ impl EpochLoop {
             tracing::info!(
                 target: "sluice::progress",
                 query = %progress.name,
+                task = ?progress.task,
                 epoch = progress.epoch,
                 input_rows = progress.num_input_rows,
                 output_rows = progress.num_output_rows,
