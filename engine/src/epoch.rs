@@ -752,41 +752,6 @@ pub(crate) async fn run_query(
     shared.finish(result);
 }
 
-/// Runs epoch loops, one per task (each recovered), until all have ended:
-/// the first to fail stops the others after their epoch in progress, and
-/// its error is the query's.
-pub(crate) async fn run_tasks(
-    shared: Arc<QueryShared>,
-    loops: Vec<(EpochLoop, Recovered)>,
-) -> Result<()> {
-    match <[_; 1]>::try_from(loops) {
-        // One task runs here, as before queries had tasks.
-        Ok([(one, recovered)]) => one.run(recovered).await,
-        Err(loops) => {
-            let mut running: futures::stream::FuturesUnordered<_> = loops
-                .into_iter()
-                .map(|(task, recovered)| tokio::spawn(task.run(recovered)))
-                .collect();
-            let mut first_error = None;
-            while let Some(ended) = futures::StreamExt::next(&mut running).await {
-                let ended = ended.unwrap_or_else(|e| {
-                    Err(SluiceError::Internal(format!(
-                        "a task's epoch loop ended: {e}"
-                    )))
-                });
-                if let Err(e) = ended {
-                    if first_error.is_none() {
-                        tracing::error!(query = %shared.name, error = %e, "a task failed; stopping the others");
-                        shared.request_stop();
-                        first_error = Some(e);
-                    }
-                }
-            }
-            first_error.map_or(Ok(()), Err)
-        }
-    }
-}
-
 /// Where a query resumes.
 pub(crate) struct Recovered {
     epoch: u64,

@@ -17,8 +17,7 @@ use std::time::Duration;
 use crate::checkpoint::Checkpoint;
 use crate::connector::{ConnectorRegistry, SinkArgs};
 use crate::epoch::{
-    check_clusters, check_fingerprint, check_inputs, clusters, run_query, run_tasks, EpochLoop,
-    Recovered,
+    check_clusters, check_fingerprint, check_inputs, clusters, run_query, EpochLoop, Recovered,
 };
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
@@ -27,7 +26,7 @@ use crate::query::{QueryShared, StreamingQuery};
 use crate::sink::{FanOut, Sink};
 use crate::state::chain::SnapshotPolicy;
 use crate::statement::Statement;
-use crate::task::{TaskGroup, TaskId, Tasks};
+use crate::task::{run_tasks, TaskGroup, TaskId, Tasks};
 use crate::trigger::Trigger;
 
 /// The settings of a query, whatever builds it: SQL `SET`s, a

@@ -29,7 +29,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use datafusion::common::Column;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
-use crate::epoch::{MAX_BACKOFF, MIN_BACKOFF};
+use crate::epoch::{EpochLoop, Recovered, MAX_BACKOFF, MIN_BACKOFF};
 use crate::error::{Result, SluiceError};
 use crate::launch::{Launcher, TaskPlan};
 use crate::planner::IncrementalPlan;
@@ -247,6 +247,41 @@ pub(crate) struct TaskGroup {
     pub source: Arc<dyn crate::Source>,
     /// Plans a task's statements over its share of the inputs.
     pub plan: Arc<dyn Fn(TaskId) -> Result<TaskPlan> + Send + Sync>,
+}
+
+/// Runs epoch loops, one per task (each recovered), until all have ended:
+/// the first to fail stops the others after their epoch in progress, and
+/// its error is the query's.
+pub(crate) async fn run_tasks(
+    shared: Arc<QueryShared>,
+    loops: Vec<(EpochLoop, Recovered)>,
+) -> Result<()> {
+    match <[_; 1]>::try_from(loops) {
+        // One task runs here, as before queries had tasks.
+        Ok([(one, recovered)]) => one.run(recovered).await,
+        Err(loops) => {
+            let mut running: futures::stream::FuturesUnordered<_> = loops
+                .into_iter()
+                .map(|(task, recovered)| tokio::spawn(task.run(recovered)))
+                .collect();
+            let mut first_error = None;
+            while let Some(ended) = futures::StreamExt::next(&mut running).await {
+                let ended = ended.unwrap_or_else(|e| {
+                    Err(SluiceError::Internal(format!(
+                        "a task's epoch loop ended: {e}"
+                    )))
+                });
+                if let Err(e) = ended {
+                    if first_error.is_none() {
+                        tracing::error!(query = %shared.name, error = %e, "a task failed; stopping the others");
+                        shared.request_stop();
+                        first_error = Some(e);
+                    }
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        }
+    }
 }
 
 /// The status of a task another process runs.

@@ -149,39 +149,21 @@ impl SqlRunner<'_> {
                     })?
             }
             "tasks.threads" => {
-                let n = value
-                    .trim()
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|n| *n >= 1)
-                    .ok_or_else(|| {
-                        self.err(
-                            text,
-                            Pos::from(&value_tok),
-                            format!(
-                                "'tasks.threads' takes a whole number from 1 (how many tasks \
-                                 run an epoch at once), found '{value}'"
-                            ),
-                        )
-                    })?;
-                self.settings.query.task_threads = Some(n);
+                let n = self.whole_from_one(text, &value_tok, &value, |value| {
+                    format!(
+                        "'tasks.threads' takes a whole number from 1 (how many tasks run an \
+                         epoch at once), found '{value}'"
+                    )
+                })?;
+                self.settings.query.task_threads = Some(n as usize);
             }
             "output.mode" => {
                 self.settings.output_mode = Some(value.parse::<OutputMode>().map_err(at_value)?)
             }
             "state.snapshot.interval" | "state.retained.snapshots" => {
-                let n = value
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|n| *n >= 1)
-                    .ok_or_else(|| {
-                        self.err(
-                            text,
-                            Pos::from(&value_tok),
-                            format!("'{key}' takes a whole number from 1, found '{value}'"),
-                        )
-                    })?;
+                let n = self.whole_from_one(text, &value_tok, &value, |value| {
+                    format!("'{key}' takes a whole number from 1, found '{value}'")
+                })?;
                 if key == "state.snapshot.interval" {
                     self.settings.query.state_snapshot_interval = n;
                 } else {
@@ -203,6 +185,23 @@ impl SqlRunner<'_> {
             }
         }
         Ok(StatementOutcome::Set { key, value })
+    }
+
+    /// `value` (of the token `at`) as a whole number from 1, or the error
+    /// `message` makes of it.
+    fn whole_from_one(
+        &self,
+        text: &str,
+        at: &datafusion::sql::sqlparser::tokenizer::TokenWithSpan,
+        value: &str,
+        message: impl FnOnce(&str) -> String,
+    ) -> Result<u64, SqlError> {
+        value
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| self.err(text, Pos::from(at), message(value)))
     }
 
     /// The settings of the query named `name` starting at `pos`: those in

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseProducer, Producer};
 use sluice::broker::{create_topic, fresh_topic, read_topic, SecureBroker};
 use sluice::Checkpoint;
 use sluice_kafka::ClientOptions;
@@ -56,14 +56,7 @@ fn produce(client: &ClientOptions, topic: &str, rows: i64) {
     for i in 0..rows {
         let value = format!("{{\"id\": {i}, \"k\": {}}}", i % 13);
         let key = i.to_string();
-        loop {
-            match producer.send(BaseRecord::to(topic).key(&key).payload(&value)) {
-                Ok(()) => break,
-                Err((_, _)) => {
-                    producer.poll(Duration::from_millis(10));
-                }
-            }
-        }
+        crate::util::send_keyed(&producer, topic, &key, &value);
     }
     producer.flush(Duration::from_secs(30)).unwrap();
 }

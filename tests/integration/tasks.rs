@@ -21,7 +21,7 @@ const KEYS: i64 = 40;
 /// key to one partition), each value `{"id": <id>, "ts": <event time>}`,
 /// the event time [`event_ms`]`(id)` after 2026-01-01T00:00:00Z.
 fn produce_keyed(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use rdkafka::producer::{BaseProducer, Producer};
     let producer: BaseProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
@@ -35,14 +35,7 @@ fn produce_keyed(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
             ms / 1_000 % 60,
             ms % 1_000
         );
-        loop {
-            match producer.send(BaseRecord::to(topic).key(&key).payload(&value)) {
-                Ok(()) => break,
-                Err((_, _)) => {
-                    producer.poll(Duration::from_millis(10));
-                }
-            }
-        }
+        crate::util::send_keyed(&producer, topic, &key, &value);
     }
     producer.flush(Duration::from_secs(30)).unwrap();
 }

@@ -347,3 +347,15 @@ impl Drop for Run {
         let _ = self.child.wait();
     }
 }
+
+/// Sends one keyed record through `producer`, waiting while its queue is
+/// full.
+pub fn send_keyed(producer: &rdkafka::producer::BaseProducer, topic: &str, key: &str, value: &str) {
+    use rdkafka::producer::BaseRecord;
+    while producer
+        .send(BaseRecord::to(topic).key(key).payload(value))
+        .is_err()
+    {
+        producer.poll(Duration::from_millis(10));
+    }
+}

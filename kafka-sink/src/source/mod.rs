@@ -217,6 +217,22 @@ impl SourceInner {
     }
 
     fn watermarks(&self) -> Result<BTreeMap<i32, (i64, i64)>> {
+        let partitions = self.partitions()?;
+        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
+        let timeout = self.config.client.timeout();
+        let mut out = BTreeMap::new();
+        for p in partitions {
+            let (low, high) = consumer
+                .fetch_watermarks(&self.config.topic, p, timeout)
+                .map_err(|e| self.unreachable("fetching offsets", e))?;
+            out.insert(p, (low, high));
+        }
+        Ok(out)
+    }
+
+    /// The partitions this source reads (its task's, or all), from the
+    /// topic's metadata alone.
+    fn partitions(&self) -> Result<Vec<i32>> {
         self.check_connection()?;
         let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
         let timeout = self.config.client.timeout();
@@ -264,18 +280,12 @@ impl SourceInner {
                 });
             }
         }
-        let mut out = BTreeMap::new();
-        for p in topic
+        Ok(topic
             .partitions()
             .iter()
-            .filter(|p| self.task.is_none_or(|t| t.reads(p.id())))
-        {
-            let (low, high) = consumer
-                .fetch_watermarks(&self.config.topic, p.id(), timeout)
-                .map_err(|e| self.unreachable("fetching offsets", e))?;
-            out.insert(p.id(), (low, high));
-        }
-        Ok(out)
+            .map(|p| p.id())
+            .filter(|&p| self.task.is_none_or(|t| t.reads(p)))
+            .collect())
     }
 
     /// Where each partition of `marks` (low watermark, last stable offset)
@@ -782,10 +792,10 @@ impl Source for KafkaSource {
 
     async fn partition_count(&self) -> Result<Option<u32>> {
         let inner = Arc::clone(&self.0);
-        let marks = tokio::task::spawn_blocking(move || inner.watermarks())
+        let partitions = tokio::task::spawn_blocking(move || inner.partitions())
             .await
             .map_err(|e| SluiceError::Internal(format!("partition count task: {e}")))??;
-        Ok(Some(marks.len() as u32))
+        Ok(Some(partitions.len() as u32))
     }
 
     fn take_rejected(&self) -> Rejected {
