@@ -476,6 +476,15 @@ async fn share_and_take_over(d: &Divided) {
             .len()
     };
     let mut a = spawn();
+    // B starts once A has opened the checkpoints: two processes opening one
+    // new checkpoint at the same moment can remove each other's temporary
+    // metadata file (see the note on the issue).
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while given(&a) < 3 {
+        assert!(a.running(), "{}", a.stderr());
+        assert!(std::time::Instant::now() < deadline, "{}", a.stderr());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let mut b = spawn();
     produce_keyed(&d.bootstrap, &d.input, 0..RECORDS / 2);
     // Both processes get tasks of both queries.
