@@ -551,13 +551,20 @@ mod tests {
             dir.path().join(".metadata.4567.tmp"),
             state.join(".5.run.delta.89ab.tmp"),
         ];
+        let interrupted = std::time::SystemTime::now() - std::time::Duration::from_secs(120);
         for f in &leftovers {
             fs::write(f, b"half written").unwrap();
+            let file = fs::File::options().write(true).open(f).unwrap();
+            file.set_modified(interrupted).unwrap();
         }
+        // Another process's write in flight is young, and stays.
+        let in_flight = dir.path().join(".metadata.cdef.tmp");
+        fs::write(&in_flight, b"being written").unwrap();
         let cp = Checkpoint::open(dir.path(), "q").unwrap();
         for f in &leftovers {
             assert!(!f.exists(), "{} is still there", f.display());
         }
+        assert!(in_flight.exists(), "a write in flight was removed");
         assert_eq!(cp.offset_epochs().unwrap(), vec![1, 2, 3]);
         // Inspecting changes nothing.
         fs::write(&leftovers[0], b"half written").unwrap();

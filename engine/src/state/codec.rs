@@ -230,8 +230,15 @@ pub(crate) fn remove_file(path: &Path) -> Result<()> {
     }
 }
 
+/// How old a temporary file must be to count as left by an interrupted
+/// write. A younger one may be another process's write in flight: the
+/// processes of a task group open the query's shared folders at once, and
+/// a task's next owner opens its folder while the last may still write.
+const LEFTOVER_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Removes from `dir` the temporary files of writes a crash interrupted
-/// (`.<name>.<id>.tmp`, see [`write_framed`]): never part of a checkpoint.
+/// (`.<name>.<id>.tmp`, see [`write_framed`], older than
+/// [`LEFTOVER_AGE`]): never part of a checkpoint.
 pub(crate) fn remove_leftovers(dir: &Path) -> Result<()> {
     // Puts to an object store are atomic: nothing is left half written.
     if remote::is_remote(dir) {
@@ -243,7 +250,15 @@ pub(crate) fn remove_leftovers(dir: &Path) -> Result<()> {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with('.') && name.ends_with(".tmp") {
+        let age = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        if name.starts_with('.')
+            && name.ends_with(".tmp")
+            && age.is_some_and(|age| age >= LEFTOVER_AGE)
+        {
             remove_file(&entry.path())?;
         }
     }
