@@ -51,7 +51,7 @@ use crate::window::Window;
 /// ```
 #[derive(Debug, Clone)]
 pub struct StreamFrame {
-    session: Session,
+    pub(crate) session: Session,
     df: DataFrame,
 }
 
@@ -265,7 +265,7 @@ impl StreamFrame {
 }
 
 /// Builds and starts a query (Spark's `DataStreamWriter`).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct DataStreamWriter {
     pub(crate) frame: StreamFrame,
     pub(crate) sink: SinkChoice,
@@ -365,6 +365,12 @@ impl DataStreamWriter {
         self
     }
 
+    /// The same statement over `frame` (its sink, options and settings
+    /// kept).
+    pub(crate) fn with_frame(self, frame: StreamFrame) -> Self {
+        Self { frame, ..self }
+    }
+
     fn plan(&self) -> Result<IncrementalPlan> {
         self.plan_with_keys("", None)
     }
@@ -388,15 +394,30 @@ impl DataStreamWriter {
 
     /// The incremental plan, without starting anything.
     pub fn explain(&self) -> Result<String> {
+        self.explain_in(&self.settings)
+    }
+
+    /// The incremental plan as it runs with the query-wide `settings` (a
+    /// statement set's): divided into tasks, its sub-topologies when its
+    /// GROUP BY goes through a repartition step.
+    pub(crate) fn explain_in(&self, settings: &QuerySettings) -> Result<String> {
         let plan = self.plan()?;
+        let mut out = self.explain_plan(&plan);
+        out.push_str(&crate::task::explain(settings));
+        if settings.tasks == crate::Tasks::PerPartition && crate::repartition::needed(&plan) {
+            out.push_str(&crate::repartition::explain(self.clone(), settings)?);
+        }
+        Ok(out)
+    }
+
+    /// `plan`, planned from this writer, described with its sink.
+    pub(crate) fn explain_plan(&self, plan: &IncrementalPlan) -> String {
         let sink = match &self.sink {
             SinkChoice::None => "(none chosen)".to_string(),
             SinkChoice::Connector(c) => c.clone(),
             SinkChoice::Instance(s) => s.describe(),
         };
-        let mut out = planner::explain(&plan, &sink);
-        out.push_str(&crate::task::explain(&self.settings));
-        Ok(out)
+        planner::explain(plan, &sink)
     }
 
     /// Plans the query for its batch answer over bounded input (what

@@ -150,6 +150,9 @@ pub(crate) enum SinkChoice {
 /// output goes, for each of its tasks.
 pub(crate) struct QueryPlan {
     pub name: String,
+    /// The id a new query gets, when it had to be known before launch (it
+    /// names a repartition step's channel); else launch draws one.
+    pub new_id: Option<String>,
     pub settings: QuerySettings,
     /// One undivided task, or one per partition (see `task`); none when
     /// `group` hands them out.
@@ -174,6 +177,7 @@ pub(crate) struct TaskPlan {
 pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
     let QueryPlan {
         name,
+        new_id,
         settings,
         tasks,
         group,
@@ -186,6 +190,7 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
     }
     let new_id = declared
         .clone()
+        .or(new_id)
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
     let checkpoint = settings
         .checkpoint
@@ -274,6 +279,20 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         query_listeners,
     )));
     Ok(StreamingQuery::new(shared))
+}
+
+/// The id the query launched with `settings` will have: its
+/// 'pipeline.name', else the one its checkpoint holds (opened, or created
+/// with a new id, now).
+pub(crate) fn query_id(settings: &QuerySettings) -> Result<String> {
+    if let Some(name) = &settings.pipeline_name {
+        return Ok(name.clone());
+    }
+    let new_id = uuid::Uuid::new_v4().to_string();
+    Ok(match &settings.checkpoint {
+        Some(dir) => Checkpoint::open(dir, &new_id)?.metadata().query_id.clone(),
+        None => new_id,
+    })
 }
 
 /// A query is divided into tasks, or not, for its whole life: the

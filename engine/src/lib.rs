@@ -56,6 +56,7 @@ mod planner;
 mod progress;
 mod query;
 mod reference;
+mod repartition;
 mod session;
 mod sink;
 mod source;
@@ -73,7 +74,7 @@ pub use checkpoint::{
 };
 pub use connector::{
     BlackholeConnector, Connector, ConnectorRegistry, ConsoleConnector, FilesConnector,
-    RateConnector, SinkArgs, SourceArgs,
+    RateConnector, RepartitionArgs, RepartitionChannel, SinkArgs, SourceArgs,
 };
 pub use error::{Result, SluiceError};
 pub use fail_point::fail_point;

@@ -277,6 +277,13 @@ impl Session {
         }
     }
 
+    /// A frame reading the stream `def` describes, through its connector.
+    pub(crate) fn read_definition(&self, def: StreamDefinition) -> Result<StreamFrame> {
+        let connector = self.connectors().get(&def.connector)?;
+        let factory = connector.source(self.source_args(&def, None))?;
+        self.frame_over(def, factory)
+    }
+
     fn frame_over(
         &self,
         def: StreamDefinition,
@@ -339,14 +346,12 @@ impl DataStreamReader {
         // the checkpoint, so it must be the same when the query restarts.
         let def = StreamDefinition {
             name: connector_name.clone(),
-            connector: connector_name.clone(),
+            connector: connector_name,
             options: self.options,
             schema: self.schema,
             watermark: None,
         };
-        let connector = self.session.connectors().get(&connector_name)?;
-        let factory = connector.source(self.session.source_args(&def, None))?;
-        self.session.frame_over(def, factory)
+        self.session.read_definition(def)
     }
 
     /// Reads a [`MemoryStream`] (tests).

@@ -32,9 +32,10 @@ use std::sync::Arc;
 
 use crate::error::{Result, SluiceError};
 use crate::frame::DataStreamWriter;
-use crate::launch::{launch, QueryPlan, QuerySettings, TaskPlan};
+use crate::launch::{launch, query_id, QueryPlan, QuerySettings, TaskPlan};
 use crate::query::StreamingQuery;
 use crate::reference::BatchQuery;
+use crate::repartition;
 use crate::session::Session;
 use crate::statement::Statement;
 use crate::task::{self, TaskGroup, TaskId, Tasks};
@@ -120,13 +121,12 @@ impl StatementSet {
     /// Each statement's incremental plan, without starting anything.
     pub fn explain(&self) -> Result<String> {
         let mut out = format!(
-            "statement set of {} statements, committed together each epoch\n{}",
+            "statement set of {} statements, committed together each epoch\n",
             self.writers.len(),
-            task::explain(&self.settings)
         );
         for (i, writer) in self.writers.iter().enumerate() {
             out.push_str(&format!("\n-- statement {i}\n"));
-            out.push_str(&writer.explain()?);
+            out.push_str(&writer.explain_in(&self.settings)?);
         }
         Ok(out)
     }
@@ -163,8 +163,9 @@ impl StatementSet {
         for (i, writer) in self.writers.iter().enumerate() {
             refuse_own_settings(i, writer)?;
         }
-        let writers = Arc::new(self.writers);
+        let mut writers = self.writers;
         let mut group = None;
+        let mut new_id = None;
         let tasks = match self.settings.tasks {
             Tasks::One => vec![plan_task(&writers, None)?],
             Tasks::PerPartition => {
@@ -174,6 +175,20 @@ impl StatementSet {
                     .map(|(i, w)| w.plan_with_keys(&key_prefix(i, count, w), None))
                     .collect::<Result<Vec<_>>>()?;
                 let tasks = task::count(&undivided).await?;
+                if undivided.iter().any(repartition::needed) {
+                    if self.settings.trigger == Trigger::AvailableNow {
+                        return Err(SluiceError::config(
+                            "this query's GROUP BY goes through a repartition step (it is not \
+                             on the record key), where each task reads what all the others \
+                             send it: 'available-now' would end a task before the others have \
+                             sent it everything. Run it with a continuous trigger, group by \
+                             `_key`, or run it as one task (SET 'tasks' = '1')",
+                        ));
+                    }
+                    let id = query_id(&self.settings)?;
+                    writers = repartition::divide(&self.session, writers, &undivided, &id, tasks)?;
+                    new_id = Some(id);
+                }
                 if self.settings.task_group {
                     if self.settings.trigger == Trigger::AvailableNow {
                         return Err(SluiceError::config(
@@ -183,7 +198,7 @@ impl StatementSet {
                              process (no 'tasks.group') to process what is available now",
                         ));
                     }
-                    let writers = Arc::clone(&writers);
+                    let writers = Arc::new(std::mem::take(&mut writers));
                     group = Some(TaskGroup {
                         count: tasks,
                         source: Arc::clone(&undivided.swap_remove(0).inputs[0].source),
@@ -214,6 +229,7 @@ impl StatementSet {
             .unwrap_or_else(|| format!("query-{}", self.session.next_number()));
         let query = launch(QueryPlan {
             name,
+            new_id,
             settings: self.settings,
             tasks,
             group,

@@ -16,8 +16,9 @@
 //! always can be. A GROUP BY can be when one of its keys is what decides a
 //! record's partition: the record key `_key` (Kafka's default partitioner
 //! sends equal keys to one partition) or `_partition` itself. A GROUP BY on
-//! anything else would count one key in several tasks: refused at start
-//! with what would work, as are joins.
+//! anything else would count one key in several tasks, so its rows first
+//! go through a repartition step (see `repartition`). Joins and stacked
+//! stateful operators are refused at start, with what would work.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -160,15 +161,6 @@ pub(crate) async fn count(plans: &[IncrementalPlan]) -> Result<u32> {
                  divide yet"
             )));
         }
-        if let Some(aggregate) = &plan.aggregate {
-            if !keyed_by_partition(&aggregate.aggregate) {
-                return Err(refuse(format!(
-                    "{which} groups by columns that do not decide a record's partition, so \
-                     one group's rows would be counted in several tasks; add the record key \
-                     `_key` (or `_partition`) to its GROUP BY"
-                )));
-            }
-        }
     }
     let mut counts = Vec::new();
     for input in plans.iter().flat_map(|p| &p.inputs) {
@@ -201,7 +193,7 @@ pub(crate) async fn count(plans: &[IncrementalPlan]) -> Result<u32> {
 /// Whether one of the GROUP BY keys of `aggregate` is an input's `_key`
 /// or `_partition`, passed through projections, filters and aliases
 /// unchanged.
-fn keyed_by_partition(aggregate: &LogicalPlan) -> bool {
+pub(crate) fn keyed_by_partition(aggregate: &LogicalPlan) -> bool {
     let LogicalPlan::Aggregate(a) = aggregate else {
         return false;
     };

@@ -62,6 +62,9 @@ impl Inner {
 #[async_trait]
 impl Sink for AtLeastOnceSink {
     async fn open(&self) -> Result<()> {
+        if let Some(partitions) = self.0.config.partitions {
+            self.0.config.ensure_partitions(partitions).await?;
+        }
         let inner = Arc::clone(&self.0);
         tokio::task::spawn_blocking(move || {
             inner

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use sluice_engine::{
-    columns, Connector, FanOut, OutputMode, Result, Sink, SinkArgs, SluiceError, SourceArgs,
-    SourceFactory,
+    columns, Connector, FanOut, Options, OutputMode, RepartitionArgs, RepartitionChannel, Result,
+    Sink, SinkArgs, SluiceError, SourceArgs, SourceFactory,
 };
 
 use crate::at_least_once::AtLeastOnceSink;
@@ -22,6 +22,7 @@ const SINK_OPTIONS: &[&str] = &[
     "properties.bootstrap.servers",
     "format",
     "key.fields",
+    "topic.partitions",
     "sink.delivery",
     "connect.timeout",
     "transaction.timeout",
@@ -96,6 +97,58 @@ impl Connector for KafkaConnector {
 
     fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
         self.sink_set(vec![args])
+    }
+
+    /// A repartition topic, `<prefix><query id>-repartition-<n>` (the
+    /// prefix is the sink's 'sink.transactional-id-prefix', so that a
+    /// cluster's prefixed ACLs cover it), on the statement's sink's
+    /// cluster when it writes to Kafka (the rows travel in its
+    /// transaction), else on the input's. It is written keyed by the
+    /// group key in JSON, read from the beginning, and purged as the
+    /// reading tasks commit.
+    fn repartition(&self, args: RepartitionArgs) -> Result<Option<RepartitionChannel>> {
+        let from = args.sink.as_ref().unwrap_or(&args.input);
+        let mut client = Options::new();
+        for (key, value) in from.iter() {
+            let is_client = matches!(
+                key,
+                "bootstrap.servers" | "properties.bootstrap.servers" | "connect.timeout"
+            ) || key.starts_with("kafka.")
+                || key.starts_with("properties.");
+            if is_client {
+                client.set(key, value);
+            }
+        }
+        let mut sink = client.clone();
+        // One transaction for all the Kafka sinks of a set: the same
+        // transaction settings as the statement's own sink.
+        for key in [
+            "sink.transactional-id-prefix",
+            "progress.topic",
+            "transaction.timeout",
+        ] {
+            if let Some(value) = args.sink.as_ref().and_then(|s| s.get(key)) {
+                sink.set(key, value);
+            }
+        }
+        let prefix = sink
+            .get("sink.transactional-id-prefix")
+            .unwrap_or(DEFAULT_TRANSACTIONAL_ID_PREFIX);
+        let topic = format!("{prefix}{}-repartition-{}", args.query_id, args.index);
+        sink.set("topic", &topic);
+        sink.set("format", "json");
+        sink.set("key.fields", args.key_fields.join(","));
+        sink.set("topic.partitions", args.partitions.to_string());
+        let mut source = client;
+        source.set("topic", &topic);
+        source.set("format", "json");
+        source.set("scan.startup.mode", "earliest");
+        source.set("purge-committed", "true");
+        Ok(Some(RepartitionChannel {
+            name: topic,
+            sink,
+            source,
+        }))
     }
 
     /// The exactly-once sinks of a statement set share one transactional
@@ -215,6 +268,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
         None => Vec::new(),
     };
     let dead_letter = o.take("dead-letter.topic");
+    let partitions = o.take_parsed::<u32>("topic.partitions", "a number of partitions")?;
     o.finish("kafka", SINK_OPTIONS)?;
     Ok(SinkSettings {
         config: SinkConfig {
@@ -224,6 +278,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
             key_fields,
             schema: args.schema,
             query_id: identity,
+            partitions,
             dead_letter,
         },
         delivery: if exactly_once {

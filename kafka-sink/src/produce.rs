@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Message as _, OwnedHeaders};
@@ -39,6 +41,9 @@ pub(crate) struct SinkConfig {
     pub key_fields: Vec<usize>,
     pub schema: SchemaRef,
     pub query_id: String,
+    /// `'topic.partitions'`: the topic is created with this many
+    /// partitions if missing, and must have them.
+    pub partitions: Option<u32>,
     /// `'dead-letter.topic'`: where output records Kafka can never accept
     /// (over `message.max.bytes`) are set aside; without one they stop the
     /// query.
@@ -127,6 +132,64 @@ impl SinkConfig {
                 });
             }
             std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Creates the topic with `partitions` partitions, replicated as the
+    /// brokers' default, unless it exists ('topic.partitions', which
+    /// repartition steps set); refuses one that has another count, since
+    /// the query's tasks expect one partition each.
+    pub(crate) async fn ensure_partitions(&self, partitions: u32) -> Result<()> {
+        let topic = &self.topic;
+        let admin: AdminClient<DefaultClientContext> = self
+            .client
+            .create(&self.client.config(Role::Admin), "admin client")?;
+        let count = i32::try_from(partitions)
+            .map_err(|_| self.external(format!("{partitions} partitions are too many")))?;
+        let new = NewTopic::new(topic, count, TopicReplication::Fixed(-1));
+        let options = AdminOptions::new().request_timeout(Some(self.client.timeout()));
+        let results = admin
+            .create_topics([&new], &options)
+            .await
+            .map_err(|e| self.unreachable(format!("creating topic '{topic}': {e}")))?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, e)) => return Err(self.external(format!("cannot create it: {e}"))),
+            }
+        }
+        let found = self.partition_count(&admin, topic).await?;
+        if found != partitions as usize {
+            return Err(SluiceError::config(format!(
+                "topic '{topic}' has {found} partition(s), but {partitions} were asked for                  ('topic.partitions'): a repartition topic needs one partition per task of the                  query. Nothing was written. If the query's input gained partitions, run the                  query as a new one (a new 'pipeline.name'); else delete the topic"
+            )));
+        }
+        Ok(())
+    }
+
+    /// How many partitions `topic` has; a topic created a moment ago may
+    /// not show them in the metadata yet, so this asks again up to
+    /// 'connect.timeout' while it shows none.
+    pub(crate) async fn partition_count(
+        &self,
+        admin: &AdminClient<DefaultClientContext>,
+        topic: &str,
+    ) -> Result<usize> {
+        let deadline = Instant::now() + self.client.timeout();
+        loop {
+            let metadata = admin
+                .inner()
+                .fetch_metadata(Some(topic), self.client.timeout())
+                .map_err(|e| self.unreachable(format!("fetching metadata of '{topic}': {e}")))?;
+            let partitions = metadata
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic)
+                .map_or(0, |t| t.partitions().len());
+            if partitions > 0 || Instant::now() >= deadline {
+                return Ok(partitions);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 

@@ -78,6 +78,7 @@ pub fn last_committed(
         key_fields: Vec::new(),
         schema: std::sync::Arc::new(datafusion::arrow::datatypes::Schema::empty()),
         query_id: query_id.to_string(),
+        partitions: None,
         dead_letter: None,
     };
     Ok(read_last(&config, &topic, query_id, timeout)?
@@ -135,24 +136,7 @@ async fn check_shape(
     admin: &AdminClient<DefaultClientContext>,
     topic: &str,
 ) -> Result<()> {
-    // A topic created a moment ago may not show its partitions in the
-    // metadata yet: ask again, up to 'connect.timeout'.
-    let deadline = std::time::Instant::now() + config.client.timeout();
-    let partitions = loop {
-        let metadata = admin
-            .inner()
-            .fetch_metadata(Some(topic), config.client.timeout())
-            .map_err(|e| config.unreachable(format!("fetching metadata of '{topic}': {e}")))?;
-        let partitions = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == topic)
-            .map_or(0, |t| t.partitions().len());
-        if partitions > 0 || std::time::Instant::now() >= deadline {
-            break partitions;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let partitions = config.partition_count(admin, topic).await?;
     let options = AdminOptions::new().request_timeout(Some(config.client.timeout()));
     let policy = admin
         .describe_configs([&ResourceSpecifier::Topic(topic)], &options)

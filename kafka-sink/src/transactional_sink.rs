@@ -521,6 +521,11 @@ impl Sink for TransactionalSink {
     async fn open(&self) -> Result<()> {
         let inner = &self.0;
         progress_topic::ensure_topic(&inner.config, &inner.progress_topic).await?;
+        for target in &inner.targets {
+            if let Some(partitions) = target.partitions {
+                target.ensure_partitions(partitions).await?;
+            }
+        }
         if let Some(max) = inner.broker_max_timeout().await? {
             if inner.transaction_timeout > max {
                 return Err(SluiceError::config(format!(

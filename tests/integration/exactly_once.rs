@@ -1063,11 +1063,7 @@ async fn the_broker_stopped_during_a_commit_fails_after_the_outage_limit_and_sig
     std::thread::sleep(Duration::from_secs(2));
     assert!(run.running(), "{}", run.stderr());
     let signalled = Instant::now();
-    let kill = Command::new("kill")
-        .args(["-TERM", &run.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    run.terminate();
     let status = run.wait(Duration::from_secs(30));
     let took = signalled.elapsed();
     let err = run.stderr();

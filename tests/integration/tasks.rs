@@ -45,6 +45,12 @@ fn event_ms(id: i64) -> i64 {
     id * 10
 }
 
+/// The record key `k<id % KEYS>`, computed from the value: a GROUP BY on
+/// it is not on `_key`, so a divided query repartitions its rows.
+fn key_from_value() -> String {
+    format!("concat('k', CAST(id % {KEYS} AS VARCHAR))")
+}
+
 /// The windowed query's window size and watermark delay, in ms.
 const WINDOW_MS: i64 = 1_000;
 const DELAY_MS: i64 = 1_000;
@@ -93,10 +99,10 @@ impl Divided {
 
     /// The SQL file: a stateless copy, a count per record key (update mode)
     /// and a count per key and 1 s tumbling window (append mode), each a
-    /// query of its own, divided as `tasks` says, processing all input
-    /// available now; `group_by` is the count's key.
+    /// query of its own, divided as `tasks` says, running until stopped;
+    /// `group_by` is the count's key.
     fn sql(&self, tasks: &str, group_by: &str) -> PathBuf {
-        let settings = format!("SET 'tasks' = '{tasks}';\nSET 'trigger' = 'available-now';\n");
+        let settings = format!("SET 'tasks' = '{tasks}';\nSET 'trigger' = '200 ms';\n");
         self.sql_with(&format!("{tasks}-{group_by}"), &settings, group_by)
     }
 
@@ -172,7 +178,7 @@ fn json(record: &ReadRecord) -> serde_json::Value {
 async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_through_kill_9() {
     let d = Divided::new().await;
     produce_keyed(&d.bootstrap, &d.input, 0..RECORDS);
-    let sql = d.sql("per-partition", "_key");
+    let sql = d.sql("per-partition", &key_from_value());
 
     // Kill -9 at random moments, then run to the end of the input.
     let seed = std::env::var("SLUICE_CRASH_SEED")
@@ -181,23 +187,26 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
         .unwrap_or(0x7a5c);
     eprintln!("kill -9 schedule: SLUICE_CRASH_SEED={seed}");
     let mut rng = Lcg(seed);
-    let mut killed_running = 0;
     for _ in 0..6 {
         let mut run = Run::new(d.command(&sql));
         std::thread::sleep(Duration::from_millis(700 + rng.next(2_500)));
-        if run.running() {
-            run.kill_9();
-            killed_running += 1;
-        } else {
-            let status = run.wait(Duration::from_secs(5));
-            assert!(status.success(), "the run failed: {}", run.stderr());
-            break;
-        }
+        assert!(run.running(), "the run ended: {}", run.stderr());
+        run.kill_9();
     }
     let mut last = Run::new(d.command(&sql));
-    let status = last.wait(Duration::from_secs(300));
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while !complete(&d).await {
+        assert!(last.running(), "the last run ended: {}", last.stderr());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the output was not complete within 300 s: {}",
+            last.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    last.terminate();
+    let status = last.wait(Duration::from_secs(60));
     assert!(status.success(), "the last run failed: {}", last.stderr());
-    assert!(killed_running > 0, "no kill landed while the query ran");
 
     check_output(&d).await;
 
@@ -267,13 +276,46 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
         3,
         "{plan}"
     );
+    // The count's GROUP BY is not on `_key`: two sub-topologies and the
+    // repartition topic between them.
+    assert_eq!(plan.matches("repartition step").count(), 1, "{plan}");
+    let topic = format!("sluice-{}-counts-repartition-0", d.pipeline);
+    assert!(plan.contains(&topic), "{plan}");
+    assert!(plan.contains("-- sub-topology 1"), "{plan}");
+    // It was created with a partition per task, and the records the
+    // tasks had committed past were deleted.
+    let left = d.read(&topic).await;
+    assert!(left.len() < RECORDS as usize, "{} records left", left.len());
 
-    // A GROUP BY on what does not decide the partition is refused.
-    let mut refused = Run::new(d.command(&d.sql("per-partition", "id % 7")));
+    // An event-time window on what does not decide the partition is
+    // refused: its watermark cannot cross the repartition step yet.
+    let refused_sql = d.dir.path().join("refused.sql");
+    std::fs::write(
+        &refused_sql,
+        format!(
+            "CREATE STREAM timed (id BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '1' \
+               SECOND) WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{b}');\n\
+             CREATE STREAM windows WITH (connector = 'kafka', topic = '{windows}', \
+               'bootstrap.servers' = '{b}');\n\
+             SET 'tasks' = 'per-partition';\n\
+             SET 'checkpoint.location' = '{cp}';\n\
+             INSERT INTO windows SELECT id % 7 AS k, window_start, count(*) AS n \
+               FROM TABLE(TUMBLE(TABLE timed, DESCRIPTOR(ts), INTERVAL '1' SECOND)) \
+               GROUP BY id % 7, window_start, window_end;\n",
+            input = d.input,
+            windows = d.windows,
+            b = d.bootstrap,
+            cp = d.dir.path().join("refused").display(),
+        ),
+    )
+    .unwrap();
+    let mut refused = Run::new(d.command(&refused_sql));
     let status = refused.wait(Duration::from_secs(60));
     assert_eq!(status.code(), Some(2), "{}", refused.stderr());
     assert!(
-        refused.stderr().contains("add the record key `_key`"),
+        refused
+            .stderr()
+            .contains("watermark, which cannot cross a repartition step"),
         "{}",
         refused.stderr()
     );
@@ -445,9 +487,11 @@ async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_
     }
 }
 
-/// Two processes share the queries' tasks; one is killed with tasks in
-/// hand, a third joins, the rest of the input arrives; the output is exact
-/// and the survivors leave cleanly on SIGTERM.
+/// Three processes share the queries' tasks while, at random moments
+/// (seeded: `SLUICE_CRASH_SEED`), one of them is killed with SIGKILL and
+/// restarted, a fourth joins, and one leaves with SIGTERM, the input
+/// arriving in between. The output is exact, and completes after the
+/// last of these: every task ended owned by a live process.
 async fn share_and_take_over(d: &Divided) {
     let sql = d.sql_with(
         "group",
@@ -455,89 +499,89 @@ async fn share_and_take_over(d: &Divided) {
          SET 'tasks.group' = 'true';\n\
          SET 'tasks.group.session.timeout' = '6 s';\n\
          SET 'trigger' = '200 ms';\n",
-        "_key",
+        &key_from_value(),
     );
     let spawn = || {
         let mut cmd = d.command(&sql);
         cmd.env("SLUICE_LOG", "sluice_kafka::group=info,warn");
         Run::new(cmd)
     };
-    // The queries (groups) a process was given tasks of.
-    let given = |run: &Run| {
-        let stderr = run.stderr();
-        stderr
-            .lines()
-            .filter(|l| l.contains("tasks come to this process"))
-            .filter_map(|l| {
-                let group = &l[l.find("sluice-tasks-")?..];
-                Some(group[..group.find([' ', '\x1b']).unwrap_or(group.len())].to_string())
-            })
-            .collect::<BTreeSet<String>>()
-            .len()
-    };
-    let mut a = spawn();
-    // B starts once A has opened the checkpoints: two processes opening one
-    // new checkpoint at the same moment can remove each other's temporary
-    // metadata file (see the note on the issue).
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while given(&a) < 3 {
-        assert!(a.running(), "{}", a.stderr());
-        assert!(std::time::Instant::now() < deadline, "{}", a.stderr());
-        std::thread::sleep(Duration::from_millis(100));
+    // Whether a process was given tasks.
+    let given = |run: &Run| run.stderr().contains("tasks come to this process");
+    let seed = std::env::var("SLUICE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x3b1d);
+    eprintln!("chaos schedule: SLUICE_CRASH_SEED={seed}");
+    let mut rng = Lcg(seed);
+    // Started together: they open the new checkpoints at the same moment.
+    let mut running: Vec<Run> = (0..3).map(|_| spawn()).collect();
+    let mut log = String::new();
+    let chunks = 6;
+    let chunk = RECORDS / chunks;
+    let mut joined: Option<u32> = None;
+    for step in 0..chunks {
+        produce_keyed(&d.bootstrap, &d.input, step * chunk..(step + 1) * chunk);
+        std::thread::sleep(Duration::from_millis(1_000 + rng.next(2_500)));
+        for run in &mut running {
+            assert!(run.running(), "a process ended: {}", run.stderr());
+        }
+        match step {
+            // A fourth process joins.
+            2 => {
+                let run = spawn();
+                joined = Some(run.pid());
+                running.push(run);
+            }
+            // One leaves with SIGTERM and is not restarted: it finishes its
+            // epochs and leaves the group.
+            4 => {
+                let mut leaving = running.remove(rng.next(running.len() as u64) as usize);
+                leaving.terminate();
+                let status = leaving.wait(Duration::from_secs(60));
+                assert!(status.success(), "{}", leaving.stderr());
+                log.push_str(&format!("left:\n{}\n", leaving.stderr()));
+            }
+            // One dies with SIGKILL, its tasks in hand, and comes back.
+            _ => {
+                let victim = rng.next(running.len() as u64) as usize;
+                running[victim].kill_9();
+                log.push_str(&format!("killed:\n{}\n", running[victim].stderr()));
+                std::thread::sleep(Duration::from_millis(rng.next(2_000)));
+                running[victim] = spawn();
+            }
+        }
     }
-    let mut b = spawn();
-    produce_keyed(&d.bootstrap, &d.input, 0..RECORDS / 2);
-    // Both processes get tasks of both queries.
-    let deadline = std::time::Instant::now() + Duration::from_secs(90);
-    while given(&a) < 3 || given(&b) < 3 {
-        assert!(a.running() && b.running(), "{}\n{}", a.stderr(), b.stderr());
-        assert!(
-            std::time::Instant::now() < deadline,
-            "tasks not shared within 90 s:\nA: {}\nB: {}",
-            a.stderr(),
-            b.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    std::thread::sleep(Duration::from_secs(2));
-    // A dies with tasks in hand; a third process joins; the rest of the
-    // input arrives.
-    a.kill_9();
-    let mut c = spawn();
-    produce_keyed(&d.bootstrap, &d.input, RECORDS / 2..RECORDS);
     let deadline = std::time::Instant::now() + Duration::from_secs(180);
     while !complete(d).await {
-        assert!(
-            b.running() && c.running(),
-            "B: {}\nC: {}",
-            b.stderr(),
-            c.stderr()
-        );
+        for run in &mut running {
+            assert!(run.running(), "a process ended: {}", run.stderr());
+        }
         assert!(
             std::time::Instant::now() < deadline,
-            "the output was not complete within 180 s:\nB: {}\nC: {}",
-            b.stderr(),
-            c.stderr()
+            "the output was not complete within 180 s:\n{log}{}",
+            running
+                .iter()
+                .map(Run::stderr)
+                .collect::<Vec<_>>()
+                .join("\n")
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert!(
-        given(&c) > 0,
-        "the process that joined got no task: {}",
-        c.stderr()
-    );
-    // SIGTERM: each finishes its epoch, leaves the group and exits cleanly.
-    for run in [&mut b, &mut c] {
-        let killed = Command::new("kill")
-            .args(["-TERM", &run.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(killed.success());
+    if let Some(joined) = running.iter().find(|r| Some(r.pid()) == joined) {
+        assert!(
+            given(joined),
+            "the process that joined got no task: {}",
+            joined.stderr()
+        );
     }
-    for run in [&mut b, &mut c] {
+    // SIGTERM: each finishes its epoch, leaves the group and exits cleanly.
+    for run in &mut running {
+        run.terminate();
+    }
+    for run in &mut running {
         let status = run.wait(Duration::from_secs(60));
         assert!(status.success(), "{}", run.stderr());
     }
-    eprintln!("A:\n{}\nB:\n{}\nC:\n{}", a.stderr(), b.stderr(), c.stderr());
     check_output(d).await;
 }

@@ -296,6 +296,15 @@ impl Run {
         self.child.try_wait().unwrap().is_none()
     }
 
+    /// SIGTERM: the process finishes its epoch and exits.
+    pub fn terminate(&mut self) {
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
     pub fn kill_9(&mut self) {
         self.child.kill().unwrap(); // SIGKILL
         self.child.wait().unwrap();

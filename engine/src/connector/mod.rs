@@ -58,6 +58,41 @@ pub struct SinkArgs {
     pub task: Option<TaskId>,
 }
 
+/// What a connector gets to carry a divided query's rows from the task
+/// that read them to the task that owns their group (see
+/// [`Connector::repartition`]).
+#[derive(Debug, Clone)]
+pub struct RepartitionArgs {
+    /// The options of the stream the rows come from (its brokers, its
+    /// security settings).
+    pub input: Options,
+    /// The options of the statement's sink, when the statement writes to
+    /// this connector: the rows should travel in the same transaction.
+    pub sink: Option<Options>,
+    /// The query's id (stable across restarts).
+    pub query_id: String,
+    /// Which of the query's repartition steps this is, from 0.
+    pub index: usize,
+    /// How many partitions the channel has: the query's task count.
+    pub partitions: u32,
+    /// The columns whose values decide a row's partition.
+    pub key_fields: Vec<String>,
+}
+
+/// Where a repartition step's rows go and come back from: the options of
+/// a sink that spreads rows over `partitions` partitions by `key_fields`
+/// (equal keys to one partition), and of a stream that reads them back,
+/// one partition per task, from the beginning.
+#[derive(Debug, Clone)]
+pub struct RepartitionChannel {
+    /// A name for messages and EXPLAIN (a Kafka topic's).
+    pub name: String,
+    /// The writing sink's options.
+    pub sink: Options,
+    /// The reading stream's options.
+    pub source: Options,
+}
+
 /// A named kind of source and/or sink.
 pub trait Connector: Send + Sync + Debug {
     /// The name users write in `connector = '...'` / `.format(..)`.
@@ -89,6 +124,15 @@ pub trait Connector: Send + Sync + Debug {
             "connector '{}' can only be read from, not written to",
             self.name()
         )))
+    }
+
+    /// A channel that moves a divided query's rows between its tasks by
+    /// key (Kafka: an internal topic), for a GROUP BY whose key is not
+    /// the input's partitioning. `None` (the default): this connector's
+    /// streams cannot be repartitioned.
+    fn repartition(&self, args: RepartitionArgs) -> Result<Option<RepartitionChannel>> {
+        let _ = args;
+        Ok(None)
     }
 
     /// Builds one sink for the statements of a statement set that write to

@@ -28,6 +28,7 @@ pub(crate) const SOURCE_OPTIONS: &[&str] = &[
     "dead-letter.topic",
     "group.id",
     "fail-on-data-loss",
+    "purge-committed",
     "connect.timeout",
     "kafka.*",
     "properties.*",
@@ -107,6 +108,9 @@ pub(crate) struct SourceConfig {
     /// Stop when records are gone before they were read (Spark's
     /// `failOnDataLoss`); else skip them and count them as lost.
     pub fail_on_data_loss: bool,
+    /// Delete (`delete_records`) the records the query has committed past:
+    /// for topics only this query reads, such as repartition topics.
+    pub purge_committed: bool,
     /// The declared (decoded) columns.
     pub value_schema: SchemaRef,
     /// For `format = 'avro'`: reads the declared columns' Avro records.
@@ -267,6 +271,9 @@ pub(crate) fn factory(
     let fail_on_data_loss = o
         .take_parsed::<bool>("fail-on-data-loss", "true or false")?
         .unwrap_or(true);
+    let purge_committed = o
+        .take_parsed::<bool>("purge-committed", "true or false")?
+        .unwrap_or(false);
     o.finish("kafka", SOURCE_OPTIONS)?;
     let value_schema = match (format, declared) {
         (SourceFormat::Raw, None) => {
@@ -335,6 +342,7 @@ pub(crate) fn factory(
         on_error,
         group,
         fail_on_data_loss,
+        purge_committed,
         value_schema,
         avro,
         schema: Arc::new(Schema::new(fields)),
