@@ -21,6 +21,8 @@
 # scripts/kafka start with SLUICE_KAFKA_PORT=19092), python3, and a sluice
 # binary ($SLUICE, default the release build under ~/.cache/sluice/bench-target).
 # ROUNDS (default 2) alternates the cases; SHAPES and CASES select some.
+# The case `baseline` runs the query undivided with the binary $BASELINE
+# (an older build, to compare one process with what it was).
 set -euo pipefail
 B="${SLUICE_KAFKA_BOOTSTRAP:-127.0.0.1:19092}"
 N="${N:-2000000}"
@@ -53,7 +55,9 @@ run() {
     keyed) select="SELECT _partition AS p, substr(value, 1, 2) AS g, count(*) AS n FROM input GROUP BY _partition, substr(value, 1, 2)" ;;
     repartition) select="SELECT substr(value, 1, 2) AS g, count(*) AS n FROM input GROUP BY substr(value, 1, 2)" ;;
   esac
+  local sluice=$SLUICE
   case $case in
+    baseline) settings=""; sluice=$BASELINE ;;
     one) settings="SET 'tasks' = '1';" ;;
     tasks-t1) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '1';" ;;
     tasks-t2) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '2';" ;;
@@ -74,7 +78,7 @@ SQL
   local pids=() i
   local start; start=$(date +%s.%N)
   for ((i = 0; i < procs; i++)); do
-    SLUICE_LOG="sluice::progress=info,warn" NO_COLOR=1 "$SLUICE" run "$dir/q.sql" >/dev/null 2>"$dir/p$i.log" &
+    SLUICE_LOG="sluice::progress=info,warn" NO_COLOR=1 "$sluice" run "$dir/q.sql" >/dev/null 2>"$dir/p$i.log" &
     pids+=($!)
   done
   # Done when the progress lines of all processes count every record (twice

@@ -29,14 +29,67 @@ pub fn inspect(
         tasks.len()
     );
     let topic = topic.map_or_else(|| sluice_kafka::default_progress_topic(id), str::to_string);
+    // Who runs each task now, as the query's task group says.
+    let owners = client.as_ref().map(|c| {
+        let c = c.clone().connect_timeout(Duration::from_secs(10));
+        let id = id.clone();
+        std::thread::spawn(move || sluice_kafka::task_owners(&c, &id))
+            .join()
+            .unwrap_or_else(|_| Err(SluiceError::Internal("the group query panicked".into())))
+    });
     for index in tasks {
         let folder = dir.join("tasks").join(index.to_string());
         let task = report(&folder, Some(index), client.clone(), Some(&topic))?;
-        for line in task.lines() {
+        for (i, line) in task.lines().enumerate() {
             let _ = writeln!(out, "  {line}");
+            if i > 0 {
+                continue;
+            }
+            let owner = match &owners {
+                None => continue,
+                Some(Err(e)) => format!("unknown: {e}"),
+                Some(Ok(owners)) => owners.get(&index).cloned().unwrap_or_else(|| {
+                    "none now (no process of the query's task group holds it)".into()
+                }),
+            };
+            let _ = writeln!(out, "    owner: {owner}");
         }
     }
     Ok(out)
+}
+
+/// How many records the commit's Kafka inputs have beyond where it ended:
+/// each input the fingerprint says reads `kafka topic <name>`, each
+/// partition of its range against the partition's end now.
+fn lag(client: &ClientOptions, commit: &sluice::EpochCommit) -> Result<Option<i64>, SluiceError> {
+    let mut lag = None;
+    for line in commit.fingerprint.as_deref().unwrap_or_default().lines() {
+        let Some((key, topic)) = line
+            .split_once("input ")
+            .and_then(|(_, rest)| rest.split_once(" reads kafka topic "))
+        else {
+            continue;
+        };
+        let Some(range) = commit.plan.sources.get(key) else {
+            continue;
+        };
+        let Some(ranges) = range.end.get("ranges").and_then(|r| r.as_object()) else {
+            continue;
+        };
+        let ends = sluice_kafka::partition_ends(client, topic.trim())?;
+        for (partition, span) in ranges {
+            let (Ok(p), Some(to)) = (
+                partition.parse::<i32>(),
+                span.get(1).and_then(|v| v.as_i64()),
+            ) else {
+                continue;
+            };
+            if let Some(end) = ends.get(&p) {
+                *lag.get_or_insert(0) += (end - to).max(0);
+            }
+        }
+    }
+    Ok(lag)
 }
 
 /// One checkpoint's report: the query's, or task `task`'s.
@@ -133,6 +186,21 @@ fn report(
     if let Some(client) = client {
         let bootstrap = client.bootstrap().to_string();
         let client = client.connect_timeout(Duration::from_secs(10));
+        if let Some(epoch) = last {
+            let commit = cp.read_commit(epoch)?;
+            let c = client.clone();
+            let behind = std::thread::spawn(move || lag(&c, &commit))
+                .join()
+                .map_err(|_| SluiceError::Internal("the lag query panicked".into()))?;
+            let _ = match behind {
+                Ok(Some(n)) => writeln!(
+                    w,
+                    "  lag: {n} records in its Kafka input partitions after the last committed epoch"
+                ),
+                Ok(None) => Ok(()),
+                Err(e) => writeln!(w, "  lag: unknown: {e}"),
+            };
+        }
         // A task's progress record is keyed by its own identity.
         let q = match task {
             Some(index) => sluice_kafka::task_identity(&meta.query_id, index),

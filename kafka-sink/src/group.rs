@@ -129,6 +129,22 @@ impl ConsumerContext for GroupContext {
     }
 }
 
+/// The consumer group of the processes running query `query_id`.
+pub(crate) fn group_id(query_id: &str) -> String {
+    format!("sluice-tasks-{query_id}")
+}
+
+/// This process as a member of a task group: `sluice-<pid>@<host>`.
+fn member_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into());
+    format!("sluice-{}@{host}", std::process::id())
+}
+
 /// The partitions of `topic` in `list`, as task numbers.
 fn tasks_of(list: &TopicPartitionList, topic: &str) -> BTreeSet<u32> {
     list.elements()
@@ -147,8 +163,12 @@ impl KafkaTaskGroup {
         query_id: &str,
         session_timeout: Duration,
     ) -> Result<Self> {
-        let group = format!("sluice-tasks-{query_id}");
+        let group = group_id(query_id);
         let mut config = client.config(Role::Consumer);
+        if client.get("client.id").is_none() {
+            // What `sluice checkpoint inspect` names a task's owner by.
+            config.set("client.id", member_name());
+        }
         config
             .set("group.id", &group)
             .set("partition.assignment.strategy", "cooperative-sticky")

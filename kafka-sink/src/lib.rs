@@ -50,6 +50,7 @@ mod group;
 mod position;
 mod produce;
 mod progress_topic;
+mod running;
 mod source;
 mod transactional_sink;
 mod verify;
@@ -58,6 +59,7 @@ pub use client::ClientOptions;
 pub use connector::{task_identity, KafkaConnector};
 pub use encode::{Format, Message};
 pub use progress_topic::{default_topic as default_progress_topic, last_committed};
+pub use running::{partition_ends, task_owners};
 pub use source::decode_json;
 pub use verify::{verify, Verdict};
 

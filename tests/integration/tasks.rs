@@ -575,6 +575,45 @@ async fn share_and_take_over(d: &Divided) {
             joined.stderr()
         );
     }
+    // Every task is owned by a live process, as `sluice checkpoint
+    // inspect` reads the task group, and is not behind its input.
+    let live: BTreeSet<String> = running
+        .iter()
+        .map(|r| format!("owner: sluice-{}@", r.pid()))
+        .collect();
+    let inspect = |query: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["checkpoint", "inspect"])
+            .arg(format!("{}/{query}", d.checkpoints))
+            .args(["--bootstrap", &d.bootstrap])
+            .envs(d.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{report}");
+        report
+    };
+    for query in ["copy", "counts", "windows"] {
+        // A rebalance may still be settling the last restarted process in.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let report = inspect(query);
+            let owners: Vec<&str> = report.lines().filter(|l| l.contains("owner: ")).collect();
+            assert_eq!(owners.len(), PARTITIONS as usize, "{report}");
+            assert!(report.contains("lag: "), "{report}");
+            let owned_live = owners
+                .iter()
+                .all(|o| live.iter().any(|l| o.contains(l.as_str())));
+            if owned_live {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a task owned by no live process ({live:?}): {report}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
     // SIGTERM: each finishes its epoch, leaves the group and exits cleanly.
     for run in &mut running {
         run.terminate();
