@@ -405,7 +405,7 @@ impl DataStreamWriter {
         let mut out = self.explain_plan(&plan);
         out.push_str(&crate::task::explain(settings));
         if settings.tasks == crate::Tasks::PerPartition && crate::repartition::needed(&plan) {
-            out.push_str(&crate::repartition::explain(self.clone(), settings)?);
+            out.push_str(&crate::repartition::explain(self.clone(), &plan, settings)?);
         }
         Ok(out)
     }

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Column;
-use datafusion::logical_expr::{Aggregate, Expr, LogicalPlan, LogicalPlanBuilder};
+use datafusion::logical_expr::{Aggregate, Distinct, Expr, LogicalPlan, LogicalPlanBuilder};
 
 use crate::connector::RepartitionArgs;
 use crate::error::{Result, SluiceError};
@@ -76,6 +76,9 @@ pub(crate) fn divide(
             divided.push(writer);
             continue;
         }
+        // The same output mode as undivided, though the regrouped plan
+        // might derive another (`SELECT DISTINCT` is append).
+        let writer = writer.output_mode(plan.mode);
         let step = split(session, writer, query_id, steps, partitions)?;
         tracing::info!(channel = %step.channel, partitions, "repartition step");
         divided.extend([step.upstream, step.downstream]);
@@ -97,8 +100,14 @@ fn refuse(why: impl std::fmt::Display) -> SluiceError {
 
 /// What EXPLAIN adds for a statement that goes through a repartition
 /// step under `settings`: its two sub-topologies and the channel between.
-pub(crate) fn explain(writer: DataStreamWriter, settings: &crate::QuerySettings) -> Result<String> {
+/// `plan` is the statement planned undivided.
+pub(crate) fn explain(
+    writer: DataStreamWriter,
+    plan: &IncrementalPlan,
+    settings: &crate::QuerySettings,
+) -> Result<String> {
     let session = writer.frame.session.clone();
+    let writer = writer.output_mode(plan.mode);
     let id = settings
         .pipeline_name
         .clone()
@@ -139,7 +148,7 @@ fn split(
     partitions: u32,
 ) -> Result<Step> {
     let plan = writer.frame.logical_plan().clone();
-    let aggregate = only_aggregate(&plan)?;
+    let (original, aggregate) = only_aggregate(&plan)?;
     let input = input_stream(&aggregate.input)?;
     if input.watermark.is_some() {
         return Err(refuse(format!(
@@ -232,12 +241,14 @@ fn split(
     let new_input = LogicalPlanBuilder::from(read_back.logical_plan().clone())
         .project(restored)?
         .build()?;
-    let regrouped = LogicalPlan::Aggregate(Aggregate::try_new(
-        Arc::new(new_input),
-        aggregate.group_expr.clone(),
-        aggregate.aggr_expr.clone(),
-    )?);
-    let original = LogicalPlan::Aggregate(aggregate);
+    let regrouped = match &original {
+        LogicalPlan::Distinct(_) => LogicalPlan::Distinct(Distinct::All(Arc::new(new_input))),
+        _ => LogicalPlan::Aggregate(Aggregate::try_new(
+            Arc::new(new_input),
+            aggregate.group_expr.clone(),
+            aggregate.aggr_expr.clone(),
+        )?),
+    };
     let downstream_plan = plan
         .transform_up(|node| {
             if node == original {
@@ -257,18 +268,25 @@ fn split(
 }
 
 /// The statement's one GROUP BY (a statement with several is refused
-/// before this, as stacked stateful operators).
-fn only_aggregate(plan: &LogicalPlan) -> Result<Aggregate> {
+/// before this, as stacked stateful operators): the node, and it as an
+/// aggregation (`SELECT DISTINCT` groups by every column).
+fn only_aggregate(plan: &LogicalPlan) -> Result<(LogicalPlan, Aggregate)> {
     let mut found = Vec::new();
     plan.apply(|node| {
-        if let LogicalPlan::Aggregate(a) = node {
-            found.push(a.clone());
+        match node {
+            LogicalPlan::Aggregate(a) => found.push((node.clone(), a.clone())),
+            LogicalPlan::Distinct(Distinct::All(input)) => {
+                let columns = input.schema().columns().into_iter().map(Expr::Column);
+                let a = Aggregate::try_new(Arc::clone(input), columns.collect(), Vec::new())?;
+                found.push((node.clone(), a));
+            }
+            _ => {}
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
     match <[_; 1]>::try_from(found) {
         Ok([one]) => Ok(one),
-        Err(found) if found.is_empty() => Err(refuse("its GROUP BY is not an aggregation")),
+        Err(found) if found.is_empty() => Err(refuse("its grouping is not an aggregation")),
         Err(_) => Err(refuse("it has several GROUP BYs")),
     }
 }
