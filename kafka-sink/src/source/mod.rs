@@ -103,6 +103,7 @@ impl KafkaSourceFactory {
             lag: Mutex::new(BTreeMap::new()),
             rejected: Mutex::default(),
             purged: Mutex::default(),
+            purger: std::sync::OnceLock::new(),
         }))))
     }
 }
@@ -162,6 +163,8 @@ struct SourceInner {
     /// With 'purge-committed': when records were last deleted, and below
     /// which offset in each partition.
     purged: Mutex<Purged>,
+    /// The admin client that deletes them, made on first use.
+    purger: std::sync::OnceLock<Arc<AdminClient<DefaultClientContext>>>,
 }
 
 /// How often a 'purge-committed' source deletes what its query committed:
@@ -757,11 +760,17 @@ impl KafkaSource {
         for (&p, &(_, to)) in &committed.ranges {
             purged.below.insert(p, to);
         }
-        let client = &inner.config.client;
-        let admin: AdminClient<DefaultClientContext> = client.create(
-            &client.config(Role::Admin),
-            &format!("kafka source '{}' purge", inner.config.stream),
-        )?;
+        let admin = match inner.purger.get() {
+            Some(admin) => Arc::clone(admin),
+            None => {
+                let client = &inner.config.client;
+                let admin: Arc<AdminClient<DefaultClientContext>> = Arc::new(client.create(
+                    &client.config(Role::Admin),
+                    &format!("kafka source '{}' purge", inner.config.stream),
+                )?);
+                Arc::clone(inner.purger.get_or_init(|| admin))
+            }
+        };
         let topic = inner.config.topic.clone();
         tokio::spawn(async move {
             let done = admin
