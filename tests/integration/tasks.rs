@@ -319,6 +319,37 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
         "{}",
         refused.stderr()
     );
+    // So is 'available-now' through a repartition step: a task could end
+    // before the others sent it everything.
+    let now_sql = d.dir.path().join("now.sql");
+    std::fs::write(
+        &now_sql,
+        format!(
+            "CREATE STREAM input (id BIGINT) WITH (connector = 'kafka', topic = '{input}', \
+               'bootstrap.servers' = '{b}');\n\
+             CREATE STREAM counts WITH (connector = 'kafka', topic = '{counts}', \
+               'bootstrap.servers' = '{b}');\n\
+             SET 'tasks' = 'per-partition';\n\
+             SET 'trigger' = 'available-now';\n\
+             SET 'checkpoint.location' = '{cp}';\n\
+             INSERT INTO counts SELECT id % 7 AS k, count(*) AS n FROM input GROUP BY id % 7;\n",
+            input = d.input,
+            counts = d.counts,
+            b = d.bootstrap,
+            cp = d.dir.path().join("now").display(),
+        ),
+    )
+    .unwrap();
+    let mut refused = Run::new(d.command(&now_sql));
+    let status = refused.wait(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(2), "{}", refused.stderr());
+    assert!(
+        refused
+            .stderr()
+            .contains("'available-now' would end a task"),
+        "{}",
+        refused.stderr()
+    );
 }
 
 /// The outputs of [`Divided`]'s queries are exact: the copy holds every
