@@ -22,6 +22,11 @@
 #   6. end-to-end latency at 10 000 events/s, 100 ms epochs and back to back
 #      (cargo bench --bench latency)
 #   7. criterion micro-benchmarks of the hot paths (cargo bench --bench micro)
+#   8. scale-out: a query divided into tasks, with 1 and 2 task threads and
+#      in task groups of 1, 2 and 3 processes, and the repartition hop
+#      (scaleout.sh)
+#   9. scale-out: a task group's hand-over after SIGKILL and after SIGTERM
+#      (handover.sh)
 #
 # Env:
 #   SCALE  full (default; about 1.5 h on 2 vCPUs) or smoke (every section
@@ -50,6 +55,7 @@ case "$SCALE" in
     COPY=(--records 2000000 --rounds 3)
     LATENCY=(--rate 10000 --seconds 30)
     MICRO=()
+    SCALEOUT=(N=2000000 ROUNDS=2)
     ;;
   smoke)
     STATELESS=(R=200000 N=3 WARMUP=2 ROUNDS=1)
@@ -61,6 +67,7 @@ case "$SCALE" in
     COPY=(--records 100000 --rounds 1)
     LATENCY=(--rate 1000 --seconds 5 --warmup-seconds 2)
     MICRO=(-- --sample-size 10 --warm-up-time 1 --measurement-time 2)
+    SCALEOUT=(N=200000 ROUNDS=1 "CASES='one tasks-t2 group-2'")
     ;;
   *) echo "SCALE is full or smoke, not '$SCALE'" >&2; exit 2 ;;
 esac
@@ -134,6 +141,28 @@ section "6b. End-to-end latency, epochs back to back" \
   bash -c "cargo bench --bench latency -- ${LATENCY[*]} --interval-ms 0 2>'$OUT/latency-0.err' | json_table"
 section "7. Micro-benchmarks (criterion)" \
   bash -c "cargo bench --bench micro ${MICRO[*]} 2>&1 | grep -E '^[a-z_]+/|time:|thrpt:' | grep -v '%' | sed 's/^/    /'"
+
+# The JSON lines of scaleout.sh as one table.
+scaleout_table() {
+  python3 -c '
+import json, sys
+rows = [json.loads(l) for l in sys.stdin if l.startswith("{")]
+print("| shape | case | round | records/s | CPU-s per M records | first commit (s) |")
+print("|---|---|---:|---:|---:|---:|")
+keys = ("shape", "case", "round", "records_per_s", "cpu_s_per_m", "first_commit_s")
+for r in rows:
+    print("| " + " | ".join(str(r[k]) for k in keys) + " |")
+'
+}
+export -f scaleout_table
+SLUICE_RELEASE="${CARGO_TARGET_DIR:-$ROOT/target}/release/sluice"
+section "8. Scale-out: tasks, threads, processes and the repartition hop" \
+  bash -c "export SLUICE_KAFKA_BOOTSTRAP=\$(scripts/kafka start | tail -n 1) SLUICE='$SLUICE_RELEASE'; \
+    env ${SCALEOUT[*]} benches/scaleout.sh 2>'$OUT/scaleout.err' | scaleout_table"
+section "9. Scale-out: a task group's hand-over after SIGKILL and SIGTERM" \
+  bash -c "export SLUICE_KAFKA_BOOTSTRAP=\$(scripts/kafka start | tail -n 1) SLUICE='$SLUICE_RELEASE'; \
+    echo '\`\`\`'; benches/handover.sh kill 2>'$OUT/handover-kill.err' | grep -E 'stopped|given|hand-over'; \
+    benches/handover.sh term 2>'$OUT/handover-term.err' | grep -E 'stopped|given|hand-over'; echo '\`\`\`'"
 
 log "done: $SUITE (charts in $OUT/nexmark/charts)"
 cat "$SUITE"
