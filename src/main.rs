@@ -353,6 +353,9 @@ async fn run(
     metrics_addr: Option<&str>,
     shutdown_timeout: Duration,
 ) -> Result<(), Failure> {
+    // Listened for from here: a signal while the queries start is kept
+    // and stops them once started, instead of killing the process.
+    let mut shutdown = Shutdown::listen();
     let text = read_sql(file)?;
     let session = sluice::Session::new();
     if let Some(addr) = metrics_addr {
@@ -426,7 +429,7 @@ async fn run(
     if running.is_empty() {
         return Ok(());
     }
-    wait_or_signal(&running, shutdown_timeout).await
+    wait_or_signal(&running, shutdown_timeout, &mut shutdown).await
 }
 
 /// `sluice verify FILE`: prints each query's verdict. Exit 1 when a
@@ -482,7 +485,11 @@ async fn stop_all(queries: &[StreamingQuery]) {
 
 /// Waits until every query ends, or a signal asks them all to stop (each
 /// finishes its open epoch first).
-async fn wait_or_signal(queries: &[StreamingQuery], timeout: Duration) -> Result<(), Failure> {
+async fn wait_or_signal(
+    queries: &[StreamingQuery],
+    timeout: Duration,
+    shutdown: &mut Shutdown,
+) -> Result<(), Failure> {
     let all_done = async {
         let mut failures = Vec::new();
         for q in queries {
@@ -495,7 +502,7 @@ async fn wait_or_signal(queries: &[StreamingQuery], timeout: Duration) -> Result
     };
     let failures = tokio::select! {
         f = all_done => f,
-        _ = shutdown_signal() => {
+        _ = shutdown.signalled() => {
             eprintln!("\nsluice: stopping (finishing the open epoch)...");
             return match tokio::time::timeout(timeout, stop_all(queries)).await {
                 // A query that could not finish its open epoch (its brokers
@@ -529,25 +536,53 @@ async fn wait_or_signal(queries: &[StreamingQuery], timeout: Duration) -> Result
     }
 }
 
-async fn shutdown_signal() {
+/// SIGINT (Ctrl-C) and SIGTERM, their handlers installed when this is made.
+struct Shutdown {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Shutdown {
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Self {
+                interrupt: signal(SignalKind::interrupt()).ok(),
+                terminate: signal(SignalKind::terminate()).ok(),
             }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    /// Until one of them arrives (or has arrived since `listen`).
+    async fn signalled(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn one(signal: &mut Option<tokio::signal::unix::Signal>) {
+                match signal {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            if self.interrupt.is_none() && self.terminate.is_none() {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+            tokio::select! {
+                _ = one(&mut self.interrupt) => {}
+                _ = one(&mut self.terminate) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -190,6 +190,15 @@ impl StatementSet {
                     new_id = Some(id);
                 }
                 if self.settings.task_group {
+                    if self.settings.pipeline_name.is_none() {
+                        return Err(SluiceError::config(
+                            "a query whose tasks are shared between processes ('tasks.group') \
+                             needs SET 'pipeline.name': it is the identity they all share (their \
+                             group, transactional ids and repartition topics); without one, \
+                             processes starting together on a new checkpoint could each draw \
+                             their own",
+                        ));
+                    }
                     if self.settings.trigger == Trigger::AvailableNow {
                         return Err(SluiceError::config(
                             "a query whose tasks are shared between processes ('tasks.group') \

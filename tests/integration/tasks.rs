@@ -289,67 +289,61 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
 
     // An event-time window on what does not decide the partition is
     // refused: its watermark cannot cross the repartition step yet.
-    let refused_sql = d.dir.path().join("refused.sql");
-    std::fs::write(
-        &refused_sql,
-        format!(
-            "CREATE STREAM timed (id BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '1' \
-               SECOND) WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{b}');\n\
-             CREATE STREAM windows WITH (connector = 'kafka', topic = '{windows}', \
-               'bootstrap.servers' = '{b}');\n\
-             SET 'tasks' = 'per-partition';\n\
-             SET 'checkpoint.location' = '{cp}';\n\
-             INSERT INTO windows SELECT id % 7 AS k, window_start, count(*) AS n \
+    let (input, counts, windows, b) = (&d.input, &d.counts, &d.windows, &d.bootstrap);
+    let streams = format!(
+        "CREATE STREAM input (id BIGINT) WITH (connector = 'kafka', topic = '{input}', \
+           'bootstrap.servers' = '{b}');\n\
+         CREATE STREAM timed (id BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL '1' \
+           SECOND) WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{b}');\n\
+         CREATE STREAM counts WITH (connector = 'kafka', topic = '{counts}', \
+           'bootstrap.servers' = '{b}');\n\
+         CREATE STREAM windows WITH (connector = 'kafka', topic = '{windows}', \
+           'bootstrap.servers' = '{b}');\n\
+         SET 'tasks' = 'per-partition';\n"
+    );
+    let count = "INSERT INTO counts SELECT id % 7 AS k, count(*) AS n FROM input GROUP BY id % 7;";
+    for (name, statements, message) in [
+        (
+            "window",
+            "INSERT INTO windows SELECT id % 7 AS k, window_start, count(*) AS n \
                FROM TABLE(TUMBLE(TABLE timed, DESCRIPTOR(ts), INTERVAL '1' SECOND)) \
-               GROUP BY id % 7, window_start, window_end;\n",
-            input = d.input,
-            windows = d.windows,
-            b = d.bootstrap,
-            cp = d.dir.path().join("refused").display(),
+               GROUP BY id % 7, window_start, window_end;"
+                .to_string(),
+            "watermark, which cannot cross a repartition step",
         ),
-    )
-    .unwrap();
-    let mut refused = Run::new(d.command(&refused_sql));
-    let status = refused.wait(Duration::from_secs(60));
-    assert_eq!(status.code(), Some(2), "{}", refused.stderr());
-    assert!(
-        refused
-            .stderr()
-            .contains("watermark, which cannot cross a repartition step"),
-        "{}",
-        refused.stderr()
-    );
-    // So is 'available-now' through a repartition step: a task could end
-    // before the others sent it everything.
-    let now_sql = d.dir.path().join("now.sql");
-    std::fs::write(
-        &now_sql,
-        format!(
-            "CREATE STREAM input (id BIGINT) WITH (connector = 'kafka', topic = '{input}', \
-               'bootstrap.servers' = '{b}');\n\
-             CREATE STREAM counts WITH (connector = 'kafka', topic = '{counts}', \
-               'bootstrap.servers' = '{b}');\n\
-             SET 'tasks' = 'per-partition';\n\
-             SET 'trigger' = 'available-now';\n\
-             SET 'checkpoint.location' = '{cp}';\n\
-             INSERT INTO counts SELECT id % 7 AS k, count(*) AS n FROM input GROUP BY id % 7;\n",
-            input = d.input,
-            counts = d.counts,
-            b = d.bootstrap,
-            cp = d.dir.path().join("now").display(),
+        // 'available-now' through a repartition step: a task could end
+        // before the others sent it everything.
+        (
+            "now",
+            format!("SET 'trigger' = 'available-now';\n{count}"),
+            "'available-now' would end a task",
         ),
-    )
-    .unwrap();
-    let mut refused = Run::new(d.command(&now_sql));
-    let status = refused.wait(Duration::from_secs(60));
-    assert_eq!(status.code(), Some(2), "{}", refused.stderr());
-    assert!(
-        refused
-            .stderr()
-            .contains("'available-now' would end a task"),
-        "{}",
-        refused.stderr()
-    );
+        // A task group without the identity its processes share.
+        (
+            "nameless",
+            format!("SET 'tasks.group' = 'true';\n{count}"),
+            "needs SET 'pipeline.name'",
+        ),
+    ] {
+        let sql = d.dir.path().join(format!("{name}.sql"));
+        let checkpoint = d.dir.path().join(name);
+        std::fs::write(
+            &sql,
+            format!(
+                "{streams}SET 'checkpoint.location' = '{}';\n{statements}\n",
+                checkpoint.display()
+            ),
+        )
+        .unwrap();
+        let mut refused = Run::new(d.command(&sql));
+        let status = refused.wait(Duration::from_secs(60));
+        assert_eq!(status.code(), Some(2), "{name}: {}", refused.stderr());
+        assert!(
+            refused.stderr().contains(message),
+            "{name}: {}",
+            refused.stderr()
+        );
+    }
 }
 
 /// The outputs of [`Divided`]'s queries are exact: the copy holds every
