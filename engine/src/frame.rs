@@ -158,7 +158,8 @@ impl StreamFrame {
             .data;
         if found == 0 {
             return Err(SluiceError::plan(format!(
-                "with_watermark('{column}'): none of the streams this frame reads has a column                  '{column}'"
+                "with_watermark('{column}'): none of the streams this frame reads has a column \
+                 '{column}'"
             )));
         }
         Ok(Self {

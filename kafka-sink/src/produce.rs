@@ -147,22 +147,40 @@ impl SinkConfig {
         let count = i32::try_from(partitions)
             .map_err(|_| self.external(format!("{partitions} partitions are too many")))?;
         let new = NewTopic::new(topic, count, TopicReplication::Fixed(-1));
-        let options = AdminOptions::new().request_timeout(Some(self.client.timeout()));
-        let results = admin
-            .create_topics([&new], &options)
-            .await
-            .map_err(|e| self.unreachable(format!("creating topic '{topic}': {e}")))?;
-        for r in results {
-            match r {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((_, e)) => return Err(self.external(format!("cannot create it: {e}"))),
-            }
-        }
+        self.create_if_missing(&admin, &new, |e| {
+            self.external(format!("cannot create it: {e}"))
+        })
+        .await?;
         let found = self.partition_count(&admin, topic).await?;
         if found != partitions as usize {
             return Err(SluiceError::config(format!(
-                "topic '{topic}' has {found} partition(s), but {partitions} were asked for                  ('topic.partitions'): a repartition topic needs one partition per task of the                  query. Nothing was written. If the query's input gained partitions, run the                  query as a new one (a new 'pipeline.name'); else delete the topic"
+                "topic '{topic}' has {found} partition(s), but {partitions} were asked for \
+                 ('topic.partitions'): a repartition topic needs one partition per task of the \
+                 query. Nothing was written. If the query's input gained partitions, run the \
+                 query as a new one (a new 'pipeline.name'); else delete the topic"
             )));
+        }
+        Ok(())
+    }
+
+    /// Creates `new` through `admin`, unless a topic of its name exists;
+    /// `refused` explains a broker's refusal.
+    pub(crate) async fn create_if_missing(
+        &self,
+        admin: &AdminClient<DefaultClientContext>,
+        new: &NewTopic<'_>,
+        refused: impl FnOnce(RDKafkaErrorCode) -> SluiceError,
+    ) -> Result<()> {
+        let options = AdminOptions::new().request_timeout(Some(self.client.timeout()));
+        let results = admin
+            .create_topics([new], &options)
+            .await
+            .map_err(|e| self.unreachable(format!("creating topic '{}': {e}", new.name)))?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((_, e)) => return Err(refused(e)),
+            }
         }
         Ok(())
     }

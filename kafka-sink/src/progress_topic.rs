@@ -17,7 +17,6 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, Top
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::types::RDKafkaErrorCode;
 use serde::{Deserialize, Serialize};
 use sluice_engine::{EpochCommit, Result, SluiceError, SourceRange};
 
@@ -103,30 +102,20 @@ pub(crate) async fn ensure_topic(config: &SinkConfig, topic: &str) -> Result<()>
     let replicas = brokers.clamp(1, 3) as i32;
     let new =
         NewTopic::new(topic, 1, TopicReplication::Fixed(replicas)).set("cleanup.policy", "compact");
-    let options = AdminOptions::new().request_timeout(Some(config.client.timeout()));
-    let results = admin
-        .create_topics([&new], &options)
-        .await
-        .map_err(|e| config.unreachable(format!("creating progress topic '{topic}': {e}")))?;
-    for r in results {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => {
-                return Err(SluiceError::External {
-                    what: format!(
-                        "kafka progress topic '{t}' on '{}'",
-                        config.client.bootstrap()
-                    ),
-                    message: format!("cannot create it: {e}"),
-                    hint: Some(
-                        "create it yourself (1 partition, cleanup.policy=compact) or name \
-                         another with 'progress.topic'"
-                            .into(),
-                    ),
-                })
-            }
-        }
-    }
+    config
+        .create_if_missing(&admin, &new, |e| SluiceError::External {
+            what: format!(
+                "kafka progress topic '{topic}' on '{}'",
+                config.client.bootstrap()
+            ),
+            message: format!("cannot create it: {e}"),
+            hint: Some(
+                "create it yourself (1 partition, cleanup.policy=compact) or name another with \
+                 'progress.topic'"
+                    .into(),
+            ),
+        })
+        .await?;
     check_shape(config, &admin, topic).await
 }
 
