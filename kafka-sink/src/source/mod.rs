@@ -26,8 +26,6 @@ use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::json::ReaderBuilder;
-use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, Timestamp};
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
@@ -38,12 +36,14 @@ use sluice_engine::{
 };
 
 mod config;
+mod purge;
 
 use crate::client::Role;
 use crate::group::KafkaTaskGroup;
 use crate::position::Ended;
 pub(crate) use config::factory;
 use config::{OnError, SourceConfig, SourceFormat, StartupMode};
+use purge::Purger;
 
 #[derive(Debug)]
 pub(crate) struct KafkaSourceFactory(SourceConfig);
@@ -102,8 +102,7 @@ impl KafkaSourceFactory {
             record_bytes: Mutex::new(None),
             lag: Mutex::new(BTreeMap::new()),
             rejected: Mutex::default(),
-            purged: Mutex::default(),
-            purger: std::sync::OnceLock::new(),
+            purger: Purger::new(c),
         }))))
     }
 }
@@ -160,22 +159,8 @@ struct SourceInner {
     lag: Mutex<BTreeMap<String, i64>>,
     /// What the last read could not decode and set aside.
     rejected: Mutex<Rejected>,
-    /// With 'purge-committed': when records were last deleted, and below
-    /// which offset in each partition.
-    purged: Mutex<Purged>,
-    /// The admin client that deletes them, made on first use.
-    purger: std::sync::OnceLock<Arc<AdminClient<DefaultClientContext>>>,
-}
-
-/// How often a 'purge-committed' source deletes what its query committed:
-/// each deletion is a request to every partition leader, and the records
-/// may wait a little.
-const PURGE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
-
-#[derive(Default)]
-struct Purged {
-    at: Option<std::time::Instant>,
-    below: BTreeMap<i32, i64>,
+    /// With 'purge-committed', what deletes the records it committed past.
+    purger: Option<Purger>,
 }
 
 impl std::fmt::Debug for SourceInner {
@@ -734,69 +719,13 @@ struct Record {
     timestamp_ms: Option<i64>,
 }
 
-impl KafkaSource {
-    /// With 'purge-committed', deletes the records before `committed` (the
-    /// end of the query's last committed epoch: every epoch starts where
-    /// the last committed one ended), in the background, at most every
-    /// [`PURGE_INTERVAL`]. A failure only delays the deletion.
-    fn purge(&self, committed: &PlannedRanges) -> Result<()> {
-        let inner = &self.0;
-        let mut purged = inner.purged.lock().unwrap_or_else(|p| p.into_inner());
-        if purged.at.is_some_and(|at| at.elapsed() < PURGE_INTERVAL) {
-            return Ok(());
-        }
-        let mut below = TopicPartitionList::new();
-        for (&p, &(_, to)) in &committed.ranges {
-            if purged.below.get(&p).is_none_or(|&done| to > done) {
-                below
-                    .add_partition_offset(&inner.config.topic, p, KafkaOffset::Offset(to))
-                    .map_err(|e| SluiceError::Internal(format!("purge offsets: {e}")))?;
-            }
-        }
-        purged.at = Some(std::time::Instant::now());
-        if below.count() == 0 {
-            return Ok(());
-        }
-        for (&p, &(_, to)) in &committed.ranges {
-            purged.below.insert(p, to);
-        }
-        let admin = match inner.purger.get() {
-            Some(admin) => Arc::clone(admin),
-            None => {
-                let client = &inner.config.client;
-                let admin: Arc<AdminClient<DefaultClientContext>> = Arc::new(client.create(
-                    &client.config(Role::Admin),
-                    &format!("kafka source '{}' purge", inner.config.stream),
-                )?);
-                Arc::clone(inner.purger.get_or_init(|| admin))
-            }
-        };
-        let topic = inner.config.topic.clone();
-        tokio::spawn(async move {
-            let done = admin
-                .delete_records(&below, &AdminOptions::new())
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|list| {
-                    list.elements()
-                        .iter()
-                        .find_map(|e| e.error().err())
-                        .map_or(Ok(()), |e| Err(e.to_string()))
-                });
-            if let Err(e) = done {
-                tracing::warn!(%topic, error = %e, "deleting committed records failed; retried later");
-            }
-        });
-        Ok(())
-    }
-}
-
 #[async_trait]
 impl Source for KafkaSource {
     async fn latest_offset(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
         let start = start.map(parse).transpose()?;
-        if let Some(committed) = start.as_ref().filter(|_| self.0.config.purge_committed) {
-            self.purge(committed)?;
+        if let (Some(purger), Some(committed)) = (&self.0.purger, &start) {
+            let positions = committed.ranges.iter().map(|(&p, &(_, to))| (p, to));
+            purger.committed(&positions.collect())?;
         }
         let inner = Arc::clone(&self.0);
         let plan = tokio::task::spawn_blocking(move || inner.plan(start))
