@@ -252,12 +252,12 @@ pub(crate) async fn run_tasks(
         // One task runs here, as before queries had tasks.
         Ok([(one, recovered)]) => one.run(recovered).await,
         Err(loops) => {
-            let mut running: futures::stream::FuturesUnordered<_> = loops
+            let mut running: FuturesUnordered<_> = loops
                 .into_iter()
                 .map(|(task, recovered)| tokio::spawn(task.run(recovered)))
                 .collect();
             let mut first_error = None;
-            while let Some(ended) = futures::StreamExt::next(&mut running).await {
+            while let Some(ended) = running.next().await {
                 let ended = ended.unwrap_or_else(|e| {
                     Err(SluiceError::Internal(format!(
                         "a task's epoch loop ended: {e}"

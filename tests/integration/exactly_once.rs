@@ -356,15 +356,11 @@ fn kill_until_done(p: &Pipeline, salt: u64) {
     use std::collections::BTreeMap;
     // A new seed each run, printed: a failure names the seed that replays
     // it (SLUICE_CRASH_SEED=<seed>).
-    let seed = std::env::var("SLUICE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos() as u64)
-        });
-    eprintln!("kill -9 schedule: SLUICE_CRASH_SEED={seed}");
+    let seed = crate::util::crash_seed("kill -9", || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
     let mut rng = Lcg(seed ^ salt);
     let wanted = kills_per_test();
     let mut landings: BTreeMap<Landing, usize> = BTreeMap::new();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sluice::broker::{create_topic, fresh_topic, read_topic, ReadRecord};
 
-use crate::util::{broker, Lcg, Run};
+use crate::util::{broker, crash_seed, Lcg, Run};
 
 const PARTITIONS: i32 = 6;
 const RECORDS: i64 = 6_000;
@@ -161,6 +161,25 @@ impl Divided {
         cmd
     }
 
+    /// `sluice checkpoint inspect` of query `query`'s checkpoint, checked
+    /// against Kafka: its report, after asserting it succeeded.
+    fn inspect(&self, query: &str) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["checkpoint", "inspect"])
+            .arg(format!("{}/{query}", self.checkpoints))
+            .args(["--bootstrap", &self.bootstrap])
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{report}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        report
+    }
+
     async fn read(&self, topic: &str) -> Vec<ReadRecord> {
         let (b, t) = (self.bootstrap.clone(), topic.to_string());
         tokio::task::spawn_blocking(move || read_topic(&b, &t, true, Duration::from_secs(60)))
@@ -181,12 +200,7 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     let sql = d.sql("per-partition", &key_from_value());
 
     // Kill -9 at random moments, then run to the end of the input.
-    let seed = std::env::var("SLUICE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x7a5c);
-    eprintln!("kill -9 schedule: SLUICE_CRASH_SEED={seed}");
-    let mut rng = Lcg(seed);
+    let mut rng = Lcg(crash_seed("kill -9", || 0x7a5c));
     for _ in 0..6 {
         let mut run = Run::new(d.command(&sql));
         std::thread::sleep(Duration::from_millis(700 + rng.next(2_500)));
@@ -233,14 +247,7 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
 
         // `sluice checkpoint inspect` shows every task, each agreeing with
         // its own progress record.
-        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["checkpoint", "inspect"])
-            .arg(d.dir.path().join(query))
-            .args(["--bootstrap", &d.bootstrap])
-            .output()
-            .unwrap();
-        let report = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{report}");
+        let report = d.inspect(query);
         assert!(
             report.contains(&format!("divided into {PARTITIONS} tasks")),
             "{report}"
@@ -491,19 +498,7 @@ async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_
                 commits.display()
             );
         }
-        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["checkpoint", "inspect"])
-            .arg(format!("{}/{query}", d.checkpoints))
-            .args(["--bootstrap", &d.bootstrap])
-            .envs(d.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .unwrap();
-        let report = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{report}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let report = d.inspect(query);
         assert_eq!(
             report.matches("agrees with the checkpoint").count(),
             PARTITIONS as usize,
@@ -533,12 +528,7 @@ async fn share_and_take_over(d: &Divided) {
     };
     // Whether a process was given tasks.
     let given = |run: &Run| run.stderr().contains("tasks come to this process");
-    let seed = std::env::var("SLUICE_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x3b1d);
-    eprintln!("chaos schedule: SLUICE_CRASH_SEED={seed}");
-    let mut rng = Lcg(seed);
+    let mut rng = Lcg(crash_seed("chaos", || 0x3b1d));
     // Started together: they open the new checkpoints at the same moment.
     let mut running: Vec<Run> = (0..3).map(|_| spawn()).collect();
     let mut log = String::new();
@@ -606,23 +596,11 @@ async fn share_and_take_over(d: &Divided) {
         .iter()
         .map(|r| format!("owner: sluice-{}@", r.pid()))
         .collect();
-    let inspect = |query: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["checkpoint", "inspect"])
-            .arg(format!("{}/{query}", d.checkpoints))
-            .args(["--bootstrap", &d.bootstrap])
-            .envs(d.env.iter().map(|(k, v)| (k, v)))
-            .output()
-            .unwrap();
-        let report = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "{report}");
-        report
-    };
     for query in ["copy", "counts", "windows"] {
         // A rebalance may still be settling the last restarted process in.
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let report = inspect(query);
+            let report = d.inspect(query);
             let owners: Vec<&str> = report.lines().filter(|l| l.contains("owner: ")).collect();
             assert_eq!(owners.len(), PARTITIONS as usize, "{report}");
             assert!(report.contains("lag: "), "{report}");

@@ -72,6 +72,17 @@ pub fn ints(batches: &[RecordBatch], name: &str) -> Vec<i64> {
         .collect()
 }
 
+/// The seed of a crash schedule: `SLUICE_CRASH_SEED` when set (to replay
+/// a failure), else `default()`; printed, so a failure names it.
+pub fn crash_seed(schedule: &str, default: impl FnOnce() -> u64) -> u64 {
+    let seed = std::env::var("SLUICE_CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(default);
+    eprintln!("{schedule} schedule: SLUICE_CRASH_SEED={seed}");
+    seed
+}
+
 /// A small deterministic generator: no dependency, a fixed seed in CI.
 pub struct Lcg(pub u64);
 
