@@ -229,6 +229,7 @@ pub fn is_sensitive(key: &str) -> bool {
         "private",
         "sasl.oauthbearer.config",
         "basic.auth.user.info",
+        "basic-auth.user-info",
     ]
     .iter()
     .any(|word| key.contains(word))

@@ -1,5 +1,8 @@
-//! `format = 'avro'`: one Avro record per Kafka message, in Avro's
-//! single-object encoding, with the schema derived from the columns.
+//! `format = 'avro'` and `format = 'avro-confluent'`: one Avro record per
+//! Kafka message.
+//!
+//! **`avro`** is Avro's single-object encoding, with the schema derived
+//! from the columns.
 //!
 //! Each message is `C3 01`, the 8-byte little-endian CRC-64-AVRO (Rabin)
 //! fingerprint of the writer schema, then the record's Avro binary body
@@ -14,17 +17,34 @@
 //! time zone), DATE as `date`, DECIMAL as `decimal` bytes. The sink logs it
 //! when it starts; a Kafka source declaring the same columns with
 //! `format = 'avro'` derives the same schema and reads the messages back.
+//!
+//! **`avro-confluent`** is the Confluent wire format: a zero byte, the
+//! 4-byte big-endian id of the writer schema in a schema registry
+//! ([`crate::registry`]), then the record's Avro binary body. A sink
+//! registers the derived schema under its subject and writes with its id.
+//! A source reads each record with the schema its id names (the *writer*
+//! schema) and resolves it, by Avro's schema resolution rules, to one
+//! *reader* schema: the subject's latest version when the stream starts
+//! (so a field added with a default reads as that default from older
+//! records, and a field the reader does not know is dropped), then keeps
+//! the declared columns by name. With no columns declared, the reader
+//! schema's fields are the columns.
 
 use std::sync::Arc;
 
 use arrow_avro::reader::ReaderBuilder;
-use arrow_avro::schema::{AvroSchema, FingerprintStrategy, SchemaStore};
+use arrow_avro::schema::{
+    AvroSchema, Fingerprint, FingerprintAlgorithm, FingerprintStrategy, SchemaStore,
+};
 use arrow_avro::writer::format::AvroSoeFormat;
 use arrow_avro::writer::WriterBuilder;
-use datafusion::arrow::compute::cast;
-use datafusion::arrow::datatypes::{Schema, SchemaRef};
+use datafusion::arrow::compute::{can_cast_types, cast, concat_batches};
+use datafusion::arrow::datatypes::{Field, Schema, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
-use sluice_engine::{Result, SluiceError};
+use serde_json::Value;
+use sluice_engine::{columns, Result, SluiceError};
+
+use crate::registry::Registry;
 
 /// The Avro schema (JSON) for rows with `schema`, or an error naming the
 /// column whose type Avro cannot carry.
@@ -44,10 +64,12 @@ pub(crate) fn schema_json(schema: &Schema) -> Result<String> {
     Ok(AvroSchema::try_from(schema)?.json_string)
 }
 
-/// One single-object-encoded message per row of `batch`.
-pub(crate) fn encode(batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+/// One message per row of `batch`: single-object encoded with
+/// [`FingerprintStrategy::Rabin`], Confluent-framed with
+/// [`FingerprintStrategy::Id`].
+pub(crate) fn encode(batch: &RecordBatch, framing: FingerprintStrategy) -> Result<Vec<Vec<u8>>> {
     let mut encoder = WriterBuilder::new(batch.schema().as_ref().clone())
-        .with_fingerprint_strategy(FingerprintStrategy::Rabin)
+        .with_fingerprint_strategy(framing)
         .build_encoder::<AvroSoeFormat>()
         .map_err(avro_error)?;
     encoder.encode(batch).map_err(avro_error)?;
@@ -94,22 +116,263 @@ impl AvroDecoder {
         let Some(batch) = decoder.flush().map_err(avro_error)? else {
             return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
         };
-        // Avro has fewer types than Arrow (a SMALLINT travels as `int`):
-        // give the rows the declared types.
-        let columns = batch
-            .columns()
-            .iter()
-            .zip(self.schema.fields())
-            .map(|(c, f)| {
-                if c.data_type() == f.data_type() {
-                    Ok(Arc::clone(c))
-                } else {
-                    cast(c, f.data_type())
-                }
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+        declared(&batch, &self.schema)
     }
+}
+
+/// The columns of `schema` taken from `batch` by name, with the declared
+/// types: Avro has fewer types than Arrow (a SMALLINT travels as `int`).
+fn declared(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let c = batch.column_by_name(f.name()).ok_or_else(|| {
+                SluiceError::Internal(format!("decoded Avro has no field '{}'", f.name()))
+            })?;
+            Ok(if c.data_type() == f.data_type() {
+                Arc::clone(c)
+            } else {
+                cast(c, f.data_type())?
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
+}
+
+/// The writer schema id of a Confluent-framed message, or why it is not
+/// one.
+fn confluent_id(message: &[u8]) -> std::result::Result<u32, String> {
+    match message {
+        [0, a, b, c, d, ..] => Ok(u32::from_be_bytes([*a, *b, *c, *d])),
+        [magic, ..] if *magic != 0 => Err(format!(
+            "magic byte 0x{magic:02x}, not 0x00: not in the Confluent wire format (a zero \
+             byte, the 4-byte schema id, the Avro record)"
+        )),
+        _ => Err(format!(
+            "{} bytes, too short for the Confluent wire format (a zero byte, the 4-byte \
+             schema id, the Avro record)",
+            message.len()
+        )),
+    }
+}
+
+/// Decodes Confluent-framed Avro (`format = 'avro-confluent'`) into the
+/// declared columns, looking each writer schema up in the registry once.
+#[derive(Debug)]
+pub(crate) struct ConfluentDecoder {
+    /// The declared columns (or the reader schema's fields).
+    schema: SchemaRef,
+    /// The reader schema, as JSON.
+    reader: Value,
+    registry: Registry,
+}
+
+impl ConfluentDecoder {
+    /// Reads the subject's latest schema as the reader schema and checks
+    /// the `declared` columns against it; with none declared, its fields
+    /// become the columns. A subject with no schema yet reads with the
+    /// schema derived from the declared columns.
+    pub(crate) fn new(registry: Registry, declared: Option<SchemaRef>) -> Result<Self> {
+        let subject = registry.options().subject.clone();
+        let url = registry.options().url.clone();
+        let latest = registry.latest(&subject)?;
+        let (reader, schema) = match (latest, declared) {
+            (Some(latest), declared) => {
+                let reader: Value = serde_json::from_str(&latest.schema).map_err(|e| {
+                    SluiceError::config(format!(
+                        "subject '{subject}' version {} in registry '{url}' is not Avro JSON: {e}",
+                        latest.version
+                    ))
+                })?;
+                let fields = reader_fields(&reader, &subject)?;
+                let schema = match declared {
+                    Some(declared) => {
+                        for f in declared.fields() {
+                            let Some(found) = fields.field_with_name(f.name()).ok() else {
+                                return Err(SluiceError::config(format!(
+                                    "column '{}' is not a field of subject '{subject}' (version \
+                                     {}, id {}) in registry '{url}'; its fields are: {}",
+                                    f.name(),
+                                    latest.version,
+                                    latest.id,
+                                    columns(&fields)
+                                )));
+                            };
+                            if !can_cast_types(found.data_type(), f.data_type()) {
+                                return Err(SluiceError::config(format!(
+                                    "column '{}' is declared {} but subject '{subject}' \
+                                     (version {}) has it as {}, which cannot be converted",
+                                    f.name(),
+                                    f.data_type(),
+                                    latest.version,
+                                    found.data_type()
+                                )));
+                            }
+                        }
+                        declared
+                    }
+                    None => fields,
+                };
+                (reader, schema)
+            }
+            (None, Some(declared)) => {
+                tracing::warn!(%subject, %url, "the subject has no schema yet: reading with the schema of the declared columns");
+                let mut reader: Value = serde_json::from_str(&schema_json(&declared)?)
+                    .map_err(|e| SluiceError::Internal(format!("derived Avro schema: {e}")))?;
+                // A nullable column reads as null from a writer without it.
+                if let Some(fields) = reader.get_mut("fields").and_then(Value::as_array_mut) {
+                    for f in fields {
+                        let nullable = f
+                            .get("type")
+                            .and_then(Value::as_array)
+                            .is_some_and(|u| u.first() == Some(&Value::from("null")));
+                        if nullable {
+                            f["default"] = Value::Null;
+                        }
+                    }
+                }
+                (reader, declared)
+            }
+            (None, None) => {
+                return Err(SluiceError::config(format!(
+                    "subject '{subject}' has no schema in registry '{url}' yet, so the \
+                     stream's columns are unknown: declare them (CREATE STREAM s (id BIGINT, \
+                     ...)), or register the schema first"
+                )))
+            }
+        };
+        Ok(Self {
+            schema,
+            reader,
+            registry,
+        })
+    }
+
+    /// The columns rows are decoded into.
+    pub(crate) fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    /// Looks up the writer schemas of `messages` not seen yet. Fails only
+    /// when the registry cannot be asked: an id it does not know, like a
+    /// message that is not Confluent-framed, is that message's problem.
+    pub(crate) fn resolve<'a>(&self, messages: impl Iterator<Item = &'a [u8]>) -> Result<()> {
+        let mut last = None;
+        for id in messages.filter_map(|m| confluent_id(m).ok()) {
+            if last != Some(id) {
+                self.registry.schema_by_id(id)?;
+                last = Some(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// All of `messages` as rows; an error if any is not one whole record
+    /// of a schema the registry has.
+    pub(crate) fn decode<'a>(
+        &self,
+        messages: impl ExactSizeIterator<Item = &'a [u8]>,
+    ) -> Result<RecordBatch> {
+        let mut batches = Vec::new();
+        let mut run: Vec<&[u8]> = Vec::new();
+        let mut run_id = None;
+        for message in messages {
+            let id = confluent_id(message).map_err(SluiceError::plan)?;
+            if run_id != Some(id) && !run.is_empty() {
+                batches.push(self.decode_run(run_id.unwrap_or(id), &run)?);
+                run.clear();
+            }
+            run_id = Some(id);
+            run.push(message);
+        }
+        if let Some(id) = run_id {
+            batches.push(self.decode_run(id, &run)?);
+        }
+        Ok(concat_batches(&self.schema, &batches)?)
+    }
+
+    /// Messages all written with schema `id`.
+    fn decode_run(&self, id: u32, messages: &[&[u8]]) -> Result<RecordBatch> {
+        let writer = self.registry.schema_by_id(id)?.ok_or_else(|| {
+            SluiceError::plan(format!(
+                "schema id {id} is not in registry '{}'",
+                self.registry.options().url
+            ))
+        })?;
+        let reader = self.reader_for(&writer)?;
+        let mut store = SchemaStore::new_with_type(FingerprintAlgorithm::Id);
+        store.set(Fingerprint::Id(id), AvroSchema::new(writer.to_string()))?;
+        let mut decoder = ReaderBuilder::new()
+            .with_writer_schema_store(store)
+            .with_reader_schema(reader)
+            .with_batch_size(messages.len().max(1))
+            .build_decoder()
+            .map_err(|e| {
+                SluiceError::plan(format!(
+                    "the record's schema (id {id}) cannot be read as subject '{}''s: {e}",
+                    self.registry.options().subject
+                ))
+            })?;
+        for message in messages {
+            let used = decoder.decode(message).map_err(avro_error)?;
+            if used != message.len() {
+                return Err(SluiceError::plan(format!(
+                    "not one Avro record of schema id {id}: {used} of {} bytes form a record",
+                    message.len()
+                )));
+            }
+        }
+        match decoder.flush().map_err(avro_error)? {
+            Some(batch) => declared(&batch, &self.schema),
+            None => Ok(RecordBatch::new_empty(Arc::clone(&self.schema))),
+        }
+    }
+
+    /// The reader schema under the writer's record name: Avro resolves
+    /// two records only when their names match, and a topic's schemas are
+    /// one record type however its producers named it.
+    fn reader_for(&self, writer: &str) -> Result<AvroSchema> {
+        let writer: Value = serde_json::from_str(writer)
+            .map_err(|e| SluiceError::plan(format!("the registry's schema is not JSON: {e}")))?;
+        let mut reader = self.reader.clone();
+        for key in ["name", "namespace"] {
+            match writer.get(key) {
+                Some(v) => reader[key] = v.clone(),
+                None => {
+                    if let Some(o) = reader.as_object_mut() {
+                        o.remove(key);
+                    }
+                }
+            }
+        }
+        Ok(AvroSchema::new(reader.to_string()))
+    }
+}
+
+/// The Arrow fields of a reader schema (JSON) that is a record.
+fn reader_fields(reader: &Value, subject: &str) -> Result<SchemaRef> {
+    if reader.get("type") != Some(&Value::from("record")) {
+        return Err(SluiceError::config(format!(
+            "subject '{subject}' holds a schema that is not an Avro record; Sluice reads \
+             records into columns"
+        )));
+    }
+    let json = reader.to_string();
+    let mut store = SchemaStore::new();
+    store.register(AvroSchema::new(json.clone()))?;
+    let decoder = ReaderBuilder::new()
+        .with_writer_schema_store(store)
+        .with_reader_schema(AvroSchema::new(json))
+        .build_decoder()
+        .map_err(|e| SluiceError::config(format!("subject '{subject}': {e}")))?;
+    let fields: Vec<Field> = decoder
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_metadata(Default::default()))
+        .collect();
+    Ok(Arc::new(Schema::new(fields)))
 }
 
 fn avro_error(e: arrow_avro::errors::AvroError) -> SluiceError {
@@ -141,7 +404,7 @@ mod tests {
 
     #[test]
     fn messages_are_single_object_encoded_by_hand_too() {
-        let messages = encode(&rows()).unwrap();
+        let messages = encode(&rows(), FingerprintStrategy::Rabin).unwrap();
         assert_eq!(messages.len(), 2);
         let fingerprint = AvroSchema::new(schema_json(&rows().schema()).unwrap())
             .fingerprint(arrow_avro::schema::FingerprintAlgorithm::Rabin)
@@ -161,7 +424,7 @@ mod tests {
     #[test]
     fn decoding_gives_back_the_rows_and_names_a_broken_message() {
         let batch = rows();
-        let messages = encode(&batch).unwrap();
+        let messages = encode(&batch, FingerprintStrategy::Rabin).unwrap();
         let decoder = AvroDecoder::new(batch.schema()).unwrap();
         let back = decoder.decode(messages.iter().map(Vec::as_slice)).unwrap();
         assert_eq!(back, batch);
@@ -170,6 +433,22 @@ mod tests {
         assert!(decoder.decode([truncated].into_iter()).is_err());
         let not_avro: &[u8] = b"{\"id\": 1}";
         assert!(decoder.decode([not_avro].into_iter()).is_err());
+    }
+
+    #[test]
+    fn confluent_framing_is_a_zero_byte_and_the_big_endian_schema_id() {
+        let messages = encode(&rows(), FingerprintStrategy::Id(0x0102_0304)).unwrap();
+        let plain = encode(&rows(), FingerprintStrategy::Rabin).unwrap();
+        for (framed, single) in messages.iter().zip(&plain) {
+            assert_eq!(framed[..5], [0, 1, 2, 3, 4]);
+            assert_eq!(framed[5..], single[10..], "the same Avro body");
+            assert_eq!(confluent_id(framed), Ok(0x0102_0304));
+        }
+        let json = confluent_id(b"{\"id\": 1}").unwrap_err();
+        assert!(json.contains("magic byte 0x7b, not 0x00"), "{json}");
+        let short = confluent_id(&[0, 1, 2]).unwrap_err();
+        assert!(short.contains("3 bytes, too short"), "{short}");
+        assert!(confluent_id(&[]).is_err());
     }
 
     #[test]

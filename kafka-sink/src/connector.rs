@@ -14,6 +14,7 @@ use crate::at_least_once::AtLeastOnceSink;
 use crate::client::{ClientOptions, DEFAULT_CONNECT_TIMEOUT};
 use crate::encode::Format;
 use crate::produce::SinkConfig;
+use crate::registry::{Registry, RegistryOptions, AVRO_CONFLUENT_OPTIONS};
 use crate::transactional_sink::TransactionalSink;
 
 const SINK_OPTIONS: &[&str] = &[
@@ -226,10 +227,21 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
         DEFAULT_CONNECT_TIMEOUT,
         REFUSED,
     )?;
-    let format = Format::parse(
-        &o.take_choice("format", &["json", "csv", "raw", "avro"])?
-            .unwrap_or_else(|| "json".into()),
-    )?;
+    let format = o
+        .take_choice("format", &["json", "csv", "raw", "avro", "avro-confluent"])?
+        .unwrap_or_else(|| "json".into());
+    let what = format!("sink topic '{topic}'");
+    let format = if format == "avro-confluent" {
+        let schema = crate::avro::schema_json(&args.schema)?;
+        let registry = RegistryOptions::take(&mut o, &format, &topic, &what, client.timeout())?;
+        let subject = registry.subject.clone();
+        let schema_id = Registry::new(registry)?.register(&subject, &schema)?;
+        tracing::info!(%topic, %subject, schema_id, %schema, "avro schema registered");
+        Format::AvroConfluent { schema_id }
+    } else {
+        RegistryOptions::refuse_unused(&o, &format, &what)?;
+        Format::parse(&format)?
+    };
     format.check(&args.schema)?;
     if format == Format::Avro {
         // There is no registry: the log is where a consumer finds the schema.
@@ -269,7 +281,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     };
     let dead_letter = o.take("dead-letter.topic");
     let partitions = o.take_parsed::<u32>("topic.partitions", "a number of partitions")?;
-    o.finish("kafka", SINK_OPTIONS)?;
+    o.finish("kafka", &[SINK_OPTIONS, AVRO_CONFLUENT_OPTIONS].concat())?;
     Ok(SinkSettings {
         config: SinkConfig {
             topic,

@@ -4,8 +4,10 @@
 //! batch (JSON escapes newlines inside strings, so the line breaks are
 //! exactly the row boundaries); CSV rows from arrow-csv per row; `raw` takes
 //! the bytes of a single string or binary column; Avro rows from
-//! arrow-avro's row encoder ([`crate::avro`]).
+//! arrow-avro's row encoder ([`crate::avro`]), single-object encoded or in
+//! the Confluent wire format.
 
+use arrow_avro::schema::FingerprintStrategy;
 use datafusion::arrow::array::{Array, AsArray};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::json::LineDelimitedWriter;
@@ -26,6 +28,13 @@ pub enum Format {
     Raw,
     /// One Avro record per message, single-object encoded (see [`crate::avro`]).
     Avro,
+    /// One Avro record per message in the Confluent wire format, written
+    /// with the schema the registry knows by `schema_id` (see
+    /// [`crate::avro`]).
+    AvroConfluent {
+        /// The registry's id of the schema derived from the columns.
+        schema_id: u32,
+    },
 }
 
 impl Format {
@@ -45,7 +54,7 @@ impl Format {
 
     /// Checks that rows with `schema` can be written in this format.
     pub fn check(&self, schema: &SchemaRef) -> Result<()> {
-        if *self == Self::Avro {
+        if matches!(self, Self::Avro | Self::AvroConfluent { .. }) {
             crate::avro::schema_json(schema)?;
         }
         if *self == Self::Raw {
@@ -114,7 +123,10 @@ impl Format {
                     Ok(buf)
                 })
                 .collect(),
-            Self::Avro => crate::avro::encode(batch),
+            Self::Avro => crate::avro::encode(batch, FingerprintStrategy::Rabin),
+            Self::AvroConfluent { schema_id } => {
+                crate::avro::encode(batch, FingerprintStrategy::Id(*schema_id))
+            }
             Self::Raw => {
                 let col = batch.column(0);
                 Ok(match col.data_type() {

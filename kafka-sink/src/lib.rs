@@ -50,6 +50,7 @@ mod group;
 mod position;
 mod produce;
 mod progress_topic;
+mod registry;
 mod running;
 mod source;
 mod transactional_sink;

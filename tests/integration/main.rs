@@ -14,6 +14,7 @@ mod kafka_options;
 mod nexmark;
 mod no_silent_loss;
 mod pipelines;
+mod registry;
 mod secure;
 mod tasks;
 mod util;

@@ -379,3 +379,66 @@ pub fn send_keyed(producer: &rdkafka::producer::BaseProducer, topic: &str, key: 
         producer.poll(Duration::from_millis(10));
     }
 }
+
+/// Starts the tests' schema registry (`scripts/registry`, Apicurio
+/// Registry's Confluent-compatible API) on `SLUICE_TEST_REGISTRY_PORT`
+/// (default 19500) unless it runs, and returns the URL clients use.
+pub async fn schema_registry() -> String {
+    let port = port_from_env("SLUICE_TEST_REGISTRY_PORT", 19500).to_string();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/registry");
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(script)
+            .arg("start")
+            .env("SLUICE_REGISTRY_PORT", &port)
+            .output()
+            .expect("scripts/registry runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "scripts/registry start: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout.lines().last().unwrap_or_default().trim().to_string()
+    })
+    .await
+    .unwrap()
+}
+
+/// Runs `scripts/confluent-client` (Confluent's Python serializers) with
+/// `args`, `stdin` as its input; returns its output lines, or panics with
+/// its error output.
+pub async fn confluent_client(args: Vec<String>, stdin: String) -> Vec<String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/confluent-client");
+    tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = Command::new(script)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("scripts/confluent-client runs");
+        let mut input = child.stdin.take().expect("stdin");
+        input
+            .write_all(stdin.as_bytes())
+            .expect("writing its input");
+        drop(input);
+        let out = child.wait_with_output().expect("it ends");
+        assert!(
+            out.status.success(),
+            "scripts/confluent-client {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .filter(|l| !l.starts_with('%'))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    })
+    .await
+    .unwrap()
+}

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::avro::AvroDecoder;
+use crate::avro::{AvroDecoder, ConfluentDecoder};
 use crate::client::ClientOptions;
+use crate::registry::{Registry, RegistryOptions, AVRO_CONFLUENT_OPTIONS};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use sluice_engine::{Options, Result, SluiceError, SourceFactory};
 
@@ -86,6 +87,7 @@ pub(crate) enum SourceFormat {
     Json,
     Raw,
     Avro,
+    AvroConfluent,
 }
 
 #[derive(Debug, Clone)]
@@ -115,6 +117,8 @@ pub(crate) struct SourceConfig {
     pub value_schema: SchemaRef,
     /// For `format = 'avro'`: reads the declared columns' Avro records.
     pub avro: Option<AvroDecoder>,
+    /// For `format = 'avro-confluent'`: reads records by their schema ids.
+    pub confluent: Option<Arc<ConfluentDecoder>>,
     /// Declared columns followed by the virtual ones.
     pub schema: SchemaRef,
 }
@@ -144,18 +148,33 @@ pub(crate) fn factory(
         (Some(g), None) | (None, Some(g)) => Some(g),
         (None, None) => None,
     };
-    let format = match o
-        .take_choice("format", &["json", "raw", "csv", "avro"])?
-        .as_deref()
-    {
-        None | Some("json") => SourceFormat::Json,
-        Some("raw") => SourceFormat::Raw,
-        Some("avro") => SourceFormat::Avro,
-        Some(other) => {
+    let format_name = o
+        .take_choice("format", &["json", "raw", "csv", "avro", "avro-confluent"])?
+        .unwrap_or_else(|| "json".into());
+    let format = match format_name.as_str() {
+        "json" => SourceFormat::Json,
+        "raw" => SourceFormat::Raw,
+        "avro" => SourceFormat::Avro,
+        "avro-confluent" => SourceFormat::AvroConfluent,
+        other => {
             return Err(SluiceError::config(format!(
                 "stream '{stream}': format '{other}' is not supported by the Kafka source yet; \
-                 use 'json', 'avro' or 'raw'"
+                 use 'json', 'avro', 'avro-confluent' or 'raw'"
             )))
+        }
+    };
+    let what = format!("stream '{stream}'");
+    let registry = match format {
+        SourceFormat::AvroConfluent => Some(RegistryOptions::take(
+            &mut o,
+            "avro-confluent",
+            &topic,
+            &what,
+            client.timeout(),
+        )?),
+        _ => {
+            RegistryOptions::refuse_unused(&o, &format_name, &what)?;
+            None
         }
     };
     // Sluice's short names and Flink's.
@@ -274,8 +293,23 @@ pub(crate) fn factory(
     let purge_committed = o
         .take_parsed::<bool>("purge-committed", "true or false")?
         .unwrap_or(false);
-    o.finish("kafka", SOURCE_OPTIONS)?;
+    o.finish("kafka", &[SOURCE_OPTIONS, AVRO_CONFLUENT_OPTIONS].concat())?;
+    let confluent = match registry {
+        Some(registry) => Some(Arc::new(
+            ConfluentDecoder::new(Registry::new(registry)?, declared.clone())
+                .map_err(|e| in_stream(stream, e))?,
+        )),
+        None => None,
+    };
     let value_schema = match (format, declared) {
+        (SourceFormat::AvroConfluent, _) => match &confluent {
+            Some(c) => c.schema(),
+            None => {
+                return Err(SluiceError::Internal(
+                    "avro-confluent without a registry".into(),
+                ))
+            }
+        },
         (SourceFormat::Raw, None) => {
             Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
         }
@@ -325,11 +359,10 @@ pub(crate) fn factory(
         ),
     ]);
     let avro = match format {
-        SourceFormat::Avro => Some(
-            AvroDecoder::new(Arc::clone(&value_schema))
-                .map_err(|e| SluiceError::config(format!("stream '{stream}': {e}")))?,
-        ),
-        SourceFormat::Json | SourceFormat::Raw => None,
+        SourceFormat::Avro => {
+            Some(AvroDecoder::new(Arc::clone(&value_schema)).map_err(|e| in_stream(stream, e))?)
+        }
+        SourceFormat::Json | SourceFormat::Raw | SourceFormat::AvroConfluent => None,
     };
     Ok(Arc::new(KafkaSourceFactory(SourceConfig {
         stream: stream.to_string(),
@@ -345,8 +378,21 @@ pub(crate) fn factory(
         purge_committed,
         value_schema,
         avro,
+        confluent,
         schema: Arc::new(Schema::new(fields)),
     })))
+}
+
+/// `e` with the stream named in front, when it is about the stream's
+/// options or columns (an unreachable registry names itself).
+fn in_stream(stream: &str, e: SluiceError) -> SluiceError {
+    match e {
+        SluiceError::Config { message } => {
+            SluiceError::config(format!("stream '{stream}': {message}"))
+        }
+        SluiceError::Plan(message) => SluiceError::config(format!("stream '{stream}': {message}")),
+        other => other,
+    }
 }
 
 /// `partition:0,offset:42;partition:1,offset:300` (Flink's syntax).

@@ -588,6 +588,11 @@ impl SourceInner {
     }
 
     fn decode(&self, partition: i32, records: &[Record]) -> Result<RecordBatch> {
+        if let Some(confluent) = &self.config.confluent {
+            // A registry that cannot be asked stops the query; it must not
+            // make every record look malformed.
+            confluent.resolve(records.iter().map(|r| r.value.as_slice()))?;
+        }
         let (batch, kept): (RecordBatch, Vec<&Record>) = match self.decode_all(records) {
             Ok(batch) if batch.num_rows() == records.len() => (batch, records.iter().collect()),
             // Name the bad record, or drop it: decode one at a time.
@@ -642,6 +647,12 @@ impl SourceInner {
                 Some(avro) => avro.decode(records.iter().map(|r| r.value.as_slice())),
                 None => Err(SluiceError::Internal(
                     "avro source without a decoder".into(),
+                )),
+            },
+            SourceFormat::AvroConfluent => match &self.config.confluent {
+                Some(c) => c.decode(records.iter().map(|r| r.value.as_slice())),
+                None => Err(SluiceError::Internal(
+                    "avro-confluent source without a decoder".into(),
                 )),
             },
         }

@@ -1,0 +1,433 @@
+//! `format = 'avro-confluent'` against a real schema registry
+//! (`scripts/registry`) with Confluent's own Python serializers on both
+//! ends (`scripts/confluent-client`): records produced under two schema
+//! versions read into the declared columns, Sluice's output read back by
+//! Confluent's deserializer, and each way a record or the registry can be
+//! wrong.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice::broker::{create_topic, fresh_topic};
+use sluice::Session;
+
+use crate::kafka::read;
+use crate::util::{broker, confluent_client, schema_registry, start_sql};
+
+/// Version 1 of the producers' schema.
+const V1: &str = r#"{"type": "record", "name": "Bid", "namespace": "demo", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "name", "type": "string"}]}"#;
+
+/// Version 2: `price` added with a default (a backward-compatible change).
+const V2: &str = r#"{"type": "record", "name": "Bid", "namespace": "demo", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "name", "type": "string"},
+    {"name": "price", "type": "double", "default": 1.5}]}"#;
+
+/// Version 3, registered after the query started: `note` added too.
+const V3: &str = r#"{"type": "record", "name": "Bid", "namespace": "demo", "fields": [
+    {"name": "id", "type": "long"},
+    {"name": "name", "type": "string"},
+    {"name": "price", "type": "double", "default": 1.5},
+    {"name": "note", "type": "string", "default": ""}]}"#;
+
+fn schema_file(dir: &Path, name: &str, schema: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, schema).unwrap();
+    path.display().to_string()
+}
+
+/// Produces `rows` (JSON objects) to `topic` with Confluent's serializer
+/// under `schema`, keyed by `id`.
+async fn produce(bootstrap: &str, registry: &str, topic: &str, schema: &str, rows: &[Value]) {
+    let lines: String = rows.iter().map(|r| format!("{r}\n")).collect();
+    let out = confluent_client(
+        [
+            "produce",
+            "--bootstrap",
+            bootstrap,
+            "--registry",
+            registry,
+            "--topic",
+            topic,
+            "--schema",
+            schema,
+            "--key-field",
+            "id",
+        ]
+        .map(String::from)
+        .to_vec(),
+        lines,
+    )
+    .await;
+    assert_eq!(out, [rows.len().to_string()], "every row was delivered");
+}
+
+/// The values of `topic` as Confluent's deserializer reads them.
+async fn consume(bootstrap: &str, registry: &str, topic: &str, expect: usize) -> Vec<Value> {
+    let args = [
+        "consume",
+        "--bootstrap",
+        bootstrap,
+        "--registry",
+        registry,
+        "--topic",
+        topic,
+        "--expect",
+        &expect.to_string(),
+        "--timeout",
+        "60",
+    ];
+    let mut rows: Vec<Value> = confluent_client(args.map(String::from).to_vec(), String::new())
+        .await
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    rows.sort_by_key(|r| r["id"].as_i64());
+    rows
+}
+
+fn bid(id: i64, price: Option<f64>) -> Value {
+    let mut row = json!({"id": id, "name": format!("n{id}")});
+    if let Some(p) = price {
+        row["price"] = json!(p);
+    }
+    row
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_confluent_reads_two_schema_versions_and_confluents_deserializer_reads_the_output() {
+    let bootstrap = broker().await;
+    let registry = schema_registry().await;
+    let (input, output, copy) = (
+        fresh_topic("cf-in"),
+        fresh_topic("cf-out"),
+        fresh_topic("cf-copy"),
+    );
+    create_topic(&bootstrap, &input, 2).await.unwrap();
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    create_topic(&bootstrap, &copy, 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2, v3) = (
+        schema_file(dir.path(), "v1.avsc", V1),
+        schema_file(dir.path(), "v2.avsc", V2),
+        schema_file(dir.path(), "v3.avsc", V3),
+    );
+
+    // Rows 0..30 under version 1, then the subject becomes BACKWARD
+    // compatible and rows 30..60 arrive under version 2.
+    let old: Vec<Value> = (0..30).map(|i| bid(i, None)).collect();
+    produce(&bootstrap, &registry, &input, &v1, &old).await;
+    let subject = format!("{input}-value");
+    let args = [
+        "compatibility",
+        "--registry",
+        &registry,
+        "--subject",
+        &subject,
+        "--level",
+        "BACKWARD",
+    ];
+    confluent_client(args.map(String::from).to_vec(), String::new()).await;
+    let new: Vec<Value> = (30..60).map(|i| bid(i, Some(i as f64 * 0.25))).collect();
+    produce(&bootstrap, &registry, &input, &v2, &new).await;
+
+    // One stream declares its columns (the reader schema is version 2:
+    // version 1's rows read `price` as its default); one takes them from
+    // the registry.
+    let session = Session::new();
+    let sql = format!(
+        "SET 'checkpoint.location' = '{cp}';\n\
+         SET 'trigger.interval' = '200 ms';\n\
+         CREATE STREAM bids (id BIGINT NOT NULL, name VARCHAR, price DOUBLE) \
+           WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+           format = 'avro-confluent', 'avro-confluent.url' = '{registry}');\n\
+         CREATE STREAM priced WITH (connector = 'kafka', topic = '{output}', \
+           'bootstrap.servers' = '{bootstrap}', format = 'avro-confluent', \
+           'avro-confluent.url' = '{registry}');\n\
+         INSERT INTO priced SELECT id, name, price, id * 2 AS twice FROM bids;\n",
+        cp = dir.path().join("priced").display()
+    );
+    let query = start_sql(&session, &sql).await;
+
+    // Version 3 is registered while the query runs: its rows have a field
+    // the reader schema does not know, and read without it.
+    let newer: Vec<Value> = (60..90)
+        .map(|i| {
+            let mut row = bid(i, Some(i as f64 * 0.25));
+            row["note"] = json!("later");
+            row
+        })
+        .collect();
+    produce(&bootstrap, &registry, &input, &v3, &newer).await;
+
+    let got = consume(&bootstrap, &registry, &output, 90).await;
+    query.stop().await.unwrap();
+    let want: Vec<Value> = (0..90)
+        .map(|i| {
+            let price = if i < 30 { 1.5 } else { i as f64 * 0.25 };
+            json!({"id": i, "name": format!("n{i}"), "price": price, "twice": i * 2})
+        })
+        .collect();
+    assert_eq!(got, want);
+
+    // The sink registered its schema under <topic>-value, and each output
+    // record names it.
+    let records = read(&bootstrap, &output).await;
+    assert_eq!(records.len(), 90, "each row once");
+    let id_bytes = records[0].value.as_deref().unwrap()[..5].to_vec();
+    assert_eq!(id_bytes[0], 0, "the Confluent magic byte");
+    assert!(records
+        .iter()
+        .all(|r| r.value.as_deref().unwrap()[..5] == id_bytes[..]));
+
+    // No columns declared: they are the latest version's (version 3).
+    let session = Session::new();
+    let sql = format!(
+        "SET 'checkpoint.location' = '{cp}';\n\
+         SET 'trigger' = 'available-now';\n\
+         CREATE STREAM everything WITH (connector = 'kafka', topic = '{input}', \
+           'bootstrap.servers' = '{bootstrap}', format = 'avro-confluent', \
+           'avro-confluent.url' = '{registry}');\n\
+         CREATE STREAM copied WITH (connector = 'kafka', topic = '{copy}', \
+           'bootstrap.servers' = '{bootstrap}');\n\
+         INSERT INTO copied SELECT id, name, price, note FROM everything;\n",
+        cp = dir.path().join("copy").display()
+    );
+    start_sql(&session, &sql)
+        .await
+        .await_termination()
+        .await
+        .unwrap();
+    let mut copied: Vec<Value> = read(&bootstrap, &copy)
+        .await
+        .iter()
+        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap())
+        .collect();
+    copied.sort_by_key(|r| r["id"].as_i64());
+    let want: Vec<Value> = (0..90)
+        .map(|i| {
+            let price = if i < 30 { 1.5 } else { i as f64 * 0.25 };
+            let note = if i < 60 { "" } else { "later" };
+            json!({"id": i, "name": format!("n{i}"), "price": price, "note": note})
+        })
+        .collect();
+    assert_eq!(copied, want);
+}
+
+/// Sends `values` as they are, bypassing any serializer.
+fn send_raw(bootstrap: &str, topic: &str, values: &[Vec<u8>]) {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for v in values {
+        producer
+            .send(BaseRecord::<(), [u8]>::to(topic).payload(v.as_slice()))
+            .map_err(|(e, _)| e)
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_confluent_bad_records_a_down_registry_and_an_incompatible_sink_schema() {
+    let bootstrap = broker().await;
+    let registry = schema_registry().await;
+    let (input, output, letters) = (
+        fresh_topic("cf-bad"),
+        fresh_topic("cf-good"),
+        fresh_topic("cf-letters"),
+    );
+    for t in [&input, &output, &letters] {
+        create_topic(&bootstrap, t, 1).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = schema_file(dir.path(), "v1.avsc", V1);
+
+    // Offset 0: a good record. Then: not Confluent-framed (offset 1), a
+    // schema id the registry does not have (2), a body that is not a
+    // record of its schema (3: id, then a string length with no string).
+    produce(&bootstrap, &registry, &input, &v1, &[bid(0, None)]).await;
+    let good = read(&bootstrap, &input).await[0].value.clone().unwrap();
+    let id = &good[1..5];
+    let mut truncated = vec![0];
+    truncated.extend_from_slice(id);
+    truncated.extend([0x02, 0x40]);
+    let bad = vec![
+        br#"{"id": 1, "name": "json"}"#.to_vec(),
+        vec![0, 0x7f, 0xff, 0xff, 0xff, 0x02, 0x02, b'x'],
+        truncated,
+    ];
+    {
+        let (b, t, v) = (bootstrap.clone(), input.clone(), bad.clone());
+        tokio::task::spawn_blocking(move || send_raw(&b, &t, &v))
+            .await
+            .unwrap();
+    }
+    produce(&bootstrap, &registry, &input, &v1, &[bid(4, None)]).await;
+
+    let stream = |on_error: &str, extra: &str| {
+        format!(
+            "CREATE STREAM bids (id BIGINT NOT NULL, name VARCHAR) \
+               WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+               format = 'avro-confluent', 'avro-confluent.url' = '{registry}', \
+               'format.on-error' = '{on_error}'{extra});\n\
+             CREATE STREAM good WITH (connector = 'kafka', topic = '{output}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             INSERT INTO good SELECT id, name FROM bids;\n"
+        )
+    };
+    let run = |name: &str, body: String| {
+        format!(
+            "SET 'checkpoint.location' = '{}';\nSET 'trigger' = 'available-now';\n{body}",
+            dir.path().join(name).display()
+        )
+    };
+
+    // 'fail' stops at the first bad record, naming where it is and why.
+    let query = start_sql(&Session::new(), &run("fail", stream("fail", ""))).await;
+    let error = query.await_termination().await.unwrap_err().to_string();
+    for part in [
+        format!("topic '{input}'"),
+        "partition 0".to_string(),
+        "offset 1".to_string(),
+        "magic byte 0x7b".to_string(),
+    ] {
+        assert!(error.contains(&part), "'{part}' in: {error}");
+    }
+
+    // 'dead-letter' keeps each bad record's bytes, with the reason; the
+    // good ones go on.
+    let extra = format!(", 'dead-letter.topic' = '{letters}'");
+    let query = start_sql(
+        &Session::new(),
+        &run("letters", stream("dead-letter", &extra)),
+    )
+    .await;
+    query.await_termination().await.unwrap();
+    let dead = read(&bootstrap, &letters).await;
+    assert_eq!(
+        dead.iter()
+            .map(|r| r.value.clone().unwrap())
+            .collect::<Vec<_>>(),
+        bad
+    );
+    let reasons: Vec<String> = dead
+        .iter()
+        .map(|r| {
+            let (_, v) = r.headers.iter().find(|(k, _)| k == "sluice.error").unwrap();
+            String::from_utf8_lossy(v).into_owned()
+        })
+        .collect();
+    assert!(reasons[0].contains("magic byte 0x7b"), "{}", reasons[0]);
+    assert!(
+        reasons[1].contains("schema id 2147483647 is not in registry"),
+        "{}",
+        reasons[1]
+    );
+    assert!(
+        reasons[2].contains("not one Avro record of schema id"),
+        "{}",
+        reasons[2]
+    );
+    let ids: Vec<i64> = read(&bootstrap, &output)
+        .await
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<Value>(r.value.as_deref().unwrap()).unwrap()["id"]
+                .as_i64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ids, [0, 4]);
+
+    // A registry that does not answer is retried for 'connect.timeout',
+    // then named.
+    let down = "http://127.0.0.1:9/apis/ccompat/v7";
+    let sql = run(
+        "down",
+        stream("fail", ", 'connect.timeout' = '2 s'").replace(&registry, down),
+    );
+    let started = std::time::Instant::now();
+    let error = Session::new().sql(&sql).await.err().map(|e| e.to_string());
+    let error = error.expect("the stream cannot be set up without its registry");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        error.contains(&format!("schema registry '{down}'")),
+        "{error}"
+    );
+    assert!(error.contains("no answer within"), "{error}");
+
+    // A sink whose schema the subject's rule refuses fails with the
+    // registry's reason.
+    let strict = fresh_topic("cf-strict");
+    create_topic(&bootstrap, &strict, 1).await.unwrap();
+    let subject = format!("{strict}-value");
+    let text_ids = schema_file(
+        dir.path(),
+        "text.avsc",
+        r#"{"type": "record", "name": "topLevelRecord", "fields": [{"name": "id", "type": "string"}]}"#,
+    );
+    for args in [
+        vec![
+            "register",
+            "--registry",
+            &registry,
+            "--subject",
+            &subject,
+            "--schema",
+            &text_ids,
+        ],
+        vec![
+            "compatibility",
+            "--registry",
+            &registry,
+            "--subject",
+            &subject,
+            "--level",
+            "BACKWARD",
+        ],
+    ] {
+        confluent_client(args.into_iter().map(String::from).collect(), String::new()).await;
+    }
+    let sql = run(
+        "strict",
+        format!(
+            "CREATE STREAM bids (id BIGINT NOT NULL, name VARCHAR) \
+               WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+               format = 'avro-confluent', 'avro-confluent.url' = '{registry}', \
+               'format.on-error' = 'skip');\n\
+             CREATE STREAM strict WITH (connector = 'kafka', topic = '{strict}', \
+               'bootstrap.servers' = '{bootstrap}', format = 'avro-confluent', \
+               'avro-confluent.url' = '{registry}');\n\
+             INSERT INTO strict SELECT id FROM bids;\n"
+        ),
+    );
+    let error = match Session::new().sql(&sql).await {
+        Err(e) => e.to_string(),
+        Ok(outcomes) => {
+            let query = outcomes
+                .into_iter()
+                .find_map(|o| match o {
+                    sluice::StatementOutcome::Started(q) => Some(q),
+                    _ => None,
+                })
+                .unwrap();
+            query.await_termination().await.unwrap_err().to_string()
+        }
+    };
+    assert!(
+        error.contains(&format!(
+            "refused the sink's schema under subject '{subject}'"
+        )),
+        "{error}"
+    );
+}
