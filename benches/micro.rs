@@ -4,9 +4,13 @@
 //! - `json_decode`: Kafka message values (Nexmark bids as `sluice nexmark
 //!   load` writes them) to an Arrow batch, the Kafka source's fast path
 //!   ([`sluice_kafka::decode_json`]);
+//! - `avro_confluent_decode`: the same bids in the Confluent wire format
+//!   (`format = 'avro-confluent'`), writer schema resolved to the reader
+//!   schema ([`sluice_kafka::AvroConfluentDecoder`]), beside JSON's;
 //! - `produce_encode`: an Arrow batch of bids to Kafka messages, unkeyed and
 //!   keyed by auction, as the Kafka sinks encode them before handing them to
-//!   librdkafka ([`sluice_kafka::Format::messages`]);
+//!   librdkafka ([`sluice_kafka::Format::messages`]), in JSON and in
+//!   `avro-confluent`;
 //! - `state_merge`: the keyed state store of a 1 M-key aggregation, per
 //!   epoch of 64 K changed keys: looking up their stored rows, replacing
 //!   them, and writing the epoch's delta for the checkpoint
@@ -29,7 +33,7 @@ use sluice::arrow::array::{
 };
 use sluice::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use sluice::KeyedState;
-use sluice_kafka::{decode_json, Format};
+use sluice_kafka::{decode_json, AvroConfluentDecoder, Format};
 use sluice_nexmark::generator::{Generator, Timeline};
 
 /// Rows per batch: the size of a batch a Kafka partition decodes at once.
@@ -94,6 +98,29 @@ fn json_decode(c: &mut Criterion) {
     group.finish();
 }
 
+fn avro_confluent_decode(c: &mut Criterion) {
+    let batch = bids();
+    let values = Format::AvroConfluent { schema_id: 1 }
+        .encode(&batch)
+        .expect("bids encode");
+    let schema = sluice_kafka::avro_schema(&bid_schema()).expect("an Avro schema");
+    let decoder =
+        AvroConfluentDecoder::with_schemas(&schema, [(1, schema.clone())], Some(bid_schema()))
+            .expect("a decoder");
+    let mut group = c.benchmark_group("avro_confluent_decode");
+    group.throughput(Throughput::Elements(ROWS as u64));
+    group.bench_function("nexmark_bids_64k", |b| {
+        b.iter(|| {
+            let decoded = decoder
+                .decode(values.iter().map(Vec::as_slice))
+                .expect("decode");
+            assert_eq!(decoded.num_rows(), ROWS);
+            decoded
+        })
+    });
+    group.finish();
+}
+
 fn produce_encode(c: &mut Criterion) {
     let batch = bids();
     let mut group = c.benchmark_group("produce_encode");
@@ -109,6 +136,13 @@ fn produce_encode(c: &mut Criterion) {
         b.iter(|| {
             Format::Json
                 .messages(black_box(&batch), &[0])
+                .expect("encode")
+        })
+    });
+    group.bench_function("nexmark_bids_64k_avro_confluent_unkeyed", |b| {
+        b.iter(|| {
+            Format::AvroConfluent { schema_id: 1 }
+                .messages(black_box(&batch), &[])
                 .expect("encode")
         })
     });
@@ -194,6 +228,6 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
-    targets = json_decode, produce_encode, state_merge
+    targets = json_decode, avro_confluent_decode, produce_encode, state_merge
 }
 criterion_main!(micro);

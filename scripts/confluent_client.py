@@ -6,7 +6,9 @@ Run through scripts/confluent-client, which provides confluent-kafka.
                  and produce them, Confluent-framed; registers the schema
                  under <topic>-value (TopicNameStrategy) like any producer
   consume        read a topic read_committed, deserialize each value by its
-                 schema id, print one JSON object per line (sorted keys)
+                 schema id, print one JSON object per line (sorted keys);
+                 with --key-avro, {"key": ..., "value": ...} with the key
+                 deserialized the same way
   register       register a schema under a subject; prints its id
   compatibility  set a subject's compatibility level (BACKWARD, NONE, ...)
 """
@@ -49,6 +51,7 @@ def produce(args):
 
 def consume(args):
     deserializer = AvroDeserializer(registry(args))
+    key_context = SerializationContext(args.topic, MessageField.KEY)
     consumer = Consumer(
         {
             "bootstrap.servers": args.bootstrap,
@@ -69,6 +72,8 @@ def consume(args):
         if message.error():
             raise KafkaException(message.error())
         row = deserializer(message.value(), context)
+        if args.key_avro:
+            row = {"key": deserializer(message.key(), key_context), "value": row}
         print(json.dumps(row, sort_keys=True), flush=True)
         got += 1
     consumer.close()
@@ -100,6 +105,7 @@ def main():
             p.add_argument("--key-field", help="a field whose value, as text, is the key")
         else:
             p.add_argument("--expect", type=int, required=True)
+            p.add_argument("--key-avro", action="store_true", help="keys are Confluent Avro too")
             p.add_argument("--timeout", type=float, default=60)
     p = commands.add_parser("register")
     p.set_defaults(run=register)

@@ -20,7 +20,8 @@
 //!
 //! **`avro-confluent`** is the Confluent wire format: a zero byte, the
 //! 4-byte big-endian id of the writer schema in a schema registry
-//! ([`crate::registry`]), then the record's Avro binary body. A sink
+//! ([`crate::registry`]), then the record's Avro binary body (see
+//! [`AvroConfluentDecoder`]). A sink
 //! registers the derived schema under its subject and writes with its id.
 //! A source reads each record with the schema its id names (the *writer*
 //! schema) and resolves it, by Avro's schema resolution rules, to one
@@ -46,9 +47,18 @@ use sluice_engine::{columns, Result, SluiceError};
 
 use crate::registry::Registry;
 
-/// The Avro schema (JSON) for rows with `schema`, or an error naming the
-/// column whose type Avro cannot carry.
-pub(crate) fn schema_json(schema: &Schema) -> Result<String> {
+/// The Avro schema (JSON) that `format = 'avro'` and `'avro-confluent'`
+/// write rows with `schema` in, or an error naming the column whose type
+/// Avro cannot carry.
+///
+/// ```
+/// use sluice_engine::arrow::datatypes::{DataType, Field, Schema};
+/// let schema = Schema::new(vec![Field::new("id", DataType::Int64, false)]);
+/// let json = sluice_kafka::avro_schema(&schema)?;
+/// assert!(json.contains(r#""name":"topLevelRecord""#), "{json}");
+/// # Ok::<(), sluice_engine::SluiceError>(())
+/// ```
+pub fn schema_json(schema: &Schema) -> Result<String> {
     for field in schema.fields() {
         let one = Schema::new(vec![Arc::clone(field)]);
         if let Err(e) = AvroSchema::try_from(&one) {
@@ -157,27 +167,99 @@ fn confluent_id(message: &[u8]) -> std::result::Result<u32, String> {
     }
 }
 
-/// Decodes Confluent-framed Avro (`format = 'avro-confluent'`) into the
-/// declared columns, looking each writer schema up in the registry once.
+/// Where a [`AvroConfluentDecoder`] finds writer schemas by id.
 #[derive(Debug)]
-pub(crate) struct ConfluentDecoder {
+enum Writers {
+    /// Asked once per id, then cached.
+    Registry(Box<Registry>),
+    /// A fixed set (benchmarks, tests).
+    Fixed(std::collections::HashMap<u32, Arc<str>>),
+}
+
+impl Writers {
+    fn schema_by_id(&self, id: u32) -> Result<Option<Arc<str>>> {
+        match self {
+            Self::Registry(r) => r.schema_by_id(id),
+            Self::Fixed(schemas) => Ok(schemas.get(&id).cloned()),
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Self::Registry(r) => format!("registry '{}'", r.options().url),
+            Self::Fixed(_) => "the given schemas".into(),
+        }
+    }
+}
+
+/// Decodes Avro in the Confluent wire format (`format = 'avro-confluent'`)
+/// into columns: each message with the writer schema its id names,
+/// resolved to one reader schema.
+///
+/// A Kafka source builds it from a schema registry; given the schemas
+/// themselves, it decodes without one:
+///
+/// ```
+/// # use std::sync::Arc;
+/// use sluice_kafka::AvroConfluentDecoder;
+///
+/// let v1 = r#"{"type": "record", "name": "Bid", "fields": [{"name": "id", "type": "long"}]}"#;
+/// let v2 = r#"{"type": "record", "name": "Bid", "fields": [{"name": "id", "type": "long"},
+///     {"name": "price", "type": "double", "default": 1.5}]}"#;
+/// let decoder = AvroConfluentDecoder::with_schemas(v2, [(1, v1.to_string())], None)?;
+/// // Schema id 1, then id 7 as an Avro long (zigzag: 14).
+/// let batch = decoder.decode([&[0u8, 0, 0, 0, 1, 14][..]].into_iter())?;
+/// assert_eq!(batch.num_rows(), 1);
+/// assert_eq!(batch.schema().field(1).name(), "price");
+/// # Ok::<(), sluice_engine::SluiceError>(())
+/// ```
+#[derive(Debug)]
+pub struct AvroConfluentDecoder {
     /// The declared columns (or the reader schema's fields).
     schema: SchemaRef,
     /// The reader schema, as JSON.
     reader: Value,
-    registry: Registry,
+    writers: Writers,
 }
 
-impl ConfluentDecoder {
+impl AvroConfluentDecoder {
+    /// A decoder resolving to `reader` (Avro JSON) the messages written
+    /// with `writers` (by schema id), into the `declared` columns, or
+    /// into all of the reader's fields.
+    pub fn with_schemas(
+        reader: &str,
+        writers: impl IntoIterator<Item = (u32, String)>,
+        declared: Option<SchemaRef>,
+    ) -> Result<Self> {
+        let reader: Value = serde_json::from_str(reader)
+            .map_err(|e| SluiceError::config(format!("the reader schema is not JSON: {e}")))?;
+        let fields = reader_fields(&reader, "the reader schema")?;
+        let schema = match declared {
+            Some(declared) => {
+                check_declared(&declared, &fields, "the reader schema")?;
+                declared
+            }
+            None => fields,
+        };
+        let writers = writers
+            .into_iter()
+            .map(|(id, s)| (id, Arc::from(s)))
+            .collect();
+        Ok(Self {
+            schema,
+            reader,
+            writers: Writers::Fixed(writers),
+        })
+    }
+
     /// Reads the subject's latest schema as the reader schema and checks
     /// the `declared` columns against it; with none declared, its fields
     /// become the columns. A subject with no schema yet reads with the
     /// schema derived from the declared columns.
-    pub(crate) fn new(registry: Registry, declared: Option<SchemaRef>) -> Result<Self> {
+    pub(crate) fn from_registry(registry: Registry, declared: Option<SchemaRef>) -> Result<Self> {
         let subject = registry.options().subject.clone();
         let url = registry.options().url.clone();
-        let latest = registry.latest(&subject)?;
-        let (reader, schema) = match (latest, declared) {
+        let (reader, schema) = match (registry.latest(&subject)?, declared) {
             (Some(latest), declared) => {
                 let reader: Value = serde_json::from_str(&latest.schema).map_err(|e| {
                     SluiceError::config(format!(
@@ -185,31 +267,14 @@ impl ConfluentDecoder {
                         latest.version
                     ))
                 })?;
-                let fields = reader_fields(&reader, &subject)?;
+                let what = format!(
+                    "subject '{subject}' (version {}, id {}) in registry '{url}'",
+                    latest.version, latest.id
+                );
+                let fields = reader_fields(&reader, &what)?;
                 let schema = match declared {
                     Some(declared) => {
-                        for f in declared.fields() {
-                            let Some(found) = fields.field_with_name(f.name()).ok() else {
-                                return Err(SluiceError::config(format!(
-                                    "column '{}' is not a field of subject '{subject}' (version \
-                                     {}, id {}) in registry '{url}'; its fields are: {}",
-                                    f.name(),
-                                    latest.version,
-                                    latest.id,
-                                    columns(&fields)
-                                )));
-                            };
-                            if !can_cast_types(found.data_type(), f.data_type()) {
-                                return Err(SluiceError::config(format!(
-                                    "column '{}' is declared {} but subject '{subject}' \
-                                     (version {}) has it as {}, which cannot be converted",
-                                    f.name(),
-                                    f.data_type(),
-                                    latest.version,
-                                    found.data_type()
-                                )));
-                            }
-                        }
+                        check_declared(&declared, &fields, &what)?;
                         declared
                     }
                     None => fields,
@@ -245,12 +310,12 @@ impl ConfluentDecoder {
         Ok(Self {
             schema,
             reader,
-            registry,
+            writers: Writers::Registry(Box::new(registry)),
         })
     }
 
     /// The columns rows are decoded into.
-    pub(crate) fn schema(&self) -> SchemaRef {
+    pub fn schema(&self) -> SchemaRef {
         Arc::clone(&self.schema)
     }
 
@@ -261,7 +326,7 @@ impl ConfluentDecoder {
         let mut last = None;
         for id in messages.filter_map(|m| confluent_id(m).ok()) {
             if last != Some(id) {
-                self.registry.schema_by_id(id)?;
+                self.writers.schema_by_id(id)?;
                 last = Some(id);
             }
         }
@@ -270,7 +335,7 @@ impl ConfluentDecoder {
 
     /// All of `messages` as rows; an error if any is not one whole record
     /// of a schema the registry has.
-    pub(crate) fn decode<'a>(
+    pub fn decode<'a>(
         &self,
         messages: impl ExactSizeIterator<Item = &'a [u8]>,
     ) -> Result<RecordBatch> {
@@ -294,11 +359,8 @@ impl ConfluentDecoder {
 
     /// Messages all written with schema `id`.
     fn decode_run(&self, id: u32, messages: &[&[u8]]) -> Result<RecordBatch> {
-        let writer = self.registry.schema_by_id(id)?.ok_or_else(|| {
-            SluiceError::plan(format!(
-                "schema id {id} is not in registry '{}'",
-                self.registry.options().url
-            ))
+        let writer = self.writers.schema_by_id(id)?.ok_or_else(|| {
+            SluiceError::plan(format!("schema id {id} is not in {}", self.writers.name()))
         })?;
         let reader = self.reader_for(&writer)?;
         let mut store = SchemaStore::new_with_type(FingerprintAlgorithm::Id);
@@ -310,8 +372,7 @@ impl ConfluentDecoder {
             .build_decoder()
             .map_err(|e| {
                 SluiceError::plan(format!(
-                    "the record's schema (id {id}) cannot be read as subject '{}''s: {e}",
-                    self.registry.options().subject
+                    "the record's schema (id {id}) cannot be resolved to the reader schema: {e}"
                 ))
             })?;
         for message in messages {
@@ -350,12 +411,34 @@ impl ConfluentDecoder {
     }
 }
 
-/// The Arrow fields of a reader schema (JSON) that is a record.
-fn reader_fields(reader: &Value, subject: &str) -> Result<SchemaRef> {
+/// Checks that each `declared` column is among the reader schema's
+/// `fields` (of `what`), with a type it converts to.
+fn check_declared(declared: &Schema, fields: &Schema, what: &str) -> Result<()> {
+    for f in declared.fields() {
+        let Ok(found) = fields.field_with_name(f.name()) else {
+            return Err(SluiceError::config(format!(
+                "column '{}' is not a field of {what}; its fields are: {}",
+                f.name(),
+                columns(fields)
+            )));
+        };
+        if !can_cast_types(found.data_type(), f.data_type()) {
+            return Err(SluiceError::config(format!(
+                "column '{}' is declared {} but {what} has it as {}, which cannot be converted",
+                f.name(),
+                f.data_type(),
+                found.data_type()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The Arrow fields of a reader schema (JSON, of `what`) that is a record.
+fn reader_fields(reader: &Value, what: &str) -> Result<SchemaRef> {
     if reader.get("type") != Some(&Value::from("record")) {
         return Err(SluiceError::config(format!(
-            "subject '{subject}' holds a schema that is not an Avro record; Sluice reads \
-             records into columns"
+            "{what} is not an Avro record; Sluice reads records into columns"
         )));
     }
     let json = reader.to_string();
@@ -365,7 +448,7 @@ fn reader_fields(reader: &Value, subject: &str) -> Result<SchemaRef> {
         .with_writer_schema_store(store)
         .with_reader_schema(AvroSchema::new(json))
         .build_decoder()
-        .map_err(|e| SluiceError::config(format!("subject '{subject}': {e}")))?;
+        .map_err(|e| SluiceError::config(format!("{what}: {e}")))?;
     let fields: Vec<Field> = decoder
         .schema()
         .fields()
@@ -449,6 +532,78 @@ mod tests {
         let short = confluent_id(&[0, 1, 2]).unwrap_err();
         assert!(short.contains("3 bytes, too short"), "{short}");
         assert!(confluent_id(&[]).is_err());
+    }
+
+    #[test]
+    fn confluent_records_of_older_newer_and_renamed_schemas_read_into_the_reader_schema() {
+        let v1 = r#"{"type": "record", "name": "Bid", "namespace": "a", "fields": [
+            {"name": "id", "type": "long"}, {"name": "name", "type": "string"}]}"#;
+        let v2 = r#"{"type": "record", "name": "Bid", "namespace": "a", "fields": [
+            {"name": "id", "type": "long"}, {"name": "name", "type": "string"},
+            {"name": "price", "type": "double", "default": 1.5}]}"#;
+        let v3 = r#"{"type": "record", "name": "Offer", "fields": [
+            {"name": "id", "type": "long"}, {"name": "note", "type": "string"},
+            {"name": "name", "type": "string"}, {"name": "price", "type": "double"}]}"#;
+        let declared = Arc::new(Schema::new(vec![
+            Field::new("price", DataType::Float64, true),
+            Field::new("id", DataType::Int64, false),
+        ]));
+        let decoder = AvroConfluentDecoder::with_schemas(
+            v2,
+            [(1, v1.to_string()), (3, v3.to_string())],
+            Some(Arc::clone(&declared)),
+        )
+        .unwrap();
+        // id 7, name "x" under v1; id 8, note "n", name "y", price 2.0
+        // under v3 (a field the reader lacks, another record name).
+        let mut old = vec![0, 0, 0, 0, 1, 14, 2, b'x'];
+        let mut newer = vec![0, 0, 0, 0, 3, 16, 2, b'n', 2, b'y'];
+        newer.extend(2.0f64.to_le_bytes());
+        let batch = decoder
+            .decode([old.as_slice(), newer.as_slice(), old.as_slice()].into_iter())
+            .unwrap();
+        assert_eq!(batch.schema(), declared);
+        let price = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap();
+        let id = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap();
+        assert_eq!(
+            price.values(),
+            &[1.5, 2.0, 1.5],
+            "v1's rows take the default"
+        );
+        assert_eq!(id.values(), &[7, 8, 7]);
+
+        // Each way a message is wrong is named.
+        let unknown = [0, 0, 0, 0, 9, 14, 2, b'x'];
+        let err = decoder.decode([&unknown[..]].into_iter()).unwrap_err();
+        assert!(err.to_string().contains("schema id 9 is not in"), "{err}");
+        old.truncate(7);
+        let err = decoder.decode([old.as_slice()].into_iter()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("not one Avro record of schema id 1"),
+            "{err}"
+        );
+
+        // A declared column the reader schema lacks is refused up front.
+        let missing = Arc::new(Schema::new(vec![Field::new("qty", DataType::Int64, true)]));
+        let err = AvroConfluentDecoder::with_schemas(v2, [], Some(missing)).unwrap_err();
+        assert!(
+            err.to_string().contains("column 'qty' is not a field"),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("id Int64, name Utf8, price Float64"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::at_least_once::AtLeastOnceSink;
 use crate::client::{ClientOptions, DEFAULT_CONNECT_TIMEOUT};
 use crate::encode::Format;
 use crate::produce::SinkConfig;
-use crate::registry::{Registry, RegistryOptions, AVRO_CONFLUENT_OPTIONS};
+use crate::registry::{Part, Registry, RegistryOptions, AVRO_CONFLUENT_OPTIONS};
 use crate::transactional_sink::TransactionalSink;
 
 const SINK_OPTIONS: &[&str] = &[
@@ -22,7 +22,9 @@ const SINK_OPTIONS: &[&str] = &[
     "bootstrap.servers",
     "properties.bootstrap.servers",
     "format",
+    "key.format",
     "key.fields",
+    "value.fields-include",
     "topic.partitions",
     "sink.delivery",
     "connect.timeout",
@@ -230,24 +232,10 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let format = o
         .take_choice("format", &["json", "csv", "raw", "avro", "avro-confluent"])?
         .unwrap_or_else(|| "json".into());
-    let what = format!("sink topic '{topic}'");
-    let format = if format == "avro-confluent" {
-        let schema = crate::avro::schema_json(&args.schema)?;
-        let registry = RegistryOptions::take(&mut o, &format, &topic, &what, client.timeout())?;
-        let subject = registry.subject.clone();
-        let schema_id = Registry::new(registry)?.register(&subject, &schema)?;
-        tracing::info!(%topic, %subject, schema_id, %schema, "avro schema registered");
-        Format::AvroConfluent { schema_id }
-    } else {
-        RegistryOptions::refuse_unused(&o, &format, &what)?;
-        Format::parse(&format)?
-    };
-    format.check(&args.schema)?;
-    if format == Format::Avro {
-        // There is no registry: the log is where a consumer finds the schema.
-        let schema = crate::avro::schema_json(&args.schema)?;
-        tracing::info!(%topic, %schema, "avro schema");
-    }
+    let key_format = o.take_choice("key.format", &["json", "raw", "avro-confluent"])?;
+    let except_key = o
+        .take_choice("value.fields-include", &["all", "except_key"])?
+        .is_some_and(|v| v == "except_key");
     let exactly_once = o
         .take_choice("sink.delivery", &["exactly-once", "at-least-once"])?
         .is_none_or(|d| d == "exactly-once");
@@ -279,6 +267,40 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
         }
         None => Vec::new(),
     };
+    if key_fields.is_empty() && (except_key || key_format.is_some()) {
+        return Err(SluiceError::config(format!(
+            "sink topic '{topic}': 'key.format' and 'value.fields-include' need the key's \
+             columns: 'key.fields' = 'id' (comma-separated output columns)"
+        )));
+    }
+    let timeout = client.timeout();
+    let what = format!("sink topic '{topic}'");
+    let value_columns = if except_key {
+        let rest: Vec<usize> = (0..args.schema.fields().len())
+            .filter(|i| !key_fields.contains(i))
+            .collect();
+        Arc::new(args.schema.project(&rest)?)
+    } else {
+        Arc::clone(&args.schema)
+    };
+    let format = part_format(
+        &mut o,
+        Part::Value,
+        &format,
+        &value_columns,
+        &topic,
+        &what,
+        timeout,
+    )?;
+    let key_format = part_format(
+        &mut o,
+        Part::Key,
+        key_format.as_deref().unwrap_or("json"),
+        &Arc::new(args.schema.project(&key_fields)?),
+        &topic,
+        &what,
+        timeout,
+    )?;
     let dead_letter = o.take("dead-letter.topic");
     let partitions = o.take_parsed::<u32>("topic.partitions", "a number of partitions")?;
     o.finish("kafka", &[SINK_OPTIONS, AVRO_CONFLUENT_OPTIONS].concat())?;
@@ -288,6 +310,8 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
             client,
             format,
             key_fields,
+            key_format,
+            except_key,
             schema: args.schema,
             query_id: identity,
             partitions,
@@ -303,6 +327,38 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
             Delivery::AtLeastOnce
         },
     })
+}
+
+/// The format one part of a sink's messages is written in, checked
+/// against its `columns`; for `avro-confluent`, their schema is registered
+/// (or found) under the part's subject first.
+fn part_format(
+    o: &mut Options,
+    part: Part,
+    name: &str,
+    columns: &SchemaRef,
+    topic: &str,
+    what: &str,
+    timeout: Duration,
+) -> Result<Format> {
+    if name != "avro-confluent" {
+        RegistryOptions::refuse_unused(o, part, name, what)?;
+        let format = Format::parse(name)?;
+        format.check(columns)?;
+        if format == Format::Avro {
+            // There is no registry: the log is where a consumer finds the
+            // schema.
+            let schema = crate::avro::schema_json(columns)?;
+            tracing::info!(%topic, %schema, "avro schema");
+        }
+        return Ok(format);
+    }
+    let schema = crate::avro::schema_json(columns)?;
+    let registry = RegistryOptions::take(o, name, part, topic, what, timeout)?;
+    let subject = registry.subject.clone();
+    let schema_id = Registry::new(registry)?.register(&subject, &schema)?;
+    tracing::info!(%topic, %subject, schema_id, %schema, "avro schema registered");
+    Ok(Format::AvroConfluent { schema_id })
 }
 
 /// What task `index` of query `query_id` (see [`sluice_engine::TaskId`]) is known by in

@@ -75,8 +75,9 @@ impl Format {
     }
 
     /// One message per row of `batch`: the row in this format, keyed by
-    /// the columns `key_fields` as a JSON object (no key when empty). What
-    /// a Kafka sink sends, public so that `benches/micro.rs` can measure it.
+    /// the columns `key_fields` as a JSON object (no key when empty): what
+    /// a Kafka sink with the default `key.format` sends, public so that
+    /// `benches/micro.rs` can measure it.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -97,12 +98,7 @@ impl Format {
     /// # Ok::<(), sluice_engine::SluiceError>(())
     /// ```
     pub fn messages(&self, batch: &RecordBatch, key_fields: &[usize]) -> Result<Vec<Message>> {
-        let values = self.encode(batch)?;
-        if key_fields.is_empty() {
-            return Ok(values.into_iter().map(|v| (None, v)).collect());
-        }
-        let keys = Format::Json.encode(&batch.project(key_fields)?)?;
-        Ok(keys.into_iter().map(Some).zip(values).collect())
+        messages(batch, *self, Format::Json, key_fields, false)
     }
 
     /// One encoded message per row of `batch`.
@@ -143,6 +139,31 @@ impl Format {
             }
         }
     }
+}
+
+/// One message per row of `batch`: the row in `value` format (without the
+/// `key_fields` when `except_key`), keyed by the `key_fields` in `key`
+/// format (no key when there are none).
+pub(crate) fn messages(
+    batch: &RecordBatch,
+    value: Format,
+    key: Format,
+    key_fields: &[usize],
+    except_key: bool,
+) -> Result<Vec<Message>> {
+    let values = if except_key && !key_fields.is_empty() {
+        let rest: Vec<usize> = (0..batch.num_columns())
+            .filter(|i| !key_fields.contains(i))
+            .collect();
+        value.encode(&batch.project(&rest)?)?
+    } else {
+        value.encode(batch)?
+    };
+    if key_fields.is_empty() {
+        return Ok(values.into_iter().map(|v| (None, v)).collect());
+    }
+    let keys = key.encode(&batch.project(key_fields)?)?;
+    Ok(keys.into_iter().map(Some).zip(values).collect())
 }
 
 fn bytes(v: Option<&str>) -> Vec<u8> {

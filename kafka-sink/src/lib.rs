@@ -56,6 +56,7 @@ mod source;
 mod transactional_sink;
 mod verify;
 
+pub use avro::{schema_json as avro_schema, AvroConfluentDecoder};
 pub use client::ClientOptions;
 pub use connector::{task_identity, KafkaConnector};
 pub use encode::{Format, Message};

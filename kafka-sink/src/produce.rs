@@ -39,6 +39,11 @@ pub(crate) struct SinkConfig {
     pub format: Format,
     /// Output columns forming the message key; empty: no key.
     pub key_fields: Vec<usize>,
+    /// `'key.format'`: how the key fields are written.
+    pub key_format: Format,
+    /// `'value.fields-include' = 'EXCEPT_KEY'`: the value leaves the key
+    /// fields out.
+    pub except_key: bool,
     pub schema: SchemaRef,
     pub query_id: String,
     /// `'topic.partitions'`: the topic is created with this many
@@ -225,10 +230,16 @@ impl SinkConfig {
             })
     }
 
-    /// Each row of `batch` as a message: its key (the key fields as a JSON
-    /// object, when there are key fields) and its value.
+    /// Each row of `batch` as a message: its key (the key fields in the
+    /// key format, when there are key fields) and its value.
     pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Vec<Message>> {
-        self.format.messages(batch, &self.key_fields)
+        crate::encode::messages(
+            batch,
+            self.format,
+            self.key_format,
+            &self.key_fields,
+            self.except_key,
+        )
     }
 
     /// Enqueues everything `epoch` writes: every row of `output` (encoded,
@@ -356,7 +367,9 @@ impl SinkConfig {
             .map(|&i| keys.schema().index_of(self.schema.field(i).name()).ok())
             .collect();
         match columns {
-            Some(columns) if !columns.is_empty() => Format::Json.encode(&keys.project(&columns)?),
+            Some(columns) if !columns.is_empty() => {
+                self.key_format.encode(&keys.project(&columns)?)
+            }
             _ => {
                 tracing::warn!(
                     topic = %self.topic,

@@ -75,6 +75,8 @@ pub fn last_committed(
         client: client.clone(),
         format: crate::Format::Json,
         key_fields: Vec::new(),
+        key_format: crate::Format::Json,
+        except_key: false,
         schema: std::sync::Arc::new(datafusion::arrow::datatypes::Schema::empty()),
         query_id: query_id.to_string(),
         partitions: None,

@@ -26,9 +26,13 @@ use serde::Deserialize;
 use sluice_engine::{register_secret, Options, Result, SluiceError};
 
 /// How a stream or sink reaches its registry: the `<format>.url`,
-/// `.subject`, `.basic-auth.user-info` and `.ssl.*` options.
+/// `.subject`, `.basic-auth.user-info` and `.ssl.*` options
+/// (`key.<format>.*` for the key's).
 #[derive(Debug, Clone)]
 pub(crate) struct RegistryOptions {
+    /// What the options start with: `avro-confluent` or
+    /// `key.avro-confluent`.
+    prefix: String,
     pub(crate) url: String,
     /// The subject of the topic's values, `<topic>-value` unless set.
     pub(crate) subject: String,
@@ -44,7 +48,8 @@ pub(crate) struct RegistryOptions {
     pub(crate) timeout: Duration,
 }
 
-/// The options [`RegistryOptions::take`] reads for `avro-confluent`.
+/// The options [`RegistryOptions::take`] reads for `avro-confluent`
+/// values and keys.
 pub(crate) const AVRO_CONFLUENT_OPTIONS: &[&str] = &[
     "avro-confluent.url",
     "avro-confluent.subject",
@@ -52,45 +57,63 @@ pub(crate) const AVRO_CONFLUENT_OPTIONS: &[&str] = &[
     "avro-confluent.ssl.ca.location",
     "avro-confluent.ssl.certificate.location",
     "avro-confluent.ssl.key.location",
+    "key.avro-confluent.url",
+    "key.avro-confluent.subject",
+    "key.avro-confluent.basic-auth.user-info",
+    "key.avro-confluent.ssl.ca.location",
+    "key.avro-confluent.ssl.certificate.location",
+    "key.avro-confluent.ssl.key.location",
 ];
+
+/// Which part of a message a registry's schema describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Part {
+    Key,
+    Value,
+}
 
 impl RegistryOptions {
     /// Takes `<format>.url` and the other registry options of `format`
-    /// from `o`. `what` names the stream or sink for errors.
+    /// for the `part` of `topic`'s messages (`key.<format>.url`, ... for
+    /// keys) from `o`. `what` names the stream or sink for errors.
     pub(crate) fn take(
         o: &mut Options,
         format: &str,
+        part: Part,
         topic: &str,
         what: &str,
         timeout: Duration,
     ) -> Result<Self> {
-        let key = |name: &str| format!("{format}.{name}");
+        let (prefix, suffix) = match part {
+            Part::Value => (format.to_string(), "value"),
+            Part::Key => (format!("key.{format}"), "key"),
+        };
+        let key = |name: &str| format!("{prefix}.{name}");
         let url = o
             .take(&key("url"))
             .ok_or_else(|| {
                 SluiceError::config(format!(
-                    "{what}: format '{format}' needs the schema registry's address: \
-                     '{format}.url' = 'http://registry:8081' (the API root, where \
-                     /subjects is)"
+                    "{what}: {suffix} format '{format}' needs the schema registry's address: \
+                     '{prefix}.url' = 'http://registry:8081' (the API root, where /subjects is)"
                 ))
             })?
             .trim_end_matches('/')
             .to_string();
         let parsed = Url::parse(&url).map_err(|e| {
             SluiceError::config(format!(
-                "{what}: '{format}.url' = '{url}' is not a URL: {e}"
+                "{what}: '{prefix}.url' = '{url}' is not a URL: {e}"
             ))
         })?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(SluiceError::config(format!(
-                "{what}: '{format}.url' = '{url}' must start with http:// or https://"
+                "{what}: '{prefix}.url' = '{url}' must start with http:// or https://"
             )));
         }
         let user_info = o.take(&key("basic-auth.user-info"));
         if let Some(info) = &user_info {
             if !info.contains(':') {
                 return Err(SluiceError::config(format!(
-                    "{what}: '{format}.basic-auth.user-info' must be 'user:password'"
+                    "{what}: '{prefix}.basic-auth.user-info' must be 'user:password'"
                 )));
             }
             register_secret(info);
@@ -102,35 +125,39 @@ impl RegistryOptions {
             url,
             subject: o
                 .take(&key("subject"))
-                .unwrap_or_else(|| format!("{topic}-value")),
+                .unwrap_or_else(|| format!("{topic}-{suffix}")),
             user_info,
             ca_location: o.take(&key("ssl.ca.location")),
             certificate_location: o.take(&key("ssl.certificate.location")),
             key_location: o.take(&key("ssl.key.location")),
             timeout,
+            prefix,
         };
         if options.certificate_location.is_some() != options.key_location.is_some() {
             return Err(SluiceError::config(format!(
-                "{what}: '{format}.ssl.certificate.location' and '{format}.ssl.key.location' \
-                 go together (a client certificate and its key)"
+                "{what}: '{p}.ssl.certificate.location' and '{p}.ssl.key.location' go \
+                 together (a client certificate and its key)",
+                p = options.prefix
             )));
         }
         Ok(options)
     }
 
-    /// Refuses registry options given to a stream or sink whose format
-    /// does not use a registry.
-    pub(crate) fn refuse_unused(o: &Options, format: &str, what: &str) -> Result<()> {
-        for registry_format in ["avro-confluent"] {
-            if let Some((key, _)) = o
-                .iter()
-                .find(|(k, _)| k.starts_with(&format!("{registry_format}.")))
-            {
-                return Err(SluiceError::config(format!(
-                    "{what}: option '{key}' applies only with format '{registry_format}', \
-                     not '{format}'"
-                )));
-            }
+    /// Refuses registry options for the `part` of messages given to a
+    /// stream or sink whose format for that part (`format`) uses none.
+    pub(crate) fn refuse_unused(o: &Options, part: Part, format: &str, what: &str) -> Result<()> {
+        let (prefix, part) = match part {
+            Part::Value => ("", "format"),
+            Part::Key => ("key.", "key.format"),
+        };
+        // The one format with a registry so far.
+        let registry_format = "avro-confluent";
+        let start = format!("{prefix}{registry_format}.");
+        if let Some((key, _)) = o.iter().find(|(k, _)| k.starts_with(&start)) {
+            return Err(SluiceError::config(format!(
+                "{what}: option '{key}' applies only with '{part}' = '{registry_format}', not \
+                 '{format}'"
+            )));
         }
         Ok(())
     }
@@ -318,9 +345,8 @@ impl Registry {
                     "schema registry '{}' refused the sink's schema under subject '{subject}': \
                      {message}; the schema Sluice derives from the query's columns is \
                      {schema}. Change the query's columns to fit the subject, write to \
-                     another subject ('avro-confluent.subject'), or relax the subject's \
-                     compatibility rule",
-                    self.options.url
+                     another subject ('{}.subject'), or relax the subject's compatibility rule",
+                    self.options.url, self.options.prefix
                 )))
             }
             Err(f) => Err(self.error(&format!("registering a schema under '{subject}'"), f)),
@@ -340,11 +366,11 @@ impl Registry {
                     "{doing}: no answer within {:?}: {message}",
                     self.options.timeout
                 ),
-                hint: Some(
-                    "check the registry's address ('avro-confluent.url') and that it runs; \
-                     'connect.timeout' sets how long Sluice retries"
-                        .into(),
-                ),
+                hint: Some(format!(
+                    "check the registry's address ('{}.url') and that it runs; \
+                     'connect.timeout' sets how long Sluice retries",
+                    self.options.prefix
+                )),
             },
             Failure::Refused {
                 status,
@@ -354,9 +380,10 @@ impl Registry {
                 what,
                 message: format!("{doing}: {status} (error code {code}): {message}"),
                 hint: match status {
-                    StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                        Some("check 'avro-confluent.basic-auth.user-info' ('user:password')".into())
-                    }
+                    StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Some(format!(
+                        "check '{}.basic-auth.user-info' ('user:password')",
+                        self.options.prefix
+                    )),
                     _ => None,
                 },
             },

@@ -65,9 +65,17 @@ async fn produce(bootstrap: &str, registry: &str, topic: &str, schema: &str, row
     assert_eq!(out, [rows.len().to_string()], "every row was delivered");
 }
 
-/// The values of `topic` as Confluent's deserializer reads them.
-async fn consume(bootstrap: &str, registry: &str, topic: &str, expect: usize) -> Vec<Value> {
-    let args = [
+/// The values of `topic` as Confluent's deserializer reads them (with
+/// `keys`, `{"key": ..., "value": ...}`), by `id`.
+async fn consume(
+    bootstrap: &str,
+    registry: &str,
+    topic: &str,
+    expect: usize,
+    keys: bool,
+) -> Vec<Value> {
+    let expect = expect.to_string();
+    let mut args = vec![
         "consume",
         "--bootstrap",
         bootstrap,
@@ -76,16 +84,20 @@ async fn consume(bootstrap: &str, registry: &str, topic: &str, expect: usize) ->
         "--topic",
         topic,
         "--expect",
-        &expect.to_string(),
+        &expect,
         "--timeout",
         "60",
     ];
-    let mut rows: Vec<Value> = confluent_client(args.map(String::from).to_vec(), String::new())
-        .await
-        .iter()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    rows.sort_by_key(|r| r["id"].as_i64());
+    if keys {
+        args.push("--key-avro");
+    }
+    let mut rows: Vec<Value> =
+        confluent_client(args.into_iter().map(String::from).collect(), String::new())
+            .await
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    rows.sort_by_key(|r| r["id"].as_i64().or(r["key"]["id"].as_i64()));
     rows
 }
 
@@ -163,7 +175,7 @@ async fn avro_confluent_reads_two_schema_versions_and_confluents_deserializer_re
         .collect();
     produce(&bootstrap, &registry, &input, &v3, &newer).await;
 
-    let got = consume(&bootstrap, &registry, &output, 90).await;
+    let got = consume(&bootstrap, &registry, &output, 90, false).await;
     query.stop().await.unwrap();
     let want: Vec<Value> = (0..90)
         .map(|i| {
@@ -215,6 +227,106 @@ async fn avro_confluent_reads_two_schema_versions_and_confluents_deserializer_re
         })
         .collect();
     assert_eq!(copied, want);
+}
+
+/// Runs `sql` (one query, available-now) to its end.
+async fn run_to_end(sql: &str) {
+    start_sql(&Session::new(), sql)
+        .await
+        .await_termination()
+        .await
+        .unwrap();
+}
+
+/// The JSON values of `topic`, by `id`.
+async fn json_values(bootstrap: &str, topic: &str) -> Vec<Value> {
+    let mut rows: Vec<Value> = read(bootstrap, topic)
+        .await
+        .iter()
+        .map(|r| serde_json::from_slice(r.value.as_deref().unwrap()).unwrap())
+        .collect();
+    rows.sort_by_key(|r| {
+        r["id"]
+            .as_i64()
+            .or(r["id"].as_str().and_then(|s| s.parse().ok()))
+    });
+    rows
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_in_avro_confluent_or_raw_and_values_without_the_key_fields() {
+    let bootstrap = broker().await;
+    let registry = schema_registry().await;
+    let (input, keyed, back, raw_back) = (
+        fresh_topic("cfk-in"),
+        fresh_topic("cfk-keyed"),
+        fresh_topic("cfk-back"),
+        fresh_topic("cfk-raw"),
+    );
+    for t in [&input, &keyed, &back, &raw_back] {
+        create_topic(&bootstrap, t, 1).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let v2 = schema_file(dir.path(), "v2.avsc", V2);
+    let rows: Vec<Value> = (0..20).map(|i| bid(i, Some(i as f64))).collect();
+    produce(&bootstrap, &registry, &input, &v2, &rows).await;
+    let checkpoint = |name: &str| dir.path().join(name).display().to_string();
+    let avro = format!("format = 'avro-confluent', 'avro-confluent.url' = '{registry}'");
+    let avro_keys = format!(
+        "'key.format' = 'avro-confluent', 'key.avro-confluent.url' = '{registry}', \
+         'key.fields' = 'id', 'value.fields-include' = 'EXCEPT_KEY'"
+    );
+
+    // Sluice writes `id` as the key, in Avro under <topic>-key, and the
+    // value without it; Confluent's deserializer reads both.
+    run_to_end(&format!(
+        "SET 'checkpoint.location' = '{}';\nSET 'trigger' = 'available-now';\n\
+         CREATE STREAM bids (id BIGINT NOT NULL, name VARCHAR, price DOUBLE) \
+           WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', {avro});\n\
+         CREATE STREAM keyed WITH (connector = 'kafka', topic = '{keyed}', \
+           'bootstrap.servers' = '{bootstrap}', {avro}, {avro_keys});\n\
+         INSERT INTO keyed SELECT id, name, price FROM bids;\n",
+        checkpoint("keyed")
+    ))
+    .await;
+    let got = consume(&bootstrap, &registry, &keyed, 20, true).await;
+    let want: Vec<Value> = (0..20)
+        .map(|i| json!({"key": {"id": i}, "value": {"name": format!("n{i}"), "price": i as f64}}))
+        .collect();
+    assert_eq!(got, want);
+
+    // A stream reads the columns back from the key and the value.
+    run_to_end(&format!(
+        "SET 'checkpoint.location' = '{}';\nSET 'trigger' = 'available-now';\n\
+         CREATE STREAM rekeyed (name VARCHAR, id BIGINT NOT NULL, price DOUBLE) \
+           WITH (connector = 'kafka', topic = '{keyed}', 'bootstrap.servers' = '{bootstrap}', \
+           {avro}, {avro_keys});\n\
+         CREATE STREAM back WITH (connector = 'kafka', topic = '{back}', \
+           'bootstrap.servers' = '{bootstrap}');\n\
+         INSERT INTO back SELECT id, name, price FROM rekeyed;\n",
+        checkpoint("back")
+    ))
+    .await;
+    assert_eq!(json_values(&bootstrap, &back).await, rows);
+
+    // Confluent's producer keyed the input by `id` as text: 'raw' reads
+    // it as a VARCHAR column.
+    run_to_end(&format!(
+        "SET 'checkpoint.location' = '{}';\nSET 'trigger' = 'available-now';\n\
+         CREATE STREAM texts (id VARCHAR, name VARCHAR) \
+           WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+           {avro}, 'key.format' = 'raw', 'key.fields' = 'id', \
+           'value.fields-include' = 'EXCEPT_KEY');\n\
+         CREATE STREAM raw_back WITH (connector = 'kafka', topic = '{raw_back}', \
+           'bootstrap.servers' = '{bootstrap}');\n\
+         INSERT INTO raw_back SELECT id, name FROM texts;\n",
+        checkpoint("raw")
+    ))
+    .await;
+    let want: Vec<Value> = (0..20)
+        .map(|i| json!({"id": i.to_string(), "name": format!("n{i}")}))
+        .collect();
+    assert_eq!(json_values(&bootstrap, &raw_back).await, want);
 }
 
 /// Sends `values` as they are, bypassing any serializer.

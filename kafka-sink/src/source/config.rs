@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::avro::{AvroDecoder, ConfluentDecoder};
+use crate::avro::{AvroConfluentDecoder, AvroDecoder};
 use crate::client::ClientOptions;
-use crate::registry::{Registry, RegistryOptions, AVRO_CONFLUENT_OPTIONS};
+use crate::registry::{Part, Registry, RegistryOptions, AVRO_CONFLUENT_OPTIONS};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use sluice_engine::{Options, Result, SluiceError, SourceFactory};
 
@@ -20,6 +20,9 @@ pub(crate) const SOURCE_OPTIONS: &[&str] = &[
     "bootstrap.servers",
     "properties.bootstrap.servers",
     "format",
+    "key.format",
+    "key.fields",
+    "value.fields-include",
     "scan.startup.mode",
     "scan.startup.timestamp-millis",
     "scan.startup.specific-offsets",
@@ -115,10 +118,15 @@ pub(crate) struct SourceConfig {
     pub purge_committed: bool,
     /// The declared (decoded) columns.
     pub value_schema: SchemaRef,
+    /// The columns the message value holds: all declared ones, or those
+    /// not read from the key.
+    pub value_part: SchemaRef,
+    /// The columns read from the message key, if any.
+    pub key: Option<KeyColumns>,
     /// For `format = 'avro'`: reads the declared columns' Avro records.
     pub avro: Option<AvroDecoder>,
     /// For `format = 'avro-confluent'`: reads records by their schema ids.
-    pub confluent: Option<Arc<ConfluentDecoder>>,
+    pub confluent: Option<Arc<AvroConfluentDecoder>>,
     /// Declared columns followed by the virtual ones.
     pub schema: SchemaRef,
 }
@@ -168,15 +176,36 @@ pub(crate) fn factory(
         SourceFormat::AvroConfluent => Some(RegistryOptions::take(
             &mut o,
             "avro-confluent",
+            Part::Value,
             &topic,
             &what,
             client.timeout(),
         )?),
         _ => {
-            RegistryOptions::refuse_unused(&o, &format_name, &what)?;
+            RegistryOptions::refuse_unused(&o, Part::Value, &format_name, &what)?;
             None
         }
     };
+    let key_format = o
+        .take_choice("key.format", &["json", "raw", "avro-confluent"])?
+        .unwrap_or_else(|| "json".into());
+    let key_registry = if key_format == "avro-confluent" {
+        Some(RegistryOptions::take(
+            &mut o,
+            "avro-confluent",
+            Part::Key,
+            &topic,
+            &what,
+            client.timeout(),
+        )?)
+    } else {
+        RegistryOptions::refuse_unused(&o, Part::Key, &key_format, &what)?;
+        None
+    };
+    let key_fields = o.take("key.fields");
+    let except_key = o
+        .take_choice("value.fields-include", &["all", "except_key"])?
+        .is_some_and(|v| v == "except_key");
     // Sluice's short names and Flink's.
     let startup = match o
         .take_choice(
@@ -294,14 +323,51 @@ pub(crate) fn factory(
         .take_parsed::<bool>("purge-committed", "true or false")?
         .unwrap_or(false);
     o.finish("kafka", &[SOURCE_OPTIONS, AVRO_CONFLUENT_OPTIONS].concat())?;
+    // With EXCEPT_KEY the key fields come from the key, the others from
+    // the value; otherwise every column comes from the value (as in Flink,
+    // where the value's fields win).
+    let (key, value_declared) = match (key_fields, except_key) {
+        (None, true) => {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': 'value.fields-include' = 'EXCEPT_KEY' needs the columns \
+                 the key holds: 'key.fields' = 'id' (comma-separated declared columns)"
+            )))
+        }
+        (Some(_), true) if format == SourceFormat::Raw => {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': format 'raw' holds the whole value in one column; \
+                 'value.fields-include' = 'EXCEPT_KEY' does not apply"
+            )))
+        }
+        (Some(list), true) => {
+            let Some(declared) = &declared else {
+                return Err(SluiceError::config(format!(
+                    "stream '{stream}': 'key.fields' names declared columns: declare them \
+                     (CREATE STREAM {stream} (id BIGINT, ...) WITH (...))"
+                )));
+            };
+            let key = KeyColumns::new(stream, &list, declared, &key_format, key_registry)?;
+            let rest: Vec<usize> = (0..declared.fields().len())
+                .filter(|i| !key.fields.contains(i))
+                .collect();
+            (Some(key), Some(Arc::new(declared.project(&rest)?)))
+        }
+        (_, false) => (None, declared.clone()),
+    };
     let confluent = match registry {
         Some(registry) => Some(Arc::new(
-            ConfluentDecoder::new(Registry::new(registry)?, declared.clone())
+            AvroConfluentDecoder::from_registry(Registry::new(registry)?, value_declared.clone())
                 .map_err(|e| in_stream(stream, e))?,
         )),
         None => None,
     };
+    let value_part = match (&confluent, &value_declared) {
+        (Some(c), _) => c.schema(),
+        (None, Some(v)) => Arc::clone(v),
+        (None, None) => Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)])),
+    };
     let value_schema = match (format, declared) {
+        (_, Some(declared)) if key.is_some() => declared,
         (SourceFormat::AvroConfluent, _) => match &confluent {
             Some(c) => c.schema(),
             None => {
@@ -360,7 +426,7 @@ pub(crate) fn factory(
     ]);
     let avro = match format {
         SourceFormat::Avro => {
-            Some(AvroDecoder::new(Arc::clone(&value_schema)).map_err(|e| in_stream(stream, e))?)
+            Some(AvroDecoder::new(Arc::clone(&value_part)).map_err(|e| in_stream(stream, e))?)
         }
         SourceFormat::Json | SourceFormat::Raw | SourceFormat::AvroConfluent => None,
     };
@@ -377,10 +443,90 @@ pub(crate) fn factory(
         fail_on_data_loss,
         purge_committed,
         value_schema,
+        value_part,
+        key,
         avro,
         confluent,
         schema: Arc::new(Schema::new(fields)),
     })))
+}
+
+/// The declared columns a stream reads from the message key
+/// (`'key.fields'` with `'value.fields-include' = 'EXCEPT_KEY'`), and how.
+#[derive(Debug, Clone)]
+pub(crate) struct KeyColumns {
+    /// Their positions among the declared columns.
+    pub fields: Vec<usize>,
+    /// Their names and types.
+    pub schema: SchemaRef,
+    pub format: KeyFormat,
+}
+
+/// `'key.format'`.
+#[derive(Debug, Clone)]
+pub(crate) enum KeyFormat {
+    /// A JSON object holding the key fields.
+    Json,
+    /// The key's bytes as the one key field, a VARCHAR.
+    Raw,
+    /// Avro in the Confluent wire format, schemas from the registry
+    /// (subject `<topic>-key`).
+    AvroConfluent(Arc<AvroConfluentDecoder>),
+}
+
+impl KeyColumns {
+    fn new(
+        stream: &str,
+        list: &str,
+        declared: &SchemaRef,
+        format: &str,
+        registry: Option<RegistryOptions>,
+    ) -> Result<Self> {
+        let fields = list
+            .split(',')
+            .map(|name| {
+                let name = name.trim();
+                declared.index_of(name).map_err(|_| {
+                    SluiceError::config(format!(
+                        "stream '{stream}': 'key.fields' names '{name}', which is not a declared \
+                         column; the columns are: {}",
+                        sluice_engine::columns(declared)
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let schema = Arc::new(declared.project(&fields)?);
+        let format = match (format, registry) {
+            ("raw", _) => {
+                let text = schema.fields().len() == 1
+                    && matches!(
+                        schema.field(0).data_type(),
+                        DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8
+                    );
+                if !text {
+                    return Err(SluiceError::config(format!(
+                        "stream '{stream}': 'key.format' = 'raw' reads the key's bytes as one \
+                         VARCHAR column; 'key.fields' names {}",
+                        sluice_engine::columns(&schema)
+                    )));
+                }
+                KeyFormat::Raw
+            }
+            ("avro-confluent", Some(registry)) => KeyFormat::AvroConfluent(Arc::new(
+                AvroConfluentDecoder::from_registry(
+                    Registry::new(registry)?,
+                    Some(Arc::clone(&schema)),
+                )
+                .map_err(|e| in_stream(stream, e))?,
+            )),
+            _ => KeyFormat::Json,
+        };
+        Ok(Self {
+            fields,
+            schema,
+            format,
+        })
+    }
 }
 
 /// `e` with the stream named in front, when it is about the stream's

@@ -42,7 +42,7 @@ use crate::client::Role;
 use crate::group::KafkaTaskGroup;
 use crate::position::Ended;
 pub(crate) use config::factory;
-use config::{OnError, SourceConfig, SourceFormat, StartupMode};
+use config::{KeyColumns, KeyFormat, OnError, SourceConfig, SourceFormat, StartupMode};
 use purge::Purger;
 
 #[derive(Debug)]
@@ -588,10 +588,17 @@ impl SourceInner {
     }
 
     fn decode(&self, partition: i32, records: &[Record]) -> Result<RecordBatch> {
+        // A registry that cannot be asked stops the query; it must not make
+        // every record look malformed.
         if let Some(confluent) = &self.config.confluent {
-            // A registry that cannot be asked stops the query; it must not
-            // make every record look malformed.
             confluent.resolve(records.iter().map(|r| r.value.as_slice()))?;
+        }
+        if let Some(KeyColumns {
+            format: KeyFormat::AvroConfluent(confluent),
+            ..
+        }) = &self.config.key
+        {
+            confluent.resolve(records.iter().filter_map(|r| r.key.as_deref()))?;
         }
         let (batch, kept): (RecordBatch, Vec<&Record>) = match self.decode_all(records) {
             Ok(batch) if batch.num_rows() == records.len() => (batch, records.iter().collect()),
@@ -627,6 +634,37 @@ impl SourceInner {
 
     /// All records at once: the fast path.
     fn decode_all(&self, records: &[Record]) -> Result<RecordBatch> {
+        let values = self.decode_values(records)?;
+        let Some(key) = &self.config.key else {
+            return Ok(values);
+        };
+        let keys = decode_keys(key, records)?;
+        // The declared columns in order, each from the key or the value.
+        let columns = self
+            .config
+            .value_schema
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let part = if key.fields.contains(&i) {
+                    &keys
+                } else {
+                    &values
+                };
+                part.column_by_name(f.name()).cloned().ok_or_else(|| {
+                    SluiceError::Internal(format!("decoded rows lack column '{}'", f.name()))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new(
+            Arc::clone(&self.config.value_schema),
+            columns,
+        )?)
+    }
+
+    /// The columns the records' values hold.
+    fn decode_values(&self, records: &[Record]) -> Result<RecordBatch> {
         match self.config.format {
             SourceFormat::Raw => {
                 let values = records
@@ -635,12 +673,12 @@ impl SourceInner {
                     .collect::<std::result::Result<Vec<_>, _>>()
                     .map_err(|e| SluiceError::Internal(e.to_string()))?;
                 Ok(RecordBatch::try_new(
-                    Arc::clone(&self.config.value_schema),
+                    Arc::clone(&self.config.value_part),
                     vec![Arc::new(StringArray::from(values))],
                 )?)
             }
             SourceFormat::Json => decode_json(
-                &self.config.value_schema,
+                &self.config.value_part,
                 records.iter().map(|r| r.value.as_slice()),
             ),
             SourceFormat::Avro => match &self.config.avro {
@@ -719,6 +757,39 @@ impl SourceInner {
             }
         }
         Ok((concat_batches(&self.config.value_schema, &batches)?, kept))
+    }
+}
+
+/// The key columns of `records`, decoded from their keys.
+fn decode_keys(key: &KeyColumns, records: &[Record]) -> Result<RecordBatch> {
+    let keys = records
+        .iter()
+        .map(|r| {
+            r.key.as_deref().ok_or_else(|| {
+                SluiceError::plan(format!(
+                    "the record has no key, but its columns {} come from the key",
+                    sluice_engine::columns(&key.schema)
+                ))
+            })
+        })
+        .collect::<Result<Vec<&[u8]>>>()?;
+    match &key.format {
+        KeyFormat::Json => decode_json(&key.schema, keys),
+        KeyFormat::Raw => {
+            let text = keys
+                .into_iter()
+                .map(|k| std::str::from_utf8(k).map(Some))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| SluiceError::plan(format!("the key is not UTF-8 text: {e}")))?;
+            let text = datafusion::arrow::compute::cast(
+                &StringArray::from(text),
+                key.schema.field(0).data_type(),
+            )?;
+            Ok(RecordBatch::try_new(Arc::clone(&key.schema), vec![text])?)
+        }
+        KeyFormat::AvroConfluent(decoder) => decoder
+            .decode(keys.into_iter())
+            .map_err(|e| SluiceError::plan(format!("key: {e}"))),
     }
 }
 
