@@ -81,6 +81,7 @@ pub use fail_point::fail_point;
 pub use frame::{DataStreamWriter, StreamFrame};
 pub use launch::QuerySettings;
 pub use metrics::Metrics;
+pub use operator::changelog::SIGN as CHANGELOG_SIGN;
 pub use options::{
     closest, columns, is_sensitive, parse_duration, quoted_list, redact_secrets, register_secret,
     Options, REDACTED,

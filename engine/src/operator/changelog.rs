@@ -17,6 +17,7 @@ use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::row::Rows;
+use datafusion::common::tree_node::TreeNode;
 use datafusion::common::{Column, ScalarValue};
 use datafusion::functions_aggregate::expr_fn::sum;
 use datafusion::logical_expr::expr_fn::{cast, when};
@@ -29,8 +30,85 @@ use crate::error::{Result, SluiceError};
 use crate::state::row_converter;
 
 /// The column that signs a changelog's rows: 1 for a row added, −1 for a
-/// row taken back.
-pub(crate) const SIGN: &str = "__sluice_sign";
+/// row taken back. A source whose rows carry it (a Kafka stream in
+/// `format = 'debezium-json'`) is a changelog: an aggregation over it
+/// takes rows back (see [`read_changelogs`]).
+pub const SIGN: &str = "__sluice_sign";
+
+/// Rewrites each aggregation over a changelog source (a stream whose rows
+/// carry [`SIGN`]) with [`over_changelog`], so that it counts, sums and
+/// averages what the changes leave; refuses a changelog read any other
+/// way (its rows would be taken as inserts, and deletes as rows).
+pub(crate) fn read_changelogs(plan: LogicalPlan) -> Result<LogicalPlan> {
+    use datafusion::common::tree_node::Transformed;
+    let is_changelog = |p: &LogicalPlan| matches!(p, LogicalPlan::TableScan(s) if s.source.schema().field_with_name(SIGN).is_ok());
+    if !plan.exists(|p| Ok(is_changelog(p)))? {
+        return Ok(plan);
+    }
+    check_changelog_readers(&plan, false, &is_changelog)?;
+    Ok(plan
+        .transform_up(|p| {
+            let LogicalPlan::Aggregate(agg) = &p else {
+                return Ok(Transformed::no(p));
+            };
+            if !agg.input.exists(|c| Ok(is_changelog(c)))? {
+                return Ok(Transformed::no(p));
+            }
+            if agg
+                .input
+                .schema()
+                .field_with_unqualified_name(SIGN)
+                .is_err()
+            {
+                return Err(datafusion::error::DataFusionError::External(Box::new(
+                    SluiceError::plan(
+                        "this query cannot run: it aggregates a changelog stream (format \
+                         'debezium-json') through a subquery that leaves out the changes' \
+                         signs; aggregate the stream itself (SELECT k, count(*), sum(v) FROM \
+                         stream WHERE ... GROUP BY k)",
+                    ),
+                )));
+            }
+            let rewritten = over_changelog(agg, (*agg.input).clone())
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+            Ok(Transformed::yes(rewritten))
+        })
+        .map_err(crate::planner::unwrap_external)?
+        .data)
+}
+
+/// Refuses a changelog scan that no aggregation reads, or that a join
+/// reads (a join cannot take a matched row back).
+fn check_changelog_readers(
+    plan: &LogicalPlan,
+    aggregated: bool,
+    is_changelog: &dyn Fn(&LogicalPlan) -> bool,
+) -> Result<()> {
+    if is_changelog(plan) && !aggregated {
+        return Err(SluiceError::plan(
+            "this query cannot run: it reads a changelog stream (format 'debezium-json') \
+             without aggregating it, and a change's row is not a new row (an update takes \
+             its old row back, a delete removes it). Aggregate it with count, sum or avg \
+             (GROUP BY), which follow every change",
+        ));
+    }
+    match plan {
+        LogicalPlan::Join(_) if plan.exists(|p| Ok(is_changelog(p))).unwrap_or(false) => {
+            Err(SluiceError::plan(
+                "this query cannot run: it joins a changelog stream (format 'debezium-json'); \
+                 a join cannot take back a row it has matched. Aggregate the stream instead",
+            ))
+        }
+        LogicalPlan::Aggregate(_) => plan
+            .inputs()
+            .into_iter()
+            .try_for_each(|c| check_changelog_readers(c, true, is_changelog)),
+        _ => plan
+            .inputs()
+            .into_iter()
+            .try_for_each(|c| check_changelog_readers(c, aggregated, is_changelog)),
+    }
+}
 
 /// The function [`over_changelog`] adds last to the aggregation it
 /// writes: the sum of a group's signs, its rows still live. A group at
@@ -132,11 +210,12 @@ pub(crate) fn over_changelog(agg: &Aggregate, input: LogicalPlan) -> Result<Logi
     for (i, e) in agg.aggr_expr.iter().enumerate() {
         let refuse = || {
             SluiceError::plan(format!(
-                "this query cannot run on a stream: it computes {e} over an aggregation \
-                 without an event-time window, whose rows change every epoch. Over such rows \
-                 only count, sum and avg (without DISTINCT or FILTER) can take an old value \
-                 back; group the inner aggregation by a TUMBLE or HOP window over a \
-                 watermarked column (its rows are then final), or write it to a stream"
+                "this query cannot run on a stream: it computes {e} over rows that change \
+                 (an aggregation without an event-time window, or a changelog stream such as \
+                 format 'debezium-json'). Over such rows only count, sum and avg (without \
+                 DISTINCT or FILTER) can take an old value back; for an inner aggregation, \
+                 group it by a TUMBLE or HOP window over a watermarked column (its rows are \
+                 then final), or write it to a stream"
             ))
         };
         let Expr::AggregateFunction(f) = e.clone().unalias_nested().data else {

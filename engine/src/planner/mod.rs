@@ -175,6 +175,7 @@ pub(crate) fn plan_query(
             def.watermark.as_ref(),
         )
     }))?;
+    let bound = crate::operator::changelog::read_changelogs(bound)?;
     let logical = planning.optimize(&bound)?;
     let output_schema = Arc::new(logical.schema().as_arrow().clone());
     let unsplit = logical.clone();

@@ -10,7 +10,7 @@ use crate::avro::{AvroConfluentDecoder, AvroDecoder};
 use crate::client::ClientOptions;
 use crate::registry::{Part, Registry, RegistryOptions, AVRO_CONFLUENT_OPTIONS};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use sluice_engine::{Options, Result, SluiceError, SourceFactory};
+use sluice_engine::{Options, Result, SluiceError, SourceFactory, CHANGELOG_SIGN};
 
 use super::KafkaSourceFactory;
 
@@ -91,6 +91,8 @@ pub(crate) enum SourceFormat {
     Raw,
     Avro,
     AvroConfluent,
+    /// Debezium's change events: a changelog (see `debezium`).
+    DebeziumJson,
 }
 
 #[derive(Debug, Clone)]
@@ -157,17 +159,28 @@ pub(crate) fn factory(
         (None, None) => None,
     };
     let format_name = o
-        .take_choice("format", &["json", "raw", "csv", "avro", "avro-confluent"])?
+        .take_choice(
+            "format",
+            &[
+                "json",
+                "raw",
+                "csv",
+                "avro",
+                "avro-confluent",
+                "debezium-json",
+            ],
+        )?
         .unwrap_or_else(|| "json".into());
     let format = match format_name.as_str() {
         "json" => SourceFormat::Json,
         "raw" => SourceFormat::Raw,
         "avro" => SourceFormat::Avro,
         "avro-confluent" => SourceFormat::AvroConfluent,
+        "debezium-json" => SourceFormat::DebeziumJson,
         other => {
             return Err(SluiceError::config(format!(
                 "stream '{stream}': format '{other}' is not supported by the Kafka source yet; \
-                 use 'json', 'avro', 'avro-confluent' or 'raw'"
+                 use 'json', 'avro', 'avro-confluent', 'debezium-json' or 'raw'"
             )))
         }
     };
@@ -333,6 +346,12 @@ pub(crate) fn factory(
                  the key holds: 'key.fields' = 'id' (comma-separated declared columns)"
             )))
         }
+        (Some(_), true) if format == SourceFormat::DebeziumJson => {
+            return Err(SluiceError::config(format!(
+                "stream '{stream}': a Debezium change event holds whole rows; \
+                 'value.fields-include' = 'EXCEPT_KEY' does not apply"
+            )))
+        }
         (Some(_), true) if format == SourceFormat::Raw => {
             return Err(SluiceError::config(format!(
                 "stream '{stream}': format 'raw' holds the whole value in one column; \
@@ -389,8 +408,18 @@ pub(crate) fn factory(
             }
             s
         }
+        (SourceFormat::DebeziumJson, Some(s)) => {
+            if s.field_with_name(CHANGELOG_SIGN).is_ok() {
+                return Err(SluiceError::config(format!(
+                    "stream '{stream}': column '{CHANGELOG_SIGN}' is Sluice's own; rename it"
+                )));
+            }
+            let mut fields: Vec<Field> = s.fields().iter().map(|f| f.as_ref().clone()).collect();
+            fields.push(Field::new(CHANGELOG_SIGN, DataType::Int64, false));
+            Arc::new(Schema::new(fields))
+        }
         (SourceFormat::Json | SourceFormat::Avro, Some(s)) => s,
-        (SourceFormat::Json | SourceFormat::Avro, None) => {
+        (SourceFormat::Json | SourceFormat::Avro | SourceFormat::DebeziumJson, None) => {
             return Err(SluiceError::config(format!(
                 "stream '{stream}': a Kafka stream in a format other than 'raw' needs its \
                  columns declared: CREATE STREAM {stream} (id BIGINT, ...) WITH (...)"
@@ -428,7 +457,10 @@ pub(crate) fn factory(
         SourceFormat::Avro => {
             Some(AvroDecoder::new(Arc::clone(&value_part)).map_err(|e| in_stream(stream, e))?)
         }
-        SourceFormat::Json | SourceFormat::Raw | SourceFormat::AvroConfluent => None,
+        SourceFormat::Json
+        | SourceFormat::Raw
+        | SourceFormat::AvroConfluent
+        | SourceFormat::DebeziumJson => None,
     };
     Ok(Arc::new(KafkaSourceFactory(SourceConfig {
         stream: stream.to_string(),

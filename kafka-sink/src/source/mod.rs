@@ -36,6 +36,7 @@ use sluice_engine::{
 };
 
 mod config;
+mod debezium;
 mod purge;
 
 use crate::client::Role;
@@ -600,14 +601,12 @@ impl SourceInner {
         {
             confluent.resolve(records.iter().filter_map(|r| r.key.as_deref()))?;
         }
-        let (batch, kept): (RecordBatch, Vec<&Record>) = match self.decode_all(records) {
-            Ok(batch) if batch.num_rows() == records.len() => (batch, records.iter().collect()),
+        let (batch, from) = match self.decode_all(records) {
+            Ok(decoded) => decoded,
             // Name the bad record, or drop it: decode one at a time.
-            _ => {
-                let (batch, kept) = self.decode_each(partition, records)?;
-                (batch, kept.into_iter().map(|i| &records[i]).collect())
-            }
+            Err(_) => self.decode_each(partition, records)?,
         };
+        let kept: Vec<&Record> = from.into_iter().map(|i| &records[i]).collect();
         let topic = self.config.topic.as_str();
         let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
         columns.push(Arc::new(StringArray::from_iter(
@@ -632,8 +631,28 @@ impl SourceInner {
         )?)
     }
 
-    /// All records at once: the fast path.
-    fn decode_all(&self, records: &[Record]) -> Result<RecordBatch> {
+    /// All records at once, the fast path: their rows, and the record each
+    /// row came from (one row each, but a Debezium update's two).
+    fn decode_all(&self, records: &[Record]) -> Result<(RecordBatch, Vec<usize>)> {
+        if self.config.format == SourceFormat::DebeziumJson {
+            return debezium::decode(
+                &self.config.value_schema,
+                records.iter().map(|r| r.value.as_slice()),
+            );
+        }
+        let batch = self.decode_one_each(records)?;
+        if batch.num_rows() != records.len() {
+            return Err(SluiceError::plan(format!(
+                "{} records decoded into {} rows",
+                records.len(),
+                batch.num_rows()
+            )));
+        }
+        Ok((batch, (0..records.len()).collect()))
+    }
+
+    /// The rows of records that hold one each.
+    fn decode_one_each(&self, records: &[Record]) -> Result<RecordBatch> {
         let values = self.decode_values(records)?;
         let Some(key) = &self.config.key else {
             return Ok(values);
@@ -693,6 +712,9 @@ impl SourceInner {
                     "avro-confluent source without a decoder".into(),
                 )),
             },
+            SourceFormat::DebeziumJson => Err(SluiceError::Internal(
+                "Debezium events are changes, not values".into(),
+            )),
         }
     }
 
@@ -703,15 +725,12 @@ impl SourceInner {
         let mut kept = Vec::new();
         for (i, r) in records.iter().enumerate() {
             match self.decode_all(std::slice::from_ref(r)) {
-                Ok(b) if b.num_rows() == 1 => {
+                Ok((b, _)) => {
+                    kept.extend(std::iter::repeat_n(i, b.num_rows()));
                     batches.push(b);
-                    kept.push(i);
                 }
-                other => {
-                    let problem = match other {
-                        Ok(b) => format!("the record holds {} rows, not one", b.num_rows()),
-                        Err(e) => e.to_string(),
-                    };
+                Err(e) => {
+                    let problem = e.to_string();
                     match &self.config.on_error {
                         OnError::Skip => {
                             tracing::warn!(topic = %self.config.topic, partition, offset = r.offset, %problem, "skipping a malformed record");
