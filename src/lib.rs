@@ -71,6 +71,7 @@ impl Session {
 
     fn with_engine(session: sluice_engine::Session) -> Self {
         session.register_connector(Arc::new(sluice_kafka::KafkaConnector));
+        session.register_connector(Arc::new(sluice_kafka::UpsertKafkaConnector));
         session.register_connector(Arc::new(sluice_nexmark::NexmarkConnector));
         Self(session)
     }

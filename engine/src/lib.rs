@@ -66,6 +66,7 @@ mod statement_set;
 mod table;
 mod task;
 mod trigger;
+mod upsert;
 mod watermark;
 mod window;
 
@@ -104,6 +105,7 @@ pub use statement_set::StatementSet;
 pub use table::{StreamDefinition, StreamTable};
 pub use task::{TaskAssigner, TaskId, Tasks};
 pub use trigger::Trigger;
+pub use upsert::{DELETED as UPSERT_DELETED, KEY_METADATA as UPSERT_KEY_METADATA};
 pub use watermark::WatermarkSpec;
 pub use window::Window;
 

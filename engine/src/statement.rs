@@ -121,15 +121,20 @@ impl Statement {
             }
             None => {
                 let physical = ctx.create_physical_plan(&self.plan.logical).await?;
-                Ok(EpochOutput {
-                    rows: collect_partitioned(physical, ctx.task_ctx())
+                let rows: Vec<datafusion::arrow::record_batch::RecordBatch> =
+                    collect_partitioned(physical, ctx.task_ctx())
                         .await?
                         .into_iter()
                         .flatten()
                         .filter(|b| b.num_rows() > 0)
-                        .collect(),
-                    retracted: None,
-                })
+                        .collect();
+                match &self.plan.upsert {
+                    Some(upsert) => crate::upsert::split(rows, upsert),
+                    None => Ok(EpochOutput {
+                        rows,
+                        retracted: None,
+                    }),
+                }
             }
         }
     }

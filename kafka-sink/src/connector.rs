@@ -95,6 +95,7 @@ impl Connector for KafkaConnector {
             args.options,
             args.schema,
             DEFAULT_CONNECT_TIMEOUT,
+            false,
         )
     }
 
@@ -190,6 +191,54 @@ impl Connector for KafkaConnector {
             parts.push((Arc::new(sink), indices));
         }
         FanOut::combine(parts, statements)
+    }
+}
+
+/// The `upsert-kafka` connector (Flink's): a topic as a table, each
+/// message key a row's identity. As a source, a message is its key's new
+/// value and a tombstone deletes the key; a query copies that table (see
+/// the engine's upsert streams). As a sink, the query's rows are written
+/// keyed (`key.fields`, or the query's key columns) and the keys it
+/// deletes get tombstones, so a compacted topic holds the latest value of
+/// each key. Its options are the `kafka` connector's.
+#[derive(Debug, Default)]
+pub struct UpsertKafkaConnector;
+
+impl Connector for UpsertKafkaConnector {
+    fn name(&self) -> &str {
+        "upsert-kafka"
+    }
+
+    fn is_source(&self) -> bool {
+        true
+    }
+
+    fn is_sink(&self) -> bool {
+        true
+    }
+
+    fn source(&self, args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
+        crate::source::factory(
+            &args.stream,
+            args.options,
+            args.schema,
+            DEFAULT_CONNECT_TIMEOUT,
+            true,
+        )
+    }
+
+    fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
+        let keyed = args.options.get("key.fields").is_some()
+            || (args.output_mode != OutputMode::Append && !args.key_columns.is_empty());
+        if !keyed {
+            return Err(SluiceError::config(format!(
+                "an 'upsert-kafka' sink writes each row under its key: set 'key.fields' (the \
+                 output columns forming it), or write a query whose output has key columns \
+                 (a GROUP BY's, an upsert stream's); the output columns are: {}",
+                columns(&args.schema)
+            )));
+        }
+        KafkaConnector.sink(args)
     }
 }
 

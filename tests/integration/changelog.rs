@@ -321,3 +321,152 @@ async fn a_group_by_over_debezium_changes_is_exact_through_kill_9() {
     assert!(status.success(), "the last run failed: {}", last.stderr());
     assert_eq!(latest(&bootstrap, &output).await, want);
 }
+
+/// Sends `(id, value)` records keyed `{"id": id}` (None: a tombstone).
+fn send_upserts(bootstrap: &str, topic: &str, records: &[(i64, Option<String>)]) {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    for (id, value) in records {
+        let key = json!({ "id": id }).to_string();
+        let record = BaseRecord::<String, str>::to(topic).key(&key);
+        let record = match value {
+            Some(v) => record.payload(v.as_str()),
+            None => record,
+        };
+        producer.send(record).map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// A topic as a compacted reader sees it: id → value, tombstones deleting.
+async fn table_of(bootstrap: &str, topic: &str) -> BTreeMap<i64, Value> {
+    let mut table = BTreeMap::new();
+    for r in read(bootstrap, topic).await {
+        let key: Value = serde_json::from_slice(r.key.as_deref().unwrap()).unwrap();
+        let id = key["id"].as_i64().unwrap();
+        match r.value.as_deref() {
+            Some(v) => {
+                table.insert(id, serde_json::from_slice(v).unwrap());
+            }
+            None => {
+                table.remove(&id);
+            }
+        }
+    }
+    table
+}
+
+#[test]
+fn upsert_kafka_into_an_upsert_sink_is_the_latest_value_of_each_key() {
+    property(3, |seed| {
+        block_on(async move {
+            let bootstrap = broker().await;
+            let (input, output) = (fresh_topic("upserts"), fresh_topic("upserts-copy"));
+            create_topic(&bootstrap, &input, 2).await.unwrap();
+            create_topic(&bootstrap, &output, 1).await.unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let sql = format!(
+                "SET 'checkpoint.location' = '{cp}';\n\
+                 SET 'trigger' = 'available-now';\n\
+                 CREATE STREAM users (id BIGINT NOT NULL, name VARCHAR, v BIGINT) \
+                   WITH (connector = 'upsert-kafka', topic = '{input}', \
+                   'bootstrap.servers' = '{bootstrap}', 'key.fields' = 'id');\n\
+                 CREATE STREAM copied WITH (connector = 'upsert-kafka', topic = '{output}', \
+                   'bootstrap.servers' = '{bootstrap}');\n\
+                 INSERT INTO copied SELECT id, name, v FROM users;\n",
+                cp = dir.path().join("cp").display()
+            );
+            let mut rng = Lcg(seed);
+            let mut want: BTreeMap<i64, Value> = BTreeMap::new();
+            // Three rounds of upserts and deletes over 30 keys (a key often
+            // changes, or is deleted and comes back, within one epoch),
+            // each read by a new run of the query.
+            for round in 0..3 {
+                let mut records = Vec::new();
+                for _ in 0..120 {
+                    let id = rng.next(30) as i64;
+                    if rng.next(4) == 0 {
+                        records.push((id, None));
+                        want.remove(&id);
+                    } else {
+                        let row = json!({"id": id, "name": format!("n{}", rng.next(1000)), "v": rng.next(100)});
+                        records.push((id, Some(row.to_string())));
+                        want.insert(id, row);
+                    }
+                }
+                let (b, t) = (bootstrap.clone(), input.clone());
+                tokio::task::spawn_blocking(move || send_upserts(&b, &t, &records))
+                    .await
+                    .unwrap();
+                let query = start_sql(&Session::new(), &sql).await;
+                query.await_termination().await.unwrap();
+                assert_eq!(
+                    table_of(&bootstrap, &output).await,
+                    want,
+                    "seed {seed}, after round {round}"
+                );
+            }
+        })
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upsert_streams_are_refused_where_a_key_s_previous_value_is_needed() {
+    let bootstrap = broker().await;
+    let input = fresh_topic("upserts-refused");
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let stream = format!(
+        "SET 'checkpoint.location' = '{}';\n\
+         CREATE STREAM users (id BIGINT NOT NULL, name VARCHAR, v BIGINT) \
+           WITH (connector = 'upsert-kafka', topic = '{input}', \
+           'bootstrap.servers' = '{bootstrap}', 'key.fields' = 'id');\n\
+         CREATE STREAM out WITH (connector = 'kafka', topic = 'never', \
+           'bootstrap.servers' = '{bootstrap}');\n",
+        dir.path().display()
+    );
+    for (query, problem) in [
+        (
+            "SELECT id, v FROM users WHERE v > 3",
+            "it filters an upsert stream",
+        ),
+        (
+            "SELECT name, count(*) AS n FROM users GROUP BY name",
+            "it aggregates an upsert stream",
+        ),
+        (
+            "SELECT name, v FROM users",
+            "leaves out key columns of an upsert stream (id)",
+        ),
+    ] {
+        let sql = format!("{stream}INSERT INTO out {query};\n");
+        let error = match Session::new().sql(&sql).await {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{query} was accepted"),
+        };
+        assert!(error.contains(problem), "{query}: {error}");
+    }
+    let no_key = format!(
+        "SET 'checkpoint.location' = '{}';\n\
+         CREATE STREAM users (id BIGINT NOT NULL, v BIGINT) WITH (connector = 'upsert-kafka', \
+         topic = '{input}', 'bootstrap.servers' = '{bootstrap}');\n\
+         CREATE STREAM out WITH (connector = 'kafka', topic = 'never', \
+           'bootstrap.servers' = '{bootstrap}');\n\
+         INSERT INTO out SELECT id, v FROM users;\n",
+        dir.path().display()
+    );
+    let error = Session::new()
+        .sql(&no_key)
+        .await
+        .err()
+        .map(|e| e.to_string());
+    let error = error.unwrap_or_default();
+    assert!(
+        error.contains("needs the columns its message keys hold"),
+        "{error}"
+    );
+}

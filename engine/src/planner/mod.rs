@@ -94,6 +94,8 @@ pub(crate) struct IncrementalPlan {
     pub key_columns: Vec<String>,
     /// The inputs' event-time watermarks.
     pub watermarks: WatermarkTracker,
+    /// Reading an upsert stream: how its rows become upserts and deletes.
+    pub upsert: Option<crate::upsert::UpsertOutput>,
 }
 
 /// A stateful operator that feeds another one (see `split`).
@@ -147,6 +149,7 @@ pub(crate) fn plan_query(
     key_prefix: &str,
     task: Option<TaskId>,
 ) -> Result<IncrementalPlan> {
+    let requested = mode;
     let Checked {
         mode,
         dedup,
@@ -176,8 +179,25 @@ pub(crate) fn plan_query(
         )
     }))?;
     let bound = crate::operator::changelog::read_changelogs(bound)?;
+    let (bound, upsert) = match crate::upsert::plan(bound.clone())? {
+        Some((carried, output)) => (carried, Some(output)),
+        None => (bound, None),
+    };
+    let mode = match (&upsert, requested) {
+        (None, _) => mode,
+        (Some(_), Some(OutputMode::Append)) => {
+            return Err(SluiceError::plan(
+                "a query over an upsert stream writes each key's latest value and deletions: \
+                 its output mode is update, not append",
+            ))
+        }
+        (Some(_), _) => OutputMode::Update,
+    };
     let logical = planning.optimize(&bound)?;
-    let output_schema = Arc::new(logical.schema().as_arrow().clone());
+    let output_schema = match &upsert {
+        Some(u) => Arc::clone(&u.schema),
+        None => Arc::new(logical.schema().as_arrow().clone()),
+    };
     let unsplit = logical.clone();
     let (logical, stages) = split_stages(logical, &watermarked)?;
     let unsplit = (!stages.is_empty()).then_some(unsplit);
@@ -186,10 +206,13 @@ pub(crate) fn plan_query(
         Some(_) => None,
         None => split_join(&logical, &watermarked)?,
     };
-    let key_columns: Vec<String> = aggregate
-        .as_ref()
-        .map(group_key_columns)
-        .unwrap_or_default();
+    let key_columns: Vec<String> = match &upsert {
+        Some(u) => u.key_columns.clone(),
+        None => aggregate
+            .as_ref()
+            .map(group_key_columns)
+            .unwrap_or_default(),
+    };
     if let Some(a) = &mut aggregate {
         // Only a filter after the aggregate (HAVING) drops a changed group.
         let filters = a
@@ -212,6 +235,7 @@ pub(crate) fn plan_query(
         unsplit,
         state,
         watermarks,
+        upsert,
     })
 }
 

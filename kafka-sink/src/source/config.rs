@@ -10,7 +10,10 @@ use crate::avro::{AvroConfluentDecoder, AvroDecoder};
 use crate::client::ClientOptions;
 use crate::registry::{Part, Registry, RegistryOptions, AVRO_CONFLUENT_OPTIONS};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use sluice_engine::{Options, Result, SluiceError, SourceFactory, CHANGELOG_SIGN};
+use sluice_engine::{
+    Options, Result, SluiceError, SourceFactory, CHANGELOG_SIGN, UPSERT_DELETED,
+    UPSERT_KEY_METADATA,
+};
 
 use super::KafkaSourceFactory;
 
@@ -118,8 +121,14 @@ pub(crate) struct SourceConfig {
     /// Delete (`delete_records`) the records the query has committed past:
     /// for topics only this query reads, such as repartition topics.
     pub purge_committed: bool,
-    /// The declared (decoded) columns.
+    /// The rows decoding gives: the declared columns, and for a
+    /// changelog its sign, for an upsert stream its deletion marker.
     pub value_schema: SchemaRef,
+    /// The declared columns.
+    pub declared: SchemaRef,
+    /// `connector = 'upsert-kafka'`: each key's last record per epoch, a
+    /// tombstone deleting it.
+    pub upsert: bool,
     /// The columns the message value holds: all declared ones, or those
     /// not read from the key.
     pub value_part: SchemaRef,
@@ -139,6 +148,7 @@ pub(crate) fn factory(
     mut o: Options,
     declared: Option<SchemaRef>,
     connect_timeout_default: Duration,
+    upsert: bool,
 ) -> Result<Arc<dyn SourceFactory>> {
     let topic = o.take_required("kafka", "topic", "bids")?;
     let mut client = ClientOptions::from_options(
@@ -339,7 +349,41 @@ pub(crate) fn factory(
     // With EXCEPT_KEY the key fields come from the key, the others from
     // the value; otherwise every column comes from the value (as in Flink,
     // where the value's fields win).
-    let (key, value_declared) = match (key_fields, except_key) {
+    if upsert && format == SourceFormat::DebeziumJson {
+        return Err(SluiceError::config(format!(
+            "stream '{stream}': connector 'upsert-kafka' reads each key's latest value; a \
+             Debezium topic is read with connector 'kafka'"
+        )));
+    }
+    if upsert && key_fields.is_none() {
+        return Err(SluiceError::config(format!(
+            "stream '{stream}': connector 'upsert-kafka' needs the columns its message keys \
+             hold, which identify a row: 'key.fields' = 'id' (comma-separated declared columns)"
+        )));
+    }
+    // An upsert stream's key columns are marked for the engine, and its
+    // other columns are null in a deletion.
+    let declared = match (upsert, declared, &key_fields) {
+        (true, Some(d), Some(list)) => {
+            let keys: Vec<&str> = list.split(',').map(str::trim).collect();
+            let fields: Vec<Field> = d
+                .fields()
+                .iter()
+                .map(|f| {
+                    if keys.contains(&f.name().as_str()) {
+                        f.as_ref().clone().with_metadata(
+                            [(UPSERT_KEY_METADATA.to_string(), "true".to_string())].into(),
+                        )
+                    } else {
+                        f.as_ref().clone().with_nullable(true)
+                    }
+                })
+                .collect();
+            Some(Arc::new(Schema::new(fields)))
+        }
+        (_, declared, _) => declared,
+    };
+    let (key, value_declared) = match (key_fields, except_key || upsert) {
         (None, true) => {
             return Err(SluiceError::config(format!(
                 "stream '{stream}': 'value.fields-include' = 'EXCEPT_KEY' needs the columns \
@@ -367,7 +411,7 @@ pub(crate) fn factory(
             };
             let key = KeyColumns::new(stream, &list, declared, &key_format, key_registry)?;
             let rest: Vec<usize> = (0..declared.fields().len())
-                .filter(|i| !key.fields.contains(i))
+                .filter(|i| !except_key || !key.fields.contains(i))
                 .collect();
             (Some(key), Some(Arc::new(declared.project(&rest)?)))
         }
@@ -386,6 +430,15 @@ pub(crate) fn factory(
         (None, None) => Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)])),
     };
     let value_schema = match (format, declared) {
+        (_, Some(declared)) if upsert => {
+            let mut fields: Vec<Field> = declared
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
+            fields.push(Field::new(UPSERT_DELETED, DataType::Boolean, false));
+            Arc::new(Schema::new(fields))
+        }
         (_, Some(declared)) if key.is_some() => declared,
         (SourceFormat::AvroConfluent, _) => match &confluent {
             Some(c) => c.schema(),
@@ -474,6 +527,14 @@ pub(crate) fn factory(
         group,
         fail_on_data_loss,
         purge_committed,
+        declared: match format {
+            SourceFormat::DebeziumJson => Arc::clone(&value_part),
+            _ if upsert => Arc::new(
+                value_schema.project(&(0..value_schema.fields().len() - 1).collect::<Vec<_>>())?,
+            ),
+            _ => Arc::clone(&value_schema),
+        },
+        upsert,
         value_schema,
         value_part,
         key,
@@ -658,6 +719,7 @@ mod tests {
                 options(&pairs),
                 Some(Arc::clone(&declared)),
                 Duration::ZERO,
+                false,
             )
             .unwrap_err()
             .to_string();
@@ -673,6 +735,7 @@ mod tests {
             options(&pairs),
             Some(Arc::clone(&declared)),
             Duration::ZERO,
+            false,
         )
         .unwrap();
         for (size, ok) in [
@@ -688,6 +751,7 @@ mod tests {
                 options(&pairs),
                 Some(Arc::clone(&declared)),
                 Duration::ZERO,
+                false,
             );
             assert_eq!(made.is_ok(), ok, "{size}");
         }
@@ -704,6 +768,7 @@ mod tests {
                 options(&all),
                 Some(Arc::clone(&declared)),
                 Duration::ZERO,
+                false,
             )
             .map(|_| ())
         };

@@ -15,12 +15,13 @@
 //! `format.on-error = 'skip'`, to drop it. Virtual columns `_key`, `_topic`,
 //! `_partition`, `_offset`, `_timestamp` follow the declared ones.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, TimestampNanosecondArray,
+    new_null_array, ArrayRef, BooleanArray, Int32Array, Int64Array, RecordBatch, StringArray,
+    TimestampNanosecondArray,
 };
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -509,7 +510,8 @@ impl SourceInner {
                     None => true,
                     Some(v) => v.is_empty() && self.config.format != SourceFormat::Raw,
                 };
-                if tombstone {
+                // On an upsert stream it deletes its key.
+                if tombstone && !self.config.upsert {
                     tombstones += 1;
                     return Ok(());
                 }
@@ -634,6 +636,9 @@ impl SourceInner {
     /// All records at once, the fast path: their rows, and the record each
     /// row came from (one row each, but a Debezium update's two).
     fn decode_all(&self, records: &[Record]) -> Result<(RecordBatch, Vec<usize>)> {
+        if self.config.upsert {
+            return self.decode_upserts(records);
+        }
         if self.config.format == SourceFormat::DebeziumJson {
             return debezium::decode(
                 &self.config.value_schema,
@@ -651,6 +656,57 @@ impl SourceInner {
         Ok((batch, (0..records.len()).collect()))
     }
 
+    /// An upsert stream's records: each key's last one in `records`, as
+    /// its value (marked not deleted) or, for a tombstone, its key columns
+    /// marked deleted.
+    fn decode_upserts(&self, records: &[Record]) -> Result<(RecordBatch, Vec<usize>)> {
+        let Some(key) = &self.config.key else {
+            return Err(SluiceError::Internal(
+                "an upsert stream without its key".into(),
+            ));
+        };
+        let mut last: HashMap<&[u8], usize> = HashMap::new();
+        for (i, r) in records.iter().enumerate() {
+            let k = r.key.as_deref().ok_or_else(|| {
+                SluiceError::plan("an upsert record without a key (the key says which row it is)")
+            })?;
+            last.insert(k, i);
+        }
+        let mut kept: Vec<usize> = last.into_values().collect();
+        kept.sort_unstable();
+        let (dead, live): (Vec<usize>, Vec<usize>) =
+            kept.into_iter().partition(|&i| records[i].value.is_empty());
+        let pick = |idx: &[usize]| idx.iter().map(|&i| records[i].clone()).collect::<Vec<_>>();
+        let schema = &self.config.value_schema;
+        let marker = |n: usize, deleted: bool| -> ArrayRef {
+            Arc::new(BooleanArray::from(vec![deleted; n]))
+        };
+        let mut batches = Vec::new();
+        if !live.is_empty() {
+            let values = self.decode_one_each(&pick(&live))?;
+            let mut columns = values.columns().to_vec();
+            columns.push(marker(live.len(), false));
+            batches.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
+        }
+        if !dead.is_empty() {
+            let keys = decode_keys(key, &pick(&dead))?;
+            let mut columns: Vec<ArrayRef> = self
+                .config
+                .declared
+                .fields()
+                .iter()
+                .map(|f| match keys.column_by_name(f.name()) {
+                    Some(c) => Arc::clone(c),
+                    None => new_null_array(f.data_type(), dead.len()),
+                })
+                .collect();
+            columns.push(marker(dead.len(), true));
+            batches.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
+        }
+        let from = live.into_iter().chain(dead).collect();
+        Ok((concat_batches(schema, &batches)?, from))
+    }
+
     /// The rows of records that hold one each.
     fn decode_one_each(&self, records: &[Record]) -> Result<RecordBatch> {
         let values = self.decode_values(records)?;
@@ -661,7 +717,7 @@ impl SourceInner {
         // The declared columns in order, each from the key or the value.
         let columns = self
             .config
-            .value_schema
+            .declared
             .fields()
             .iter()
             .enumerate()
@@ -677,7 +733,7 @@ impl SourceInner {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(RecordBatch::try_new(
-            Arc::clone(&self.config.value_schema),
+            Arc::clone(&self.config.declared),
             columns,
         )?)
     }

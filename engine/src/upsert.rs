@@ -1,0 +1,208 @@
+//! Upsert streams: a source whose rows are each key's latest value, a
+//! delete marking a key gone (Flink's `upsert-kafka`, a compacted topic).
+//!
+//! Such a source marks its key columns in their field metadata
+//! ([`KEY_METADATA`]) and each row with [`DELETED`]: `false` for a key's
+//! new value, `true` for its deletion (the key columns set, the others
+//! null). It gives at most one row per key per epoch, the last.
+//!
+//! A query over it keeps the keys and their values as they are, and is a
+//! stateless copy of the table: [`plan`] carries the marker through its
+//! projections, the output is in update mode keyed by the key columns,
+//! and each epoch's rows [`split`] into the values to upsert and the keys
+//! to delete, which an upsert sink (Kafka: a tombstone) deletes. Filters,
+//! aggregations and joins over an upsert stream would need each key's
+//! previous value (Flink's ChangelogNormalize) and are refused.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{AsArray, BooleanArray};
+use datafusion::arrow::compute::{filter_record_batch, not};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::Column;
+use datafusion::logical_expr::{Expr, LogicalPlan, Projection};
+
+use crate::error::{Result, SluiceError};
+use crate::sink::EpochOutput;
+
+/// The column marking a row of an upsert stream as its key's deletion.
+pub const DELETED: &str = "__sluice_deleted";
+
+/// The field metadata key (value `"true"`) marking an upsert stream's key
+/// columns.
+pub const KEY_METADATA: &str = "sluice.key";
+
+/// How a query over an upsert stream writes its output.
+#[derive(Debug, Clone)]
+pub(crate) struct UpsertOutput {
+    /// The position of [`DELETED`] in the plan's output.
+    pub marker: usize,
+    /// The positions of the key columns in the output without the marker.
+    pub keys: Vec<usize>,
+    /// The output without the marker: what the sink gets.
+    pub schema: SchemaRef,
+    /// The key columns' names.
+    pub key_columns: Vec<String>,
+}
+
+fn is_upsert_scan(plan: &LogicalPlan) -> bool {
+    matches!(plan, LogicalPlan::TableScan(s) if s.source.schema().field_with_name(DELETED).is_ok())
+}
+
+/// For a plan reading an upsert stream: the plan with [`DELETED`] carried
+/// to its output, and how to write that output; `None` for other plans.
+pub(crate) fn plan(plan: LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutput)>> {
+    if !plan.exists(|p| Ok(is_upsert_scan(p)))? {
+        return Ok(None);
+    }
+    let refuse = |what: &str| {
+        SluiceError::plan(format!(
+            "this query cannot run: it {what} an upsert stream (connector 'upsert-kafka'), \
+             whose rows are each key's latest value; that needs each key's previous value, \
+             which Sluice does not keep yet. Select its columns (keeping the key columns) to \
+             copy the table, or read the topic with connector 'kafka'"
+        ))
+    };
+    let mut problem = None;
+    plan.apply(|p| {
+        let what = match p {
+            LogicalPlan::Projection(_)
+            | LogicalPlan::SubqueryAlias(_)
+            | LogicalPlan::TableScan(_) => None,
+            LogicalPlan::Filter(_) => Some("filters"),
+            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some("aggregates"),
+            LogicalPlan::Join(_) => Some("joins"),
+            _ => Some("transforms"),
+        };
+        if let Some(what) = what {
+            problem = Some(refuse(what));
+            return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    })?;
+    if let Some(problem) = problem {
+        return Err(problem);
+    }
+    // Each projection passes the marker on.
+    let carried = plan
+        .transform_up(|p| {
+            let LogicalPlan::Projection(projection) = &p else {
+                return Ok(Transformed::no(p));
+            };
+            if projection
+                .schema
+                .field_with_unqualified_name(DELETED)
+                .is_ok()
+            {
+                return Ok(Transformed::no(p));
+            }
+            let (qualifier, field) = projection
+                .input
+                .schema()
+                .qualified_field_with_unqualified_name(DELETED)?;
+            let mut exprs = projection.expr.clone();
+            exprs.push(Expr::Column(Column::new(qualifier.cloned(), field.name())));
+            let projection = Projection::try_new(exprs, Arc::clone(&projection.input))?;
+            Ok(Transformed::yes(LogicalPlan::Projection(projection)))
+        })?
+        .data;
+    let output = carried.schema().as_arrow().clone();
+    let marker = output.index_of(DELETED)?;
+    let rest: Vec<usize> = (0..output.fields().len())
+        .filter(|&i| i != marker)
+        .collect();
+    let schema = Arc::new(output.project(&rest)?);
+    // The output columns that are the stream's key columns, passed through.
+    let key_names = key_names(&carried);
+    let keys: Vec<usize> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| key_names.contains(f.name()))
+        .map(|(i, _)| i)
+        .collect();
+    if keys.len() != key_names.len() {
+        return Err(SluiceError::plan(format!(
+            "this query cannot run: it leaves out key columns of an upsert stream ({}); \
+             select every key column, unrenamed, so that each key's value and deletion \
+             reach the same key downstream",
+            key_names.join(", ")
+        )));
+    }
+    let key_columns = keys
+        .iter()
+        .map(|&i| schema.field(i).name().clone())
+        .collect();
+    Ok(Some((
+        carried,
+        UpsertOutput {
+            marker,
+            keys,
+            schema,
+            key_columns,
+        },
+    )))
+}
+
+/// The names of the upsert streams' key columns in the plan's scans.
+fn key_names(plan: &LogicalPlan) -> Vec<String> {
+    let mut names = Vec::new();
+    let _ = plan.apply(|p| {
+        if let LogicalPlan::TableScan(s) = p {
+            if is_upsert_scan(p) {
+                names.extend(
+                    s.source
+                        .schema()
+                        .fields()
+                        .iter()
+                        .filter(|f| {
+                            f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true")
+                        })
+                        .map(|f| f.name().clone()),
+                );
+            }
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    names
+}
+
+/// An epoch's rows (with the marker) as the values to upsert and the keys
+/// to delete.
+pub(crate) fn split(batches: Vec<RecordBatch>, output: &UpsertOutput) -> Result<EpochOutput> {
+    let mut rows = Vec::new();
+    let mut deleted = Vec::new();
+    let rest: Vec<usize> = (0..output.schema.fields().len() + 1)
+        .filter(|&i| i != output.marker)
+        .collect();
+    for batch in batches {
+        let marker = batch
+            .column(output.marker)
+            .as_boolean_opt()
+            .ok_or_else(|| {
+                SluiceError::Internal("an upsert stream's deletion marker is not boolean".into())
+            })?;
+        let gone: BooleanArray = marker.iter().map(|m| Some(m.unwrap_or(false))).collect();
+        let values = batch.project(&rest)?;
+        let kept = filter_record_batch(&values, &not(&gone)?)?;
+        if kept.num_rows() > 0 {
+            rows.push(RecordBatch::try_new(
+                Arc::clone(&output.schema),
+                kept.columns().to_vec(),
+            )?);
+        }
+        if gone.true_count() > 0 {
+            deleted.push(filter_record_batch(&values, &gone)?.project(&output.keys)?);
+        }
+    }
+    let retracted = match deleted.first() {
+        None => None,
+        Some(first) => Some(datafusion::arrow::compute::concat_batches(
+            &first.schema(),
+            &deleted,
+        )?),
+    };
+    Ok(EpochOutput { rows, retracted })
+}
