@@ -7,10 +7,13 @@
 //! - `avro_confluent_decode`: the same bids in the Confluent wire format
 //!   (`format = 'avro-confluent'`), writer schema resolved to the reader
 //!   schema ([`sluice_kafka::AvroConfluentDecoder`]), beside JSON's;
+//! - `protobuf_confluent_decode`: the same bids as Confluent-framed
+//!   Protobuf (`format = 'protobuf-confluent'`,
+//!   [`sluice_kafka::ProtobufConfluentDecoder`]);
 //! - `produce_encode`: an Arrow batch of bids to Kafka messages, unkeyed and
 //!   keyed by auction, as the Kafka sinks encode them before handing them to
-//!   librdkafka ([`sluice_kafka::Format::messages`]), in JSON and in
-//!   `avro-confluent`;
+//!   librdkafka ([`sluice_kafka::Format::messages`]), in JSON, in
+//!   `avro-confluent` and in `protobuf-confluent`;
 //! - `state_merge`: the keyed state store of a 1 M-key aggregation, per
 //!   epoch of 64 K changed keys: looking up their stored rows, replacing
 //!   them, and writing the epoch's delta for the checkpoint
@@ -33,7 +36,7 @@ use sluice::arrow::array::{
 };
 use sluice::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use sluice::KeyedState;
-use sluice_kafka::{decode_json, AvroConfluentDecoder, Format};
+use sluice_kafka::{decode_json, AvroConfluentDecoder, Format, ProtobufConfluentDecoder};
 use sluice_nexmark::generator::{Generator, Timeline};
 
 /// Rows per batch: the size of a batch a Kafka partition decodes at once.
@@ -121,6 +124,27 @@ fn avro_confluent_decode(c: &mut Criterion) {
     group.finish();
 }
 
+fn protobuf_confluent_decode(c: &mut Criterion) {
+    let batch = bids();
+    let values = Format::ProtobufConfluent { schema_id: 1 }
+        .encode(&batch)
+        .expect("bids encode");
+    let proto = sluice_kafka::proto_schema(&bid_schema()).expect("a .proto schema");
+    let decoder = ProtobufConfluentDecoder::with_schemas([(1, proto)], bid_schema());
+    let mut group = c.benchmark_group("protobuf_confluent_decode");
+    group.throughput(Throughput::Elements(ROWS as u64));
+    group.bench_function("nexmark_bids_64k", |b| {
+        b.iter(|| {
+            let decoded = decoder
+                .decode(values.iter().map(Vec::as_slice))
+                .expect("decode");
+            assert_eq!(decoded.num_rows(), ROWS);
+            decoded
+        })
+    });
+    group.finish();
+}
+
 fn produce_encode(c: &mut Criterion) {
     let batch = bids();
     let mut group = c.benchmark_group("produce_encode");
@@ -142,6 +166,13 @@ fn produce_encode(c: &mut Criterion) {
     group.bench_function("nexmark_bids_64k_avro_confluent_unkeyed", |b| {
         b.iter(|| {
             Format::AvroConfluent { schema_id: 1 }
+                .messages(black_box(&batch), &[])
+                .expect("encode")
+        })
+    });
+    group.bench_function("nexmark_bids_64k_protobuf_confluent_unkeyed", |b| {
+        b.iter(|| {
+            Format::ProtobufConfluent { schema_id: 1 }
                 .messages(black_box(&batch), &[])
                 .expect("encode")
         })
@@ -228,6 +259,7 @@ criterion_group! {
         .sample_size(20)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(4));
-    targets = json_decode, avro_confluent_decode, produce_encode, state_merge
+    targets = json_decode, avro_confluent_decode, protobuf_confluent_decode, produce_encode,
+        state_merge
 }
 criterion_main!(micro);

@@ -45,7 +45,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use serde_json::Value;
 use sluice_engine::{columns, Result, SluiceError};
 
-use crate::registry::Registry;
+use crate::registry::{Registry, Writers};
 
 /// The Avro schema (JSON) that `format = 'avro'` and `'avro-confluent'`
 /// write rows with `schema` in, or an error naming the column whose type
@@ -164,31 +164,6 @@ fn confluent_id(message: &[u8]) -> std::result::Result<u32, String> {
              schema id, the Avro record)",
             message.len()
         )),
-    }
-}
-
-/// Where a [`AvroConfluentDecoder`] finds writer schemas by id.
-#[derive(Debug)]
-enum Writers {
-    /// Asked once per id, then cached.
-    Registry(Box<Registry>),
-    /// A fixed set (benchmarks, tests).
-    Fixed(std::collections::HashMap<u32, Arc<str>>),
-}
-
-impl Writers {
-    fn schema_by_id(&self, id: u32) -> Result<Option<Arc<str>>> {
-        match self {
-            Self::Registry(r) => r.schema_by_id(id),
-            Self::Fixed(schemas) => Ok(schemas.get(&id).cloned()),
-        }
-    }
-
-    fn name(&self) -> String {
-        match self {
-            Self::Registry(r) => format!("registry '{}'", r.options().url),
-            Self::Fixed(_) => "the given schemas".into(),
-        }
     }
 }
 

@@ -14,7 +14,7 @@ use crate::at_least_once::AtLeastOnceSink;
 use crate::client::{ClientOptions, DEFAULT_CONNECT_TIMEOUT};
 use crate::encode::Format;
 use crate::produce::SinkConfig;
-use crate::registry::{Part, Registry, RegistryOptions, AVRO_CONFLUENT_OPTIONS};
+use crate::registry::{Part, Registry, RegistryOptions, SchemaKind, REGISTRY_OPTIONS};
 use crate::transactional_sink::TransactionalSink;
 
 const SINK_OPTIONS: &[&str] = &[
@@ -279,7 +279,17 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
         REFUSED,
     )?;
     let format = o
-        .take_choice("format", &["json", "csv", "raw", "avro", "avro-confluent"])?
+        .take_choice(
+            "format",
+            &[
+                "json",
+                "csv",
+                "raw",
+                "avro",
+                "avro-confluent",
+                "protobuf-confluent",
+            ],
+        )?
         .unwrap_or_else(|| "json".into());
     let key_format = o.take_choice("key.format", &["json", "raw", "avro-confluent"])?;
     let except_key = o
@@ -352,7 +362,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     )?;
     let dead_letter = o.take("dead-letter.topic");
     let partitions = o.take_parsed::<u32>("topic.partitions", "a number of partitions")?;
-    o.finish("kafka", &[SINK_OPTIONS, AVRO_CONFLUENT_OPTIONS].concat())?;
+    o.finish("kafka", &[SINK_OPTIONS, REGISTRY_OPTIONS].concat())?;
     Ok(SinkSettings {
         config: SinkConfig {
             topic,
@@ -379,8 +389,8 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
 }
 
 /// The format one part of a sink's messages is written in, checked
-/// against its `columns`; for `avro-confluent`, their schema is registered
-/// (or found) under the part's subject first.
+/// against its `columns`; for `avro-confluent` and `protobuf-confluent`,
+/// their schema is registered (or found) under the part's subject first.
 fn part_format(
     o: &mut Options,
     part: Part,
@@ -390,24 +400,33 @@ fn part_format(
     what: &str,
     timeout: Duration,
 ) -> Result<Format> {
-    if name != "avro-confluent" {
-        RegistryOptions::refuse_unused(o, part, name, what)?;
-        let format = Format::parse(name)?;
-        format.check(columns)?;
-        if format == Format::Avro {
-            // There is no registry: the log is where a consumer finds the
-            // schema.
-            let schema = crate::avro::schema_json(columns)?;
-            tracing::info!(%topic, %schema, "avro schema");
+    let (schema, kind) = match name {
+        "avro-confluent" => (crate::avro::schema_json(columns)?, SchemaKind::Avro),
+        "protobuf-confluent" => (
+            crate::protobuf::proto_schema(columns)?,
+            SchemaKind::Protobuf,
+        ),
+        _ => {
+            RegistryOptions::refuse_unused(o, part, name, what)?;
+            let format = Format::parse(name)?;
+            format.check(columns)?;
+            if format == Format::Avro {
+                // There is no registry: the log is where a consumer finds
+                // the schema.
+                let schema = crate::avro::schema_json(columns)?;
+                tracing::info!(%topic, %schema, "avro schema");
+            }
+            return Ok(format);
         }
-        return Ok(format);
-    }
-    let schema = crate::avro::schema_json(columns)?;
+    };
     let registry = RegistryOptions::take(o, name, part, topic, what, timeout)?;
     let subject = registry.subject.clone();
-    let schema_id = Registry::new(registry)?.register(&subject, &schema)?;
-    tracing::info!(%topic, %subject, schema_id, %schema, "avro schema registered");
-    Ok(Format::AvroConfluent { schema_id })
+    let schema_id = Registry::new(registry)?.register(&subject, &schema, kind)?;
+    tracing::info!(%topic, %subject, schema_id, %schema, "schema registered");
+    Ok(match kind {
+        SchemaKind::Avro => Format::AvroConfluent { schema_id },
+        SchemaKind::Protobuf => Format::ProtobufConfluent { schema_id },
+    })
 }
 
 /// What task `index` of query `query_id` (see [`sluice_engine::TaskId`]) is known by in

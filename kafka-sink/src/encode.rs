@@ -35,6 +35,14 @@ pub enum Format {
         /// The registry's id of the schema derived from the columns.
         schema_id: u32,
     },
+    /// One Protobuf message per message in the Confluent wire format, of
+    /// the schema the registry knows by `schema_id` (see
+    /// [`crate::protobuf`]).
+    ProtobufConfluent {
+        /// The registry's id of the `.proto` schema derived from the
+        /// columns.
+        schema_id: u32,
+    },
 }
 
 impl Format {
@@ -56,6 +64,9 @@ impl Format {
     pub fn check(&self, schema: &SchemaRef) -> Result<()> {
         if matches!(self, Self::Avro | Self::AvroConfluent { .. }) {
             crate::avro::schema_json(schema)?;
+        }
+        if matches!(self, Self::ProtobufConfluent { .. }) {
+            crate::protobuf::proto_schema(schema)?;
         }
         if *self == Self::Raw {
             let ok = schema.fields().len() == 1
@@ -123,6 +134,7 @@ impl Format {
             Self::AvroConfluent { schema_id } => {
                 crate::avro::encode(batch, FingerprintStrategy::Id(*schema_id))
             }
+            Self::ProtobufConfluent { schema_id } => crate::protobuf::encode(batch, *schema_id),
             Self::Raw => {
                 let col = batch.column(0);
                 Ok(match col.data_type() {

@@ -48,9 +48,15 @@ pub(crate) struct RegistryOptions {
     pub(crate) timeout: Duration,
 }
 
-/// The options [`RegistryOptions::take`] reads for `avro-confluent`
-/// values and keys.
-pub(crate) const AVRO_CONFLUENT_OPTIONS: &[&str] = &[
+/// The options [`RegistryOptions::take`] reads for `avro-confluent` and
+/// `protobuf-confluent` values and `avro-confluent` keys.
+pub(crate) const REGISTRY_OPTIONS: &[&str] = &[
+    "protobuf-confluent.url",
+    "protobuf-confluent.subject",
+    "protobuf-confluent.basic-auth.user-info",
+    "protobuf-confluent.ssl.ca.location",
+    "protobuf-confluent.ssl.certificate.location",
+    "protobuf-confluent.ssl.key.location",
     "avro-confluent.url",
     "avro-confluent.subject",
     "avro-confluent.basic-auth.user-info",
@@ -64,6 +70,13 @@ pub(crate) const AVRO_CONFLUENT_OPTIONS: &[&str] = &[
     "key.avro-confluent.ssl.certificate.location",
     "key.avro-confluent.ssl.key.location",
 ];
+
+/// The schema language of a registered schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SchemaKind {
+    Avro,
+    Protobuf,
+}
 
 /// Which part of a message a registry's schema describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,16 +163,45 @@ impl RegistryOptions {
             Part::Value => ("", "format"),
             Part::Key => ("key.", "key.format"),
         };
-        // The one format with a registry so far.
-        let registry_format = "avro-confluent";
-        let start = format!("{prefix}{registry_format}.");
-        if let Some((key, _)) = o.iter().find(|(k, _)| k.starts_with(&start)) {
-            return Err(SluiceError::config(format!(
-                "{what}: option '{key}' applies only with '{part}' = '{registry_format}', not \
-                 '{format}'"
-            )));
+        let formats: &[&str] = match part {
+            "format" => &["avro-confluent", "protobuf-confluent"],
+            _ => &["avro-confluent"],
+        };
+        for registry_format in formats {
+            let start = format!("{prefix}{registry_format}.");
+            if let Some((key, _)) = o.iter().find(|(k, _)| k.starts_with(&start)) {
+                return Err(SluiceError::config(format!(
+                    "{what}: option '{key}' applies only with '{part}' = '{registry_format}', \
+                     not '{format}'"
+                )));
+            }
         }
         Ok(())
+    }
+}
+
+/// Where a decoder finds writer schemas by id.
+#[derive(Debug)]
+pub(crate) enum Writers {
+    /// Asked once per id, then cached.
+    Registry(Box<Registry>),
+    /// A fixed set (benchmarks, tests).
+    Fixed(std::collections::HashMap<u32, Arc<str>>),
+}
+
+impl Writers {
+    pub(crate) fn schema_by_id(&self, id: u32) -> Result<Option<Arc<str>>> {
+        match self {
+            Self::Registry(r) => r.schema_by_id(id),
+            Self::Fixed(schemas) => Ok(schemas.get(&id).cloned()),
+        }
+    }
+
+    pub(crate) fn name(&self) -> String {
+        match self {
+            Self::Registry(r) => format!("registry '{}'", r.options().url),
+            Self::Fixed(_) => "the given schemas".into(),
+        }
     }
 }
 
@@ -323,12 +365,16 @@ impl Registry {
     /// Registers `schema` (Avro JSON) under `subject`, or finds it there,
     /// and returns its id. A schema the subject's compatibility rule
     /// refuses is an error quoting the registry's reason.
-    pub(crate) fn register(&self, subject: &str, schema: &str) -> Result<u32> {
+    pub(crate) fn register(&self, subject: &str, schema: &str, kind: SchemaKind) -> Result<u32> {
         #[derive(Deserialize)]
         struct Registered {
             id: u32,
         }
-        let body = serde_json::json!({ "schema": schema, "schemaType": "AVRO" });
+        let kind = match kind {
+            SchemaKind::Avro => "AVRO",
+            SchemaKind::Protobuf => "PROTOBUF",
+        };
+        let body = serde_json::json!({ "schema": schema, "schemaType": kind });
         match self.call::<Registered>(
             reqwest::Method::POST,
             &["subjects", subject, "versions"],

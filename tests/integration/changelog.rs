@@ -470,3 +470,101 @@ async fn upsert_streams_are_refused_where_a_key_s_previous_value_is_needed() {
         "{error}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debezium_events_without_op_or_before_follow_format_on_error() {
+    let bootstrap = broker().await;
+    let (input, output, letters) = (
+        fresh_topic("cdc-bad"),
+        fresh_topic("cdc-bad-totals"),
+        fresh_topic("cdc-bad-letters"),
+    );
+    for t in [&input, &output, &letters] {
+        create_topic(&bootstrap, t, 1).await.unwrap();
+    }
+    let bad = [
+        json!({"before": null, "after": {"id": 2, "category": "a", "amount": 50}}).to_string(),
+        json!({"before": null, "after": {"id": 1, "category": "a", "amount": 70}, "op": "u"})
+            .to_string(),
+    ];
+    let events = vec![
+        Some(
+            json!({"before": null, "after": {"id": 1, "category": "a", "amount": 30}, "op": "c"})
+                .to_string(),
+        ),
+        Some(bad[0].clone()),
+        Some(bad[1].clone()),
+        Some(
+            json!({"before": null, "after": {"id": 3, "category": "a", "amount": 40}, "op": "c"})
+                .to_string(),
+        ),
+        Some(
+            json!({"before": null, "after": {"id": 4, "category": "a", "amount": 25}, "op": "c"})
+                .to_string(),
+        ),
+    ];
+    {
+        let (b, t) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || send(&b, &t, &events))
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sql = |name: &str, on_error: &str| {
+        format!(
+            "SET 'checkpoint.location' = '{cp}';\n\
+             SET 'trigger' = 'available-now';\n\
+             CREATE STREAM items (id BIGINT NOT NULL, category VARCHAR, amount BIGINT) \
+               WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+               format = 'debezium-json', 'format.on-error' = '{on_error}');\n\
+             CREATE STREAM totals WITH (connector = 'kafka', topic = '{output}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             INSERT INTO totals {QUERY};\n",
+            cp = dir.path().join(name).display()
+        )
+    };
+    // 'fail': the event without 'op' stops the query, named.
+    let query = start_sql(&Session::new(), &sql("fail", "fail")).await;
+    let error = query.await_termination().await.unwrap_err().to_string();
+    for part in [
+        format!("topic '{input}'"),
+        "offset 1".to_string(),
+        "without 'op'".to_string(),
+    ] {
+        assert!(error.contains(&part), "'{part}' in: {error}");
+    }
+    // 'dead-letter': both bad events kept byte for byte with the reason;
+    // the others counted (30 + 40 + 25 in 'a').
+    let with_letters = sql("letters", "dead-letter").replace(
+        "'format.on-error' = 'dead-letter'",
+        &format!("'format.on-error' = 'dead-letter', 'dead-letter.topic' = '{letters}'"),
+    );
+    start_sql(&Session::new(), &with_letters)
+        .await
+        .await_termination()
+        .await
+        .unwrap();
+    let dead = read(&bootstrap, &letters).await;
+    let values: Vec<String> = dead
+        .iter()
+        .map(|r| String::from_utf8(r.value.clone().unwrap()).unwrap())
+        .collect();
+    assert_eq!(values, bad);
+    let reason = |i: usize| {
+        let (_, v) = dead[i]
+            .headers
+            .iter()
+            .find(|(k, _)| k == "sluice.error")
+            .unwrap();
+        String::from_utf8_lossy(v).into_owned()
+    };
+    assert!(reason(0).contains("without 'op'"), "{}", reason(0));
+    assert!(
+        reason(1).contains("without its 'before' row"),
+        "{}",
+        reason(1)
+    );
+    let mut want = BTreeMap::new();
+    want.insert("a".to_string(), (3, 95));
+    assert_eq!(latest(&bootstrap, &output).await, want);
+}

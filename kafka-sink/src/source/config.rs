@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use crate::avro::{AvroConfluentDecoder, AvroDecoder};
 use crate::client::ClientOptions;
-use crate::registry::{Part, Registry, RegistryOptions, AVRO_CONFLUENT_OPTIONS};
+use crate::protobuf::ProtobufConfluentDecoder;
+use crate::registry::{Part, Registry, RegistryOptions, REGISTRY_OPTIONS};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use sluice_engine::{
     Options, Result, SluiceError, SourceFactory, CHANGELOG_SIGN, UPSERT_DELETED,
@@ -96,6 +97,7 @@ pub(crate) enum SourceFormat {
     AvroConfluent,
     /// Debezium's change events: a changelog (see `debezium`).
     DebeziumJson,
+    ProtobufConfluent,
 }
 
 #[derive(Debug, Clone)]
@@ -138,6 +140,8 @@ pub(crate) struct SourceConfig {
     pub avro: Option<AvroDecoder>,
     /// For `format = 'avro-confluent'`: reads records by their schema ids.
     pub confluent: Option<Arc<AvroConfluentDecoder>>,
+    /// For `format = 'protobuf-confluent'`: the same, for Protobuf.
+    pub protobuf: Option<Arc<ProtobufConfluentDecoder>>,
     /// Declared columns followed by the virtual ones.
     pub schema: SchemaRef,
 }
@@ -187,23 +191,27 @@ pub(crate) fn factory(
         "avro" => SourceFormat::Avro,
         "avro-confluent" => SourceFormat::AvroConfluent,
         "debezium-json" => SourceFormat::DebeziumJson,
+        "protobuf-confluent" => SourceFormat::ProtobufConfluent,
         other => {
             return Err(SluiceError::config(format!(
                 "stream '{stream}': format '{other}' is not supported by the Kafka source yet; \
-                 use 'json', 'avro', 'avro-confluent', 'debezium-json' or 'raw'"
+                 use 'json', 'avro', 'avro-confluent', 'protobuf-confluent', 'debezium-json' \
+                 or 'raw'"
             )))
         }
     };
     let what = format!("stream '{stream}'");
     let registry = match format {
-        SourceFormat::AvroConfluent => Some(RegistryOptions::take(
-            &mut o,
-            "avro-confluent",
-            Part::Value,
-            &topic,
-            &what,
-            client.timeout(),
-        )?),
+        SourceFormat::AvroConfluent | SourceFormat::ProtobufConfluent => {
+            Some(RegistryOptions::take(
+                &mut o,
+                &format_name,
+                Part::Value,
+                &topic,
+                &what,
+                client.timeout(),
+            )?)
+        }
         _ => {
             RegistryOptions::refuse_unused(&o, Part::Value, &format_name, &what)?;
             None
@@ -345,7 +353,7 @@ pub(crate) fn factory(
     let purge_committed = o
         .take_parsed::<bool>("purge-committed", "true or false")?
         .unwrap_or(false);
-    o.finish("kafka", &[SOURCE_OPTIONS, AVRO_CONFLUENT_OPTIONS].concat())?;
+    o.finish("kafka", &[SOURCE_OPTIONS, REGISTRY_OPTIONS].concat())?;
     // With EXCEPT_KEY the key fields come from the key, the others from
     // the value; otherwise every column comes from the value (as in Flink,
     // where the value's fields win).
@@ -417,17 +425,36 @@ pub(crate) fn factory(
         }
         (_, false) => (None, declared.clone()),
     };
-    let confluent = match registry {
-        Some(registry) => Some(Arc::new(
-            AvroConfluentDecoder::from_registry(Registry::new(registry)?, value_declared.clone())
+    let (confluent, protobuf) = match (registry, format) {
+        (Some(registry), SourceFormat::ProtobufConfluent) => (
+            None,
+            Some(Arc::new(
+                ProtobufConfluentDecoder::from_registry(
+                    Registry::new(registry)?,
+                    value_declared.clone(),
+                )
                 .map_err(|e| in_stream(stream, e))?,
-        )),
-        None => None,
+            )),
+        ),
+        (Some(registry), _) => (
+            Some(Arc::new(
+                AvroConfluentDecoder::from_registry(
+                    Registry::new(registry)?,
+                    value_declared.clone(),
+                )
+                .map_err(|e| in_stream(stream, e))?,
+            )),
+            None,
+        ),
+        (None, _) => (None, None),
     };
-    let value_part = match (&confluent, &value_declared) {
-        (Some(c), _) => c.schema(),
-        (None, Some(v)) => Arc::clone(v),
-        (None, None) => Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)])),
+    let value_part = match (&confluent, &protobuf, &value_declared) {
+        (Some(c), _, _) => c.schema(),
+        (_, Some(p), _) => p.schema(),
+        (None, None, Some(v)) => Arc::clone(v),
+        (None, None, None) => {
+            Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
+        }
     };
     let value_schema = match (format, declared) {
         (_, Some(declared)) if upsert => {
@@ -440,14 +467,9 @@ pub(crate) fn factory(
             Arc::new(Schema::new(fields))
         }
         (_, Some(declared)) if key.is_some() => declared,
-        (SourceFormat::AvroConfluent, _) => match &confluent {
-            Some(c) => c.schema(),
-            None => {
-                return Err(SluiceError::Internal(
-                    "avro-confluent without a registry".into(),
-                ))
-            }
-        },
+        (SourceFormat::AvroConfluent | SourceFormat::ProtobufConfluent, _) => {
+            Arc::clone(&value_part)
+        }
         (SourceFormat::Raw, None) => {
             Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
         }
@@ -513,6 +535,7 @@ pub(crate) fn factory(
         SourceFormat::Json
         | SourceFormat::Raw
         | SourceFormat::AvroConfluent
+        | SourceFormat::ProtobufConfluent
         | SourceFormat::DebeziumJson => None,
     };
     Ok(Arc::new(KafkaSourceFactory(SourceConfig {
@@ -540,6 +563,7 @@ pub(crate) fn factory(
         key,
         avro,
         confluent,
+        protobuf,
         schema: Arc::new(Schema::new(fields)),
     })))
 }

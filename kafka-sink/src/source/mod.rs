@@ -596,6 +596,9 @@ impl SourceInner {
         if let Some(confluent) = &self.config.confluent {
             confluent.resolve(records.iter().map(|r| r.value.as_slice()))?;
         }
+        if let Some(protobuf) = &self.config.protobuf {
+            protobuf.resolve(records.iter().map(|r| r.value.as_slice()))?;
+        }
         if let Some(KeyColumns {
             format: KeyFormat::AvroConfluent(confluent),
             ..
@@ -766,6 +769,12 @@ impl SourceInner {
                 Some(c) => c.decode(records.iter().map(|r| r.value.as_slice())),
                 None => Err(SluiceError::Internal(
                     "avro-confluent source without a decoder".into(),
+                )),
+            },
+            SourceFormat::ProtobufConfluent => match &self.config.protobuf {
+                Some(p) => p.decode(records.iter().map(|r| r.value.as_slice())),
+                None => Err(SluiceError::Internal(
+                    "protobuf-confluent source without a decoder".into(),
                 )),
             },
             SourceFormat::DebeziumJson => Err(SluiceError::Internal(
