@@ -32,20 +32,34 @@ use crate::registry::{Registry, Writers};
 /// The name of the file a registry's schema text is compiled as.
 const FILE: &str = "schema.proto";
 
-/// Compiles `.proto` text and returns the message `indexes` point at (the
-/// first top-level message for `[0]`).
+/// Compiles a registry's Protobuf schema and returns the message `indexes`
+/// point at (the first top-level message for `[0]`). The schema is `.proto`
+/// text, or the base64 of a `FileDescriptorProto` (what Confluent's Python
+/// serializer registers).
 fn compile(proto: &str, indexes: &[usize]) -> Result<MessageDescriptor> {
+    use base64::Engine;
+    use prost_reflect::prost::Message;
     let bad = |e: &dyn std::fmt::Display| SluiceError::plan(format!("the .proto schema: {e}"));
+    let descriptor = base64::engine::general_purpose::STANDARD
+        .decode(proto.trim())
+        .ok()
+        .and_then(|bytes| {
+            prost_reflect::prost_types::FileDescriptorProto::decode(bytes.as_slice()).ok()
+        })
+        .filter(|d| !d.message_type.is_empty());
+    let file = match descriptor {
+        Some(d) => protox::file::File::from_file_descriptor_proto(d),
+        None => protox::file::File::from_source(FILE, proto).map_err(|e| bad(&e))?,
+    };
+    let name = file.name().to_string();
     let mut resolver = protox::file::ChainFileResolver::new();
-    resolver.add(Source(
-        protox::file::File::from_source(FILE, proto).map_err(|e| bad(&e))?,
-    ));
+    resolver.add(Source(file));
     resolver.add(protox::file::GoogleFileResolver::new());
     let mut compiler = protox::Compiler::with_file_resolver(resolver);
-    compiler.open_file(FILE).map_err(|e| bad(&e))?;
+    compiler.open_file(&name).map_err(|e| bad(&e))?;
     let pool = compiler.descriptor_pool();
     let file = pool
-        .get_file_by_name(FILE)
+        .get_file_by_name(&name)
         .ok_or_else(|| bad(&"the compiled file is missing"))?;
     let mut at = indexes.iter();
     let first = at.next().copied().unwrap_or(0);
@@ -70,7 +84,7 @@ struct Source(protox::file::File);
 
 impl protox::file::FileResolver for Source {
     fn open_file(&self, name: &str) -> std::result::Result<protox::file::File, protox::Error> {
-        if name == FILE {
+        if name == self.0.name() {
             Ok(self.0.clone())
         } else {
             Err(protox::Error::file_not_found(name))

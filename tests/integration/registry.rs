@@ -42,10 +42,24 @@ fn schema_file(dir: &Path, name: &str, schema: &str) -> String {
 /// Produces `rows` (JSON objects) to `topic` with Confluent's serializer
 /// under `schema`, keyed by `id`.
 async fn produce(bootstrap: &str, registry: &str, topic: &str, schema: &str, rows: &[Value]) {
+    produce_as("avro", bootstrap, registry, topic, schema, rows).await
+}
+
+/// [`produce`] in `format` (`avro` or `protobuf`).
+async fn produce_as(
+    format: &str,
+    bootstrap: &str,
+    registry: &str,
+    topic: &str,
+    schema: &str,
+    rows: &[Value],
+) {
     let lines: String = rows.iter().map(|r| format!("{r}\n")).collect();
     let out = confluent_client(
         [
             "produce",
+            "--format",
+            format,
             "--bootstrap",
             bootstrap,
             "--registry",
@@ -74,9 +88,23 @@ async fn consume(
     expect: usize,
     keys: bool,
 ) -> Vec<Value> {
+    consume_as("avro", bootstrap, registry, topic, expect, keys).await
+}
+
+/// [`consume`] in `format` (`avro` or `protobuf`).
+async fn consume_as(
+    format: &str,
+    bootstrap: &str,
+    registry: &str,
+    topic: &str,
+    expect: usize,
+    keys: bool,
+) -> Vec<Value> {
     let expect = expect.to_string();
     let mut args = vec![
         "consume",
+        "--format",
+        format,
         "--bootstrap",
         bootstrap,
         "--registry",
@@ -227,6 +255,63 @@ async fn avro_confluent_reads_two_schema_versions_and_confluents_deserializer_re
         })
         .collect();
     assert_eq!(copied, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_confluent_reads_two_schema_versions_and_confluents_deserializer_reads_the_output()
+{
+    let bootstrap = broker().await;
+    let registry = schema_registry().await;
+    let (input, output) = (fresh_topic("pb-in"), fresh_topic("pb-out"));
+    create_topic(&bootstrap, &input, 2).await.unwrap();
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = schema_file(
+        dir.path(),
+        "v1.proto",
+        "syntax = \"proto3\";\npackage demo;\nmessage Bid { int64 id = 1; string name = 2; }\n",
+    );
+    let v2 = schema_file(
+        dir.path(),
+        "v2.proto",
+        "syntax = \"proto3\";\npackage demo;\n\
+         message Bid { int64 id = 1; string name = 2; double price = 3; }\n",
+    );
+    // Confluent's Protobuf serializer, version 1 then version 2 (a field
+    // added: Protobuf's compatible change).
+    let old: Vec<Value> = (0..20).map(|i| bid(i, None)).collect();
+    produce_as("protobuf", &bootstrap, &registry, &input, &v1, &old).await;
+    let new: Vec<Value> = (20..40).map(|i| bid(i, Some(i as f64 * 0.25))).collect();
+    produce_as("protobuf", &bootstrap, &registry, &input, &v2, &new).await;
+
+    run_to_end(&format!(
+        "SET 'checkpoint.location' = '{cp}';\n\
+         SET 'trigger' = 'available-now';\n\
+         CREATE STREAM bids (id BIGINT NOT NULL, name VARCHAR, price DOUBLE) \
+           WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+           format = 'protobuf-confluent', 'protobuf-confluent.url' = '{registry}');\n\
+         CREATE STREAM priced WITH (connector = 'kafka', topic = '{output}', \
+           'bootstrap.servers' = '{bootstrap}', format = 'protobuf-confluent', \
+           'protobuf-confluent.url' = '{registry}');\n\
+         INSERT INTO priced SELECT id, name, price, id * 2 AS twice FROM bids;\n",
+        cp = dir.path().join("cp").display()
+    ))
+    .await;
+
+    // Confluent's deserializer reads Sluice's output by the schema Sluice
+    // registered. Version 1's records have no price: a null, which the
+    // optional field leaves unset.
+    let got = consume_as("protobuf", &bootstrap, &registry, &output, 40, false).await;
+    let want: Vec<Value> = (0..40)
+        .map(|i| {
+            let mut row = json!({"id": i, "name": format!("n{i}"), "twice": i * 2});
+            if i >= 20 {
+                row["price"] = json!(i as f64 * 0.25);
+            }
+            row
+        })
+        .collect();
+    assert_eq!(got, want);
 }
 
 /// Runs `sql` (one query, available-now) to its end.

@@ -181,6 +181,7 @@ pub(crate) fn factory(
                 "csv",
                 "avro",
                 "avro-confluent",
+                "protobuf-confluent",
                 "debezium-json",
             ],
         )?
