@@ -85,15 +85,20 @@ fn bids() -> RecordBatch {
     RecordBatch::try_new(bid_schema(), columns).expect("the bid columns match the schema")
 }
 
-fn json_decode(c: &mut Criterion) {
-    let batch = bids();
-    let values = Format::Json.encode(&batch).expect("bids encode");
-    let schema = bid_schema();
-    let mut group = c.benchmark_group("json_decode");
+/// Benchmark group `name`: `decode` turning the 64 K bids, encoded in
+/// `format`, back into rows.
+fn decode_group(
+    c: &mut Criterion,
+    name: &str,
+    format: Format,
+    decode: impl Fn(&[Vec<u8>]) -> sluice::Result<RecordBatch>,
+) {
+    let values = format.encode(&bids()).expect("bids encode");
+    let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(ROWS as u64));
     group.bench_function("nexmark_bids_64k", |b| {
         b.iter(|| {
-            let decoded = decode_json(&schema, values.iter().map(Vec::as_slice)).expect("decode");
+            let decoded = decode(&values).expect("decode");
             assert_eq!(decoded.num_rows(), ROWS);
             decoded
         })
@@ -101,48 +106,31 @@ fn json_decode(c: &mut Criterion) {
     group.finish();
 }
 
+fn json_decode(c: &mut Criterion) {
+    let schema = bid_schema();
+    decode_group(c, "json_decode", Format::Json, |values| {
+        decode_json(&schema, values.iter().map(Vec::as_slice))
+    });
+}
+
 fn avro_confluent_decode(c: &mut Criterion) {
-    let batch = bids();
-    let values = Format::AvroConfluent { schema_id: 1 }
-        .encode(&batch)
-        .expect("bids encode");
     let schema = sluice_kafka::avro_schema(&bid_schema()).expect("an Avro schema");
     let decoder =
         AvroConfluentDecoder::with_schemas(&schema, [(1, schema.clone())], Some(bid_schema()))
             .expect("a decoder");
-    let mut group = c.benchmark_group("avro_confluent_decode");
-    group.throughput(Throughput::Elements(ROWS as u64));
-    group.bench_function("nexmark_bids_64k", |b| {
-        b.iter(|| {
-            let decoded = decoder
-                .decode(values.iter().map(Vec::as_slice))
-                .expect("decode");
-            assert_eq!(decoded.num_rows(), ROWS);
-            decoded
-        })
+    let format = Format::AvroConfluent { schema_id: 1 };
+    decode_group(c, "avro_confluent_decode", format, |values| {
+        decoder.decode(values.iter().map(Vec::as_slice))
     });
-    group.finish();
 }
 
 fn protobuf_confluent_decode(c: &mut Criterion) {
-    let batch = bids();
-    let values = Format::ProtobufConfluent { schema_id: 1 }
-        .encode(&batch)
-        .expect("bids encode");
     let proto = sluice_kafka::proto_schema(&bid_schema()).expect("a .proto schema");
     let decoder = ProtobufConfluentDecoder::with_schemas([(1, proto)], bid_schema());
-    let mut group = c.benchmark_group("protobuf_confluent_decode");
-    group.throughput(Throughput::Elements(ROWS as u64));
-    group.bench_function("nexmark_bids_64k", |b| {
-        b.iter(|| {
-            let decoded = decoder
-                .decode(values.iter().map(Vec::as_slice))
-                .expect("decode");
-            assert_eq!(decoded.num_rows(), ROWS);
-            decoded
-        })
+    let format = Format::ProtobufConfluent { schema_id: 1 };
+    decode_group(c, "protobuf_confluent_decode", format, |values| {
+        decoder.decode(values.iter().map(Vec::as_slice))
     });
-    group.finish();
 }
 
 fn produce_encode(c: &mut Criterion) {

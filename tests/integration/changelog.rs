@@ -76,18 +76,14 @@ fn changes(table: &mut Table, next_id: &mut i64, rng: &mut Lcg, n: usize) -> Vec
     events
 }
 
-/// Sends `events` (None: a tombstone) keyed by their row's id.
+/// Sends `events` (None: a tombstone) keyed by their row's id, as
+/// Debezium keys them.
 fn send(bootstrap: &str, topic: &str, events: &[Option<String>]) {
-    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-    let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap();
     let mut last_key = String::new();
-    for event in events {
-        let key = match event {
-            Some(e) => {
+    let records: Vec<(String, Option<String>)> = events
+        .iter()
+        .map(|event| {
+            if let Some(e) = event {
                 let v: Value = serde_json::from_str(e).unwrap();
                 let v = v.get("payload").unwrap_or(&v);
                 let row = if v["after"].is_null() {
@@ -96,18 +92,48 @@ fn send(bootstrap: &str, topic: &str, events: &[Option<String>]) {
                     &v["after"]
                 };
                 last_key = json!({"id": row["id"]}).to_string();
-                last_key.clone()
             }
-            None => last_key.clone(),
-        };
-        let record = BaseRecord::<String, str>::to(topic).key(&key);
-        let record = match event {
-            Some(e) => record.payload(e.as_str()),
+            (last_key.clone(), event.clone())
+        })
+        .collect();
+    send_keyed(bootstrap, topic, &records);
+}
+
+/// Sends `(key, value)` records (no value: a tombstone), in order.
+fn send_keyed(bootstrap: &str, topic: &str, records: &[(String, Option<String>)]) {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap();
+    for (key, value) in records {
+        let record = BaseRecord::<String, str>::to(topic).key(key);
+        let record = match value {
+            Some(v) => record.payload(v.as_str()),
             None => record,
         };
         producer.send(record).map_err(|(e, _)| e).unwrap();
     }
     producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// A topic as a compacted reader sees it: the last value of each key
+/// (both as JSON), tombstones removing it.
+async fn compacted(bootstrap: &str, topic: &str) -> BTreeMap<String, Value> {
+    let mut last = BTreeMap::new();
+    for r in read(bootstrap, topic).await {
+        let key = String::from_utf8(r.key.unwrap()).unwrap();
+        match r.value.as_deref() {
+            Some(v) => {
+                last.insert(key, serde_json::from_slice(v).unwrap());
+            }
+            None => {
+                last.remove(&key);
+            }
+        }
+    }
+    last
 }
 
 /// DataFusion's answer over `table`: category → (count, sum).
@@ -148,27 +174,21 @@ async fn batch_answer(table: &Table) -> BTreeMap<String, (i64, i64)> {
     answer
 }
 
-/// The output topic as a compacted reader sees it: the last value of each
-/// key, tombstones removing it.
+/// The totals topic as a compacted reader sees it: category → (count,
+/// sum).
 async fn latest(bootstrap: &str, topic: &str) -> BTreeMap<String, (i64, i64)> {
-    let mut last = BTreeMap::new();
-    for r in read(bootstrap, topic).await {
-        let key: Value = serde_json::from_slice(r.key.as_deref().unwrap()).unwrap();
-        let category = key["category"].as_str().unwrap().to_string();
-        match r.value.as_deref() {
-            Some(v) => {
-                let v: Value = serde_json::from_slice(v).unwrap();
-                last.insert(
-                    category,
-                    (v["n"].as_i64().unwrap(), v["total"].as_i64().unwrap()),
-                );
-            }
-            None => {
-                last.remove(&category);
-            }
-        }
-    }
-    last
+    compacted(bootstrap, topic)
+        .await
+        .into_iter()
+        .map(|(key, v)| {
+            let key: Value = serde_json::from_str(&key).unwrap();
+            let category = key["category"].as_str().unwrap().to_string();
+            (
+                category,
+                (v["n"].as_i64().unwrap(), v["total"].as_i64().unwrap()),
+            )
+        })
+        .collect()
 }
 
 #[test]
@@ -322,42 +342,16 @@ async fn a_group_by_over_debezium_changes_is_exact_through_kill_9() {
     assert_eq!(latest(&bootstrap, &output).await, want);
 }
 
-/// Sends `(id, value)` records keyed `{"id": id}` (None: a tombstone).
-fn send_upserts(bootstrap: &str, topic: &str, records: &[(i64, Option<String>)]) {
-    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-    let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("enable.idempotence", "true")
-        .create()
-        .unwrap();
-    for (id, value) in records {
-        let key = json!({ "id": id }).to_string();
-        let record = BaseRecord::<String, str>::to(topic).key(&key);
-        let record = match value {
-            Some(v) => record.payload(v.as_str()),
-            None => record,
-        };
-        producer.send(record).map_err(|(e, _)| e).unwrap();
-    }
-    producer.flush(Duration::from_secs(30)).unwrap();
-}
-
-/// A topic as a compacted reader sees it: id → value, tombstones deleting.
+/// A topic keyed `{"id": id}` as a compacted reader sees it: id → value.
 async fn table_of(bootstrap: &str, topic: &str) -> BTreeMap<i64, Value> {
-    let mut table = BTreeMap::new();
-    for r in read(bootstrap, topic).await {
-        let key: Value = serde_json::from_slice(r.key.as_deref().unwrap()).unwrap();
-        let id = key["id"].as_i64().unwrap();
-        match r.value.as_deref() {
-            Some(v) => {
-                table.insert(id, serde_json::from_slice(v).unwrap());
-            }
-            None => {
-                table.remove(&id);
-            }
-        }
-    }
-    table
+    compacted(bootstrap, topic)
+        .await
+        .into_iter()
+        .map(|(key, v)| {
+            let key: Value = serde_json::from_str(&key).unwrap();
+            (key["id"].as_i64().unwrap(), v)
+        })
+        .collect()
 }
 
 #[test]
@@ -390,16 +384,16 @@ fn upsert_kafka_into_an_upsert_sink_is_the_latest_value_of_each_key() {
                 for _ in 0..120 {
                     let id = rng.next(30) as i64;
                     if rng.next(4) == 0 {
-                        records.push((id, None));
+                        records.push((json!({ "id": id }).to_string(), None));
                         want.remove(&id);
                     } else {
                         let row = json!({"id": id, "name": format!("n{}", rng.next(1000)), "v": rng.next(100)});
-                        records.push((id, Some(row.to_string())));
+                        records.push((json!({ "id": id }).to_string(), Some(row.to_string())));
                         want.insert(id, row);
                     }
                 }
                 let (b, t) = (bootstrap.clone(), input.clone());
-                tokio::task::spawn_blocking(move || send_upserts(&b, &t, &records))
+                tokio::task::spawn_blocking(move || send_keyed(&b, &t, &records))
                     .await
                     .unwrap();
                 let query = start_sql(&Session::new(), &sql).await;
@@ -533,6 +527,12 @@ async fn debezium_events_without_op_or_before_follow_format_on_error() {
     ] {
         assert!(error.contains(&part), "'{part}' in: {error}");
     }
+    // 'skip': both bad events dropped and counted (and the tombstone-free
+    // input has no other skipped record).
+    let query = start_sql(&Session::new(), &sql("skip", "skip")).await;
+    query.await_termination().await.unwrap();
+    assert_eq!(crate::util::skipped(&query.recent_progress()), 2);
+
     // 'dead-letter': both bad events kept byte for byte with the reason;
     // the others counted (30 + 40 + 25 in 'a').
     let with_letters = sql("letters", "dead-letter").replace(
