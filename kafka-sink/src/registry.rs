@@ -1,6 +1,7 @@
 //! A client of a Confluent-compatible schema registry (Confluent Schema
 //! Registry, Apicurio's `ccompat` API, Redpanda, Karapace): what
-//! `format = 'avro-confluent'` looks schemas up in and registers them with.
+//! `format = 'avro-confluent'` and `'protobuf-confluent'` look schemas up
+//! in and register them with.
 //!
 //! Three calls of the registry's REST API are used: a schema by its id
 //! (`GET /schemas/ids/{id}`, for each record's writer schema), a subject's
