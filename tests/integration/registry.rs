@@ -13,7 +13,7 @@ use sluice::broker::{create_topic, fresh_topic};
 use sluice::Session;
 
 use crate::kafka::read;
-use crate::util::{broker, confluent_client, schema_registry, start_sql};
+use crate::util::{broker, confluent_client, schema_registry, start_sql, tls_schema_registry};
 
 /// Version 1 of the producers' schema.
 const V1: &str = r#"{"type": "record", "name": "Bid", "namespace": "demo", "fields": [
@@ -312,6 +312,83 @@ async fn protobuf_confluent_reads_two_schema_versions_and_confluents_deserialize
         })
         .collect();
     assert_eq!(got, want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_over_tls_is_trusted_through_its_ca_and_refused_without() {
+    let bootstrap = broker().await;
+    let (registry, ca) = tls_schema_registry().await;
+    assert!(registry.starts_with("https://"), "{registry}");
+    let (input, avro, back) = (
+        fresh_topic("tls-in"),
+        fresh_topic("tls-avro"),
+        fresh_topic("tls-back"),
+    );
+    for t in [&input, &avro, &back] {
+        create_topic(&bootstrap, t, 1).await.unwrap();
+    }
+    let rows: Vec<Value> = (0..10).map(|i| bid(i, None)).collect();
+    {
+        let (b, t) = (bootstrap.clone(), input.clone());
+        let values: Vec<Vec<u8>> = rows.iter().map(|r| r.to_string().into_bytes()).collect();
+        tokio::task::spawn_blocking(move || send_raw(&b, &t, &values))
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trusted = format!(
+        "format = 'avro-confluent', 'avro-confluent.url' = '{registry}', \
+         'avro-confluent.ssl.ca.location' = '{ca}'"
+    );
+    // The sink registers its schema over TLS; a stream reads it back.
+    for (name, from, from_format, to, to_format) in [
+        (
+            "write",
+            &input,
+            "format = 'json'".to_string(),
+            &avro,
+            trusted.clone(),
+        ),
+        (
+            "read",
+            &avro,
+            trusted.clone(),
+            &back,
+            "format = 'json'".to_string(),
+        ),
+    ] {
+        run_to_end(&format!(
+            "SET 'checkpoint.location' = '{cp}';\nSET 'trigger' = 'available-now';\n\
+             CREATE STREAM src (id BIGINT NOT NULL, name VARCHAR) WITH (connector = 'kafka', \
+               topic = '{from}', 'bootstrap.servers' = '{bootstrap}', {from_format});\n\
+             CREATE STREAM dst WITH (connector = 'kafka', topic = '{to}', \
+               'bootstrap.servers' = '{bootstrap}', {to_format});\n\
+             INSERT INTO dst SELECT id, name FROM src;\n",
+            cp = dir.path().join(name).display()
+        ))
+        .await;
+    }
+    assert_eq!(json_values(&bootstrap, &back).await, rows);
+
+    // Without the CA the registry's certificate is not trusted: the
+    // stream fails, naming the registry and why.
+    let sql = format!(
+        "SET 'checkpoint.location' = '{cp}';\n\
+         CREATE STREAM src (id BIGINT NOT NULL, name VARCHAR) WITH (connector = 'kafka', \
+           topic = '{avro}', 'bootstrap.servers' = '{bootstrap}', format = 'avro-confluent', \
+           'avro-confluent.url' = '{registry}', 'connect.timeout' = '2 s');\n\
+         CREATE STREAM dst WITH (connector = 'kafka', topic = '{back}', \
+           'bootstrap.servers' = '{bootstrap}');\n\
+         INSERT INTO dst SELECT id, name FROM src;\n",
+        cp = dir.path().join("untrusted").display()
+    );
+    let error = Session::new().sql(&sql).await.err().map(|e| e.to_string());
+    let error = error.expect("an untrusted registry is refused");
+    assert!(
+        error.contains(&format!("schema registry '{registry}'")),
+        "{error}"
+    );
+    assert!(error.to_lowercase().contains("certificate"), "{error}");
 }
 
 /// Runs `sql` (one query, available-now) to its end.

@@ -384,21 +384,37 @@ pub fn send_keyed(producer: &rdkafka::producer::BaseProducer, topic: &str, key: 
 /// Registry's Confluent-compatible API) on `SLUICE_TEST_REGISTRY_PORT`
 /// (default 19500) unless it runs, and returns the URL clients use.
 pub async fn schema_registry() -> String {
-    let port = port_from_env("SLUICE_TEST_REGISTRY_PORT", 19500).to_string();
+    let port = port_from_env("SLUICE_TEST_REGISTRY_PORT", 19500);
+    start_registry(port, false).await.0
+}
+
+/// A second schema registry serving HTTPS only, on
+/// `SLUICE_TEST_TLS_REGISTRY_PORT` (default 19520): its URL and the path
+/// of the CA certificate that signs its certificate.
+pub async fn tls_schema_registry() -> (String, String) {
+    let port = port_from_env("SLUICE_TEST_TLS_REGISTRY_PORT", 19520);
+    start_registry(port, true).await
+}
+
+async fn start_registry(port: u16, tls: bool) -> (String, String) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/registry");
     tokio::task::spawn_blocking(move || {
-        let out = Command::new(script)
-            .arg("start")
-            .env("SLUICE_REGISTRY_PORT", &port)
-            .output()
-            .expect("scripts/registry runs");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "scripts/registry start: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        stdout.lines().last().unwrap_or_default().trim().to_string()
+        let run = |command: &str| {
+            let out = Command::new(script)
+                .arg(command)
+                .env("SLUICE_REGISTRY_PORT", port.to_string())
+                .env("SLUICE_REGISTRY_TLS", if tls { "1" } else { "0" })
+                .output()
+                .expect("scripts/registry runs");
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            assert!(
+                out.status.success(),
+                "scripts/registry {command}: {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            stdout.lines().last().unwrap_or_default().trim().to_string()
+        };
+        (run("start"), run("ca"))
     })
     .await
     .unwrap()
