@@ -518,6 +518,7 @@ impl SourceInner {
                 messages.entry(m.partition()).or_default().push(Record {
                     key: m.key().map(<[u8]>::to_vec),
                     value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    tombstone,
                     offset: m.offset(),
                     timestamp_ms: match m.timestamp() {
                         Timestamp::NotAvailable => None,
@@ -678,7 +679,7 @@ impl SourceInner {
         let mut kept: Vec<usize> = last.into_values().collect();
         kept.sort_unstable();
         let (dead, live): (Vec<usize>, Vec<usize>) =
-            kept.into_iter().partition(|&i| records[i].value.is_empty());
+            kept.into_iter().partition(|&i| records[i].tombstone);
         let pick = |idx: &[usize]| idx.iter().map(|&i| records[i].clone()).collect::<Vec<_>>();
         let schema = &self.config.value_schema;
         let marker = |n: usize, deleted: bool| -> ArrayRef {
@@ -881,6 +882,9 @@ fn decode_keys(key: &KeyColumns, records: &[Record]) -> Result<RecordBatch> {
 struct Record {
     key: Option<Vec<u8>>,
     value: Vec<u8>,
+    /// No value (for formats other than `raw` also an empty one): a
+    /// key's deletion; only an upsert stream keeps such records.
+    tombstone: bool,
     offset: i64,
     timestamp_ms: Option<i64>,
 }
