@@ -1,0 +1,411 @@
+//! A Kafka source's records to rows: each partition's records decoded
+//! in parallel, all at once on the fast path and one at a time when a
+//! record is bad (to name it, skip it or dead-letter it, as
+//! `format.on-error` says); the declared columns taken from the value or
+//! the key; Debezium change events as signed rows; an upsert stream's last
+//! record per key; then the virtual columns.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use datafusion::arrow::array::{
+    new_null_array, ArrayRef, BooleanArray, Int32Array, Int64Array, RecordBatch, StringArray,
+    TimestampNanosecondArray,
+};
+use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::json::ReaderBuilder;
+use sluice_engine::{DeadLetter, Partitions, Result, SluiceError};
+
+use super::config::{KeyColumns, KeyFormat, OnError, SourceFormat};
+use super::{debezium, SourceInner};
+
+impl SourceInner {
+    /// Decodes each partition's records, in parallel (JSON decoding is
+    /// most of a read) on at most one thread per core, whatever the number
+    /// of partitions: a 2,000-partition topic gets a few threads, not 2,000.
+    pub(super) fn decode_partitions(
+        &self,
+        messages: BTreeMap<i32, Vec<Record>>,
+    ) -> Result<Partitions> {
+        let partitions: Vec<(i32, Vec<Record>)> = messages.into_iter().collect();
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(partitions.len());
+        if workers == 0 {
+            return Ok(Vec::new());
+        }
+        let partitions = &partitions;
+        let mut decoded = std::thread::scope(|scope| {
+            let decoders: Vec<_> = (0..workers)
+                .map(|w| {
+                    scope.spawn(move || {
+                        partitions
+                            .iter()
+                            .enumerate()
+                            .skip(w)
+                            .step_by(workers)
+                            .map(|(i, (p, records))| Ok((i, self.decode(*p, records)?)))
+                            .collect::<Result<Vec<_>>>()
+                    })
+                })
+                .collect();
+            let mut decoded = Vec::with_capacity(partitions.len());
+            for d in decoders {
+                decoded.extend(d.join().map_err(|_| {
+                    SluiceError::Internal("a Kafka decoder thread panicked".into())
+                })??);
+            }
+            Ok::<_, SluiceError>(decoded)
+        })?;
+        decoded.sort_unstable_by_key(|(i, _)| *i);
+        Ok(decoded.into_iter().map(|(_, b)| vec![b]).collect())
+    }
+
+    fn decode(&self, partition: i32, records: &[Record]) -> Result<RecordBatch> {
+        // A registry that cannot be asked stops the query; it must not make
+        // every record look malformed.
+        if let Some(confluent) = &self.config.confluent {
+            confluent.resolve(records.iter().map(|r| r.value.as_slice()))?;
+        }
+        if let Some(protobuf) = &self.config.protobuf {
+            protobuf.resolve(records.iter().map(|r| r.value.as_slice()))?;
+        }
+        if let Some(KeyColumns {
+            format: KeyFormat::AvroConfluent(confluent),
+            ..
+        }) = &self.config.key
+        {
+            confluent.resolve(records.iter().filter_map(|r| r.key.as_deref()))?;
+        }
+        let (batch, from) = match self.decode_all(records) {
+            Ok(decoded) => decoded,
+            // Name the bad record, or drop it: decode one at a time.
+            Err(_) => self.decode_each(partition, records)?,
+        };
+        let kept: Vec<&Record> = from.into_iter().map(|i| &records[i]).collect();
+        let topic = self.config.topic.as_str();
+        let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+        columns.push(Arc::new(StringArray::from_iter(
+            kept.iter()
+                .map(|r| r.key.as_deref().map(String::from_utf8_lossy)),
+        )));
+        columns.push(Arc::new(StringArray::from_iter_values(
+            kept.iter().map(|_| topic),
+        )));
+        columns.push(Arc::new(Int32Array::from_iter_values(
+            kept.iter().map(|_| partition),
+        )));
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            kept.iter().map(|r| r.offset),
+        )));
+        columns.push(Arc::new(TimestampNanosecondArray::from_iter(
+            kept.iter().map(|r| r.timestamp_ms.map(|t| t * 1_000_000)),
+        )));
+        Ok(RecordBatch::try_new(
+            Arc::clone(&self.config.schema),
+            columns,
+        )?)
+    }
+
+    /// All records at once, the fast path: their rows, and the record each
+    /// row came from (one row each, but a Debezium update's two).
+    fn decode_all(&self, records: &[Record]) -> Result<(RecordBatch, Vec<usize>)> {
+        if self.config.upsert {
+            return self.decode_upserts(records);
+        }
+        if self.config.format == SourceFormat::DebeziumJson {
+            return debezium::decode(
+                &self.config.value_schema,
+                records.iter().map(|r| r.value.as_slice()),
+            );
+        }
+        let batch = self.decode_one_each(&records.iter().collect::<Vec<_>>())?;
+        if batch.num_rows() != records.len() {
+            return Err(SluiceError::plan(format!(
+                "{} records decoded into {} rows",
+                records.len(),
+                batch.num_rows()
+            )));
+        }
+        Ok((batch, (0..records.len()).collect()))
+    }
+
+    /// An upsert stream's records: each key's last one in `records`, as
+    /// its value (marked not deleted) or, for a tombstone, its key columns
+    /// marked deleted.
+    fn decode_upserts(&self, records: &[Record]) -> Result<(RecordBatch, Vec<usize>)> {
+        let Some(key) = &self.config.key else {
+            return Err(SluiceError::Internal(
+                "an upsert stream without its key".into(),
+            ));
+        };
+        let mut last: HashMap<&[u8], usize> = HashMap::new();
+        for (i, r) in records.iter().enumerate() {
+            let k = r.key.as_deref().ok_or_else(|| {
+                SluiceError::plan("an upsert record without a key (the key says which row it is)")
+            })?;
+            last.insert(k, i);
+        }
+        let mut kept: Vec<usize> = last.into_values().collect();
+        kept.sort_unstable();
+        let (dead, live): (Vec<usize>, Vec<usize>) =
+            kept.into_iter().partition(|&i| records[i].tombstone);
+        let pick = |idx: &[usize]| idx.iter().map(|&i| &records[i]).collect::<Vec<_>>();
+        let schema = &self.config.value_schema;
+        let marker = |n: usize, deleted: bool| -> ArrayRef {
+            Arc::new(BooleanArray::from(vec![deleted; n]))
+        };
+        let mut batches = Vec::new();
+        if !live.is_empty() {
+            let values = self.decode_one_each(&pick(&live))?;
+            let mut columns = values.columns().to_vec();
+            columns.push(marker(live.len(), false));
+            batches.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
+        }
+        if !dead.is_empty() {
+            let keys = decode_keys(key, &pick(&dead))?;
+            let mut columns: Vec<ArrayRef> = self
+                .config
+                .declared
+                .fields()
+                .iter()
+                .map(|f| match keys.column_by_name(f.name()) {
+                    Some(c) => Arc::clone(c),
+                    None => new_null_array(f.data_type(), dead.len()),
+                })
+                .collect();
+            columns.push(marker(dead.len(), true));
+            batches.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
+        }
+        let from = live.into_iter().chain(dead).collect();
+        Ok((concat_batches(schema, &batches)?, from))
+    }
+
+    /// The rows of records that hold one each.
+    fn decode_one_each(&self, records: &[&Record]) -> Result<RecordBatch> {
+        let values = self.decode_values(records)?;
+        let Some(key) = &self.config.key else {
+            return Ok(values);
+        };
+        let keys = decode_keys(key, records)?;
+        // The declared columns in order, each from the key or the value.
+        let columns = self
+            .config
+            .declared
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let part = if key.fields.contains(&i) {
+                    &keys
+                } else {
+                    &values
+                };
+                part.column_by_name(f.name()).cloned().ok_or_else(|| {
+                    SluiceError::Internal(format!("decoded rows lack column '{}'", f.name()))
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(RecordBatch::try_new(
+            Arc::clone(&self.config.declared),
+            columns,
+        )?)
+    }
+
+    /// The columns the records' values hold.
+    fn decode_values(&self, records: &[&Record]) -> Result<RecordBatch> {
+        match self.config.format {
+            SourceFormat::Raw => {
+                let values = records
+                    .iter()
+                    .map(|r| std::str::from_utf8(&r.value).map(Some))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|e| SluiceError::Internal(e.to_string()))?;
+                Ok(RecordBatch::try_new(
+                    Arc::clone(&self.config.value_part),
+                    vec![Arc::new(StringArray::from(values))],
+                )?)
+            }
+            SourceFormat::Json => decode_json(
+                &self.config.value_part,
+                records.iter().map(|r| r.value.as_slice()),
+            ),
+            SourceFormat::Avro => match &self.config.avro {
+                Some(avro) => avro.decode(records.iter().map(|r| r.value.as_slice())),
+                None => Err(SluiceError::Internal(
+                    "avro source without a decoder".into(),
+                )),
+            },
+            SourceFormat::AvroConfluent => match &self.config.confluent {
+                Some(c) => c.decode(records.iter().map(|r| r.value.as_slice())),
+                None => Err(SluiceError::Internal(
+                    "avro-confluent source without a decoder".into(),
+                )),
+            },
+            SourceFormat::ProtobufConfluent => match &self.config.protobuf {
+                Some(p) => p.decode(records.iter().map(|r| r.value.as_slice())),
+                None => Err(SluiceError::Internal(
+                    "protobuf-confluent source without a decoder".into(),
+                )),
+            },
+            SourceFormat::DebeziumJson => Err(SluiceError::Internal(
+                "Debezium events are changes, not values".into(),
+            )),
+        }
+    }
+
+    /// One record at a time: names the bad one, or skips it.
+    /// Returns the rows and the indices of the records they came from.
+    fn decode_each(&self, partition: i32, records: &[Record]) -> Result<(RecordBatch, Vec<usize>)> {
+        let mut batches = Vec::new();
+        let mut kept = Vec::new();
+        for (i, r) in records.iter().enumerate() {
+            match self.decode_all(std::slice::from_ref(r)) {
+                Ok((b, _)) => {
+                    kept.extend(std::iter::repeat_n(i, b.num_rows()));
+                    batches.push(b);
+                }
+                Err(e) => {
+                    let problem = e.to_string();
+                    match &self.config.on_error {
+                        OnError::Skip => {
+                            tracing::warn!(topic = %self.config.topic, partition, offset = r.offset, %problem, "skipping a malformed record");
+                            self.rejected
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .skipped += 1;
+                        }
+                        OnError::DeadLetter(topic) => {
+                            let headers = vec![
+                                ("sluice.error".to_string(), problem),
+                                ("sluice.source.topic".to_string(), self.config.topic.clone()),
+                                ("sluice.source.partition".to_string(), partition.to_string()),
+                                ("sluice.source.offset".to_string(), r.offset.to_string()),
+                            ];
+                            self.rejected
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .dead_letters
+                                .push(DeadLetter {
+                                    topic: topic.clone(),
+                                    key: r.key.clone(),
+                                    value: r.value.clone(),
+                                    headers,
+                                });
+                        }
+                        OnError::Fail => {
+                            return Err(SluiceError::External {
+                                what: format!(
+                                "kafka source '{}': topic '{}', partition {partition}, offset {}",
+                                self.config.stream, self.config.topic, r.offset
+                            ),
+                                message: format!("malformed record: {problem}"),
+                                hint: Some(
+                                    "fix the producer, or set 'format.on-error' = 'skip' to drop \
+                                     such records ('dead-letter' to keep them in another topic)"
+                                        .into(),
+                                ),
+                            })
+                        }
+                    }
+                }
+            }
+        }
+        Ok((concat_batches(&self.config.value_schema, &batches)?, kept))
+    }
+}
+
+/// The key columns of `records`, decoded from their keys.
+fn decode_keys(key: &KeyColumns, records: &[&Record]) -> Result<RecordBatch> {
+    let keys = records
+        .iter()
+        .map(|r| {
+            r.key.as_deref().ok_or_else(|| {
+                SluiceError::plan(format!(
+                    "the record has no key, but its columns {} come from the key",
+                    sluice_engine::columns(&key.schema)
+                ))
+            })
+        })
+        .collect::<Result<Vec<&[u8]>>>()?;
+    match &key.format {
+        KeyFormat::Json => decode_json(&key.schema, keys),
+        KeyFormat::Raw => {
+            let text = keys
+                .into_iter()
+                .map(|k| std::str::from_utf8(k).map(Some))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| SluiceError::plan(format!("the key is not UTF-8 text: {e}")))?;
+            let text = datafusion::arrow::compute::cast(
+                &StringArray::from(text),
+                key.schema.field(0).data_type(),
+            )?;
+            Ok(RecordBatch::try_new(Arc::clone(&key.schema), vec![text])?)
+        }
+        KeyFormat::AvroConfluent(decoder) => decoder
+            .decode(keys.into_iter())
+            .map_err(|e| SluiceError::plan(format!("key: {e}"))),
+    }
+}
+
+/// A record as read, before decoding.
+#[derive(Debug)]
+pub(super) struct Record {
+    pub key: Option<Vec<u8>>,
+    pub value: Vec<u8>,
+    /// No value (for formats other than `raw` also an empty one): a
+    /// key's deletion; only an upsert stream keeps such records.
+    pub tombstone: bool,
+    pub offset: i64,
+    pub timestamp_ms: Option<i64>,
+}
+
+/// Decodes JSON message values, one object each, into one batch of
+/// `schema` (arrow-json's vectorised decoder): the Kafka source's fast
+/// path, public so that `benches/micro.rs` can measure it alone. Every
+/// message must be exactly one object of `schema`: one that holds none
+/// (blank), more than one, or something else is an error, and the source
+/// then decodes record by record to name (or skip) the bad one.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use sluice_engine::arrow::datatypes::{DataType, Field, Schema};
+/// let schema = Arc::new(Schema::new(vec![Field::new("price", DataType::Int64, true)]));
+/// let values: [&[u8]; 2] = [br#"{"price": 7}"#, br#"{"price": 9}"#];
+/// let batch = sluice_kafka::decode_json(&schema, values)?;
+/// assert_eq!(batch.num_rows(), 2);
+/// let two_in_one: [&[u8]; 2] = [br#"{"price": 7}{"price": 8}"#, br#"{"price": 9}"#];
+/// assert!(sluice_kafka::decode_json(&schema, two_in_one).is_err());
+/// # Ok::<(), sluice_engine::SluiceError>(())
+/// ```
+pub fn decode_json<'a>(
+    schema: &SchemaRef,
+    values: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<RecordBatch> {
+    let values = values.into_iter();
+    let mut decoder = ReaderBuilder::new(Arc::clone(schema))
+        .with_batch_size(values.size_hint().0.max(1))
+        .build_decoder()?;
+    for value in values {
+        // One message, one value: the decoder stops early once its batch
+        // is full, so a message of two values would push the last
+        // message's row out unseen, and a message of half a value would
+        // merge with the next.
+        let before = decoder.len();
+        let read = decoder.decode(value)? + decoder.decode(b"\n")?;
+        if read != value.len() + 1 || decoder.has_partial_record() || decoder.len() != before + 1 {
+            let values = decoder.len() - before;
+            return Err(ArrowError::JsonError(if values == 0 {
+                "the message holds no JSON value".into()
+            } else {
+                format!("the message holds {values} or more JSON values, not one")
+            })
+            .into());
+        }
+    }
+    Ok(decoder
+        .flush()?
+        .unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(schema))))
+}
