@@ -12,7 +12,7 @@ use sluice_engine::{
 
 use crate::at_least_once::AtLeastOnceSink;
 use crate::client::{ClientOptions, DEFAULT_CONNECT_TIMEOUT};
-use crate::encode::Format;
+use crate::encode::{key_indices, Format};
 use crate::produce::SinkConfig;
 use crate::registry::{Part, Registry, RegistryOptions, SchemaKind, REGISTRY_OPTIONS};
 use crate::transactional_sink::TransactionalSink;
@@ -320,9 +320,9 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     // An update stream is keyed by its group key unless told otherwise,
     // so the topic is a valid compacted upsert stream.
     let key_fields = match o.take("key.fields") {
-        Some(list) => key_indices(&list, &args.schema)?,
+        Some(list) => key_indices(&list, &args.schema, "output")?,
         None if args.output_mode != OutputMode::Append && !args.key_columns.is_empty() => {
-            key_indices(&args.key_columns.join(","), &args.schema)?
+            key_indices(&args.key_columns.join(","), &args.schema, "output")?
         }
         None => Vec::new(),
     };
@@ -335,9 +335,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let timeout = client.timeout();
     let what = format!("sink topic '{topic}'");
     let value_columns = if except_key {
-        let rest: Vec<usize> = (0..args.schema.fields().len())
-            .filter(|i| !key_fields.contains(i))
-            .collect();
+        let rest = crate::encode::except_key(args.schema.fields().len(), &key_fields);
         Arc::new(args.schema.project(&rest)?)
     } else {
         Arc::clone(&args.schema)
@@ -438,23 +436,4 @@ fn part_format(
 /// ```
 pub fn task_identity(query_id: &str, index: u32) -> String {
     format!("{query_id}-{index}")
-}
-
-fn key_indices(list: &str, schema: &SchemaRef) -> Result<Vec<usize>> {
-    list.split(',')
-        .map(|name| {
-            let name = name.trim();
-            schema.index_of(name).map_err(|_| {
-                let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
-                let hint = sluice_engine::closest(name, names.iter().copied())
-                    .map(|c| format!(" (did you mean '{c}'?)"))
-                    .unwrap_or_default();
-                SluiceError::config(format!(
-                    "'key.fields' names '{name}', which is not an output column{hint}; the \
-                     output columns are: {}",
-                    columns(schema)
-                ))
-            })
-        })
-        .collect()
 }

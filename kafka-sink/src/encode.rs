@@ -164,10 +164,7 @@ pub(crate) fn messages(
     except_key: bool,
 ) -> Result<Vec<Message>> {
     let values = if except_key && !key_fields.is_empty() {
-        let rest: Vec<usize> = (0..batch.num_columns())
-            .filter(|i| !key_fields.contains(i))
-            .collect();
-        value.encode(&batch.project(&rest)?)?
+        value.encode(&batch.project(&self::except_key(batch.num_columns(), key_fields))?)?
     } else {
         value.encode(batch)?
     };
@@ -176,6 +173,39 @@ pub(crate) fn messages(
     }
     let keys = key.encode(&batch.project(key_fields)?)?;
     Ok(keys.into_iter().map(Some).zip(values).collect())
+}
+
+/// The positions in `schema` of the columns `'key.fields'` names (`list`,
+/// comma-separated); an unknown name is an error naming the `kind` of
+/// columns (`output`, `declared`) and listing them.
+pub(crate) fn key_indices(list: &str, schema: &SchemaRef, kind: &str) -> Result<Vec<usize>> {
+    list.split(',')
+        .map(|name| {
+            let name = name.trim();
+            schema.index_of(name).map_err(|_| {
+                let names = schema.fields().iter().map(|f| f.name().as_str());
+                let hint = sluice_engine::closest(name, names)
+                    .map(|c| format!(" (did you mean '{c}'?)"))
+                    .unwrap_or_default();
+                let article = if kind.starts_with(['a', 'e', 'i', 'o', 'u']) {
+                    "an"
+                } else {
+                    "a"
+                };
+                SluiceError::config(format!(
+                    "'key.fields' names '{name}', which is not {article} {kind} column{hint}; the \
+                     {kind} columns are: {}",
+                    columns(schema)
+                ))
+            })
+        })
+        .collect()
+}
+
+/// The columns of a row with `count` columns that are not `key_fields`:
+/// what a value holds with `'value.fields-include' = 'EXCEPT_KEY'`.
+pub(crate) fn except_key(count: usize, key_fields: &[usize]) -> Vec<usize> {
+    (0..count).filter(|i| !key_fields.contains(i)).collect()
 }
 
 fn bytes(v: Option<&str>) -> Vec<u8> {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::avro::{AvroConfluentDecoder, AvroDecoder};
 use crate::client::ClientOptions;
+use crate::encode::key_indices;
 use crate::protobuf::ProtobufConfluentDecoder;
 use crate::registry::{Part, Registry, RegistryOptions, REGISTRY_OPTIONS};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
@@ -355,9 +356,6 @@ pub(crate) fn factory(
         .take_parsed::<bool>("purge-committed", "true or false")?
         .unwrap_or(false);
     o.finish("kafka", &[SOURCE_OPTIONS, REGISTRY_OPTIONS].concat())?;
-    // With EXCEPT_KEY the key fields come from the key, the others from
-    // the value; otherwise every column comes from the value (as in Flink,
-    // where the value's fields win).
     if upsert && format == SourceFormat::DebeziumJson {
         return Err(SluiceError::config(format!(
             "stream '{stream}': connector 'upsert-kafka' reads each key's latest value; a \
@@ -370,29 +368,10 @@ pub(crate) fn factory(
              hold, which identify a row: 'key.fields' = 'id' (comma-separated declared columns)"
         )));
     }
-    // An upsert stream's key columns are marked for the engine, and its
-    // other columns are null in a deletion.
-    let declared = match (upsert, declared, &key_fields) {
-        (true, Some(d), Some(list)) => {
-            let keys: Vec<&str> = list.split(',').map(str::trim).collect();
-            let fields: Vec<Field> = d
-                .fields()
-                .iter()
-                .map(|f| {
-                    if keys.contains(&f.name().as_str()) {
-                        f.as_ref().clone().with_metadata(
-                            [(UPSERT_KEY_METADATA.to_string(), "true".to_string())].into(),
-                        )
-                    } else {
-                        f.as_ref().clone().with_nullable(true)
-                    }
-                })
-                .collect();
-            Some(Arc::new(Schema::new(fields)))
-        }
-        (_, declared, _) => declared,
-    };
-    let (key, value_declared) = match (key_fields, except_key || upsert) {
+    // With EXCEPT_KEY (and on an upsert stream) the key fields come from
+    // the key; otherwise every column comes from the value (as in Flink,
+    // where the value's fields win).
+    let key_fields = match (key_fields, except_key || upsert) {
         (None, true) => {
             return Err(SluiceError::config(format!(
                 "stream '{stream}': 'value.fields-include' = 'EXCEPT_KEY' needs the columns \
@@ -418,13 +397,44 @@ pub(crate) fn factory(
                      (CREATE STREAM {stream} (id BIGINT, ...) WITH (...))"
                 )));
             };
-            let key = KeyColumns::new(stream, &list, declared, &key_format, key_registry)?;
-            let rest: Vec<usize> = (0..declared.fields().len())
-                .filter(|i| !except_key || !key.fields.contains(i))
+            Some(key_indices(&list, declared, "declared").map_err(|e| in_stream(stream, e))?)
+        }
+        (_, false) => None,
+    };
+    // An upsert stream's key columns are marked for the engine, and its
+    // other columns are null in a deletion.
+    let declared = match (&key_fields, declared) {
+        (Some(keys), Some(d)) if upsert => {
+            let fields: Vec<Field> = d
+                .fields()
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    if keys.contains(&i) {
+                        f.as_ref().clone().with_metadata(
+                            [(UPSERT_KEY_METADATA.to_string(), "true".to_string())].into(),
+                        )
+                    } else {
+                        f.as_ref().clone().with_nullable(true)
+                    }
+                })
                 .collect();
+            Some(Arc::new(Schema::new(fields)))
+        }
+        (_, declared) => declared,
+    };
+    let (key, value_declared) = match (key_fields, &declared) {
+        (Some(fields), Some(declared)) => {
+            let key = KeyColumns::new(stream, fields, declared, &key_format, key_registry)?;
+            let count = declared.fields().len();
+            let rest = if except_key {
+                crate::encode::except_key(count, &key.fields)
+            } else {
+                (0..count).collect()
+            };
             (Some(key), Some(Arc::new(declared.project(&rest)?)))
         }
-        (_, false) => (None, declared.clone()),
+        _ => (None, declared.clone()),
     };
     let (confluent, protobuf) = match (registry, format) {
         (Some(registry), SourceFormat::ProtobufConfluent) => (
@@ -595,24 +605,11 @@ pub(crate) enum KeyFormat {
 impl KeyColumns {
     fn new(
         stream: &str,
-        list: &str,
+        fields: Vec<usize>,
         declared: &SchemaRef,
         format: &str,
         registry: Option<RegistryOptions>,
     ) -> Result<Self> {
-        let fields = list
-            .split(',')
-            .map(|name| {
-                let name = name.trim();
-                declared.index_of(name).map_err(|_| {
-                    SluiceError::config(format!(
-                        "stream '{stream}': 'key.fields' names '{name}', which is not a declared \
-                         column; the columns are: {}",
-                        sluice_engine::columns(declared)
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
         let schema = Arc::new(declared.project(&fields)?);
         let format = match (format, registry) {
             ("raw", _) => {
