@@ -468,15 +468,10 @@ pub(crate) fn factory(
         }
     };
     let value_schema = match (format, declared) {
-        (_, Some(declared)) if upsert => {
-            let mut fields: Vec<Field> = declared
-                .fields()
-                .iter()
-                .map(|f| f.as_ref().clone())
-                .collect();
-            fields.push(Field::new(UPSERT_DELETED, DataType::Boolean, false));
-            Arc::new(Schema::new(fields))
-        }
+        (_, Some(declared)) if upsert => followed_by(
+            &declared,
+            [Field::new(UPSERT_DELETED, DataType::Boolean, false)],
+        ),
         (_, Some(declared)) if key.is_some() => declared,
         (SourceFormat::AvroConfluent | SourceFormat::ProtobufConfluent, _) => {
             Arc::clone(&value_part)
@@ -500,9 +495,7 @@ pub(crate) fn factory(
                     "stream '{stream}': column '{CHANGELOG_SIGN}' is Sluice's own; rename it"
                 )));
             }
-            let mut fields: Vec<Field> = s.fields().iter().map(|f| f.as_ref().clone()).collect();
-            fields.push(Field::new(CHANGELOG_SIGN, DataType::Int64, false));
-            Arc::new(Schema::new(fields))
+            followed_by(&s, [Field::new(CHANGELOG_SIGN, DataType::Int64, false)])
         }
         (SourceFormat::Json | SourceFormat::Avro, Some(s)) => s,
         (SourceFormat::Json | SourceFormat::Avro | SourceFormat::DebeziumJson, None) => {
@@ -523,22 +516,20 @@ pub(crate) fn factory(
             VIRTUAL.join(", ")
         )));
     }
-    let mut fields: Vec<Field> = value_schema
-        .fields()
-        .iter()
-        .map(|f| f.as_ref().clone())
-        .collect();
-    fields.extend([
-        Field::new("_key", DataType::Utf8, true),
-        Field::new("_topic", DataType::Utf8, false),
-        Field::new("_partition", DataType::Int32, false),
-        Field::new("_offset", DataType::Int64, false),
-        Field::new(
-            "_timestamp",
-            DataType::Timestamp(TimeUnit::Nanosecond, None),
-            true,
-        ),
-    ]);
+    let schema = followed_by(
+        &value_schema,
+        [
+            Field::new("_key", DataType::Utf8, true),
+            Field::new("_topic", DataType::Utf8, false),
+            Field::new("_partition", DataType::Int32, false),
+            Field::new("_offset", DataType::Int64, false),
+            Field::new(
+                "_timestamp",
+                DataType::Timestamp(TimeUnit::Nanosecond, None),
+                true,
+            ),
+        ],
+    );
     let avro = match format {
         SourceFormat::Avro => {
             Some(AvroDecoder::new(Arc::clone(&value_part)).map_err(|e| in_stream(stream, e))?)
@@ -575,7 +566,7 @@ pub(crate) fn factory(
         avro,
         confluent,
         protobuf,
-        schema: Arc::new(Schema::new(fields)),
+        schema,
     })))
 }
 
@@ -642,6 +633,12 @@ impl KeyColumns {
             format,
         })
     }
+}
+
+/// `schema`'s columns, then `more`.
+fn followed_by(schema: &Schema, more: impl IntoIterator<Item = Field>) -> SchemaRef {
+    let fields = schema.fields().iter().map(|f| f.as_ref().clone());
+    Arc::new(Schema::new(fields.chain(more).collect::<Vec<_>>()))
 }
 
 /// `e` with the stream named in front, when it is about the stream's
