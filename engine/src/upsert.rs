@@ -53,7 +53,7 @@ fn is_upsert_scan(plan: &LogicalPlan) -> bool {
 
 /// For a plan reading an upsert stream: the plan with [`DELETED`] carried
 /// to its output, and how to write that output; `None` for other plans.
-pub(crate) fn plan(plan: LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutput)>> {
+pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutput)>> {
     if !plan.exists(|p| Ok(is_upsert_scan(p)))? {
         return Ok(None);
     }
@@ -87,6 +87,7 @@ pub(crate) fn plan(plan: LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutpu
     }
     // Each projection passes the marker on.
     let carried = plan
+        .clone()
         .transform_up(|p| {
             let LogicalPlan::Projection(projection) = &p else {
                 return Ok(Transformed::no(p));

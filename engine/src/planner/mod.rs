@@ -179,7 +179,7 @@ pub(crate) fn plan_query(
         )
     }))?;
     let bound = crate::operator::changelog::read_changelogs(bound)?;
-    let (bound, upsert) = match crate::upsert::plan(bound.clone())? {
+    let (bound, upsert) = match crate::upsert::plan(&bound)? {
         Some((carried, output)) => (carried, Some(output)),
         None => (bound, None),
     };
