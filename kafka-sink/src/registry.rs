@@ -160,13 +160,9 @@ impl RegistryOptions {
     /// Refuses registry options for the `part` of messages given to a
     /// stream or sink whose format for that part (`format`) uses none.
     pub(crate) fn refuse_unused(o: &Options, part: Part, format: &str, what: &str) -> Result<()> {
-        let (prefix, part) = match part {
-            Part::Value => ("", "format"),
-            Part::Key => ("key.", "key.format"),
-        };
-        let formats: &[&str] = match part {
-            "format" => &["avro-confluent", "protobuf-confluent"],
-            _ => &["avro-confluent"],
+        let (prefix, part, formats): (&str, &str, &[&str]) = match part {
+            Part::Value => ("", "format", &["avro-confluent", "protobuf-confluent"]),
+            Part::Key => ("key.", "key.format", &["avro-confluent"]),
         };
         for registry_format in formats {
             let start = format!("{prefix}{registry_format}.");
