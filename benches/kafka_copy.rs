@@ -1,19 +1,27 @@
 //! Kafka → Kafka pass-through, exactly-once, against a raw librdkafka copy
-//! of the same records on the same broker.
+//! of the same records on the same broker, and the broker's read and write
+//! limits measured beside them.
 //!
 //! Loads `--records N` records (about 100 bytes each, 2 partitions) into an
 //! input topic once, then alternates, `--rounds` times:
-//! - **raw copy**: one librdkafka consumer (`read_committed`, partitions
-//!   assigned) and one idempotent producer with the same settings as
-//!   Sluice's sink, moving each message's bytes to a fresh topic; no
-//!   transactions, no decoding: the physical limit on this broker.
+//! - **consume-only**: one librdkafka consumer (`read_committed`, partitions
+//!   assigned) taking every record a batch at a time
+//!   (`rd_kafka_consume_batch_queue`) and dropping it: the read limit.
+//! - **produce-only**: the same records, read into memory first, produced
+//!   to a fresh topic by one idempotent producer (`acks=all`, batches of up
+//!   to 100 000 messages, `linger.ms=5`): the write limit.
+//! - **raw copy**: that consumer and that producer together, moving each
+//!   message's bytes to a fresh topic; no transactions, no decoding: the
+//!   best-effort copy.
 //! - **Sluice**: `INSERT INTO out SELECT value FROM input` (format `raw` on
 //!   both sides), exactly-once sink, epochs back to back, each epoch capped
 //!   at the records the raw copy moved in 100 ms and in 1 s
 //!   (`max-records-per-epoch`): the "100 ms" and "1 s" epochs.
 //!
 //! Each run drains the whole input; its rate is records / wall time from
-//! start to the last commit (Sluice) or to the last acknowledgement (raw).
+//! start to the last commit (Sluice), to the last acknowledgement (raw copy,
+//! produce-only) or to the last record (consume-only). Every rate is also
+//! given as a fraction of the round's consume-only and produce-only rates.
 //!
 //!     cargo bench --bench kafka_copy -- [--records N] [--rounds R]
 //!         [--nexmark-prefix P]
@@ -39,7 +47,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice::broker::{create_topic, ensure_broker, fresh_topic};
@@ -127,8 +134,24 @@ fn load(bootstrap: &str, topic: &str, n: u64) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Copies every record of `from` to `to`; returns records per second.
-fn raw_copy(bootstrap: &str, from: &str, to: &str, n: u64) -> Result<f64, BoxError> {
+/// The producer of the best-effort clients: Sluice's guarantees without
+/// the transaction (idempotent, `acks=all`), with batches as large as
+/// librdkafka allows.
+fn best_producer(bootstrap: &str) -> Result<ThreadedProducer<DefaultProducerContext>, BoxError> {
+    Ok(ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .set("batch.num.messages", "100000")
+        .set("batch.size", "16000000")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?)
+}
+
+/// A `read_committed` consumer with every partition of `from` assigned
+/// from its beginning.
+fn reader(bootstrap: &str, from: &str) -> Result<BaseConsumer, BoxError> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", fresh_topic("raw-copy"))
@@ -139,27 +162,85 @@ fn raw_copy(bootstrap: &str, from: &str, to: &str, n: u64) -> Result<f64, BoxErr
     for p in 0..PARTITIONS {
         tpl.add_partition_offset(from, p, Offset::Beginning)?;
     }
-    let p = producer(bootstrap)?;
-    let start = Instant::now();
     consumer.assign(&tpl)?;
-    let mut copied = 0;
-    while copied < n {
-        match consumer.poll(Duration::from_secs(10)) {
-            None => return Err(format!("raw copy stalled at {copied} of {n}").into()),
-            Some(m) => {
-                let m = m?;
-                let mut r = BaseRecord::to(to).partition(m.partition());
-                if let Some(v) = m.payload() {
-                    r = r.payload(v);
+    Ok(consumer)
+}
+
+/// Reads the `n` records of `from` a batch at a time, handing each
+/// (partition, key, value) to `each`.
+fn read_all(
+    bootstrap: &str,
+    from: &str,
+    n: u64,
+    mut each: impl FnMut(i32, Option<&[u8]>, Option<&[u8]>) -> Result<(), BoxError>,
+) -> Result<(), BoxError> {
+    let consumer = reader(bootstrap, from)?;
+    let mut batches = common::BatchReader::new(&consumer).ok_or("no consumer queue")?;
+    let mut read = 0u64;
+    let mut failed = None;
+    let mut idle_since: Option<Instant> = None;
+    while read < n {
+        let got = batches.next(Duration::from_millis(1), |p, k, v| {
+            if failed.is_none() {
+                if let Err(e) = each(p, k, v) {
+                    failed = Some(e);
                 }
-                if let Some(k) = m.key() {
-                    r = r.key(k);
-                }
-                send(&p, r)?;
-                copied += 1;
             }
+        })?;
+        if let Some(e) = failed.take() {
+            return Err(e);
         }
+        if got == 0 {
+            if idle_since.get_or_insert_with(Instant::now).elapsed() > Duration::from_secs(10) {
+                return Err(format!("reading {from} stalled at {read} of {n}").into());
+            }
+        } else {
+            idle_since = None;
+        }
+        read += got as u64;
     }
+    Ok(())
+}
+
+/// Consume-only: reads every record of `from`; returns records per second.
+fn consume_only(bootstrap: &str, from: &str, n: u64) -> Result<f64, BoxError> {
+    let start = Instant::now();
+    let mut bytes = 0usize;
+    read_all(bootstrap, from, n, |_, k, v| {
+        bytes += k.map_or(0, <[u8]>::len) + v.map_or(0, <[u8]>::len);
+        Ok(())
+    })?;
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    std::hint::black_box(bytes);
+    Ok(rate)
+}
+
+/// Produce-only: writes `records` (partition, value) to `to`; returns
+/// records per second.
+fn produce_only(bootstrap: &str, to: &str, records: &[(i32, Vec<u8>)]) -> Result<f64, BoxError> {
+    let p = best_producer(bootstrap)?;
+    let start = Instant::now();
+    for (partition, value) in records {
+        send(&p, BaseRecord::to(to).partition(*partition).payload(value))?;
+    }
+    p.flush(Duration::from_secs(120))?;
+    Ok(records.len() as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Copies every record of `from` to `to`; returns records per second.
+fn raw_copy(bootstrap: &str, from: &str, to: &str, n: u64) -> Result<f64, BoxError> {
+    let p = best_producer(bootstrap)?;
+    let start = Instant::now();
+    read_all(bootstrap, from, n, |partition, k, v| {
+        let mut r = BaseRecord::to(to).partition(partition);
+        if let Some(v) = v {
+            r = r.payload(v);
+        }
+        if let Some(k) = k {
+            r = r.key(k);
+        }
+        send(&p, r)
+    })?;
     p.flush(Duration::from_secs(120))?;
     Ok(n as f64 / start.elapsed().as_secs_f64())
 }
@@ -342,23 +423,56 @@ async fn main() -> Result<(), BoxError> {
             (input, n, Shape::Bytes)
         }
     };
-    let mut raw = Vec::new();
+    let records = {
+        let (b, i) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut records = Vec::with_capacity(n as usize);
+            read_all(&b, &i, n, |p, _, v| {
+                records.push((p, v.unwrap_or_default().to_vec()));
+                Ok(())
+            })
+            .map(|()| records)
+        })
+        .await??
+    };
+    let (mut consumed, mut produced, mut raw) = (Vec::new(), Vec::new(), Vec::new());
     let mut fast = Vec::new();
     let mut slow = Vec::new();
     let mut table = vec![
-        "| round | raw copy rec/s | Sluice 100 ms epochs rec/s (epoch ms) | ratio | Sluice 1 s epochs rec/s (epoch ms) | ratio |".to_string(),
-        "| --- | ---: | ---: | ---: | ---: | ---: |".to_string(),
+        "| round | consume-only rec/s | produce-only rec/s | raw copy rec/s (of consume-only) | Sluice 100 ms epochs rec/s (epoch ms) | of raw copy | Sluice 1 s epochs rec/s (epoch ms) | of raw copy |".to_string(),
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |".to_string(),
     ];
     for round in 1..=rounds {
+        let read_limit = {
+            let (b, i) = (bootstrap.clone(), input.clone());
+            tokio::task::spawn_blocking(move || consume_only(&b, &i, n)).await??
+        };
+        let write_limit = {
+            let out = fresh_topic("bench-copy-produce");
+            create_topic(&bootstrap, &out, PARTITIONS).await?;
+            let b = bootstrap.clone();
+            let records = &records;
+            tokio::task::block_in_place(|| produce_only(&b, &out, records))?
+        };
         let out = fresh_topic("bench-copy-raw");
         create_topic(&bootstrap, &out, PARTITIONS).await?;
         let rate = {
             let (b, i, o) = (bootstrap.clone(), input.clone(), out.clone());
             tokio::task::spawn_blocking(move || raw_copy(&b, &i, &o, n)).await??
         };
-        eprintln!("round {round}: raw copy {rate:.0} rec/s");
+        eprintln!(
+            "round {round}: consume-only {read_limit:.0}, produce-only {write_limit:.0}, raw copy \
+             {rate:.0} rec/s"
+        );
+        consumed.push(read_limit);
+        produced.push(write_limit);
         raw.push(rate);
-        let mut cells = vec![format!("{round}"), format!("{:.0} K", rate / 1e3)];
+        let mut cells = vec![
+            format!("{round}"),
+            format!("{:.0} K", read_limit / 1e3),
+            format!("{:.0} K", write_limit / 1e3),
+            format!("{:.0} K ({:.2})", rate / 1e3, rate / read_limit),
+        ];
         for (interval, results) in [(0.1, &mut fast), (1.0, &mut slow)] {
             let out = fresh_topic("bench-copy-sluice");
             create_topic(&bootstrap, &out, PARTITIONS).await?;
@@ -370,20 +484,34 @@ async fn main() -> Result<(), BoxError> {
                 "round {round}: sluice {interval} s epochs ({per_epoch} records): {r:.0} rec/s, \
                  {epochs} epochs, median {epoch_ms:.0} ms"
             );
-            results.push((r, r / rate));
+            results.push((r, r / rate, r / read_limit, r / write_limit));
             cells.push(format!("{:.0} K ({epoch_ms:.0})", r / 1e3));
             cells.push(format!("{:.2}", r / rate));
         }
         table.push(format!("| {} |", cells.join(" | ")));
     }
     let median = |v: Vec<f64>| common::percentile(&common::sorted(v), 0.5);
-    let ratio_fast = median(fast.iter().map(|x| x.1).collect());
-    let ratio_slow = median(slow.iter().map(|x| x.1).collect());
+    let of = |v: &[(f64, f64, f64, f64)], f: fn(&(f64, f64, f64, f64)) -> f64| {
+        median(v.iter().map(f).collect())
+    };
+    let raw_of_read = median(raw.iter().zip(&consumed).map(|(r, c)| r / c).collect());
+    let (ratio_fast, ratio_slow) = (of(&fast, |x| x.1), of(&slow, |x| x.1));
     table.push(format!(
-        "| **median** | **{:.0} K** | **{:.0} K** | **{ratio_fast:.2}** | **{:.0} K** | **{ratio_slow:.2}** |",
+        "| **median** | **{:.0} K** | **{:.0} K** | **{:.0} K ({raw_of_read:.2})** | **{:.0} K** | **{ratio_fast:.2}** | **{:.0} K** | **{ratio_slow:.2}** |",
+        median(consumed.clone()) / 1e3,
+        median(produced.clone()) / 1e3,
         median(raw.clone()) / 1e3,
-        median(fast.iter().map(|x| x.0).collect()) / 1e3,
-        median(slow.iter().map(|x| x.0).collect()) / 1e3,
+        of(&fast, |x| x.0) / 1e3,
+        of(&slow, |x| x.0) / 1e3,
+    ));
+    table.push(String::new());
+    table.push(format!(
+        "Sluice as a fraction of the limits (median): 100 ms epochs {:.2} of consume-only, \
+         {:.2} of produce-only; 1 s epochs {:.2} of consume-only, {:.2} of produce-only.",
+        of(&fast, |x| x.2),
+        of(&fast, |x| x.3),
+        of(&slow, |x| x.2),
+        of(&slow, |x| x.3),
     ));
     report(
         &table,
@@ -394,11 +522,18 @@ async fn main() -> Result<(), BoxError> {
                 Shape::Bytes => "bytes",
                 Shape::NexmarkQ0 => "nexmark-q0",
             },
+            "consume_only_median_rec_per_s": median(consumed),
+            "produce_only_median_rec_per_s": median(produced),
             "raw_copy_median_rec_per_s": median(raw),
-            "sluice_100ms_median_rec_per_s": median(fast.iter().map(|x| x.0).collect()),
-            "sluice_1s_median_rec_per_s": median(slow.iter().map(|x| x.0).collect()),
+            "raw_copy_of_consume_only": raw_of_read,
+            "sluice_100ms_median_rec_per_s": of(&fast, |x| x.0),
+            "sluice_1s_median_rec_per_s": of(&slow, |x| x.0),
             "ratio_100ms_median": ratio_fast,
             "ratio_1s_median": ratio_slow,
+            "sluice_100ms_of_consume_only": of(&fast, |x| x.2),
+            "sluice_100ms_of_produce_only": of(&fast, |x| x.3),
+            "sluice_1s_of_consume_only": of(&slow, |x| x.2),
+            "sluice_1s_of_produce_only": of(&slow, |x| x.3),
         }),
     );
     Ok(())

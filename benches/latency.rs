@@ -1,24 +1,33 @@
-//! End-to-end latency at a fixed input rate, exactly-once.
+//! End-to-end latency at a fixed input rate, exactly-once, as an outside
+//! client measures it.
 //!
-//! A producer writes Nexmark-shaped bids to a Kafka topic at `--rate`
-//! events per second (paced on the wall clock, `linger.ms=1`); Sluice runs
+//! Three processes: a producer (this bench run again with `--role
+//! produce`) writes Nexmark-shaped bids at `--rate` events per second
+//! (paced on the wall clock, `linger.ms=1`), each stamped with its send
+//! time in microseconds and a sequence number; Sluice (this process) runs
 //! the Nexmark q0 pass-through from that topic to another with the
-//! transactional sink and a `--interval-ms` processing-time trigger; a
-//! `read_committed` consumer reads the output as it commits. An event's
-//! latency is the time the consumer receives its output record minus the
-//! producer timestamp of the input record (carried through the query as
-//! `_timestamp`): everything a downstream reader waits for — the wait for
-//! the next epoch, reading, computing, the transaction commit, and the
-//! fetch that sees it.
+//! transactional sink and a `--interval-ms` processing-time trigger (`0`:
+//! epochs back to back); a reader (`--role consume`) reads the output
+//! `read_committed` and takes each record's receive time minus its send
+//! stamp: everything a downstream reader waits for (the wait for the next
+//! epoch, reading, computing, the transaction commit, the fetch that sees
+//! it). Before Sluice runs, the same producer and reader measure the floor:
+//! the reader on the input topic itself.
+//!
+//! After the producer stops, the reader drains until it has every record
+//! sent (or fails after 60 s), and checks that each arrived exactly once.
+//! The first `--warmup-seconds` of sends are left out of the percentiles.
 //!
 //!     cargo bench --bench latency -- [--rate 10000] [--seconds 30]
-//!         [--warmup-seconds 5] [--interval-ms 100]
+//!         [--warmup-seconds 5] [--interval-ms 100] [--no-floor]
 //!
 //! The last line of stdout is a JSON object (see benches/README.md).
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,35 +39,53 @@ use sluice::broker::{create_topic, ensure_broker, fresh_topic};
 
 const PARTITIONS: i32 = 2;
 
+/// How long the reader waits for the last records after the producer
+/// stopped.
+const DRAIN: Duration = Duration::from_secs(60);
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn now_ms() -> i64 {
+fn now_us() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+        .map_or(0, |d| d.as_micros() as i64)
 }
 
-/// Writes `rate` bids per second to `topic` until `stop`; returns how many.
-fn produce(bootstrap: &str, topic: &str, rate: u64, stop: &AtomicBool) -> Result<u64, BoxError> {
+fn required(name: &str) -> Result<String, BoxError> {
+    common::flag(name).ok_or_else(|| format!("{name} is required").into())
+}
+
+/// `--role produce`: writes `--rate` bids per second to `--topic` for
+/// `--seconds`, then prints how many.
+fn produce() -> Result<(), BoxError> {
+    let (bootstrap, topic) = (required("--bootstrap")?, required("--topic")?);
+    let rate = common::number("--rate", 10_000);
+    let seconds = common::number("--seconds", 30);
     let p: BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+        .set("bootstrap.servers", &bootstrap)
         .set("linger.ms", "1")
         .create()?;
     let start = Instant::now();
+    let end = Duration::from_secs(seconds);
     let mut sent = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    let mut value = String::new();
+    while start.elapsed() < end {
         // Send what is due by now, then wait for the next millisecond.
         let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
         while sent < due {
-            let value = format!(
-                "{{\"auction\":{},\"bidder\":{},\"price\":{},\"channel\":\"channel-{}\",\"url\":\"https://www.nexmark.com/item.htm?query=1\",\"dateTime\":{},\"extra\":\"\"}}",
+            use std::fmt::Write as _;
+            value.clear();
+            write!(
+                value,
+                "{{\"auction\":{},\"bidder\":{},\"price\":{},\"channel\":\"channel-{}\",\"url\":\"https://www.nexmark.com/item.htm?query=1\",\"dateTime\":{},\"extra\":\"\",\"seq\":{sent},\"sent_us\":{}}}",
                 1000 + sent % 10_000,
                 sent * 7 % 100_000,
                 sent % 5000,
                 sent % 4,
-                now_ms()
-            );
-            let record = BaseRecord::<(), _>::to(topic)
+                now_us() / 1000,
+                now_us()
+            )?;
+            let record = BaseRecord::<(), _>::to(&topic)
                 .payload(&value)
                 .partition((sent % PARTITIONS as u64) as i32);
             if let Err((e, _)) = p.send(record) {
@@ -70,15 +97,19 @@ fn produce(bootstrap: &str, topic: &str, rate: u64, stop: &AtomicBool) -> Result
         std::thread::sleep(Duration::from_millis(1));
     }
     p.flush(Duration::from_secs(30))?;
-    Ok(sent)
+    println!("{sent}");
+    Ok(())
 }
 
-/// Reads `topic` with `read_committed` until `stop`; returns each output
-/// record's latency in ms (receive time minus the input's producer
-/// timestamp), with the input's producer timestamp.
-fn consume(bootstrap: &str, topic: &str, stop: &AtomicBool) -> Result<Vec<(i64, f64)>, BoxError> {
+/// `--role consume`: reads `--topic` `read_committed` from the start;
+/// stdin's one line says how many records were sent, and the reader stops
+/// when it has them all (or after [`DRAIN`]). Prints a JSON summary of the
+/// latencies of records sent at or after `--measured-from-us`.
+fn consume() -> Result<(), BoxError> {
+    let (bootstrap, topic) = (required("--bootstrap")?, required("--topic")?);
+    let measured_from = required("--measured-from-us")?.parse::<i64>()?;
     let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
+        .set("bootstrap.servers", &bootstrap)
         .set("group.id", fresh_topic("latency-reader"))
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
@@ -88,36 +119,161 @@ fn consume(bootstrap: &str, topic: &str, stop: &AtomicBool) -> Result<Vec<(i64, 
         .create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..PARTITIONS {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+        tpl.add_partition_offset(&topic, p, Offset::Beginning)?;
     }
     consumer.assign(&tpl)?;
-    let mut latencies = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
+    // u64::MAX until the producer says how many it sent.
+    let expected = Arc::new(AtomicU64::new(u64::MAX));
+    {
+        let expected = Arc::clone(&expected);
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            if std::io::stdin().lock().read_line(&mut line).is_ok() {
+                if let Ok(n) = line.trim().parse() {
+                    expected.store(n, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    let mut seen = Vec::<bool>::new();
+    let (mut received, mut duplicates) = (0u64, 0u64);
+    let mut latencies_us = Vec::new();
+    let mut drain_since: Option<Instant> = None;
+    loop {
+        let want = expected.load(Ordering::Relaxed);
+        if received >= want {
+            break;
+        }
+        if want != u64::MAX && drain_since.get_or_insert_with(Instant::now).elapsed() > DRAIN {
+            break;
+        }
         let Some(m) = consumer.poll(Duration::from_millis(50)) else {
             continue;
         };
-        let received = now_ms();
+        let at = now_us();
         let m = m?;
         let value: serde_json::Value = serde_json::from_slice(m.payload().unwrap_or_default())?;
-        let produced = value["produced_ms"]
-            .as_i64()
-            .ok_or_else(|| format!("output record without produced_ms: {value}"))?;
-        latencies.push((produced, (received - produced) as f64));
+        let (Some(seq), Some(sent_us)) = (value["seq"].as_u64(), value["sent_us"].as_i64()) else {
+            return Err(format!("a record without seq and sent_us: {value}").into());
+        };
+        let seq = seq as usize;
+        if seen.len() <= seq {
+            seen.resize(seq + 1, false);
+        }
+        if std::mem::replace(&mut seen[seq], true) {
+            duplicates += 1;
+            continue;
+        }
+        received += 1;
+        if sent_us >= measured_from {
+            latencies_us.push((at - sent_us) as f64 / 1000.0);
+        }
     }
-    Ok(latencies)
+    let sorted = common::sorted(latencies_us);
+    let p = |q: f64| common::percentile(&sorted, q);
+    println!(
+        "{}",
+        serde_json::json!({
+            "received": received,
+            "duplicates": duplicates,
+            "measured": sorted.len(),
+            "p50": p(0.5),
+            "p99": p(0.99),
+            "p999": p(0.999),
+            "max": sorted.last().copied().unwrap_or_default(),
+        })
+    );
+    Ok(())
+}
+
+/// A producer and a reader as processes of their own: the producer writes
+/// `input` for `seconds`, the reader reads `output` until it has all.
+/// Returns (sent, the reader's summary).
+fn measure(
+    bootstrap: &str,
+    input: &str,
+    output: &str,
+    rate: u64,
+    seconds: u64,
+    warmup: u64,
+) -> Result<(u64, serde_json::Value), BoxError> {
+    let me = std::env::current_exe()?;
+    let measured_from = now_us() + (warmup * 1_000_000) as i64;
+    let mut reader = Command::new(&me)
+        .args([
+            "--role",
+            "consume",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            output,
+        ])
+        .args(["--measured-from-us", &measured_from.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let producer = Command::new(&me)
+        .args([
+            "--role",
+            "produce",
+            "--bootstrap",
+            bootstrap,
+            "--topic",
+            input,
+        ])
+        .args(["--rate", &rate.to_string()])
+        .args(["--seconds", &(warmup + seconds).to_string()])
+        .stdout(Stdio::piped())
+        .output()?;
+    if !producer.status.success() {
+        let _ = reader.kill();
+        return Err(format!("the producer failed: {}", producer.status).into());
+    }
+    let sent: u64 = String::from_utf8_lossy(&producer.stdout).trim().parse()?;
+    if let Some(mut stdin) = reader.stdin.take() {
+        writeln!(stdin, "{sent}")?;
+    }
+    let out = reader.wait_with_output()?;
+    if !out.status.success() {
+        return Err(format!("the reader failed: {}", out.status).into());
+    }
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let received = summary["received"].as_u64().unwrap_or(0);
+    if received != sent || summary["duplicates"].as_u64() != Some(0) {
+        return Err(format!("sent {sent}, but the reader got {summary}").into());
+    }
+    Ok((sent, summary))
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), BoxError> {
+    match common::flag("--role").as_deref() {
+        Some("produce") => return produce(),
+        Some("consume") => return consume(),
+        _ => {}
+    }
     let rate = common::number("--rate", 10_000);
     let seconds = common::number("--seconds", 30);
     let warmup = common::number("--warmup-seconds", 5);
     let interval = Duration::from_millis(common::number("--interval-ms", 100));
     let bootstrap = tokio::task::spawn_blocking(ensure_broker).await??;
+
+    let floor = if std::env::args().any(|a| a == "--no-floor") {
+        None
+    } else {
+        let topic = fresh_topic("latency-floor");
+        create_topic(&bootstrap, &topic, PARTITIONS).await?;
+        let b = bootstrap.clone();
+        let (_, summary) =
+            tokio::task::spawn_blocking(move || measure(&b, &topic, &topic, rate, seconds, warmup))
+                .await??;
+        eprintln!("floor (the reader on the input itself): {summary}");
+        Some(summary)
+    };
+
     let (input, output) = (fresh_topic("latency-in"), fresh_topic("latency-out"));
     create_topic(&bootstrap, &input, PARTITIONS).await?;
     create_topic(&bootstrap, &output, PARTITIONS).await?;
-
     let dir = tempfile::tempdir()?;
     let session = sluice::Session::new();
     let progress = common::collect_progress(&session);
@@ -125,12 +281,12 @@ async fn main() -> Result<(), BoxError> {
         "SET 'checkpoint.location' = '{cp}';\n\
          SET 'trigger.interval' = '{ms} ms';\n\
          CREATE STREAM bid (auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, \
-           url VARCHAR, \"dateTime\" BIGINT, extra VARCHAR) WITH (connector = 'kafka', \
-           topic = '{input}', 'bootstrap.servers' = '{bootstrap}', 'scan.startup.mode' = 'earliest');\n\
+           url VARCHAR, \"dateTime\" BIGINT, extra VARCHAR, seq BIGINT, sent_us BIGINT) \
+           WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+           'scan.startup.mode' = 'earliest');\n\
          CREATE STREAM out WITH (connector = 'kafka', topic = '{output}', \
            'bootstrap.servers' = '{bootstrap}');\n\
-         INSERT INTO out SELECT auction, bidder, price, \"dateTime\", \
-           CAST(_timestamp AS BIGINT) / 1000000 AS produced_ms FROM bid;\n",
+         INSERT INTO out SELECT auction, bidder, price, \"dateTime\", seq, sent_us FROM bid;\n",
         cp = dir.path().display(),
         ms = interval.as_millis(),
     );
@@ -143,74 +299,52 @@ async fn main() -> Result<(), BoxError> {
             _ => None,
         })
         .ok_or("the latency query did not start")?;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let reader = {
-        let (b, t, s) = (bootstrap.clone(), output.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || consume(&b, &t, &s))
-    };
-    let writer = {
-        let (b, t, s) = (bootstrap.clone(), input.clone(), Arc::clone(&stop));
-        std::thread::spawn(move || produce(&b, &t, rate, &s))
-    };
-    let measured_from = now_ms() + (warmup * 1000) as i64;
     eprintln!("{rate} events/s for {seconds} s ({warmup} s warm-up), epochs every {interval:?}");
-    tokio::time::sleep(Duration::from_secs(warmup + seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    let sent = writer.join().map_err(|_| "the producer panicked")??;
-    // Let the last epochs commit before the reader stops.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let latencies = {
-        let s = Arc::clone(&stop);
-        s.store(true, Ordering::Relaxed);
-        reader.join().map_err(|_| "the reader panicked")??
-    };
+    let (b, i, o) = (bootstrap.clone(), input.clone(), output.clone());
+    let measured =
+        tokio::task::spawn_blocking(move || measure(&b, &i, &o, rate, seconds, warmup)).await?;
     if let Some(e) = query.exception() {
         return Err(format!("the query failed: {e}").into());
     }
     query.stop().await?;
+    let (sent, summary) = measured?;
 
-    let measured = common::sorted(
-        latencies
-            .iter()
-            .filter(|(produced, _)| *produced >= measured_from)
-            .map(|(_, l)| *l)
-            .collect(),
-    );
-    if measured.is_empty() {
-        return Err(format!(
-            "no output after the warm-up ({} records in all)",
-            latencies.len()
-        )
-        .into());
-    }
     let progress = progress();
-    let epochs = common::sorted(progress.iter().map(|p| p.duration_ms.total).collect());
-    let commits = common::sorted(progress.iter().map(|p| p.duration_ms.commit).collect());
     let p = |v: &[f64], q: f64| common::percentile(v, q);
     let phase = |f: fn(&sluice::QueryProgress) -> f64| {
         let v = common::sorted(progress.iter().map(f).collect());
         serde_json::json!({"p50": p(&v, 0.5), "p99": p(&v, 0.99), "max": v.last().copied().unwrap_or_default()})
     };
     let phases = serde_json::json!({
+        "total": phase(|q| q.duration_ms.total),
         "plan": phase(|q| q.duration_ms.plan),
         "read": phase(|q| q.duration_ms.read),
         "compute": phase(|q| q.duration_ms.compute),
         "commit": phase(|q| q.duration_ms.commit),
     });
+    // The slowest epochs, phase by phase: where a tail comes from.
+    let mut slowest: Vec<&sluice::QueryProgress> = progress.iter().collect();
+    slowest.sort_by(|a, b| b.duration_ms.total.total_cmp(&a.duration_ms.total));
+    for q in slowest.iter().take(5) {
+        eprintln!(
+            "slow epoch {}: total {:.1} ms = plan {:.1} + read {:.1} + compute {:.1} + commit \
+             {:.1}; {} rows",
+            q.epoch,
+            q.duration_ms.total,
+            q.duration_ms.plan,
+            q.duration_ms.read,
+            q.duration_ms.compute,
+            q.duration_ms.commit,
+            q.num_input_rows,
+        );
+    }
     eprintln!("phases ms: {phases}");
-    eprintln!(
-        "sent {sent}, received {} ({} measured); latency ms p50 {:.0} p99 {:.0} max {:.0}; \
-         epoch ms p50 {:.1} p99 {:.1}; commit ms p50 {:.1}",
-        latencies.len(),
-        measured.len(),
-        p(&measured, 0.5),
-        p(&measured, 0.99),
-        measured.last().copied().unwrap_or_default(),
-        p(&epochs, 0.5),
-        p(&epochs, 0.99),
-        p(&commits, 0.5),
-    );
+    eprintln!("sent {sent}; sluice: {summary}");
+    let added = |q: &str| {
+        floor
+            .as_ref()
+            .and_then(|f| Some(summary[q].as_f64()? - f[q].as_f64()?))
+    };
     println!(
         "{}",
         serde_json::json!({
@@ -218,14 +352,15 @@ async fn main() -> Result<(), BoxError> {
             "rate": rate,
             "interval_ms": interval.as_millis() as u64,
             "sent": sent,
-            "received": latencies.len(),
-            "measured": measured.len(),
-            "latency_ms_p50": p(&measured, 0.5),
-            "latency_ms_p99": p(&measured, 0.99),
-            "latency_ms_max": measured.last().copied().unwrap_or_default(),
-            "epoch_ms_p50": p(&epochs, 0.5),
-            "epoch_ms_p99": p(&epochs, 0.99),
-            "commit_ms_p50": p(&commits, 0.5),
+            "received": summary["received"],
+            "measured": summary["measured"],
+            "latency_ms_p50": summary["p50"],
+            "latency_ms_p99": summary["p99"],
+            "latency_ms_max": summary["max"],
+            "floor_ms_p50": floor.as_ref().map(|f| f["p50"].clone()),
+            "floor_ms_p99": floor.as_ref().map(|f| f["p99"].clone()),
+            "floor_ms_max": floor.as_ref().map(|f| f["max"].clone()),
+            "added_ms_p99": added("p99"),
             "phase_ms": phases,
             "epochs": progress.len(),
         })

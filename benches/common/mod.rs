@@ -245,3 +245,83 @@ pub async fn datafusion_alone(
     }
     Ok(rates)
 }
+
+/// A consumer's messages a batch at a time (librdkafka's
+/// `rd_kafka_consume_batch_queue` on the consumer's queue): the fastest way
+/// librdkafka hands messages over, for the benches' best-effort clients.
+pub struct BatchReader<'a> {
+    /// The consumer outlives its queue.
+    _consumer: &'a rdkafka::consumer::BaseConsumer,
+    queue: std::ptr::NonNull<rdkafka::bindings::rd_kafka_queue_t>,
+    batch: Vec<*mut rdkafka::bindings::rd_kafka_message_t>,
+}
+
+impl<'a> BatchReader<'a> {
+    pub fn new(consumer: &'a rdkafka::consumer::BaseConsumer) -> Option<Self> {
+        // SAFETY: a live consumer; the queue reference is destroyed on drop.
+        let queue = unsafe {
+            rdkafka::bindings::rd_kafka_queue_get_consumer(
+                rdkafka::consumer::Consumer::client(consumer).native_ptr(),
+            )
+        };
+        Some(BatchReader {
+            _consumer: consumer,
+            queue: std::ptr::NonNull::new(queue)?,
+            batch: vec![std::ptr::null_mut(); 4096],
+        })
+    }
+
+    /// Hands each message (partition, key, value) of one batch to `each`,
+    /// waiting up to `wait` for the batch to fill; returns how many
+    /// messages, or the first error a message carried.
+    pub fn next(
+        &mut self,
+        wait: Duration,
+        mut each: impl FnMut(i32, Option<&[u8]>, Option<&[u8]>),
+    ) -> Result<usize, String> {
+        // SAFETY: `batch` has room for its length in pointers.
+        let got = unsafe {
+            rdkafka::bindings::rd_kafka_consume_batch_queue(
+                self.queue.as_ptr(),
+                wait.as_millis() as i32,
+                self.batch.as_mut_ptr(),
+                self.batch.len(),
+            )
+        };
+        let got = usize::try_from(got).unwrap_or(0);
+        let mut error = None;
+        for &m in &self.batch[..got] {
+            // SAFETY: librdkafka returned `got` live messages, each
+            // destroyed once, here.
+            let message = unsafe { &*m };
+            let bytes = |ptr: *mut std::ffi::c_void, len: usize| {
+                (!ptr.is_null())
+                    .then(|| unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
+            };
+            if message.err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                each(
+                    message.partition,
+                    bytes(message.key, message.key_len),
+                    bytes(message.payload, message.len),
+                );
+            } else {
+                error.get_or_insert(format!(
+                    "{:?}",
+                    rdkafka::types::RDKafkaErrorCode::from(message.err)
+                ));
+            }
+            unsafe { rdkafka::bindings::rd_kafka_message_destroy(m) };
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(got),
+        }
+    }
+}
+
+impl Drop for BatchReader<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the reference taken in `new`.
+        unsafe { rdkafka::bindings::rd_kafka_queue_destroy(self.queue.as_ptr()) }
+    }
+}

@@ -670,6 +670,7 @@ async fn metrics_move_as_a_kafka_query_works_and_lag_falls_to_zero() {
     let mut seen_rows = Vec::new();
     let mut final_scrape = String::new();
     let mut max_lag: f64 = 0.0;
+    let mut last_lag = None;
     while Instant::now() < deadline {
         let out = std::process::Command::new("curl")
             .args(["-sf", &url])
@@ -687,6 +688,7 @@ async fn metrics_move_as_a_kafka_query_works_and_lag_falls_to_zero() {
                 if let Some((a, b)) = lag {
                     max_lag = max_lag.max(a + b);
                 }
+                last_lag = lag;
                 if rows as i64 == RECORDS && lag == Some((0.0, 0.0)) {
                     final_scrape = scrape;
                     break;
@@ -697,7 +699,10 @@ async fn metrics_move_as_a_kafka_query_works_and_lag_falls_to_zero() {
     }
     let _ = child.kill();
     let _ = child.wait();
-    assert!(!final_scrape.is_empty(), "input rows seen: {seen_rows:?}");
+    assert!(
+        !final_scrape.is_empty(),
+        "input rows seen: {seen_rows:?}; the last lag (partitions 0, 1): {last_lag:?}"
+    );
     // Rows grew over several scrapes, never backwards.
     assert!(seen_rows.windows(2).all(|w| w[0] <= w[1]), "{seen_rows:?}");
     assert!(

@@ -5,7 +5,7 @@
 //! the key; Debezium change events as signed rows; an upsert stream's last
 //! record per key; then the virtual columns.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
@@ -19,17 +19,14 @@ use datafusion::arrow::json::ReaderBuilder;
 use sluice_engine::{DeadLetter, Partitions, Result, SluiceError};
 
 use super::config::{KeyColumns, KeyFormat, OnError, SourceFormat};
+use super::fetch::Fetched;
 use super::{debezium, SourceInner};
 
 impl SourceInner {
     /// Decodes each partition's records, in parallel (JSON decoding is
     /// most of a read) on at most one thread per core, whatever the number
     /// of partitions: a 2,000-partition topic gets a few threads, not 2,000.
-    pub(super) fn decode_partitions(
-        &self,
-        messages: BTreeMap<i32, Vec<Record>>,
-    ) -> Result<Partitions> {
-        let partitions: Vec<(i32, Vec<Record>)> = messages.into_iter().collect();
+    pub(super) fn decode_partitions(&self, partitions: Vec<(i32, Fetched)>) -> Result<Partitions> {
         let workers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(partitions.len());
@@ -46,7 +43,9 @@ impl SourceInner {
                             .enumerate()
                             .skip(w)
                             .step_by(workers)
-                            .map(|(i, (p, records))| Ok((i, self.decode(*p, records)?)))
+                            .map(|(i, (p, fetched))| {
+                                Ok((i, self.decode(*p, &self.records(fetched))?))
+                            })
                             .collect::<Result<Vec<_>>>()
                     })
                 })
@@ -63,21 +62,42 @@ impl SourceInner {
         Ok(decoded.into_iter().map(|(_, b)| vec![b]).collect())
     }
 
+    /// The records of `fetched` that make rows: a tombstone (no value;
+    /// for formats other than `raw` also an empty one) deletes a key in a
+    /// compacted topic, so on an append stream it is no row, and is
+    /// skipped and counted; an upsert stream keeps it to delete its key.
+    fn records<'a>(&self, fetched: &'a Fetched) -> Vec<Record<'a>> {
+        let raw = self.config.format == SourceFormat::Raw;
+        let mut records = fetched.records(|v| v.is_empty() && !raw);
+        if !self.config.upsert {
+            let before = records.len();
+            records.retain(|r| !r.tombstone);
+            let tombstones = before - records.len();
+            if tombstones > 0 {
+                self.rejected
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .skipped += tombstones as u64;
+            }
+        }
+        records
+    }
+
     fn decode(&self, partition: i32, records: &[Record]) -> Result<RecordBatch> {
         // A registry that cannot be asked stops the query; it must not make
         // every record look malformed.
         if let Some(confluent) = &self.config.confluent {
-            confluent.resolve(records.iter().map(|r| r.value.as_slice()))?;
+            confluent.resolve(records.iter().map(|r| r.value))?;
         }
         if let Some(protobuf) = &self.config.protobuf {
-            protobuf.resolve(records.iter().map(|r| r.value.as_slice()))?;
+            protobuf.resolve(records.iter().map(|r| r.value))?;
         }
         if let Some(KeyColumns {
             format: KeyFormat::AvroConfluent(confluent),
             ..
         }) = &self.config.key
         {
-            confluent.resolve(records.iter().filter_map(|r| r.key.as_deref()))?;
+            confluent.resolve(records.iter().filter_map(|r| r.key))?;
         }
         let (batch, from) = match self.decode_all(records) {
             Ok(decoded) => decoded,
@@ -88,8 +108,7 @@ impl SourceInner {
         let topic = self.config.topic.as_str();
         let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
         columns.push(Arc::new(StringArray::from_iter(
-            kept.iter()
-                .map(|r| r.key.as_deref().map(String::from_utf8_lossy)),
+            kept.iter().map(|r| r.key.map(String::from_utf8_lossy)),
         )));
         columns.push(Arc::new(StringArray::from_iter_values(
             kept.iter().map(|_| topic),
@@ -116,10 +135,7 @@ impl SourceInner {
             return self.decode_upserts(records);
         }
         if self.config.format == SourceFormat::DebeziumJson {
-            return debezium::decode(
-                &self.config.value_schema,
-                records.iter().map(|r| r.value.as_slice()),
-            );
+            return debezium::decode(&self.config.value_schema, records.iter().map(|r| r.value));
         }
         let batch = self.decode_one_each(&records.iter().collect::<Vec<_>>())?;
         if batch.num_rows() != records.len() {
@@ -143,7 +159,7 @@ impl SourceInner {
         };
         let mut last: HashMap<&[u8], usize> = HashMap::new();
         for (i, r) in records.iter().enumerate() {
-            let k = r.key.as_deref().ok_or_else(|| {
+            let k = r.key.ok_or_else(|| {
                 SluiceError::plan("an upsert record without a key (the key says which row it is)")
             })?;
             last.insert(k, i);
@@ -220,7 +236,7 @@ impl SourceInner {
             SourceFormat::Raw => {
                 let values = records
                     .iter()
-                    .map(|r| std::str::from_utf8(&r.value).map(Some))
+                    .map(|r| std::str::from_utf8(r.value).map(Some))
                     .collect::<std::result::Result<Vec<_>, _>>()
                     .map_err(|e| SluiceError::Internal(e.to_string()))?;
                 Ok(RecordBatch::try_new(
@@ -228,24 +244,23 @@ impl SourceInner {
                     vec![Arc::new(StringArray::from(values))],
                 )?)
             }
-            SourceFormat::Json => decode_json(
-                &self.config.value_part,
-                records.iter().map(|r| r.value.as_slice()),
-            ),
+            SourceFormat::Json => {
+                decode_json(&self.config.value_part, records.iter().map(|r| r.value))
+            }
             SourceFormat::Avro => match &self.config.avro {
-                Some(avro) => avro.decode(records.iter().map(|r| r.value.as_slice())),
+                Some(avro) => avro.decode(records.iter().map(|r| r.value)),
                 None => Err(SluiceError::Internal(
                     "avro source without a decoder".into(),
                 )),
             },
             SourceFormat::AvroConfluent => match &self.config.confluent {
-                Some(c) => c.decode(records.iter().map(|r| r.value.as_slice())),
+                Some(c) => c.decode(records.iter().map(|r| r.value)),
                 None => Err(SluiceError::Internal(
                     "avro-confluent source without a decoder".into(),
                 )),
             },
             SourceFormat::ProtobufConfluent => match &self.config.protobuf {
-                Some(p) => p.decode(records.iter().map(|r| r.value.as_slice())),
+                Some(p) => p.decode(records.iter().map(|r| r.value)),
                 None => Err(SluiceError::Internal(
                     "protobuf-confluent source without a decoder".into(),
                 )),
@@ -290,8 +305,8 @@ impl SourceInner {
                                 .dead_letters
                                 .push(DeadLetter {
                                     topic: topic.clone(),
-                                    key: r.key.clone(),
-                                    value: r.value.clone(),
+                                    key: r.key.map(<[u8]>::to_vec),
+                                    value: r.value.to_vec(),
                                     headers,
                                 });
                         }
@@ -322,7 +337,7 @@ fn decode_keys(key: &KeyColumns, records: &[&Record]) -> Result<RecordBatch> {
     let keys = records
         .iter()
         .map(|r| {
-            r.key.as_deref().ok_or_else(|| {
+            r.key.ok_or_else(|| {
                 SluiceError::plan(format!(
                     "the record has no key, but its columns {} come from the key",
                     sluice_engine::columns(&key.schema)
@@ -350,11 +365,12 @@ fn decode_keys(key: &KeyColumns, records: &[&Record]) -> Result<RecordBatch> {
     }
 }
 
-/// A record as read, before decoding.
-#[derive(Debug)]
-pub(super) struct Record {
-    pub key: Option<Vec<u8>>,
-    pub value: Vec<u8>,
+/// A record as read, before decoding: borrowed from the buffer its
+/// partition's records were copied into.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Record<'a> {
+    pub key: Option<&'a [u8]>,
+    pub value: &'a [u8],
     /// No value (for formats other than `raw` also an empty one): a
     /// key's deletion; only an upsert stream keeps such records.
     pub tombstone: bool,

@@ -9,6 +9,15 @@
 //! `to`, not after a count of records: transaction markers and aborted
 //! records take offsets without yielding rows.
 //!
+//! In the steady state an epoch asks the broker nothing: the partitions
+//! stay assigned between epochs and librdkafka fetches ahead (see
+//! [`fetch`]), so a plan takes what has arrived (every record a
+//! `read_committed` consumer receives is below the last stable offset) and
+//! the read hands it over; the topic's partitions come from metadata at
+//! most [`METADATA_MAX_AGE`] old. The first plan, a plan after an error,
+//! and a replay ask the broker for each partition's offsets, as does an
+//! `available-now` query once, at its start, for where it stops.
+//!
 //! Rows are decoded column-at-a-time (arrow-json's decoder over all of an
 //! epoch's messages); only when that fails is each message decoded alone,
 //! to name the bad one (topic, partition, offset) or, with
@@ -17,11 +26,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Message, Timestamp};
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use sluice_engine::{
@@ -32,15 +41,15 @@ use sluice_engine::{
 mod config;
 mod debezium;
 mod decode;
+mod fetch;
 mod purge;
 
 use crate::client::Role;
 use crate::group::KafkaTaskGroup;
-use crate::position::Ended;
 pub(crate) use config::factory;
-use config::{OnError, SourceConfig, SourceFormat, StartupMode};
+use config::{OnError, SourceConfig, StartupMode};
 pub use decode::decode_json;
-use decode::Record;
+use fetch::{Fetched, LaneError, Lanes};
 use purge::Purger;
 
 #[derive(Debug)]
@@ -48,6 +57,10 @@ pub(crate) struct KafkaSourceFactory(SourceConfig);
 
 /// A read found a range starting where records are gone.
 struct OutOfRange;
+
+/// How old the topic's partition list may be when an epoch is planned
+/// from what was fetched; a plan that asks the broker refreshes it.
+const METADATA_MAX_AGE: Duration = Duration::from_secs(5);
 
 impl SourceFactory for KafkaSourceFactory {
     fn schema(&self) -> SchemaRef {
@@ -72,29 +85,16 @@ impl SourceFactory for KafkaSourceFactory {
 }
 
 impl KafkaSourceFactory {
-    /// A source of its own consumer, reading every partition or `task`'s.
+    /// A source of its own consumers, reading every partition or `task`'s.
     fn open(&self, task: Option<TaskId>) -> Result<Arc<dyn Source>> {
         let c = &self.0;
-        let mut config = c.client.config(Role::Consumer);
-        config
-            // Never used for offsets: Sluice plans them. librdkafka wants one.
-            .set(
-                "group.id",
-                format!("sluice-source-{}", uuid::Uuid::new_v4().simple()),
-            )
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed")
-            // A range that starts where records are gone is an error to
-            // report, never a jump to the log's end (librdkafka's default).
-            .set("auto.offset.reset", "error");
-        let consumer: BaseConsumer = c
-            .client
-            .create(&config, &format!("kafka source '{}'", c.stream))?;
+        let consumer = new_consumer(c)?;
         Ok(Arc::new(KafkaSource(Arc::new(SourceInner {
             config: c.clone(),
             task,
             consumer: Mutex::new(consumer),
+            lanes: Mutex::new(None),
+            partitions: Mutex::new(None),
             initial: Mutex::new(BTreeMap::new()),
             cap: Mutex::new(None),
             record_bytes: Mutex::new(None),
@@ -103,6 +103,26 @@ impl KafkaSourceFactory {
             purger: Purger::new(c),
         }))))
     }
+}
+
+/// A `read_committed` consumer of the stream's connection that never
+/// commits offsets: Sluice plans them.
+fn new_consumer(c: &SourceConfig) -> Result<BaseConsumer> {
+    let mut config = c.client.config(Role::Consumer);
+    config
+        // Never used for offsets. librdkafka wants one.
+        .set(
+            "group.id",
+            format!("sluice-source-{}", uuid::Uuid::new_v4().simple()),
+        )
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        // A range that starts where records are gone is an error to
+        // report, never a jump to the log's end (librdkafka's default).
+        .set("auto.offset.reset", "error");
+    c.client
+        .create(&config, &format!("kafka source '{}'", c.stream))
 }
 
 /// `{"ranges": {"<partition>": [from, to]}}`.
@@ -144,7 +164,13 @@ struct SourceInner {
     config: SourceConfig,
     /// The task whose partition this source reads; `None`: all of them.
     task: Option<TaskId>,
+    /// For metadata and offset lookups.
     consumer: Mutex<BaseConsumer>,
+    /// The partitions being read, on a consumer of their own; none before
+    /// the first plan and after an error.
+    lanes: Mutex<Option<Lanes>>,
+    /// The partitions this source reads and when the broker said so.
+    partitions: Mutex<Option<(Instant, Vec<i32>)>>,
     /// Where partitions without a position start, fixed on first sight so
     /// that `latest` and `timestamp` are resolved once per run.
     initial: Mutex<BTreeMap<i32, i64>>,
@@ -220,7 +246,7 @@ impl SourceInner {
     }
 
     fn watermarks(&self) -> Result<BTreeMap<i32, (i64, i64)>> {
-        let partitions = self.partitions()?;
+        let partitions = self.partitions(Duration::ZERO)?;
         let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
         let timeout = self.config.client.timeout();
         let mut out = BTreeMap::new();
@@ -234,8 +260,20 @@ impl SourceInner {
     }
 
     /// The partitions this source reads (its task's, or all), from the
-    /// topic's metadata alone.
-    fn partitions(&self) -> Result<Vec<i32>> {
+    /// topic's metadata at most `max_age` old.
+    fn partitions(&self, max_age: Duration) -> Result<Vec<i32>> {
+        let mut cached = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, partitions)) = cached.as_ref() {
+            if at.elapsed() < max_age {
+                return Ok(partitions.clone());
+            }
+        }
+        let partitions = self.fetch_partitions()?;
+        *cached = Some((Instant::now(), partitions.clone()));
+        Ok(partitions)
+    }
+
+    fn fetch_partitions(&self) -> Result<Vec<i32>> {
         self.check_connection()?;
         let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
         let timeout = self.config.client.timeout();
@@ -352,23 +390,31 @@ impl SourceInner {
         })
     }
 
+    /// The epoch's cap in records per partition: the smaller of the record
+    /// cap and the byte cap at the average record size read so far, shared
+    /// evenly by `partitions`.
+    fn share(&self, partitions: usize) -> i64 {
+        let per_record = *self.record_bytes.lock().unwrap_or_else(|p| p.into_inner());
+        let by_bytes = per_record.map_or(u64::MAX, |b| (self.config.max_bytes as f64 / b) as u64);
+        let with_data = partitions.max(1) as u64;
+        (self.config.max_records.min(by_bytes) / with_data).max(1) as i64
+    }
+
     fn plan(&self, start: Option<PlannedRanges>) -> Result<Option<PlannedRanges>> {
-        let marks = self.watermarks()?;
-        let cap = self.cap.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let positions: BTreeMap<i32, i64> = start
             .map(|s| s.ranges.into_iter().map(|(p, (_, to))| (p, to)).collect())
             .unwrap_or_default();
+        if let Some(plan) = self.plan_fetched(&positions)? {
+            return Ok(plan);
+        }
+        let marks = self.watermarks()?;
+        let cap = self.cap.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let mut initial = self.initial.lock().unwrap_or_else(|p| p.into_inner());
         if positions.is_empty() && initial.is_empty() {
             // Fixed at first sight, so 'latest' is resolved once per run.
             *initial = self.startup_positions(&marks)?;
         }
-        // The epoch's cap in records: the smaller of the record cap and the
-        // byte cap at the average record size read so far, shared evenly.
-        let per_record = *self.record_bytes.lock().unwrap_or_else(|p| p.into_inner());
-        let by_bytes = per_record.map_or(u64::MAX, |b| (self.config.max_bytes as f64 / b) as u64);
-        let with_data = marks.len().max(1) as u64;
-        let share = Some((self.config.max_records.min(by_bytes) / with_data).max(1) as i64);
+        let share = Some(self.share(marks.len()));
         let mut ranges = BTreeMap::new();
         let mut lag = BTreeMap::new();
         let mut any = false;
@@ -427,7 +473,94 @@ impl SourceInner {
             lag.insert(p.to_string(), (high - to).max(0));
         }
         *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = lag;
+        drop(initial);
+        // Fetching starts now, for this epoch and the next ones.
+        let starts = ranges.iter().map(|(&p, &(from, _))| (p, from)).collect();
+        self.lanes_at(&starts)?;
         Ok(any.then_some(PlannedRanges { ranges }))
+    }
+
+    /// The plan without a word to the broker, when the lanes stand where
+    /// the epoch starts: up to each partition's share of what has arrived
+    /// (or, for `available-now`, of what is below where it stops). `None`
+    /// when the broker must be asked: nothing was planned yet, the
+    /// partitions changed, the lanes are elsewhere (a replay) or failed.
+    fn plan_fetched(
+        &self,
+        positions: &BTreeMap<i32, i64>,
+    ) -> Result<Option<Option<PlannedRanges>>> {
+        let partitions = self.partitions(METADATA_MAX_AGE)?;
+        let starts: Option<BTreeMap<i32, i64>> = {
+            let initial = self.initial.lock().unwrap_or_else(|p| p.into_inner());
+            if initial.is_empty() && positions.is_empty() {
+                return Ok(None);
+            }
+            partitions
+                .iter()
+                .map(|&p| Some((p, *positions.get(&p).or_else(|| initial.get(&p))?)))
+                .collect()
+        };
+        let Some(starts) = starts.filter(|s| s.len() >= positions.len()) else {
+            return Ok(None);
+        };
+        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(held) = lanes
+            .as_mut()
+            .filter(|l| l.at(&starts) && l.len() == starts.len())
+        else {
+            return Ok(None);
+        };
+        let share = self.share(starts.len());
+        let cap = self.cap.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let ends = match &cap {
+            // Everything below the cap is there to be read.
+            Some(cap) => starts
+                .iter()
+                .map(|(&p, &from)| {
+                    (
+                        p,
+                        cap.get(&p).map_or(from, |&c| c.min(from + share).max(from)),
+                    )
+                })
+                .collect(),
+            None => match held.drain(share as usize) {
+                Ok(ends) => ends,
+                // What went wrong is found out by asking the broker.
+                Err(_) => {
+                    *lanes = None;
+                    return Ok(None);
+                }
+            },
+        };
+        let ranges: BTreeMap<i32, (i64, i64)> = starts
+            .iter()
+            .map(|(&p, &from)| (p, (from, ends.get(&p).copied().unwrap_or(from))))
+            .collect();
+        let ends = ranges.iter().map(|(&p, &(_, to))| (p, to)).collect();
+        *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = held
+            .lag(&ends)
+            .into_iter()
+            .map(|(p, lag)| (p.to_string(), lag))
+            .collect();
+        let any = ranges.values().any(|(from, to)| to > from);
+        Ok(Some(any.then_some(PlannedRanges { ranges })))
+    }
+
+    /// Makes the lanes stand at `starts`: kept when they do, else opened
+    /// there on a new consumer.
+    fn lanes_at(&self, starts: &BTreeMap<i32, i64>) -> Result<()> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        if lanes.as_ref().is_some_and(|l| l.at(starts)) {
+            return Ok(());
+        }
+        // The old consumer goes first: two would fetch the same partitions.
+        *lanes = None;
+        let consumer = new_consumer(&self.config)?;
+        *lanes = Some(
+            Lanes::open(consumer, &self.config.topic, starts)
+                .map_err(|e| self.unreachable("assigning partitions", e))?,
+        );
+        Ok(())
     }
 
     /// Reads every range of `plan`; one partition of rows per Kafka
@@ -440,9 +573,15 @@ impl SourceInner {
             .filter(|(_, (from, to))| to > from)
             .map(|(p, (from, to))| (*p, *from, *to))
             .collect();
+        let mut starts: BTreeMap<i32, i64> = plan
+            .ranges
+            .iter()
+            .map(|(&p, &(from, _))| (p, from))
+            .collect();
         loop {
-            match self.read_ranges(&wanted)? {
-                Ok(messages) => return self.decode_partitions(messages),
+            starts.extend(wanted.iter().map(|&(p, from, _)| (p, from)));
+            match self.read_ranges(&starts, &wanted)? {
+                Ok(fetched) => return self.decode_partitions(fetched),
                 Err(OutOfRange) => wanted = self.what_is_left(&wanted)?,
             }
         }
@@ -485,68 +624,43 @@ impl SourceInner {
 
     /// The records of `wanted`, by partition, or `Err(OutOfRange)` when a
     /// range starts where records are gone.
+    /// The lanes stand at `starts` (every partition of the plan) for it.
     fn read_ranges(
         &self,
+        starts: &BTreeMap<i32, i64>,
         wanted: &[(i32, i64, i64)],
-    ) -> Result<std::result::Result<BTreeMap<i32, Vec<Record>>, OutOfRange>> {
-        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
-        let mut messages: BTreeMap<i32, Vec<Record>> = BTreeMap::new();
-        let mut tombstones = 0;
-        let ended = crate::position::read_ranges(
-            &consumer,
-            &self.config.topic,
-            wanted,
-            self.config.client.timeout(),
-            &|what, e| self.unreachable(what, e),
-            |m| {
-                // A tombstone (no value; for JSON and Avro also an empty
-                // one) deletes a key in a compacted topic: on an append
-                // stream it is no row, and is skipped and counted.
-                let tombstone = match m.payload() {
-                    None => true,
-                    Some(v) => v.is_empty() && self.config.format != SourceFormat::Raw,
-                };
-                // On an upsert stream it deletes its key.
-                if tombstone && !self.config.upsert {
-                    tombstones += 1;
-                    return Ok(());
+    ) -> Result<std::result::Result<Vec<(i32, Fetched)>, OutOfRange>> {
+        self.lanes_at(starts)?;
+        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(held) = lanes.as_mut() else {
+            return Err(SluiceError::Internal("kafka source: no lanes".into()));
+        };
+        let stall = self.config.client.timeout();
+        let mut fetched = Vec::with_capacity(wanted.len());
+        for &(p, _, to) in wanted {
+            match held.take(p, to, stall) {
+                Ok(records) => fetched.push((p, records)),
+                Err(e) => {
+                    *lanes = None;
+                    return match e {
+                        LaneError::OutOfRange => Ok(Err(OutOfRange)),
+                        LaneError::Stalled(last) => {
+                            let why = last.map_or(String::new(), |e| format!(" (last error: {e})"));
+                            Err(self
+                                .unreachable("reading", format!("no progress for {stall:?}{why}")))
+                        }
+                    };
                 }
-                messages.entry(m.partition()).or_default().push(Record {
-                    key: m.key().map(<[u8]>::to_vec),
-                    value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-                    tombstone,
-                    offset: m.offset(),
-                    timestamp_ms: match m.timestamp() {
-                        Timestamp::NotAvailable => None,
-                        Timestamp::CreateTime(t) | Timestamp::LogAppendTime(t) => Some(t),
-                    },
-                });
-                Ok(())
-            },
-        )?;
-        let (count, bytes) = messages
-            .values()
-            .flatten()
-            .fold((0usize, 0usize), |(n, b), r| {
-                (
-                    n + 1,
-                    b + r.value.len() + r.key.as_ref().map_or(0, Vec::len),
-                )
-            });
+            }
+        }
+        let (count, bytes) = fetched.iter().fold((0, 0), |(n, b), (_, f)| {
+            (n + f.len(), b + f.payload_bytes())
+        });
         if count > 0 {
             *self.record_bytes.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some((bytes as f64 / count as f64).max(1.0));
         }
-        Ok(match ended {
-            Ended::Reached => {
-                self.rejected
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .skipped += tombstones;
-                Ok(messages)
-            }
-            Ended::OutOfRange => Err(OutOfRange),
-        })
+        Ok(Ok(fetched))
     }
 }
 
@@ -632,7 +746,7 @@ impl Source for KafkaSource {
 
     async fn partition_count(&self) -> Result<Option<u32>> {
         let inner = Arc::clone(&self.0);
-        let partitions = tokio::task::spawn_blocking(move || inner.partitions())
+        let partitions = tokio::task::spawn_blocking(move || inner.partitions(Duration::ZERO))
             .await
             .map_err(|e| SluiceError::Internal(format!("partition count task: {e}")))??;
         Ok(Some(partitions.len() as u32))

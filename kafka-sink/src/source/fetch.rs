@@ -1,0 +1,413 @@
+//! Batch consumption: the partitions a source reads stay assigned to one
+//! consumer from epoch to epoch, each with its own librdkafka queue
+//! ("lane"), so librdkafka fetches the next epoch's records while this one
+//! is computed and committed. Records are taken a batch at a time
+//! (`rd_kafka_consume_batch_queue`, up to [`BATCH`] messages per call) and
+//! copied into one contiguous buffer per partition: nothing allocates or
+//! reads the clock per message (the clock only when a wait finds nothing).
+//!
+//! A lane holds the records taken from its queue but not yet handed to an
+//! epoch: `[start, next)`, where `start` is the offset the next epoch of
+//! the partition begins at. An epoch planned from what a lane holds reads
+//! without a word to the broker. A lane opened at other offsets (the first
+//! epoch, a replay, after an error) waits on its queue for what the plan
+//! asked. Lanes are opened together on a consumer of their own and never
+//! re-positioned: a different start means a new consumer (rare: start-up,
+//! replays, errors), because re-assigning a partition would forward its
+//! queue back to the consumer's.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::ptr::NonNull;
+use std::time::{Duration, Instant};
+
+use rdkafka::bindings as rd;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::decode::Record;
+
+/// Messages taken from a queue per call.
+pub(super) const BATCH: usize = 4096;
+
+/// How long one wait on a queue lasts before the position is looked at:
+/// a range that ends at a transaction marker is read when the consumer's
+/// position passes the marker, which brings no message to wake a wait.
+const WAIT_SLICE: Duration = Duration::from_millis(5);
+
+/// Records of one partition as taken from Kafka: keys and values back to
+/// back in one buffer, and per record where they are.
+#[derive(Debug, Default)]
+pub(super) struct Fetched {
+    bytes: Vec<u8>,
+    slots: Vec<Slot>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    key: Option<(usize, usize)>,
+    value: Option<(usize, usize)>,
+    offset: i64,
+    timestamp_ms: Option<i64>,
+}
+
+impl Fetched {
+    pub(super) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Bytes of keys and values.
+    pub(super) fn payload_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Each record, with `tombstone(value)` saying whether a present value
+    /// counts as none (format-dependent).
+    pub(super) fn records(&self, tombstone: impl Fn(&[u8]) -> bool) -> Vec<Record<'_>> {
+        self.slots
+            .iter()
+            .map(|s| {
+                let value = s.value.map(|(at, len)| &self.bytes[at..at + len]);
+                Record {
+                    key: s.key.map(|(at, len)| &self.bytes[at..at + len]),
+                    value: value.unwrap_or_default(),
+                    tombstone: value.is_none_or(&tombstone),
+                    offset: s.offset,
+                    timestamp_ms: s.timestamp_ms,
+                }
+            })
+            .collect()
+    }
+
+    fn slice(&mut self, ptr: *const std::ffi::c_void, len: usize) -> Option<(usize, usize)> {
+        if ptr.is_null() {
+            return None;
+        }
+        let at = self.bytes.len();
+        // SAFETY: librdkafka guarantees `len` readable bytes at a non-null
+        // key or payload pointer while the message lives.
+        self.bytes
+            .extend_from_slice(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) });
+        Some((at, len))
+    }
+
+    /// Copies a message in.
+    fn push(&mut self, m: &rd::rd_kafka_message_t) {
+        let key = self.slice(m.key, m.key_len);
+        let value = self.slice(m.payload, m.len);
+        let mut kind = rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+        // SAFETY: `m` is a live message from librdkafka.
+        let ts = unsafe { rd::rd_kafka_message_timestamp(m, &mut kind) };
+        self.slots.push(Slot {
+            key,
+            value,
+            offset: m.offset,
+            timestamp_ms: (kind != rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE)
+                .then_some(ts),
+        });
+    }
+
+    /// The records at or past `offset`, removed from these.
+    fn split_off(&mut self, offset: i64) -> Fetched {
+        let at = self.slots.partition_point(|s| s.offset < offset);
+        let slots = self.slots.split_off(at);
+        let Some(first) = slots
+            .iter()
+            .find_map(|s| s.key.or(s.value).map(|(at, _)| at))
+        else {
+            return Fetched {
+                bytes: Vec::new(),
+                slots,
+            };
+        };
+        let bytes = self.bytes.split_off(first);
+        let shift = |r: Option<(usize, usize)>| r.map(|(at, len)| (at - first, len));
+        Fetched {
+            bytes,
+            slots: slots
+                .into_iter()
+                .map(|s| Slot {
+                    key: shift(s.key),
+                    value: shift(s.value),
+                    ..s
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What a lane could not read.
+#[derive(Debug)]
+pub(super) enum LaneError {
+    /// The range starts where the partition has no records any more.
+    OutOfRange,
+    /// Nothing arrived for the stall time; the last error the queue
+    /// reported, if any.
+    Stalled(Option<String>),
+}
+
+/// One partition's queue and what was taken from it.
+struct Lane {
+    queue: NonNull<rd::rd_kafka_queue_t>,
+    start: i64,
+    next: i64,
+    held: Fetched,
+    /// The last error the queue reported.
+    error: Option<KafkaError>,
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        // SAFETY: the queue came from `rd_kafka_queue_get_partition` and is
+        // destroyed once, before the consumer (see `Lanes`' field order).
+        unsafe { rd::rd_kafka_queue_destroy(self.queue.as_ptr()) }
+    }
+}
+
+/// The partitions one source reads, each a [`Lane`], on a consumer of
+/// their own.
+pub(super) struct Lanes {
+    // Dropped before the consumer their queues belong to.
+    lanes: BTreeMap<i32, Lane>,
+    consumer: BaseConsumer,
+    topic: CString,
+    topic_name: String,
+    /// Messages taken per call, reused.
+    batch: Vec<*mut rd::rd_kafka_message_t>,
+}
+
+// SAFETY: librdkafka's queues and messages are thread-safe; a `Lanes` is
+// used by one thread at a time (behind the source's mutex).
+unsafe impl Send for Lanes {}
+
+impl Lanes {
+    /// Assigns `starts` (partition → first offset) of `topic` to
+    /// `consumer`, each partition on a queue of its own.
+    pub(super) fn open(
+        consumer: BaseConsumer,
+        topic: &str,
+        starts: &BTreeMap<i32, i64>,
+    ) -> Result<Lanes, String> {
+        let c_topic = CString::new(topic).map_err(|e| e.to_string())?;
+        let mut lanes = BTreeMap::new();
+        let mut assignment = TopicPartitionList::new();
+        for (&p, &start) in starts {
+            // SAFETY: a live consumer and a NUL-terminated topic name.
+            let queue = unsafe {
+                rd::rd_kafka_queue_get_partition(
+                    consumer.client().native_ptr(),
+                    c_topic.as_ptr(),
+                    p,
+                )
+            };
+            let queue = NonNull::new(queue)
+                .ok_or_else(|| format!("no queue for partition {p} of topic '{topic}'"))?;
+            // SAFETY: stop forwarding to the consumer's queue before the
+            // partition is assigned, so that its records come here.
+            unsafe { rd::rd_kafka_queue_forward(queue.as_ptr(), std::ptr::null_mut()) };
+            lanes.insert(
+                p,
+                Lane {
+                    queue,
+                    start,
+                    next: start,
+                    held: Fetched::default(),
+                    error: None,
+                },
+            );
+            assignment
+                .add_partition_offset(topic, p, Offset::Offset(start))
+                .map_err(|e| e.to_string())?;
+        }
+        consumer.assign(&assignment).map_err(|e| e.to_string())?;
+        Ok(Lanes {
+            lanes,
+            consumer,
+            topic: c_topic,
+            topic_name: topic.to_string(),
+            batch: vec![std::ptr::null_mut(); BATCH],
+        })
+    }
+
+    /// True when each partition of `starts` has a lane holding from its
+    /// start.
+    pub(super) fn at(&self, starts: &BTreeMap<i32, i64>) -> bool {
+        starts
+            .iter()
+            .all(|(p, s)| self.lanes.get(p).is_some_and(|l| l.start == *s))
+    }
+
+    /// How many partitions have a lane.
+    pub(super) fn len(&self) -> usize {
+        self.lanes.len()
+    }
+
+    /// Takes what has arrived for each partition, without waiting, until
+    /// it holds `most` records; returns per partition where what it holds
+    /// ends: after the last record, or past the transaction markers that
+    /// followed it (so that an epoch ends where the log does).
+    pub(super) fn drain(&mut self, most: usize) -> Result<BTreeMap<i32, i64>, LaneError> {
+        self.serve_events();
+        let partitions: Vec<i32> = self.lanes.keys().copied().collect();
+        for &p in &partitions {
+            loop {
+                let lane = &self.lanes[&p];
+                let want = most.saturating_sub(lane.held.len()).min(BATCH);
+                if want == 0 || self.take_batch(p, want, Duration::ZERO)? < want {
+                    break;
+                }
+            }
+        }
+        // Between the last record taken and the position there are only
+        // markers and aborted records: nothing to hold.
+        let positions = self.positions();
+        Ok(self
+            .lanes
+            .iter_mut()
+            .map(|(&p, lane)| {
+                if let Some(&pos) = positions.get(&p) {
+                    lane.next = lane.next.max(pos);
+                }
+                (p, lane.next)
+            })
+            .collect())
+    }
+
+    /// Hands over partition `p`'s records below `to`, waiting for what has
+    /// not arrived; fails after `stall` without progress.
+    pub(super) fn take(&mut self, p: i32, to: i64, stall: Duration) -> Result<Fetched, LaneError> {
+        if !self.lanes.contains_key(&p) {
+            return Err(LaneError::Stalled(Some(format!(
+                "partition {p} is not assigned"
+            ))));
+        }
+        let mut last_progress: Option<Instant> = None;
+        while self.lanes[&p].next < to {
+            let want = usize::try_from(to - self.lanes[&p].next)
+                .unwrap_or(BATCH)
+                .min(BATCH);
+            if self.take_batch(p, want, Duration::ZERO)? > 0 {
+                last_progress = None;
+                continue;
+            }
+            // Transaction markers and aborted records move the position
+            // without a message.
+            if self.positions().get(&p).is_some_and(|&pos| pos >= to) {
+                break;
+            }
+            if self.take_batch(p, 1, WAIT_SLICE)? > 0 {
+                last_progress = None;
+                continue;
+            }
+            self.serve_events();
+            if last_progress.get_or_insert_with(Instant::now).elapsed() > stall {
+                let lane = &self.lanes[&p];
+                return Err(LaneError::Stalled(
+                    lane.error.as_ref().map(|e| e.to_string()),
+                ));
+            }
+        }
+        let Some(lane) = self.lanes.get_mut(&p) else {
+            return Err(LaneError::Stalled(None));
+        };
+        let rest = lane.held.split_off(to);
+        lane.start = to;
+        lane.next = lane.next.max(to);
+        Ok(std::mem::replace(&mut lane.held, rest))
+    }
+
+    /// Per partition, how many offsets are left past `ends`: from the end
+    /// of the log as the last fetch response said (the high watermark:
+    /// librdkafka keeps no other), without asking.
+    pub(super) fn lag(&self, ends: &BTreeMap<i32, i64>) -> BTreeMap<i32, i64> {
+        ends.iter()
+            .filter_map(|(&p, &end)| {
+                let (mut low, mut high) = (-1i64, -1i64);
+                // SAFETY: a live consumer, a NUL-terminated topic name.
+                let err = unsafe {
+                    rd::rd_kafka_get_watermark_offsets(
+                        self.consumer.client().native_ptr(),
+                        self.topic.as_ptr(),
+                        p,
+                        &mut low,
+                        &mut high,
+                    )
+                };
+                (err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+                    .then_some((p, (high - end).max(0)))
+            })
+            .collect()
+    }
+
+    /// Takes up to `want` messages of partition `p`, waiting at most
+    /// `wait` for them; returns how many it took.
+    fn take_batch(&mut self, p: i32, want: usize, wait: Duration) -> Result<usize, LaneError> {
+        let Some(lane) = self.lanes.get_mut(&p) else {
+            return Ok(0);
+        };
+        let want = want.min(self.batch.len());
+        // SAFETY: `batch` has room for `want` pointers; the queue is live.
+        let got = unsafe {
+            rd::rd_kafka_consume_batch_queue(
+                lane.queue.as_ptr(),
+                wait.as_millis() as i32,
+                self.batch.as_mut_ptr(),
+                want,
+            )
+        };
+        let got = usize::try_from(got).unwrap_or(0);
+        let mut taken = 0;
+        let mut out_of_range = false;
+        for &m in &self.batch[..got] {
+            // SAFETY: librdkafka returned `got` live messages, each
+            // destroyed once, here, after it was copied.
+            let message = unsafe { &*m };
+            if message.err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                if message.offset >= lane.next {
+                    lane.held.push(message);
+                    lane.next = message.offset + 1;
+                    taken += 1;
+                }
+            } else {
+                let code = RDKafkaErrorCode::from(message.err);
+                out_of_range |= matches!(
+                    code,
+                    RDKafkaErrorCode::AutoOffsetReset | RDKafkaErrorCode::OffsetOutOfRange
+                );
+                lane.error = Some(KafkaError::MessageConsumption(code));
+            }
+            unsafe { rd::rd_kafka_message_destroy(m) };
+        }
+        if out_of_range {
+            return Err(LaneError::OutOfRange);
+        }
+        Ok(taken)
+    }
+
+    /// The consumer's position on each partition, past any markers.
+    fn positions(&self) -> BTreeMap<i32, i64> {
+        let Ok(positions) = self.consumer.position() else {
+            return BTreeMap::new();
+        };
+        positions
+            .elements_for_topic(&self.topic_name)
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some((e.partition(), o)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Errors and logs go to the consumer's own queue: serve them so they
+    /// are reported and do not pile up.
+    fn serve_events(&self) {
+        while let Some(event) = self.consumer.poll(Duration::ZERO) {
+            if let Err(e) = event {
+                tracing::debug!(topic = %self.topic_name, error = %e, "kafka source consumer");
+            }
+        }
+    }
+}
