@@ -283,12 +283,15 @@ async fn main() -> Result<(), BoxError> {
          CREATE STREAM bid (auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, \
            url VARCHAR, \"dateTime\" BIGINT, extra VARCHAR, seq BIGINT, sent_us BIGINT) \
            WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
-           'scan.startup.mode' = 'earliest');\n\
+           'scan.startup.mode' = 'earliest'{source_options});\n\
          CREATE STREAM out WITH (connector = 'kafka', topic = '{output}', \
            'bootstrap.servers' = '{bootstrap}');\n\
          INSERT INTO out SELECT auction, bidder, price, \"dateTime\", seq, sent_us FROM bid;\n",
         cp = dir.path().display(),
         ms = interval.as_millis(),
+        source_options = common::flag("--fetch-wait-ms")
+            .map(|ms| format!(", 'kafka.fetch.wait.max.ms' = '{ms}'"))
+            .unwrap_or_default(),
     );
     let query = session
         .sql(&sql)
