@@ -157,6 +157,10 @@ fn reader(bootstrap: &str, from: &str) -> Result<BaseConsumer, BoxError> {
         .set("group.id", fresh_topic("raw-copy"))
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
+        // librdkafka stops fetching a partition for this long (1 s by
+        // default) whenever its queue holds `queued.min.messages`: a copy
+        // slower than the fetcher stalled on it every 100 000 records.
+        .set("fetch.queue.backoff.ms", "1")
         .create()?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..PARTITIONS {
