@@ -411,3 +411,72 @@ impl Lanes {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records of `(offset, value)`, a key on every other one.
+    fn fetched(records: &[(i64, Option<&str>)]) -> Fetched {
+        let mut f = Fetched::default();
+        for (i, &(offset, value)) in records.iter().enumerate() {
+            let key = (i % 2 == 0).then(|| {
+                let at = f.bytes.len();
+                f.bytes.extend_from_slice(format!("k{offset}").as_bytes());
+                (at, f.bytes.len() - at)
+            });
+            let value = value.map(|v| {
+                let at = f.bytes.len();
+                f.bytes.extend_from_slice(v.as_bytes());
+                (at, v.len())
+            });
+            f.slots.push(Slot {
+                key,
+                value,
+                offset,
+                timestamp_ms: Some(offset * 10),
+            });
+        }
+        f
+    }
+
+    fn seen(f: &Fetched) -> Vec<(i64, Option<String>, String, bool)> {
+        f.records(|v| v.is_empty())
+            .into_iter()
+            .map(|r| {
+                let key = r.key.map(|k| String::from_utf8_lossy(k).into_owned());
+                let value = String::from_utf8_lossy(r.value).into_owned();
+                (r.offset, key, value, r.tombstone)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn split_off_keeps_each_side_whole_across_gaps_and_tombstones() {
+        // Offsets 13 and 14 are a transaction marker and an aborted record.
+        let mut f = fetched(&[(10, Some("a")), (11, None), (12, Some("")), (15, Some("d"))]);
+        assert_eq!(f.payload_bytes(), "k10ak12d".len());
+        let rest = f.split_off(13);
+        assert_eq!(
+            seen(&f),
+            vec![
+                (10, Some("k10".into()), "a".into(), false),
+                (11, None, "".into(), true),
+                (12, Some("k12".into()), "".into(), true),
+            ]
+        );
+        assert_eq!(seen(&rest), vec![(15, None, "d".into(), false)]);
+        assert_eq!(rest.records(|_| false)[0].timestamp_ms, Some(150));
+        // Nothing at or past the offset: an empty rest, the records intact.
+        let mut g = fetched(&[(1, Some("x"))]);
+        assert_eq!(g.split_off(2).len(), 0);
+        assert_eq!(seen(&g), vec![(1, Some("k1".into()), "x".into(), false)]);
+        // Everything past it: all of them move.
+        let moved = g.split_off(0);
+        assert_eq!((g.len(), g.payload_bytes()), (0, 0));
+        assert_eq!(
+            seen(&moved),
+            vec![(1, Some("k1".into()), "x".into(), false)]
+        );
+    }
+}
