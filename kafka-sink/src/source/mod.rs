@@ -513,7 +513,9 @@ impl SourceInner {
                 .map(|&p| Some((p, *positions.get(&p).or_else(|| initial.get(&p))?)))
                 .collect()
         };
-        let Some(starts) = starts.filter(|s| s.len() >= positions.len()) else {
+        // A partition read before but gone from the metadata is data loss,
+        // which the broker's offsets tell.
+        let Some(starts) = starts.filter(|s| positions.keys().all(|p| s.contains_key(p))) else {
             return Ok(None);
         };
         let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
