@@ -79,18 +79,6 @@ fn count(bootstrap: &str, topic: &str) -> Result<u64, BoxError> {
     Ok(n)
 }
 
-fn producer(bootstrap: &str) -> Result<ThreadedProducer<DefaultProducerContext>, BoxError> {
-    // Sluice's sink settings (kafka-sink/src/produce.rs), without the
-    // transaction.
-    Ok(ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .set("partitioner", "murmur2_random")
-        .set("linger.ms", "5")
-        .create()?)
-}
-
 fn send(
     p: &ThreadedProducer<DefaultProducerContext>,
     mut r: BaseRecord<'_, [u8], [u8]>,
@@ -114,7 +102,7 @@ fn send(
 
 /// Fills `topic` with `n` JSON-ish records of about 100 bytes.
 fn load(bootstrap: &str, topic: &str, n: u64) -> Result<(), BoxError> {
-    let p = producer(bootstrap)?;
+    let p = best_producer(bootstrap)?;
     for i in 0..n {
         let value = format!(
             "{{\"auction\":{},\"bidder\":{},\"price\":{},\"channel\":\"channel-{}\",\"ts\":\"2026-01-01T00:00:00.000Z\"}}",
