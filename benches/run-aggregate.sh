@@ -20,7 +20,8 @@
 #   SEED=1  run the seed pipeline instead (examples/seed.sql: GROUP BY value % 4
 #           with count, sum, max) into a Kafka topic on the local broker
 #           (started if none runs): Sluice exactly-once, Spark at-least-once
-#   SPARK_STATE_STORE  hdfs (Spark's default) or rocksdb (for millions of keys)
+#   SPARK_STATE_STORE  hdfs (Spark's default), rocksdb (for millions of keys), or
+#           rocksdb-changelog (RocksDB with changelog checkpointing)
 #   B       fixed-size epochs of B rows on both sides (rate source
 #           rows_per_batch; Spark's rate-micro-batch) instead of R rows/s: at
 #           millions of keys an epoch outlasts its 1 s trigger, and time-driven
@@ -127,6 +128,8 @@ def num(d, key):
 
 spark_ver = rows[0][2].get("spark_version", "?")
 store = rows[0][2].get("state_store_provider", "?").rsplit(".", 1)[-1]
+if rows[0][2].get("changelog_checkpointing"):
+    store += ", changelog checkpointing"
 if rows[0][1].get("pipeline") == "seed":
     print(f"### The seed pipeline (examples/seed.sql: GROUP BY value % 4, count, sum, max "
           f"-> Kafka; Sluice exactly-once, Spark at-least-once), {load_text}, "

@@ -11,8 +11,9 @@
 #   2. the seed pipeline (examples/seed.sql) at R rows/s into Kafka, vs Spark
 #      (run-aggregate.sh SEED=1)
 #   3. GROUP BY over 1 M and over 10 M keys in epochs of 1 M rows (1 s
-#      trigger), state checkpointed every epoch, vs Spark (on RocksDB at 10 M
-#      keys) and vs DataFusion's batch GROUP BY over the same rows
+#      trigger), state checkpointed every epoch, vs Spark (at 10 M keys once
+#      on Spark's default state store and once on RocksDB with changelog
+#      checkpointing) and vs DataFusion's batch GROUP BY over the same rows
 #      (run-aggregate.sh B=...)
 #   4. the state store alone at 10 M keys: memory, snapshot, restore
 #      (cargo bench --bench state_memory)
@@ -50,7 +51,7 @@ case "$SCALE" in
     NEXMARK=(N=2000000 CAP=250000 ROUNDS=2)
     SEED_LOAD=(R=4000000 N=20 WARMUP=5 ROUNDS=2)
     K1M=(B=1000000 N=10 WARMUP=3 ROUNDS=2 K=1000000)
-    K10M=(B=1000000 N=5 WARMUP=10 ROUNDS=1 K=10000000 SPARK_STATE_STORE=rocksdb SPARK_DRIVER_MEMORY=6g)
+    K10M=(B=1000000 N=5 WARMUP=10 ROUNDS=1 K=10000000 SPARK_DRIVER_MEMORY=6g)
     STATE=(--keys 10000000 --batch 1000000 --updates 5)
     COPY=(--records 2000000 --rounds 3)
     LATENCY=(--rate 10000 --seconds 30)
@@ -62,7 +63,7 @@ case "$SCALE" in
     NEXMARK=(N=100000 CAP=20000 ROUNDS=1)
     SEED_LOAD=(R=200000 N=3 WARMUP=2 ROUNDS=1)
     K1M=(B=200000 N=3 WARMUP=2 ROUNDS=1 K=1000000)
-    K10M=(B=200000 N=2 WARMUP=1 ROUNDS=1 K=10000000 SPARK_STATE_STORE=rocksdb)
+    K10M=(B=200000 N=2 WARMUP=1 ROUNDS=1 K=10000000)
     STATE=(--keys 1000000 --batch 500000 --updates 1)
     COPY=(--records 100000 --rounds 1)
     LATENCY=(--rate 1000 --seconds 5 --warmup-seconds 2)
@@ -126,8 +127,11 @@ section "2. The seed pipeline into Kafka, Sluice vs Spark" \
   env "${SEED_LOAD[@]}" SEED=1 OUT="$OUT/seed" benches/run-aggregate.sh
 section "3a. GROUP BY over 1 M keys, Sluice vs Spark" \
   env "${K1M[@]}" OUT="$OUT/groupby-1m" benches/run-aggregate.sh
-section "3b. GROUP BY over 10 M keys, Sluice vs Spark (RocksDB)" \
-  env "${K10M[@]}" OUT="$OUT/groupby-10m" benches/run-aggregate.sh
+section "3b. GROUP BY over 10 M keys, Sluice vs Spark (Spark's default state store)" \
+  env "${K10M[@]}" SPARK_STATE_STORE=hdfs OUT="$OUT/groupby-10m-hdfs" benches/run-aggregate.sh
+section "3c. GROUP BY over 10 M keys, Sluice vs Spark (RocksDB, changelog checkpointing)" \
+  env "${K10M[@]}" SPARK_STATE_STORE=rocksdb-changelog OUT="$OUT/groupby-10m-rocksdb" \
+  benches/run-aggregate.sh
 section "4. The state store at 10 M keys (Sluice alone)" \
   bash -c "cargo bench --bench state_memory -- ${STATE[*]} 2>'$OUT/state_memory.err' | json_table"
 section "5. Kafka -> Kafka exactly-once vs a raw librdkafka copy" \

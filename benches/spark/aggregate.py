@@ -19,8 +19,11 @@ into that Kafka topic keyed by bucket (Spark's Kafka sink: at-least-once).
 Spark runs as local[2] with spark.sql.shuffle.partitions=2 (so 2 state store
 partitions) and the UI off. The state store is Spark's default
 (HDFS-backed, checkpointed to a directory under /tmp), or RocksDB with
---state-store rocksdb; the provider class in effect is reported as
-"state_store_provider".
+--state-store rocksdb, or RocksDB with changelog checkpointing (each
+micro-batch uploads only the changed keys, as Sluice's deltas do) with
+--state-store rocksdb-changelog; the provider class and the changelog
+setting in effect are reported as "state_store_provider" and
+"changelog_checkpointing".
 
 The first --warmup epochs (micro-batches with input) are discarded; the next
 --epochs are measured from the query's progress reports. For each measured
@@ -72,7 +75,10 @@ def percentile(values, q):
 STATE_STORES = {
     "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
     "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "rocksdb-changelog":
+        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
 }
+CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 
 
 def median_or_none(values):
@@ -109,10 +115,11 @@ def parse_args():
     p.add_argument("--rows-per-batch", type=int, default=None,
                    help="fixed-size micro-batches of this many rows (the rate-micro-batch "
                         "source) instead of R rows per second")
-    p.add_argument("--state-store", choices=("hdfs", "rocksdb"),
+    p.add_argument("--state-store", choices=tuple(STATE_STORES),
                    default=os.environ.get("SPARK_STATE_STORE", "hdfs"),
                    help="Spark's state store: the default HDFS-backed one (every key on the "
-                        "JVM heap) or RocksDB (for millions of keys)")
+                        "JVM heap), RocksDB (for millions of keys), or RocksDB with "
+                        "changelog checkpointing")
     p.add_argument("--seed-topic", default=None,
                    help="run the seed pipeline instead (examples/seed.sql: GROUP BY value %% 4 "
                         "with count, sum and max) into this Kafka topic, update mode")
@@ -154,11 +161,13 @@ def main():
             .config("spark.sql.streaming.numRecentProgressUpdates", str(max(100, 4 * total)))
             .config("spark.jars", args.jars)
             .config("spark.sql.streaming.stateStore.providerClass", STATE_STORES[args.state_store])
+            .config(CHANGELOG, str(args.state_store == "rocksdb-changelog").lower())
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("WARN")
         version = spark.version
         provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass")
+        changelog = spark.conf.get(CHANGELOG)
         log(f"spark {version}: R={args.rows_per_second} K={args.keys} "
             f"warmup={args.warmup} epochs={args.epochs} state store={provider}")
 
@@ -275,6 +284,7 @@ def main():
             "keys": 4 if args.seed_topic else args.keys,
             "pipeline": "seed" if args.seed_topic else "group-by",
             "state_store_provider": provider,
+            "changelog_checkpointing": changelog == "true",
             "warmup_epochs": args.warmup,
             "first_batch_id": measured[0]["batchId"],
             "duration_ms_median": dmed,

@@ -284,6 +284,8 @@ impl EpochLoop {
             let progress = self
                 .run_epoch(&record, plan_ms, epoch_start, last_epoch_start)
                 .await?;
+            // The epoch's arrays are freed now, not while it ran.
+            crate::memory::epoch_done();
             drop(permit);
             advance(&mut positions, record);
             tracing::info!(

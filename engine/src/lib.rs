@@ -48,6 +48,7 @@ mod error;
 mod fail_point;
 mod frame;
 mod launch;
+mod memory;
 mod metrics;
 mod operator;
 mod options;

@@ -421,7 +421,7 @@ impl Operator for AggregateOperator {
             phases.partial.group_expr().expr().len(),
         )?;
         if let Some(snapshot) = chain.next() {
-            state.restore(&snapshot?)?;
+            state.restore(snapshot?)?;
             for delta in chain {
                 state.apply_delta(&delta?)?;
             }

@@ -1,7 +1,8 @@
 //! The `memory` source: batches a program appends while a query runs (tests).
 //!
 //! The offset is the number of batches: `{"batches": n}`. Batches are only
-//! ever appended, so a replayed range reads the same batches.
+//! ever appended, so a replayed range reads the same batches, unless the
+//! program released them ([`MemoryStream::release`]).
 
 use std::sync::{Arc, Mutex};
 
@@ -31,7 +32,8 @@ use crate::error::{Result, SluiceError};
 #[derive(Debug, Clone)]
 pub struct MemoryStream {
     schema: SchemaRef,
-    batches: Arc<Mutex<Vec<RecordBatch>>>,
+    /// Every batch appended, `None` once released.
+    batches: Arc<Mutex<Vec<Option<RecordBatch>>>>,
 }
 
 impl MemoryStream {
@@ -57,8 +59,19 @@ impl MemoryStream {
                 self.schema
             )));
         }
-        self.lock().push(batch);
+        self.lock().push(Some(batch));
         Ok(())
+    }
+
+    /// Frees the first `count` batches, for a program that feeds a long
+    /// run and knows every query reading the stream has committed them (a
+    /// source such as Kafka holds nothing it has handed over either). A
+    /// query that would read them again (a restart from an older
+    /// checkpoint, a new query from the start) fails, naming the release.
+    pub fn release(&self, count: usize) {
+        for batch in self.lock().iter_mut().take(count) {
+            *batch = None;
+        }
     }
 
     /// Number of batches appended so far.
@@ -71,7 +84,7 @@ impl MemoryStream {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RecordBatch>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<RecordBatch>>> {
         self.batches.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -144,11 +157,51 @@ impl Source for MemorySource {
                 all.len()
             ))
         })?;
-        Ok(vec![batches.to_vec()])
+        let batches = batches
+            .iter()
+            .cloned()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                SluiceError::plan(format!(
+                    "memory stream batches {start}..{end} were released \
+                 (MemoryStream::release) and cannot be read again"
+                ))
+            })?;
+        Ok(vec![batches])
     }
 
     async fn prepare_available_now(&self) -> Result<()> {
         *self.cap.lock().unwrap_or_else(|p| p.into_inner()) = Some(self.stream.len());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    #[tokio::test]
+    async fn released_batches_are_freed_and_reading_them_again_fails() {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let stream = MemoryStream::new(Arc::clone(&schema));
+        for x in 0..3 {
+            let column = Arc::new(Int64Array::from(vec![x]));
+            stream
+                .add_batch(RecordBatch::try_new(Arc::clone(&schema), vec![column]).unwrap())
+                .unwrap();
+        }
+        let source = MemorySourceFactory::new(stream.clone()).create().unwrap();
+        let offset = |n: u64| serde_json::json!({ "batches": n });
+        stream.release(2);
+        assert_eq!(stream.len(), 3);
+        assert!(stream.lock()[..2].iter().all(Option::is_none));
+        let read = source.read(Some(&offset(2)), &offset(3)).await.unwrap();
+        assert_eq!(read[0].len(), 1);
+        assert_eq!(read[0][0].num_rows(), 1);
+        let err = source.read(Some(&offset(1)), &offset(3)).await.unwrap_err();
+        assert!(err.to_string().contains("released"), "{err}");
     }
 }

@@ -27,10 +27,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{AsArray, RecordBatch, UInt64Array};
+use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
-use datafusion::arrow::ipc::reader::FileReader;
+use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::ipc::reader::{read_footer_length, FileDecoder, FileReader};
 use datafusion::arrow::ipc::writer::FileWriter;
+use datafusion::arrow::ipc::{root_as_footer, Block};
 
 use super::remote;
 use crate::error::{Result, SluiceError};
@@ -268,13 +271,16 @@ pub(crate) fn remove_leftovers(dir: &Path) -> Result<()> {
 /// The payload of the file at `path`, after checking its frame (see
 /// [`unframe`]).
 pub(crate) fn read_framed(path: &Path) -> Result<Vec<u8>> {
-    let bytes = match remote::of(path)? {
+    let mut bytes = match remote::of(path)? {
         Some(object) => object.get()?,
         None => {
             fs::read(path).map_err(|e| SluiceError::io(format!("reading {}", path.display()), e))?
         }
     };
-    Ok(unframe(path, &bytes)?.to_vec())
+    let header = bytes.len() - unframe(path, &bytes)?.len();
+    // In place: a copy of a large snapshot would hold it twice.
+    bytes.drain(..header);
+    Ok(bytes)
 }
 
 /// The names in directory `dir` (on an object store: under the prefix),
@@ -311,10 +317,34 @@ pub(crate) fn file_len(path: &Path) -> Result<Option<u64>> {
 /// the first, the second.
 pub(crate) fn two_parts(first: &[u8], second: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(8 + first.len() + second.len());
-    out.extend_from_slice(&(first.len() as u64).to_le_bytes());
-    out.extend_from_slice(first);
-    out.extend_from_slice(second);
+    // Copying into a Vec cannot fail.
+    let _ = two_parts_with(
+        &mut out,
+        |o| {
+            o.extend_from_slice(first);
+            Ok(())
+        },
+        |o| {
+            o.extend_from_slice(second);
+            Ok(())
+        },
+    );
     out
+}
+
+/// [`two_parts`] of what `first` and `second` write, written into `out`
+/// in place: a large part is not held twice.
+pub(crate) fn two_parts_with(
+    out: &mut Vec<u8>,
+    first: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+    second: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    let at = out.len();
+    out.extend_from_slice(&[0; 8]);
+    first(out)?;
+    let len = (out.len() - at - 8) as u64;
+    out[at..at + 8].copy_from_slice(&len.to_le_bytes());
+    second(out)
 }
 
 /// The two parts of [`two_parts`]' bytes (`what`, named in errors).
@@ -334,13 +364,37 @@ pub(crate) fn ipc_bytes(batch: &RecordBatch) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Writes `batch` into `w` as an Arrow IPC file, streamed.
+/// Writes `batch` into `w` as an Arrow IPC file, streamed, in slices of
+/// [`IPC_SLICE_ROWS`] rows: the IPC writer encodes each batch it is given
+/// into one buffer before writing it, so a 10 M-row state written whole
+/// would first be copied whole.
 pub(crate) fn write_ipc(w: &mut dyn Write, batch: &RecordBatch) -> Result<()> {
+    write_ipc_slices(w, batch, |slice, _| Ok(slice))
+}
+
+/// [`write_ipc`] of what `select` keeps of each slice of `batch` (given
+/// with its first row's position): the kept rows are never all in memory
+/// at once.
+pub(crate) fn write_ipc_slices(
+    w: &mut dyn Write,
+    batch: &RecordBatch,
+    select: impl Fn(RecordBatch, usize) -> Result<RecordBatch>,
+) -> Result<()> {
     let mut writer = FileWriter::try_new(w, &batch.schema())?;
-    writer.write(batch)?;
+    for start in (0..batch.num_rows()).step_by(IPC_SLICE_ROWS) {
+        let slice = batch.slice(start, IPC_SLICE_ROWS.min(batch.num_rows() - start));
+        let kept = select(slice, start)?;
+        if kept.num_rows() > 0 {
+            writer.write(&kept)?;
+        }
+    }
     writer.finish()?;
     Ok(())
 }
+
+/// Rows per IPC batch of a state file: about 1.5 MB of a BIGINT key and
+/// two accumulators, large enough that per-batch framing is noise.
+const IPC_SLICE_ROWS: usize = 1 << 16;
 
 /// Arrow IPC file bytes as one batch of `schema` (the stored schema may
 /// differ in field metadata from the current plan's; the columns match).
@@ -352,6 +406,47 @@ pub(crate) fn read_ipc(bytes: &[u8], schema: &SchemaRef) -> Result<RecordBatch> 
             RecordBatch::try_new(Arc::clone(schema), b.columns().to_vec())
         })
         .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(concat_batches(schema, &batches)?)
+}
+
+/// [`read_ipc`] of bytes it may keep: the batches are decoded in place
+/// (arrays point into `bytes`) and then concatenated, so a large state is
+/// held twice while it is restored, not three times (file, decoded
+/// batches, concatenation).
+pub(crate) fn read_ipc_owned(bytes: Vec<u8>, schema: &SchemaRef) -> Result<RecordBatch> {
+    let buffer = Buffer::from_vec(bytes);
+    let damaged = |what: &str| ArrowError::IpcError(format!("{what} of an Arrow IPC file"));
+    let trailer_start = buffer
+        .len()
+        .checked_sub(10)
+        .ok_or_else(|| damaged("too short to be the footer"))?;
+    let trailer: [u8; 10] = buffer[trailer_start..]
+        .try_into()
+        .map_err(|_| damaged("no trailer"))?;
+    let footer_len = read_footer_length(trailer)?;
+    let footer_start = trailer_start
+        .checked_sub(footer_len)
+        .ok_or_else(|| damaged("a footer longer than the file"))?;
+    let footer = root_as_footer(&buffer[footer_start..trailer_start])
+        .map_err(|e| ArrowError::IpcError(format!("unreadable footer: {e}")))?;
+    let mut decoder = FileDecoder::new(Arc::clone(schema), footer.version());
+    let block_bytes = |block: &Block| -> std::result::Result<Buffer, ArrowError> {
+        let start = usize::try_from(block.offset()).map_err(|_| damaged("a negative block"))?;
+        let len = block.metaDataLength() as usize + block.bodyLength() as usize;
+        if start.checked_add(len).is_none_or(|end| end > footer_start) {
+            return Err(damaged("a block outside"));
+        }
+        Ok(buffer.slice_with_length(start, len))
+    };
+    for block in footer.dictionaries().iter().flatten() {
+        decoder.read_dictionary(block, &block_bytes(block)?)?;
+    }
+    let mut batches = Vec::new();
+    for block in footer.recordBatches().iter().flatten() {
+        if let Some(batch) = decoder.read_record_batch(block, &block_bytes(block)?)? {
+            batches.push(batch);
+        }
+    }
     Ok(concat_batches(schema, &batches)?)
 }
 

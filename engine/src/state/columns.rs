@@ -63,12 +63,14 @@ fn pins_unused_bytes(column: &ArrayRef) -> bool {
 }
 
 /// Where the rows of an upsert go: over stored rows, or after them.
+/// Positions are `u32`, as in the state's index: an epoch over millions of
+/// keys holds one pair per key.
 #[derive(Default)]
 pub(super) struct Placement {
     /// (stored position, row of the upsert).
-    pub updates: Vec<(usize, usize)>,
+    pub updates: Vec<(u32, u32)>,
     /// Rows of the upsert for new keys, in the order they are appended.
-    pub appended: Vec<usize>,
+    pub appended: Vec<u32>,
 }
 
 impl Placement {
@@ -110,7 +112,7 @@ impl Placement {
             // A stored row becoming null needs a validity buffer to write
             // into; without one, copy.
             if builder.validity_slice_mut().is_none()
-                && self.updates.iter().any(|&(_, j)| nulls.is_null(j))
+                && self.updates.iter().any(|&(_, j)| nulls.is_null(j as usize))
             {
                 let old: ArrayRef = Arc::new(builder.finish());
                 return self.apply_by_copy(old, new);
@@ -118,6 +120,7 @@ impl Placement {
         }
         let (values, mut validity) = builder.slices_mut();
         for &(i, j) in &self.updates {
+            let (i, j) = (i as usize, j as usize);
             values[i] = new_typed.value(j);
             if let Some(validity) = validity.as_deref_mut() {
                 let valid = new_typed.is_valid(j);
@@ -129,6 +132,7 @@ impl Placement {
             }
         }
         for &j in &self.appended {
+            let j = j as usize;
             if new_typed.is_valid(j) {
                 builder.append_value(new_typed.value(j));
             } else {
@@ -141,9 +145,9 @@ impl Placement {
     fn apply_by_copy(&self, old: ArrayRef, new: &ArrayRef) -> Result<ArrayRef> {
         let mut from: Vec<(usize, usize)> = (0..old.len()).map(|i| (0, i)).collect();
         for &(i, j) in &self.updates {
-            from[i] = (1, j);
+            from[i as usize] = (1, j as usize);
         }
-        from.extend(self.appended.iter().map(|&j| (1, j)));
+        from.extend(self.appended.iter().map(|&j| (1, j as usize)));
         Ok(interleave(&[old.as_ref(), new.as_ref()], &from)?)
     }
 }

@@ -7,10 +7,10 @@
 
 use datafusion::arrow::array::{RecordBatch, UInt32Array};
 use datafusion::arrow::compute::take_record_batch;
-use datafusion::arrow::row::Rows;
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 
+use super::keys::{KeyBytes, KeyRef, ProbeKeys};
 use super::KeyedState;
 use crate::error::{Result, SluiceError};
 use crate::state::columns::Placement;
@@ -25,38 +25,44 @@ impl KeyedState {
         const NEW: usize = 1 << (usize::BITS - 1);
         let encoded = probe
             .iter()
-            .map(|b| self.encode(b))
+            .map(|b| self.keys_of(b))
             .collect::<Result<Vec<_>>>()?;
-        let probed: usize = encoded.iter().map(|k| k.num_rows()).sum();
+        let probed: usize = encoded.iter().map(|k| k.len()).sum();
         let found = self.probe_index(&encoded, probed)?;
         let mut stored_group = StoredGroups::new(self.rows.num_rows(), probed);
         let mut wanted: Vec<u32> = Vec::new();
         // New keys with their hashes, which the index will take.
-        let mut new_index: HashTable<usize> = HashTable::new();
+        let mut new_index: HashTable<u32> = HashTable::new();
         let mut new_rows: Vec<(usize, usize)> = Vec::new();
         let mut new_hashes: Vec<u64> = Vec::new();
         let mut groups: Vec<Vec<usize>> = Vec::with_capacity(probe.len());
         for (b, keys) in encoded.iter().enumerate() {
-            let mut of_batch = Vec::with_capacity(keys.num_rows());
-            for (r, (key, &(hash, pos))) in keys.iter().zip(&found[b]).enumerate() {
+            let mut of_batch = Vec::with_capacity(keys.len());
+            for (r, &pos) in found[b].iter().enumerate() {
+                let key = keys.get(r);
                 let group = match (pos != NOT_STORED).then_some(pos) {
                     Some(pos) => stored_group.group_of(pos, || {
                         wanted.push(pos);
                         wanted.len() - 1
                     }),
                     None => {
-                        let same = |&i: &usize| {
-                            let (b2, r2) = new_rows[i];
-                            encoded[b2].row(r2) == key
+                        // Hashed again rather than kept for every probe
+                        // row: few are new once the state is large.
+                        let hash = key.hash(&self.hasher);
+                        let same = |&i: &u32| {
+                            let (b2, r2) = new_rows[i as usize];
+                            encoded[b2].get(r2) == key
                         };
                         let id = match new_index.find(hash, same) {
-                            Some(&i) => i,
+                            Some(&i) => i as usize,
                             None => {
                                 new_rows.push((b, r));
                                 new_hashes.push(hash);
+                                // Groups number at most the probe's rows.
+                                let id = new_rows.len() - 1;
                                 new_index
-                                    .insert_unique(hash, new_rows.len() - 1, |&i| new_hashes[i]);
-                                new_rows.len() - 1
+                                    .insert_unique(hash, id as u32, |&i| new_hashes[i as usize]);
+                                id
                             }
                         };
                         NEW | id
@@ -73,9 +79,11 @@ impl KeyedState {
                 *g = stored_count + (*g & !NEW);
             }
         }
-        let mut new_keys = self.converter.empty_rows(new_rows.len(), 0);
+        let mut new_keys = KeyBytes::default();
         for &(b, r) in &new_rows {
-            new_keys.push(encoded[b].row(r));
+            if let KeyRef::Bytes(bytes) = encoded[b].get(r) {
+                new_keys.push(bytes);
+            }
         }
         Ok(Located {
             stored: take_record_batch(&self.rows, &UInt32Array::from(wanted.clone()))?,
@@ -87,31 +95,32 @@ impl KeyedState {
         })
     }
 
-    /// Per row of each of `encoded` (`probed` rows in all), its key's hash
-    /// and stored position ([`NOT_STORED`] if none). The lookups are the
+    /// Per row of each of `encoded` (`probed` rows in all), its key's
+    /// stored position ([`NOT_STORED`] if none). The lookups are the
     /// bulk of an epoch over a large state (each misses the cache several
     /// times) and only read it, so a large probe is split across two
     /// threads.
-    fn probe_index(&self, encoded: &[Rows], probed: usize) -> Result<Vec<Vec<(u64, u32)>>> {
-        let lookup = |keys: &Rows, rows: std::ops::Range<usize>| -> Vec<(u64, u32)> {
+    fn probe_index(&self, encoded: &[ProbeKeys], probed: usize) -> Result<Vec<Vec<u32>>> {
+        let stored = self.view();
+        let lookup = |keys: &ProbeKeys, rows: std::ops::Range<usize>| -> Vec<u32> {
             rows.map(|r| {
-                let key = keys.row(r);
-                let hash = self.hash(key);
-                (hash, self.find_hashed(hash, key).unwrap_or(NOT_STORED))
+                let key = keys.get(r);
+                let hash = key.hash(&self.hasher);
+                self.find(&stored, hash, key).unwrap_or(NOT_STORED)
             })
             .collect()
         };
-        let half = |second: bool| -> Vec<Vec<(u64, u32)>> {
+        let half = |second: bool| -> Vec<Vec<u32>> {
             encoded
                 .iter()
                 .map(|keys| {
-                    let (n, mid) = (keys.num_rows(), keys.num_rows() / 2);
+                    let (n, mid) = (keys.len(), keys.len() / 2);
                     lookup(keys, if second { mid..n } else { 0..mid })
                 })
                 .collect()
         };
         if probed < PARALLEL_PROBE || cores() < 2 {
-            return Ok(encoded.iter().map(|k| lookup(k, 0..k.num_rows())).collect());
+            return Ok(encoded.iter().map(|k| lookup(k, 0..k.len())).collect());
         }
         let (mut first, second) = std::thread::scope(|scope| {
             let second = scope.spawn(|| half(true));
@@ -135,9 +144,9 @@ impl KeyedState {
                 .positions
                 .iter()
                 .enumerate()
-                .map(|(g, &i)| (i as usize, g))
+                .map(|(g, &i)| (i, g as u32))
                 .collect(),
-            appended: (stored..new.num_rows()).collect(),
+            appended: (stored as u32..new.num_rows() as u32).collect(),
         };
         self.place(&placement, new, &located.new_keys, &located.new_hashes)
     }
@@ -156,8 +165,9 @@ pub(crate) struct Located {
     pub new_rows: Vec<(usize, usize)>,
     /// Where the stored rows are in the state, in group order.
     pub positions: Vec<u32>,
-    /// The new keys, encoded, in group order.
-    pub new_keys: Rows,
+    /// The new keys, encoded, in group order (none when the key is the
+    /// state's own column).
+    pub(super) new_keys: KeyBytes,
     /// Their hashes, for the index.
     pub new_hashes: Vec<u64>,
 }
@@ -180,7 +190,7 @@ fn cores() -> usize {
 /// hashing), else a map of the positions met.
 enum StoredGroups {
     Dense(Vec<u32>),
-    Sparse(hashbrown::HashMap<u32, usize, RandomState>),
+    Sparse(hashbrown::HashMap<u32, u32, RandomState>),
 }
 
 impl StoredGroups {
@@ -194,17 +204,18 @@ impl StoredGroups {
 
     /// The group of stored position `pos`, made by `add` the first time.
     fn group_of(&mut self, pos: u32, add: impl FnOnce() -> usize) -> usize {
-        match self {
+        // Groups number at most the probe's rows, under u32::MAX.
+        let slot = match self {
             Self::Dense(slots) => {
                 let slot = &mut slots[pos as usize];
                 if *slot == u32::MAX {
-                    // Groups number at most the probe's rows, under u32::MAX.
                     *slot = add() as u32;
                 }
-                *slot as usize
+                *slot
             }
-            Self::Sparse(map) => *map.entry(pos).or_insert_with(add),
-        }
+            Self::Sparse(map) => *map.entry(pos).or_insert_with(|| add() as u32),
+        };
+        slot as usize
     }
 }
 

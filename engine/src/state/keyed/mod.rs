@@ -21,29 +21,34 @@
 //! [`KeyedState::remove_keys`]), and `state::codec` gives the bytes of its
 //! snapshot and delta their layout.
 
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use datafusion::arrow::array::{
+    ArrayRef, BooleanArray, BooleanBufferBuilder, RecordBatch, UInt32Array,
+};
 use datafusion::arrow::compute::{concat_batches, filter_record_batch, not, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
-use datafusion::arrow::row::{Row, RowConverter, Rows, SortField};
+use datafusion::arrow::row::{RowConverter, SortField};
 use foldhash::fast::RandomState;
 use foldhash::{HashSet, HashSetExt};
 use hashbrown::HashTable;
 
+mod keys;
 mod locate;
 
-use super::codec::{ipc_bytes, read_ipc, split_two_parts, two_parts, write_ipc};
+use super::codec::{
+    read_ipc, read_ipc_owned, split_two_parts, two_parts_with, write_ipc, write_ipc_slices,
+};
 use super::columns::{compact_views, Placement};
 use crate::error::{Result, SluiceError};
+use keys::{keyed_by_word, KeyBytes, KeyRef, ProbeKeys, StoredKeys, StoredView, Words};
 pub(crate) use locate::Located;
 
 /// One operator's keyed state.
 ///
 /// Memory per key is the row itself plus its encoded key (arrow-row, in one
-/// buffer) and a 4-byte slot in a hash table of row positions: no
-/// allocation per key. Upserts keep existing keys at their positions and
+/// buffer, without offsets when all keys have one length) and a 4-byte
+/// slot in a hash table of row positions: no allocation per key. Upserts keep existing keys at their positions and
 /// append new ones, so the index only grows; removals (closed windows,
 /// merged sessions, evictions) compact the rows and rebuild it.
 ///
@@ -81,15 +86,15 @@ pub struct KeyedState {
     converter: RowConverter,
     /// Every key's row.
     rows: RecordBatch,
-    /// The encoded key of each row of `rows`, in order.
-    keys: Rows,
-    /// Positions in `rows`, found by the hash of the encoded key.
+    /// The key of each row of `rows`: encoded, or the rows' own column.
+    keys: StoredKeys,
+    /// Positions in `rows`, found by the hash of the key.
     index: HashTable<u32>,
     /// foldhash, as hashbrown's own default: several times faster than
     /// std's SipHash over short keys, and an epoch hashes each key once.
     hasher: RandomState,
-    /// Per row: upserted since the last flush (snapshot or delta).
-    changed: Vec<bool>,
+    /// Per row, one bit: upserted since the last flush (snapshot or delta).
+    changed: BooleanBufferBuilder,
     /// Rows removed since the last flush (for their keys).
     removed: Vec<RecordBatch>,
 }
@@ -106,62 +111,84 @@ impl std::fmt::Debug for KeyedState {
 impl KeyedState {
     /// Empty state with `schema`, keyed by its first `key_columns` columns.
     pub fn new(schema: SchemaRef, key_columns: usize) -> Result<Self> {
+        let key_types: Vec<&DataType> = schema.fields()[..key_columns]
+            .iter()
+            .map(|f| f.data_type())
+            .collect();
+        let keys = if keyed_by_word(&key_types) {
+            StoredKeys::Column
+        } else {
+            StoredKeys::Encoded(KeyBytes::default())
+        };
         // A global aggregate has one key, the empty one: encode a constant.
         let converter = if key_columns == 0 {
             row_converter([&DataType::Boolean])?
         } else {
-            row_converter(schema.fields()[..key_columns].iter().map(|f| f.data_type()))?
+            row_converter(key_types)?
         };
         Ok(Self {
             rows: RecordBatch::new_empty(Arc::clone(&schema)),
-            keys: converter.empty_rows(0, 0),
+            keys,
             schema,
             key_columns,
             converter,
             index: HashTable::new(),
             hasher: RandomState::default(),
-            changed: Vec::new(),
+            changed: BooleanBufferBuilder::new(0),
             removed: Vec::new(),
         })
     }
 
-    /// The encoded keys of `batch`.
-    fn encode(&self, batch: &RecordBatch) -> Result<Rows> {
-        self.encode_columns(&batch.columns()[..self.key_columns], batch.num_rows())
-    }
-
-    fn encode_columns(&self, columns: &[ArrayRef], rows: usize) -> Result<Rows> {
-        if self.key_columns == 0 {
-            let constant: ArrayRef = Arc::new(BooleanArray::from(vec![true; rows]));
-            return Ok(self.converter.convert_columns(&[constant])?);
+    /// The keys of `batch`, as the state compares them.
+    fn keys_of(&self, batch: &RecordBatch) -> Result<ProbeKeys> {
+        if let StoredKeys::Column = self.keys {
+            return Ok(ProbeKeys::Words(Words::of(batch.column(0))));
         }
-        Ok(self.converter.convert_columns(columns)?)
+        if self.key_columns == 0 {
+            let constant: ArrayRef = Arc::new(BooleanArray::from(vec![true; batch.num_rows()]));
+            return Ok(ProbeKeys::Encoded(
+                self.converter.convert_columns(&[constant])?,
+            ));
+        }
+        let columns = &batch.columns()[..self.key_columns];
+        Ok(ProbeKeys::Encoded(self.converter.convert_columns(columns)?))
     }
 
-    fn hash(&self, key: Row<'_>) -> u64 {
-        self.hasher.hash_one(key.as_ref())
+    /// The stored keys, readable by position.
+    fn view(&self) -> StoredView<'_> {
+        self.keys.view(&self.rows)
     }
 
-    /// The position of the stored row with key `key`.
-    fn find(&self, key: Row<'_>) -> Option<u32> {
-        self.find_hashed(self.hash(key), key)
-    }
-
-    /// [`find`](Self::find) with the key's hash already computed.
-    fn find_hashed(&self, hash: u64, key: Row<'_>) -> Option<u32> {
+    /// The position of the stored row with key `key` (its hash given),
+    /// `stored` being [`view`](Self::view).
+    fn find(&self, stored: &StoredView<'_>, hash: u64, key: KeyRef<'_>) -> Option<u32> {
         self.index
-            .find(hash, |&i| self.keys.row(i as usize) == key)
+            .find(hash, |&i| stored.get(i as usize) == key)
             .copied()
     }
 
     /// Rebuilds `keys` and `index` for `rows`.
     fn set_rows(&mut self, rows: RecordBatch) -> Result<()> {
-        let keys = self.encode(&rows)?;
+        let mut keys = match self.keys {
+            StoredKeys::Encoded(_) => StoredKeys::Encoded(KeyBytes::default()),
+            StoredKeys::Column => StoredKeys::Column,
+        };
+        // Encoded a slice at a time: arrow-row's whole encoding of a large
+        // state would be the largest thing in memory while it is rebuilt.
+        for start in (0..rows.num_rows()).step_by(ENCODE_SLICE_ROWS) {
+            let slice = rows.slice(start, ENCODE_SLICE_ROWS.min(rows.num_rows() - start));
+            let slice_keys = self.keys_of(&slice)?;
+            for r in 0..slice_keys.len() {
+                keys.push(slice_keys.get(r));
+            }
+        }
         let mut index = HashTable::with_capacity(rows.num_rows());
-        for (i, key) in keys.iter().enumerate() {
-            let hash = self.hasher.hash_one(key.as_ref());
+        let stored = keys.view(&rows);
+        for i in 0..rows.num_rows() {
+            let key = stored.get(i);
+            let hash = key.hash(&self.hasher);
             if index
-                .find(hash, |&j: &u32| keys.row(j as usize) == key)
+                .find(hash, |&j: &u32| stored.get(j as usize) == key)
                 .is_some()
             {
                 return Err(SluiceError::Internal(
@@ -169,10 +196,9 @@ impl KeyedState {
                 ));
             }
             let hasher = &self.hasher;
-            index.insert_unique(hash, i as u32, |&j| {
-                hasher.hash_one(keys.row(j as usize).as_ref())
-            });
+            index.insert_unique(hash, i as u32, |&j| stored.get(j as usize).hash(hasher));
         }
+        drop(stored);
         self.rows = rows;
         self.keys = keys;
         self.index = index;
@@ -181,11 +207,14 @@ impl KeyedState {
 
     /// The stored rows of the keys that appear in `probe`.
     pub fn lookup(&self, probe: &[RecordBatch]) -> Result<RecordBatch> {
+        let stored = self.view();
         let mut wanted = Vec::new();
         let mut seen = HashSet::new();
         for batch in probe {
-            for key in self.encode(batch)?.iter() {
-                if let Some(row) = self.find(key) {
+            let keys = self.keys_of(batch)?;
+            for r in 0..keys.len() {
+                let key = keys.get(r);
+                if let Some(row) = self.find(&stored, key.hash(&self.hasher), key) {
                     if seen.insert(row) {
                         wanted.push(row);
                     }
@@ -197,10 +226,13 @@ impl KeyedState {
 
     /// True for each row of `batch` whose key is not stored.
     pub(crate) fn unseen(&self, batch: &RecordBatch) -> Result<BooleanArray> {
-        Ok(self
-            .encode(batch)?
-            .iter()
-            .map(|k| Some(self.find(k).is_none()))
+        let stored = self.view();
+        let keys = self.keys_of(batch)?;
+        Ok((0..keys.len())
+            .map(|r| {
+                let key = keys.get(r);
+                Some(self.find(&stored, key.hash(&self.hasher), key).is_none())
+            })
             .collect())
     }
 
@@ -212,37 +244,42 @@ impl KeyedState {
         if new.num_rows() == 0 {
             return Ok(());
         }
-        let new_keys = self.encode(&new)?;
+        let stored = self.view();
+        let new_keys = self.keys_of(&new)?;
         let mut placement = Placement::default();
-        let mut appended_keys = self.converter.empty_rows(0, 0);
+        let mut appended_keys = KeyBytes::default();
         let mut appended_hashes = Vec::new();
-        for (j, key) in new_keys.iter().enumerate() {
-            let hash = self.hash(key);
-            match self.find_hashed(hash, key) {
-                Some(i) => placement.updates.push((i as usize, j)),
+        for j in 0..new_keys.len() {
+            let key = new_keys.get(j);
+            let hash = key.hash(&self.hasher);
+            match self.find(&stored, hash, key) {
+                Some(i) => placement.updates.push((i, j as u32)),
                 None => {
-                    placement.appended.push(j);
-                    appended_keys.push(key);
+                    placement.appended.push(j as u32);
+                    if let KeyRef::Bytes(bytes) = key {
+                        appended_keys.push(bytes);
+                    }
                     appended_hashes.push(hash);
                 }
             }
         }
+        drop(stored);
         self.place(&placement, &new, &appended_keys, &appended_hashes)
     }
 
     /// Writes the rows of `new` where `placement` says, and indexes the
-    /// appended ones under `appended_keys` (their encoded keys, in order,
-    /// with their hashes).
+    /// appended ones under their hashes, `appended_keys` being their
+    /// encoded keys, in order (none when the key is the rows' own column).
     fn place(
         &mut self,
         placement: &Placement,
         new: &RecordBatch,
-        appended_keys: &Rows,
+        appended_keys: &KeyBytes,
         appended_hashes: &[u64],
     ) -> Result<()> {
         let old_len = self.rows.num_rows();
         for &(i, _) in &placement.updates {
-            self.changed[i] = true;
+            self.changed.set_bit(i as usize, true);
         }
         let rows = std::mem::replace(
             &mut self.rows,
@@ -255,18 +292,19 @@ impl KeyedState {
             .map(|(old, new)| placement.apply(old, new))
             .collect::<Result<Vec<_>>>()?;
         self.rows = compact_views(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)?;
-        let (keys, hasher) = (&self.keys, &self.hasher);
-        self.index.reserve(appended_hashes.len(), |&i| {
-            hasher.hash_one(keys.row(i as usize).as_ref())
-        });
-        for (k, (key, &hash)) in appended_keys.iter().zip(appended_hashes).enumerate() {
-            self.keys.push(key);
-            let (keys, hasher) = (&self.keys, &self.hasher);
-            self.index.insert_unique(hash, (old_len + k) as u32, |&i| {
-                hasher.hash_one(keys.row(i as usize).as_ref())
-            });
-            self.changed.push(true);
+        for k in 0..appended_keys.len() {
+            self.keys.push(KeyRef::Bytes(appended_keys.get(k)));
         }
+        let (stored, hasher) = (self.keys.view(&self.rows), &self.hasher);
+        self.index.reserve(appended_hashes.len(), |&i| {
+            stored.get(i as usize).hash(hasher)
+        });
+        for (k, &hash) in appended_hashes.iter().enumerate() {
+            self.index.insert_unique(hash, (old_len + k) as u32, |&i| {
+                stored.get(i as usize).hash(hasher)
+            });
+        }
+        self.changed.append_n(appended_hashes.len(), true);
         Ok(())
     }
 
@@ -277,14 +315,12 @@ impl KeyedState {
         }
         let taken = filter_record_batch(&self.rows, mask)?;
         let kept = filter_record_batch(&self.rows, &not(mask)?)?;
-        self.changed = self
-            .changed
-            .iter()
-            .zip(mask.values().iter())
-            .filter(|(_, gone)| !gone)
-            .map(|(c, _)| *c)
-            .collect();
-        let changed = std::mem::take(&mut self.changed);
+        let mut changed = BooleanBufferBuilder::new(kept.num_rows());
+        for (i, gone) in mask.values().iter().enumerate() {
+            if !gone {
+                changed.append(self.changed.get_bit(i));
+            }
+        }
         self.set_rows(kept)?;
         self.changed = changed;
         self.removed.push(taken.clone());
@@ -298,11 +334,14 @@ impl KeyedState {
             return Ok(());
         }
         let mut gone = vec![false; self.rows.num_rows()];
-        for key in self.encode(batch)?.iter() {
-            if let Some(i) = self.find(key) {
+        let (stored, keys) = (self.view(), self.keys_of(batch)?);
+        for r in 0..keys.len() {
+            let key = keys.get(r);
+            if let Some(i) = self.find(&stored, key.hash(&self.hasher), key) {
                 gone[i as usize] = true;
             }
         }
+        drop(stored);
         self.remove(&BooleanArray::from(gone))?;
         Ok(())
     }
@@ -349,12 +388,13 @@ impl KeyedState {
 
     /// Whether anything changed since the last flush.
     pub(crate) fn has_changes(&self) -> bool {
-        !self.removed.is_empty() || self.changed.iter().any(|c| *c)
+        !self.removed.is_empty() || self.changed.finish_cloned().count_set_bits() > 0
     }
 
     /// Forgets the changes since the last flush (after a snapshot).
     pub(crate) fn clear_changes(&mut self) {
-        self.changed = vec![false; self.rows.num_rows()];
+        self.changed = BooleanBufferBuilder::new(self.rows.num_rows());
+        self.changed.append_n(self.rows.num_rows(), false);
         self.removed.clear();
     }
 
@@ -372,21 +412,40 @@ impl KeyedState {
     /// [`clear_changes`](Self::clear_changes), which the operator calls once
     /// the epoch that staged them has committed.
     pub(crate) fn pending_delta(&self) -> Result<Vec<u8>> {
-        let upserts = filter_record_batch(&self.rows, &BooleanArray::from(self.changed.clone()))?;
+        let changed = BooleanArray::new(self.changed.finish_cloned(), None);
         let key_columns: Vec<usize> = (0..self.key_columns).collect();
         let mut gone = Vec::new();
+        let stored = self.view();
+        let removed_keys = self
+            .removed
+            .iter()
+            .map(|b| self.keys_of(b))
+            .collect::<Result<Vec<_>>>()?;
         let mut seen = HashSet::new();
-        for batch in &self.removed {
-            let keys = self.encode(batch)?;
-            let mask: BooleanArray = keys
-                .iter()
-                .map(|k| Some(self.find(k).is_none() && seen.insert(k.as_ref().to_vec())))
+        for (batch, keys) in self.removed.iter().zip(&removed_keys) {
+            let mask: BooleanArray = (0..keys.len())
+                .map(|r| {
+                    let key = keys.get(r);
+                    let here = self.find(&stored, key.hash(&self.hasher), key).is_some();
+                    Some(!here && seen.insert(key))
+                })
                 .collect();
             gone.push(filter_record_batch(batch, &mask)?.project(&key_columns)?);
         }
         let key_schema = Arc::new(self.schema.project(&key_columns)?);
         let gone = concat_batches(&key_schema, &gone)?;
-        Ok(two_parts(&ipc_bytes(&upserts)?, &ipc_bytes(&gone)?))
+        let mut out = Vec::new();
+        two_parts_with(
+            &mut out,
+            |w| {
+                write_ipc_slices(w, &self.rows, |slice, start| {
+                    let changed = changed.slice(start, slice.num_rows());
+                    Ok(filter_record_batch(&slice, &changed)?)
+                })
+            },
+            |w| write_ipc(w, &gone),
+        )?;
+        Ok(out)
     }
 
     /// Applies a [`delta`](Self::delta): removes its keys, then upserts
@@ -414,14 +473,15 @@ impl KeyedState {
 
     /// Bytes held: the rows, the encoded keys and the index.
     pub fn num_bytes(&self) -> u64 {
-        let index = self.index.capacity() * (std::mem::size_of::<u32>() + 1);
-        (self.rows.get_array_memory_size() + self.keys.size() + index) as u64
+        let index = self.index.num_buckets() * (std::mem::size_of::<u32>() + 1);
+        let changed = self.changed.capacity() / 8;
+        (self.rows.get_array_memory_size() + self.keys.size() + index + changed) as u64
     }
 
     /// The whole state as Arrow IPC file bytes.
     #[cfg(test)]
     pub(crate) fn snapshot(&self) -> Result<Vec<u8>> {
-        ipc_bytes(&self.rows)
+        super::codec::ipc_bytes(&self.rows)
     }
 
     /// Writes the whole state into `w` as an Arrow IPC file.
@@ -430,13 +490,16 @@ impl KeyedState {
     }
 
     /// Replaces the state with a snapshot's.
-    pub fn restore(&mut self, bytes: &[u8]) -> Result<()> {
-        let rows = read_ipc(bytes, &self.schema)?;
+    pub fn restore(&mut self, bytes: Vec<u8>) -> Result<()> {
+        let rows = read_ipc_owned(bytes, &self.schema)?;
         self.set_rows(rows)?;
         self.clear_changes();
         Ok(())
     }
 }
+
+/// Rows whose keys [`KeyedState::set_rows`] encodes at a time.
+const ENCODE_SLICE_ROWS: usize = 1 << 16;
 
 /// A row converter for columns of these types: keys as comparable,
 /// hashable bytes (arrow-row).
@@ -491,12 +554,59 @@ pub(super) mod tests {
 
         let bytes = s.snapshot().unwrap();
         let mut restored = KeyedState::new(s.all().schema(), 1).unwrap();
-        restored.restore(&bytes).unwrap();
+        restored.restore(bytes).unwrap();
         let all = restored
             .lookup(&[batch(&["a", "b", "c"], &[0, 0, 0])])
             .unwrap();
         let n = all.column(1).as_primitive::<Int64Type>().values().to_vec();
         assert_eq!(n, vec![1, 20, 30]);
+    }
+
+    #[test]
+    fn bigint_keys_are_the_rows_own_column_null_key_included() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let rows = |keys: Vec<Option<i64>>, counts: Vec<i64>| {
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(keys)),
+                    Arc::new(Int64Array::from(counts)),
+                ],
+            )
+            .unwrap()
+        };
+        let counts = |b: &RecordBatch| b.column(1).as_primitive::<Int64Type>().values().to_vec();
+        let mut s = KeyedState::new(Arc::clone(&schema), 1).unwrap();
+        assert!(matches!(s.keys, StoredKeys::Column));
+        s.upsert(&[rows(vec![Some(1), None, Some(0)], vec![10, 20, 30])])
+            .unwrap();
+        let snapshot = s.snapshot().unwrap();
+        s.clear_changes();
+        // A null key is one key, distinct from 0 (which its slot holds).
+        s.upsert(&[rows(vec![None, Some(2)], vec![21, 40])])
+            .unwrap();
+        assert_eq!(s.num_rows(), 4);
+        let probe = [rows(
+            vec![Some(0), None, Some(7), Some(2), Some(1)],
+            vec![0; 5],
+        )];
+        assert_eq!(counts(&s.lookup(&probe).unwrap()), vec![30, 21, 40, 10]);
+        s.remove_keys(&rows(vec![Some(1), Some(9)], vec![0, 0]))
+            .unwrap();
+        assert_eq!(counts(&s.lookup(&probe).unwrap()), vec![30, 21, 40]);
+        // The snapshot and the delta give the same state back.
+        let mut r = KeyedState::new(Arc::clone(&schema), 1).unwrap();
+        r.restore(snapshot).unwrap();
+        r.apply_delta(&s.delta().unwrap()).unwrap();
+        assert_eq!(r.num_rows(), 3);
+        assert_eq!(counts(&r.lookup(&probe).unwrap()), vec![30, 21, 40]);
+        assert_eq!(
+            r.unseen(&probe[0]).unwrap(),
+            BooleanArray::from(vec![false, false, true, false, true])
+        );
     }
 
     #[test]
@@ -518,7 +628,7 @@ pub(super) mod tests {
         assert!(!s.has_changes());
 
         let mut r = KeyedState::new(s.all().schema(), 1).unwrap();
-        r.restore(&snapshot).unwrap();
+        r.restore(snapshot).unwrap();
         r.apply_delta(&d1).unwrap();
         r.apply_delta(&d2).unwrap();
         let probe = [batch(&["a", "b", "c", "d"], &[0, 0, 0, 0])];
