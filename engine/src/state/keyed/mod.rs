@@ -46,11 +46,13 @@ pub(crate) use locate::Located;
 
 /// One operator's keyed state.
 ///
-/// Memory per key is the row itself plus its encoded key (arrow-row, in one
-/// buffer, without offsets when all keys have one length) and a 4-byte
-/// slot in a hash table of row positions: no allocation per key. Upserts keep existing keys at their positions and
-/// append new ones, so the index only grows; removals (closed windows,
-/// merged sessions, evictions) compact the rows and rebuild it.
+/// Memory per key is the row itself, a 4-byte slot in a hash table of row
+/// positions and a change bit, plus, unless the key is one 8-byte integer
+/// column (compared in the rows' own column), its arrow-row encoding in
+/// one buffer: no allocation per key (`keys`). Upserts keep existing keys
+/// at their positions and append new ones, so the index only grows;
+/// removals (closed windows, merged sessions, evictions) compact the rows
+/// and rebuild it.
 ///
 /// Public so that its hot paths can be measured on their own
 /// (`benches/micro.rs`); the engine's operators are its users.
