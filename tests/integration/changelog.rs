@@ -294,7 +294,7 @@ async fn a_group_by_over_debezium_changes_is_exact_through_kill_9() {
              SET 'trigger.interval' = '50 ms';\n\
              CREATE STREAM items (id BIGINT NOT NULL, category VARCHAR, amount BIGINT) \
                WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
-               format = 'debezium-json', 'max-records-per-epoch' = '600');\n\
+               format = 'debezium-json', 'max-records-per-epoch' = '100');\n\
              CREATE STREAM totals WITH (connector = 'kafka', topic = '{output}', \
                'bootstrap.servers' = '{bootstrap}');\n\
              INSERT INTO totals {QUERY};\n",
@@ -309,7 +309,10 @@ async fn a_group_by_over_debezium_changes_is_exact_through_kill_9() {
     };
 
     // Killed at random moments while it works through the changes; each
-    // run resumes from the last committed epoch.
+    // run resumes from the last committed epoch. Epochs of 100 changes,
+    // each at least the 50 ms trigger: the work takes over 10 s, longer
+    // than the kills can leave the runs (at most 14 s, starts included),
+    // however fast an epoch computes.
     for _ in 0..5 {
         let mut run = Run::new(command());
         std::thread::sleep(Duration::from_millis(800 + rng.next(2_000)));
