@@ -20,6 +20,10 @@
 //!
 //!     cargo bench --bench latency -- [--rate 10000] [--seconds 30]
 //!         [--warmup-seconds 5] [--interval-ms 100] [--no-floor]
+//!         [--set KEY=VALUE]...
+//!
+//! Each `--set` becomes a `SET 'KEY' = 'VALUE'` before the query (e.g.
+//! `--set kafka.debug=eos` to see what a slow commit waits for).
 //!
 //! The last line of stdout is a JSON object (see benches/README.md).
 
@@ -32,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -85,11 +90,20 @@ fn produce() -> Result<(), BoxError> {
                 now_us() / 1000,
                 now_us()
             )?;
-            let record = BaseRecord::<(), _>::to(&topic)
+            let mut record = BaseRecord::<(), _>::to(&topic)
                 .payload(&value)
                 .partition((sent % PARTITIONS as u64) as i32);
-            if let Err((e, _)) = p.send(record) {
-                return Err(format!("producing the input: {e}").into());
+            // A full queue waits for deliveries (at 100 K events/s it can
+            // fill while the broker is busy); anything else is an error.
+            loop {
+                match p.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                        record = r;
+                        p.poll(Duration::from_millis(1));
+                    }
+                    Err((e, _)) => return Err(format!("producing the input: {e}").into()),
+                }
             }
             sent += 1;
         }
@@ -227,7 +241,12 @@ fn measure(
         .output()?;
     if !producer.status.success() {
         let _ = reader.kill();
-        return Err(format!("the producer failed: {}", producer.status).into());
+        return Err(format!(
+            "the producer failed ({}): {}",
+            producer.status,
+            String::from_utf8_lossy(&producer.stderr).trim()
+        )
+        .into());
     }
     let sent: u64 = String::from_utf8_lossy(&producer.stdout).trim().parse()?;
     if let Some(mut stdin) = reader.stdin.take() {
@@ -277,8 +296,15 @@ async fn main() -> Result<(), BoxError> {
     let dir = tempfile::tempdir()?;
     let session = sluice::Session::new();
     let progress = common::collect_progress(&session);
+    let sets: String = std::env::args()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|w| w[0] == "--set")
+        .filter_map(|w| w[1].split_once('='))
+        .map(|(k, v)| format!("SET '{k}' = '{v}';\n"))
+        .collect();
     let sql = format!(
-        "SET 'checkpoint.location' = '{cp}';\n\
+        "{sets}SET 'checkpoint.location' = '{cp}';\n\
          SET 'trigger.interval' = '{ms} ms';\n\
          CREATE STREAM bid (auction BIGINT, bidder BIGINT, price BIGINT, channel VARCHAR, \
            url VARCHAR, \"dateTime\" BIGINT, extra VARCHAR, seq BIGINT, sent_us BIGINT) \

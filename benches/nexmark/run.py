@@ -16,6 +16,11 @@ CPU-seconds per million events of the engine (Sluice: the process; Spark:
 its JVM and the Python driver) and of the broker (its process, over the
 run); epoch duration p50/p99; peak RSS. Prints a Markdown table; raw JSON
 per run goes to OUT (`run.py --table OUT/runs.json` prints its table again).
+
+After the runs, benches/spark/compare.py reads both engines' output topics
+of each query and round and checks they hold the same results (it says
+what "the same" is per query); the table's last column gives the verdict,
+and OUT/compare.json the counts.
 """
 
 import json
@@ -187,6 +192,46 @@ def spark_run(query, round_):
     return report
 
 
+def compare(rounds):
+    """Checks each query's outputs, Sluice's against Spark's of the same
+    round (benches/spark/compare.py); returns its reports."""
+    pairs = [{"query": q, "sluice_topic": f"{PREFIX}-out-sluice-{q}-{r}",
+              "spark_topic": f"{PREFIX}-out-spark-{q}-{r}", "round": r}
+             for r in range(1, rounds + 1) for q in QUERIES]
+    path = os.path.join(OUT, "compare-pairs.json")
+    with open(path, "w") as f:
+        json.dump(pairs, f)
+    log("comparing the outputs of both engines")
+    r = subprocess.run(
+        [SPARK_PY, os.path.join(ROOT, "benches/spark/compare.py"), "--bootstrap", BOOTSTRAP,
+         "--jars", JARS, "--pairs", path],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    with open(os.path.join(OUT, "compare.err"), "w") as f:
+        f.write(r.stderr)
+    if r.returncode != 0:
+        sys.exit(f"comparing the outputs failed: {r.stderr[-2000:]}")
+    reports = json.loads(r.stdout.strip().splitlines()[-1])
+    for pair, report in zip(pairs, reports):
+        report["round"] = pair["round"]
+    with open(os.path.join(OUT, "compare.json"), "w") as f:
+        json.dump(reports, f, indent=1)
+    return reports
+
+
+def verdict(reports, query):
+    """The table's cell for whether the two engines' outputs agreed."""
+    mine = [r for r in reports if r["query"] == query]
+    if not mine:
+        return "not checked"
+    if all(r["same"] for r in mine):
+        rows = min(r["sluice_rows"] for r in mine)
+        return f"same ({rows} rows{', windows both closed' if 'cutoff' in mine[0] else ''})"
+    bad = next(r for r in mine if not r["same"])
+    return (f"**differ** (round {bad['round']}: {bad['only_in_sluice']} rows only in Sluice's, "
+            f"{bad['only_in_spark']} only in Spark's)")
+
+
 def per_million(seconds, rows):
     return seconds / rows * 1e6 if rows else float("nan")
 
@@ -206,11 +251,13 @@ def main():
                 runs.append(run)
     with open(os.path.join(OUT, "runs.json"), "w") as f:
         json.dump(runs, f, indent=1)
-    table(runs, os.path.join(OUT, "runs.json"))
+    reports = compare(ROUNDS)
+    table(runs, os.path.join(OUT, "runs.json"), reports)
 
 
-def table(runs, path):
-    """Prints the Markdown table of `runs` (read from `path`)."""
+def table(runs, path, reports):
+    """Prints the Markdown table of `runs` (read from `path`) and the
+    outputs' comparison `reports`."""
     queries = list(dict.fromkeys(r["query"] for r in runs))
     rounds = max(r["round"] for r in runs)
 
@@ -223,8 +270,8 @@ def table(runs, path):
     print("| query | Sluice events/s | Spark events/s | Sluice / Spark | CPU-s per M events, "
           "Sluice / Spark | broker CPU-s per M events, Sluice run / Spark run | "
           "epoch ms p50 / p99, Sluice | epoch ms p50 / p99, Spark | peak RSS MB, "
-          "Sluice / Spark |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "Sluice / Spark | outputs |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     refused = {}
     for q in queries:
         s_rate, k_rate = med("sluice", q, "steady_rows_per_s"), med("spark", q, "steady_rows_per_s")
@@ -244,7 +291,7 @@ def table(runs, path):
             f"| {med('sluice', q, 'median_epoch_ms'):.0f} / {med('sluice', q, 'p99_epoch_ms'):.0f} "
             f"| {med('spark', q, 'median_epoch_ms'):.0f} / {med('spark', q, 'p99_epoch_ms'):.0f} "
             f"| {med('sluice', q, 'peak_rss_bytes') / 1e6:.0f} / "
-            f"{med('spark', q, 'peak_rss_bytes') / 1e6:.0f} |"
+            f"{med('spark', q, 'peak_rss_bytes') / 1e6:.0f} | {verdict(reports, q)} |"
         )
     for q, why in refused.items():
         print(f"\n{q}: Spark refuses to run it as a stream (\"{why}\"); its numbers are one "
@@ -258,7 +305,11 @@ def table(runs, path):
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--table":
         # Prints the table of an earlier run again: run.py --table OUT/runs.json
+        # (with OUT/compare.json beside it when there is one).
         with open(sys.argv[2]) as f:
-            table([per_event(r) for r in json.load(f)], sys.argv[2])
+            runs = [per_event(r) for r in json.load(f)]
+        compared = os.path.join(os.path.dirname(sys.argv[2]), "compare.json")
+        reports = json.load(open(compared)) if os.path.exists(compared) else []
+        table(runs, sys.argv[2], reports)
     else:
         main()
