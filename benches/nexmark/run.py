@@ -224,6 +224,8 @@ def verdict(reports, query):
     mine = [r for r in reports if r["query"] == query]
     if not mine:
         return "not checked"
+    if any(r.get("cutoff") == "none" for r in mine):
+        return "not comparable (an engine closed no window)"
     if all(r["same"] for r in mine):
         rows = min(r["sluice_rows"] for r in mine)
         return f"same ({rows} rows{', windows both closed' if 'cutoff' in mine[0] else ''})"

@@ -7,7 +7,7 @@ parses their JSON values with the query's output schema and compares:
 
 - append queries (q0-q3, q8): the two multisets of rows, whole;
 - windowed append queries (q5, q7): the rows of the windows both engines
-  closed. Neither engine emits a window the final watermark has not passed,
+  closed (none when one of them closed none: "cutoff" is then "none"). Neither engine emits a window the final watermark has not passed,
   and the last epoch may leave the two watermarks at different windows, so
   the rows compared are those whose time is before a cut-off: for q5 the
   windows ending at or before the earlier of the two last window ends; for
@@ -55,10 +55,11 @@ def log(msg):
 def read(spark, args, topic, schema):
     """The topic's records (committed ones only) as rows of `schema`, with
     each record's partition and offset; a null value (a deleted key) gives
-    a row of nulls."""
+    a row of nulls. A topic that does not exist (Spark's sink creates none
+    when it writes nothing) reads as no rows."""
     from pyspark.sql.functions import col, from_json
 
-    return (
+    df = (
         spark.read.format("kafka")
         .option("kafka.bootstrap.servers", args.bootstrap)
         .option("subscribe", topic)
@@ -70,6 +71,14 @@ def read(spark, args, topic, schema):
                 from_json(col("value").cast("string"), schema).alias("r"))
         .select("partition", "offset", "r.*")
     )
+    try:
+        df.limit(1).collect()
+    except Exception as e:  # py4j's error, whose text names Kafka's
+        if "UnknownTopicOrPartition" not in str(e):
+            raise
+        log(f"{topic} does not exist: no rows")
+        return spark.createDataFrame([], df.schema)
+    return df
 
 
 def rounded(df):
@@ -95,7 +104,8 @@ def cut(query, sluice, spark_):
     seconds = col(column).cast("double")
     last = [df.agg(max_(seconds)).first()[0] for df in (sluice, spark_)]
     if None in last:
-        return sluice, spark_, None
+        # One engine closed no window: no window is known closed on both.
+        return sluice.where("false"), spark_.where("false"), "none"
     if query == "q5":
         cutoff = min(last)
         keep = seconds <= cutoff
@@ -167,6 +177,7 @@ def main():
         .config("spark.driver.memory", "2g")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.session.timeZone", "UTC")
         .getOrCreate()
     )
