@@ -19,6 +19,16 @@
 //! header carrying a CRC32 and the payload length, so a corrupt or truncated
 //! file is reported by name ([`SluiceError::Checkpoint`]) rather than
 //! silently ignored or reset.
+//!
+//! One exception: when the sink keeps its own record of every commit in
+//! the transaction that carries the epoch's output (the exactly-once Kafka
+//! sink), `offsets/N` and `commits/N` are a cache of that record and are
+//! renamed into place without fsync ([`Checkpoint::cache_epoch_log`]): a
+//! busy disk held some epochs 50–100 ms in those two fsyncs. A process
+//! crash cannot tell the difference; after an operating-system crash,
+//! recovery takes the committed epoch from the sink, rewrites a damaged
+//! record of it, and plans an epoch again whose `offsets/N` is damaged and
+//! which the sink does not have.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +39,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Result, SluiceError};
 pub use crate::state::codec::FORMAT_VERSION;
 use crate::state::codec::{
-    create_dirs, file_len, list_dir, read_framed, remove_file, remove_leftovers, write_framed,
+    create_dirs, file_len, list_dir, read_framed, remove_file, remove_leftovers, write_framed_as,
+    Durability,
 };
 use crate::state::remote::local_or_remote;
 
@@ -159,6 +170,8 @@ impl EpochCommit {
 pub struct Checkpoint {
     dir: PathBuf,
     metadata: Metadata,
+    /// How `offsets/N` and `commits/N` are written.
+    epoch_log: Durability,
 }
 
 impl Checkpoint {
@@ -258,7 +271,24 @@ impl Checkpoint {
             write_file(&meta_path, &m)?;
             m
         };
-        Ok(Self { dir, metadata })
+        Ok(Self {
+            dir,
+            metadata,
+            epoch_log: Durability::Synced,
+        })
+    }
+
+    /// Writes `offsets/N` and `commits/N` without fsync from now on: for a
+    /// sink whose own record of each commit decides recovery
+    /// ([`Sink::records_commits`](crate::Sink::records_commits)), of which
+    /// they are a cache (see the module's documentation).
+    pub fn cache_epoch_log(&mut self) {
+        self.epoch_log = Durability::PageCache;
+    }
+
+    /// Whether `offsets/N` and `commits/N` are written without fsync.
+    pub fn epoch_log_is_cache(&self) -> bool {
+        self.epoch_log == Durability::PageCache
     }
 
     /// The checkpoint's directory.
@@ -271,9 +301,17 @@ impl Checkpoint {
         &self.metadata
     }
 
-    /// Writes `offsets/N` durably. MUST happen before epoch N reads anything.
+    /// Writes `offsets/N` (durably unless [`cache_epoch_log`](Self::cache_epoch_log)).
+    /// MUST happen before epoch N reads anything.
     pub fn write_offsets(&self, record: &OffsetRecord) -> Result<()> {
-        write_file(&self.epoch_path("offsets", record.epoch), record)
+        let path = self.epoch_path("offsets", record.epoch);
+        write_file_as(&path, self.epoch_log, record)
+    }
+
+    /// Removes `offsets/N`: an epoch planned before an operating-system
+    /// crash whose record did not survive it, planned again.
+    pub fn remove_offsets(&self, epoch: u64) -> Result<()> {
+        remove_file(&self.epoch_path("offsets", epoch))
     }
 
     /// Where inputs that had read nothing yet were resolved to start
@@ -298,9 +336,10 @@ impl Checkpoint {
         read_file(&self.epoch_path("offsets", epoch))
     }
 
-    /// Writes `commits/N` durably.
+    /// Writes `commits/N` (durably unless [`cache_epoch_log`](Self::cache_epoch_log)).
     pub fn write_commit(&self, record: &EpochCommit) -> Result<()> {
-        write_file(&self.epoch_path("commits", record.epoch()), record)
+        let path = self.epoch_path("commits", record.epoch());
+        write_file_as(&path, self.epoch_log, record)
     }
 
     /// Reads `commits/N` with its plan, `offsets/N`, which it must agree
@@ -383,14 +422,14 @@ fn latest_epoch(dir: &Path) -> Result<Option<u64>> {
 /// Serialises `value` as JSON behind a checksummed header and writes it
 /// atomically: temporary file, fsync, rename, fsync of the directory.
 pub(crate) fn write_file<T: Serialize>(path: &Path, value: &T) -> Result<()> {
-    let payload = serde_json::to_vec_pretty(value)
-        .map_err(|e| SluiceError::Internal(format!("serialising {}: {e}", path.display())))?;
-    write_bytes(path, &payload)
+    write_file_as(path, Durability::Synced, value)
 }
 
-/// Writes `payload` behind a checksummed header, atomically.
-fn write_bytes(path: &Path, payload: &[u8]) -> Result<()> {
-    write_framed(path, &mut |w| w.write_all(payload))
+/// [`write_file`] with a choice of [`Durability`].
+fn write_file_as<T: Serialize>(path: &Path, durability: Durability, value: &T) -> Result<()> {
+    let payload = serde_json::to_vec_pretty(value)
+        .map_err(|e| SluiceError::Internal(format!("serialising {}: {e}", path.display())))?;
+    write_framed_as(path, durability, &mut |w| w.write_all(&payload))
 }
 
 /// Reads a file written by [`write_file`], verifying header and checksum.

@@ -362,12 +362,26 @@ impl EpochLoop {
         }
         let next = committed.unwrap_or(0) + 1;
         let replay = match planned {
-            Some(p) if p == next => {
-                let record = cp.read_offsets(p)?;
-                self.check_sources(&record)?;
-                tracing::info!(epoch = p, "re-running epoch planned before the restart");
-                Some(record)
-            }
+            Some(p) if p == next => match cp.read_offsets(p) {
+                Ok(record) => {
+                    self.check_sources(&record)?;
+                    tracing::info!(epoch = p, "re-running epoch planned before the restart");
+                    Some(record)
+                }
+                // Not committed (the sink's record says so), so nothing of
+                // it was seen: an operating-system crash damaged its cached
+                // plan, and it is planned again.
+                Err(e @ SluiceError::Checkpoint { .. }) if cp.epoch_log_is_cache() => {
+                    tracing::warn!(
+                        epoch = p,
+                        error = %e,
+                        "the plan of an epoch the sink never committed is damaged; planning it again"
+                    );
+                    cp.remove_offsets(p)?;
+                    None
+                }
+                Err(e) => return Err(e),
+            },
             Some(p) if p > next => {
                 return Err(SluiceError::checkpoint(
                     cp.dir().join("offsets").join(p.to_string()),
@@ -474,9 +488,22 @@ impl EpochLoop {
             // long-running query would otherwise write (and fsync) a file
             // per epoch of its whole history, only for the purge to delete
             // them (10,000 epochs took 5 s: benches/recovery.rs).
-            let first = local
+            let mut first = local
                 .map_or(1, |l| l + 1)
                 .max(d.saturating_sub(RETAIN_EPOCHS - 1));
+            // The cached record of the committed epoch itself may be
+            // damaged (written without fsync, then an operating-system
+            // crash): the sink's record replaces it.
+            if local == Some(d) && cp.epoch_log_is_cache() {
+                if let Err(e) = cp.read_commit(d) {
+                    tracing::warn!(
+                        epoch = d,
+                        error = %e,
+                        "rewriting the damaged record of the committed epoch from the sink's"
+                    );
+                    first = d;
+                }
+            }
             for epoch in first..=d {
                 tracing::info!(
                     epoch,
@@ -495,6 +522,18 @@ impl EpochLoop {
                         ..Default::default()
                     }
                 };
+                // Its plan too, when an operating-system crash damaged it
+                // (records of earlier releases carry no plan to rewrite).
+                if epoch == d && cp.epoch_log_is_cache() && !c.plan.sources.is_empty() {
+                    if let Err(e) = cp.read_offsets(d) {
+                        tracing::warn!(
+                            epoch = d,
+                            error = %e,
+                            "rewriting the damaged plan of the committed epoch from the sink's"
+                        );
+                        cp.write_offsets(&c.plan)?;
+                    }
+                }
                 cp.write_commit(&EpochCommit {
                     committed_at_ms: chrono::Utc::now().timestamp_millis(),
                     ..record

@@ -406,7 +406,7 @@ impl Launcher {
                  whatever the checkpoint location"
             );
         }
-        let (checkpoint, temp_dir) = match checkpoint {
+        let (mut checkpoint, temp_dir) = match checkpoint {
             Some(c) => (c, None),
             None if sink.needs_checkpoint() => {
                 return Err(SluiceError::config(format!(
@@ -439,13 +439,23 @@ impl Launcher {
             None => {}
         }
         let clusters = clusters(planned.iter().flat_map(|s| &s.plan.inputs)).await?;
+        if sink.records_commits() {
+            checkpoint.cache_epoch_log();
+        }
         if let Some(epoch) = checkpoint.latest_commit_epoch()? {
-            let commit = checkpoint.read_commit(epoch)?;
-            let inputs = planned.iter().flat_map(|s| &s.plan.inputs);
-            check_inputs(&commit.plan, inputs, checkpoint.dir())?;
-            let whose = format!("checkpoint {}", checkpoint.dir().display());
-            check_fingerprint(&commit, &fingerprint, &whose)?;
-            check_clusters(&commit, &clusters, &whose)?;
+            match checkpoint.read_commit(epoch) {
+                Ok(commit) => {
+                    let inputs = planned.iter().flat_map(|s| &s.plan.inputs);
+                    check_inputs(&commit.plan, inputs, checkpoint.dir())?;
+                    let whose = format!("checkpoint {}", checkpoint.dir().display());
+                    check_fingerprint(&commit, &fingerprint, &whose)?;
+                    check_clusters(&commit, &clusters, &whose)?;
+                }
+                // A cached record damaged by an operating-system crash:
+                // recovery checks the sink's own record and rewrites it.
+                Err(SluiceError::Checkpoint { .. }) if checkpoint.epoch_log_is_cache() => {}
+                Err(e) => return Err(e),
+            }
         }
         if !sink.accepts_source_commits() {
             for input in planned.iter().flat_map(|s| &s.plan.inputs) {

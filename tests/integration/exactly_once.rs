@@ -711,6 +711,50 @@ async fn a_lost_checkpoint_location_resumes_from_kafka_or_stops_when_state_is_lo
     assert_eq!(p.values(true).await, written, "nothing was written again");
 }
 
+/// With the exactly-once Kafka sink, `offsets/N` and `commits/N` are
+/// written without fsync (the sink's progress record decides): after an
+/// operating-system crash they may be empty. Emptied here after a kill -9,
+/// the newest of each (and a next epoch's plan) are rebuilt from Kafka's
+/// record or planned again, and every row is written exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_epoch_log_torn_by_an_os_crash_is_rebuilt_from_kafka_exactly_once() {
+    const FILES: usize = 40;
+    const ROWS: usize = 20;
+    let mut p = Pipeline::new(FILES, ROWS).await;
+    p.identity = Some(format!("torn-{}", p.topic));
+    let mut run = p.spawn("250 ms", None);
+    p.wait_for_commits(&mut run, 3);
+    run.kill_9();
+    let cp = p.dir.join("checkpoint");
+    let latest = |sub: &str| {
+        std::fs::read_dir(cp.join(sub))
+            .unwrap()
+            .filter_map(|e| e.unwrap().file_name().to_str()?.parse::<u64>().ok())
+            .max()
+    };
+    let committed = latest("commits").expect("a committed epoch");
+    // What a crash before the page cache reached the disk leaves: the
+    // newest records empty, and the plan of the epoch after them too
+    // (whether or not the killed run had planned it, or Kafka committed it).
+    for path in [
+        cp.join("commits").join(committed.to_string()),
+        cp.join("offsets").join(committed.to_string()),
+        cp.join("offsets").join((committed + 1).to_string()),
+    ] {
+        std::fs::write(&path, b"").unwrap();
+    }
+    assert!(latest("offsets") >= Some(committed + 1));
+    let mut again = p.spawn("available-now", None);
+    let status = again.wait(Duration::from_secs(120));
+    let err = again.stderr();
+    assert!(status.success(), "{err}");
+    assert!(
+        err.contains("damaged"),
+        "the damaged records were seen: {err}"
+    );
+    assert_eq!(p.values(true).await, Pipeline::expected(FILES, ROWS));
+}
+
 /// Runs `p` to the end without crashes into a fresh topic: the reference.
 async fn failure_free(files: usize, rows: usize, query: &str) -> Vec<String> {
     let p = Pipeline::with_query(files, rows, query).await;

@@ -151,6 +151,28 @@ pub(crate) fn write_framed(
     path: &Path,
     write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<()> {
+    write_framed_as(path, Durability::Synced, write)
+}
+
+/// How a local file is written: both ways are atomic for a process crash
+/// (temporary file, rename); only `Synced` also survives the machine's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// fsync of the file before the rename and of the directory after.
+    Synced,
+    /// No fsync: the page cache outlives the process (`kill -9`), not an
+    /// operating-system crash, after which the file may be missing,
+    /// empty or torn (its checksum then says so).
+    PageCache,
+}
+
+/// [`write_framed`] with a choice of [`Durability`] (object storage is
+/// durable either way).
+pub(crate) fn write_framed_as(
+    path: &Path,
+    durability: Durability,
+    write: &mut dyn FnMut(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
     if let Some(object) = remote::of(path)? {
         let io = |e| SluiceError::io(format!("writing {}", path.display()), e);
         let mut body = Framed::start(Vec::new()).map_err(io)?;
@@ -179,7 +201,9 @@ pub(crate) fn write_framed(
     let mut f = inner.into_inner().map_err(|e| io(e.into_error()))?;
     f.seek(std::io::SeekFrom::Start(0)).map_err(io)?;
     f.write_all(header.as_bytes()).map_err(io)?;
-    f.sync_all().map_err(io)?;
+    if durability == Durability::Synced {
+        f.sync_all().map_err(io)?;
+    }
     drop(f);
     fs::rename(&tmp, path).map_err(|e| {
         SluiceError::io(
@@ -188,8 +212,10 @@ pub(crate) fn write_framed(
         )
     })?;
     // The rename is durable only once the directory entry is.
-    if let Ok(d) = fs::File::open(dir) {
-        let _ = d.sync_all();
+    if durability == Durability::Synced {
+        if let Ok(d) = fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
     }
     Ok(())
 }
