@@ -22,8 +22,9 @@
 //!         [--warmup-seconds 5] [--interval-ms 100] [--no-floor]
 //!         [--set KEY=VALUE]...
 //!
-//! Each `--set` becomes a `SET 'KEY' = 'VALUE'` before the query (e.g.
-//! `--set kafka.debug=eos` to see what a slow commit waits for).
+//! Each `--set` becomes a `SET 'KEY' = 'VALUE'` before the query: e.g.
+//! `--set kafka.linger.ms=1` tries a client setting on every Kafka client
+//! of the query.
 //!
 //! The last line of stdout is a JSON object (see benches/README.md).
 
