@@ -261,17 +261,40 @@ fn main() -> ExitCode {
     // may still block (a commit to a broker that does not answer) must not
     // hold up the exit.
     runtime.shutdown_background();
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+    exit_now(match result {
+        Ok(()) => 0,
         Err(Failure::Usage(m)) => {
             eprintln!("{}", sluice::redact_secrets(&m));
-            ExitCode::from(2)
+            2
         }
         Err(Failure::Runtime(m)) => {
             eprintln!("{}", sluice::redact_secrets(&m));
-            ExitCode::from(1)
+            1
         }
+    })
+}
+
+/// Ends the process with `code` once its output is flushed, without the
+/// C library's exit handlers. The Kafka clients of a query that failed or
+/// was given up on may still be tearing down on librdkafka's threads, and
+/// a process that had printed its error and was exiting 1 was seen killed
+/// by a signal instead (once, in CI, under load). The exit handlers run
+/// under those threads; without them there is nothing left to race.
+fn exit_now(code: u8) -> ExitCode {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    #[cfg(unix)]
+    {
+        extern "C" {
+            fn _exit(status: std::ffi::c_int) -> !;
+        }
+        // SAFETY: `_exit` takes a plain integer and never returns; every
+        // buffer Sluice writes through is flushed above.
+        unsafe { _exit(code.into()) }
     }
+    #[cfg(not(unix))]
+    ExitCode::from(code)
 }
 
 /// Standard error with every secret Sluice was given taken out: the log
