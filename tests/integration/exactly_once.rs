@@ -726,13 +726,7 @@ async fn an_epoch_log_torn_by_an_os_crash_is_rebuilt_from_kafka_exactly_once() {
     p.wait_for_commits(&mut run, 3);
     run.kill_9();
     let cp = p.dir.join("checkpoint");
-    let latest = |sub: &str| {
-        std::fs::read_dir(cp.join(sub))
-            .unwrap()
-            .filter_map(|e| e.unwrap().file_name().to_str()?.parse::<u64>().ok())
-            .max()
-    };
-    let committed = latest("commits").expect("a committed epoch");
+    let committed = checkpoint_epochs(&p).1.expect("a committed epoch");
     // What a crash before the page cache reached the disk leaves: the
     // newest records empty, and the plan of the epoch after them too
     // (whether or not the killed run had planned it, or Kafka committed it).
@@ -743,7 +737,7 @@ async fn an_epoch_log_torn_by_an_os_crash_is_rebuilt_from_kafka_exactly_once() {
     ] {
         std::fs::write(&path, b"").unwrap();
     }
-    assert!(latest("offsets") >= Some(committed + 1));
+    assert!(checkpoint_epochs(&p).0 >= Some(committed + 1));
     let mut again = p.spawn("available-now", None);
     let status = again.wait(Duration::from_secs(120));
     let err = again.stderr();
