@@ -16,7 +16,9 @@
 //! - **Sluice**: `INSERT INTO out SELECT value FROM input` (format `raw` on
 //!   both sides), exactly-once sink, epochs back to back, each epoch capped
 //!   at the records the raw copy moved in 100 ms and in 1 s
-//!   (`max-records-per-epoch`): the "100 ms" and "1 s" epochs.
+//!   (`max-records-per-epoch`): the "100 ms" and "1 s" epochs; each once
+//!   with the sink's default epoch headers and once without
+//!   (`'sink.epoch-headers' = 'false'`).
 //!
 //! Each run drains the whole input; its rate is records / wall time from
 //! start to the last commit (Sluice), to the last acknowledgement (raw copy,
@@ -246,6 +248,7 @@ async fn sluice_copy(
     n: u64,
     per_epoch: u64,
     shape: Shape,
+    epoch_headers: bool,
 ) -> Result<(f64, f64, usize), BoxError> {
     let dir = tempfile::tempdir()?;
     let session = sluice::Session::new();
@@ -279,6 +282,7 @@ async fn sluice_copy(
         .option("bootstrap.servers", bootstrap)
         .option("format", format)
         .options(client.properties().map(|(k, v)| (format!("kafka.{k}"), v)))
+        .option("sink.epoch-headers", epoch_headers.to_string())
         .checkpoint_location(dir.path())
         .trigger(Trigger::AvailableNow)
         .start()
@@ -353,7 +357,7 @@ async fn secure(n: u64, rounds: usize) -> Result<(), BoxError> {
             let out = fresh_topic("bench-secure-out");
             create_topic(&broker.plaintext, &out, PARTITIONS).await?;
             let (r, epoch_ms, epochs) =
-                sluice_copy(client, &input, &out, n, per_epoch, Shape::Bytes).await?;
+                sluice_copy(client, &input, &out, n, per_epoch, Shape::Bytes, true).await?;
             eprintln!(
                 "round {round}: {name}: {r:.0} rec/s, {epochs} epochs, median {epoch_ms:.0} ms"
             );
@@ -428,11 +432,18 @@ async fn main() -> Result<(), BoxError> {
         .await??
     };
     let (mut consumed, mut produced, mut raw) = (Vec::new(), Vec::new(), Vec::new());
-    let mut fast = Vec::new();
-    let mut slow = Vec::new();
+    // Sluice's runs: (name in the summary, epoch length in s, epoch headers),
+    // each with (rec/s, of raw copy, of consume-only, of produce-only) per round.
+    let variants = [
+        ("100ms", 0.1, true),
+        ("1s", 1.0, true),
+        ("100ms_bare", 0.1, false),
+        ("1s_bare", 1.0, false),
+    ];
+    let mut results: Vec<Vec<(f64, f64, f64, f64)>> = vec![Vec::new(); variants.len()];
     let mut table = vec![
-        "| round | consume-only rec/s | produce-only rec/s | raw copy rec/s (of consume-only) | Sluice 100 ms epochs rec/s (epoch ms) | of raw copy | Sluice 1 s epochs rec/s (epoch ms) | of raw copy |".to_string(),
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |".to_string(),
+        "| round | consume-only rec/s | produce-only rec/s | raw copy rec/s (of consume-only) | Sluice 100 ms epochs rec/s (epoch ms) | of raw copy | Sluice 1 s epochs rec/s (epoch ms) | of raw copy | without epoch headers: 100 ms | of raw copy | 1 s | of raw copy |".to_string(),
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |".to_string(),
     ];
     for round in 1..=rounds {
         let read_limit = {
@@ -465,15 +476,15 @@ async fn main() -> Result<(), BoxError> {
             format!("{:.0} K", write_limit / 1e3),
             format!("{:.0} K ({:.2})", rate / 1e3, rate / read_limit),
         ];
-        for (interval, results) in [(0.1, &mut fast), (1.0, &mut slow)] {
+        for ((name, interval, headers), results) in variants.iter().zip(&mut results) {
             let out = fresh_topic("bench-copy-sluice");
             create_topic(&bootstrap, &out, PARTITIONS).await?;
             let per_epoch = ((rate * interval) as u64).max(1);
             let client = ClientOptions::new(bootstrap.as_str());
             let (r, epoch_ms, epochs) =
-                sluice_copy(&client, &input, &out, n, per_epoch, shape).await?;
+                sluice_copy(&client, &input, &out, n, per_epoch, shape, *headers).await?;
             eprintln!(
-                "round {round}: sluice {interval} s epochs ({per_epoch} records): {r:.0} rec/s, \
+                "round {round}: sluice {name} ({per_epoch} records per epoch): {r:.0} rec/s, \
                  {epochs} epochs, median {epoch_ms:.0} ms"
             );
             results.push((r, r / rate, r / read_limit, r / write_limit));
@@ -487,46 +498,49 @@ async fn main() -> Result<(), BoxError> {
         median(v.iter().map(f).collect())
     };
     let raw_of_read = median(raw.iter().zip(&consumed).map(|(r, c)| r / c).collect());
-    let (ratio_fast, ratio_slow) = (of(&fast, |x| x.1), of(&slow, |x| x.1));
-    table.push(format!(
-        "| **median** | **{:.0} K** | **{:.0} K** | **{:.0} K ({raw_of_read:.2})** | **{:.0} K** | **{ratio_fast:.2}** | **{:.0} K** | **{ratio_slow:.2}** |",
-        median(consumed.clone()) / 1e3,
-        median(produced.clone()) / 1e3,
-        median(raw.clone()) / 1e3,
-        of(&fast, |x| x.0) / 1e3,
-        of(&slow, |x| x.0) / 1e3,
-    ));
+    let mut cells = vec![
+        "**median**".to_string(),
+        format!("**{:.0} K**", median(consumed.clone()) / 1e3),
+        format!("**{:.0} K**", median(produced.clone()) / 1e3),
+        format!("**{:.0} K ({raw_of_read:.2})**", median(raw.clone()) / 1e3),
+    ];
+    for r in &results {
+        cells.push(format!("**{:.0} K**", of(r, |x| x.0) / 1e3));
+        cells.push(format!("**{:.2}**", of(r, |x| x.1)));
+    }
+    table.push(format!("| {} |", cells.join(" | ")));
     table.push(String::new());
     table.push(format!(
-        "Sluice as a fraction of the limits (median): 100 ms epochs {:.2} of consume-only, \
-         {:.2} of produce-only; 1 s epochs {:.2} of consume-only, {:.2} of produce-only.",
-        of(&fast, |x| x.2),
-        of(&fast, |x| x.3),
-        of(&slow, |x| x.2),
-        of(&slow, |x| x.3),
+        "Sluice as a fraction of the limits (median): {}.",
+        variants
+            .iter()
+            .zip(&results)
+            .map(|((name, ..), r)| format!(
+                "{name} {:.2} of consume-only, {:.2} of produce-only",
+                of(r, |x| x.2),
+                of(r, |x| x.3)
+            ))
+            .collect::<Vec<_>>()
+            .join("; ")
     ));
-    report(
-        &table,
-        serde_json::json!({
-            "records": n,
-            "rounds": rounds,
-            "shape": match shape {
-                Shape::Bytes => "bytes",
-                Shape::NexmarkQ0 => "nexmark-q0",
-            },
-            "consume_only_median_rec_per_s": median(consumed),
-            "produce_only_median_rec_per_s": median(produced),
-            "raw_copy_median_rec_per_s": median(raw),
-            "raw_copy_of_consume_only": raw_of_read,
-            "sluice_100ms_median_rec_per_s": of(&fast, |x| x.0),
-            "sluice_1s_median_rec_per_s": of(&slow, |x| x.0),
-            "ratio_100ms_median": ratio_fast,
-            "ratio_1s_median": ratio_slow,
-            "sluice_100ms_of_consume_only": of(&fast, |x| x.2),
-            "sluice_100ms_of_produce_only": of(&fast, |x| x.3),
-            "sluice_1s_of_consume_only": of(&slow, |x| x.2),
-            "sluice_1s_of_produce_only": of(&slow, |x| x.3),
-        }),
-    );
+    let mut summary = serde_json::json!({
+        "records": n,
+        "rounds": rounds,
+        "shape": match shape {
+            Shape::Bytes => "bytes",
+            Shape::NexmarkQ0 => "nexmark-q0",
+        },
+        "consume_only_median_rec_per_s": median(consumed),
+        "produce_only_median_rec_per_s": median(produced),
+        "raw_copy_median_rec_per_s": median(raw),
+        "raw_copy_of_consume_only": raw_of_read,
+    });
+    for ((name, ..), r) in variants.iter().zip(&results) {
+        summary[format!("sluice_{name}_median_rec_per_s")] = of(r, |x| x.0).into();
+        summary[format!("ratio_{name}_median")] = of(r, |x| x.1).into();
+        summary[format!("sluice_{name}_of_consume_only")] = of(r, |x| x.2).into();
+        summary[format!("sluice_{name}_of_produce_only")] = of(r, |x| x.3).into();
+    }
+    report(&table, summary);
     Ok(())
 }

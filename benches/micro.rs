@@ -93,7 +93,8 @@ fn decode_group(
     format: Format,
     decode: impl Fn(&[Vec<u8>]) -> sluice::Result<RecordBatch>,
 ) {
-    let values = format.encode(&bids()).expect("bids encode");
+    let encoded = format.encode(&bids()).expect("bids encode");
+    let values: Vec<Vec<u8>> = encoded.rows().map(<[u8]>::to_vec).collect();
     let mut group = c.benchmark_group(name);
     group.throughput(Throughput::Elements(ROWS as u64));
     group.bench_function("nexmark_bids_64k", |b| {

@@ -72,7 +72,7 @@ const PRODUCER_ONLY: &[&str] = &[
     "batch.",
     "sticky.partitioning.linger.ms",
     "message.timeout.ms",
-    "delivery.timeout.ms",
+    "delivery.",
     "partitioner",
     "enable.idempotence",
     "transactional.id",

@@ -31,6 +31,7 @@ const SINK_OPTIONS: &[&str] = &[
     "transaction.timeout",
     "progress.topic",
     "sink.transactional-id-prefix",
+    "sink.epoch-headers",
     "dead-letter.topic",
     "kafka.*",
     "properties.*",
@@ -360,6 +361,9 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     )?;
     let dead_letter = o.take("dead-letter.topic");
     let partitions = o.take_parsed::<u32>("topic.partitions", "a number of partitions")?;
+    let epoch_headers = o
+        .take_choice("sink.epoch-headers", &["true", "false"])?
+        .is_none_or(|v| v == "true");
     o.finish("kafka", &[SINK_OPTIONS, REGISTRY_OPTIONS].concat())?;
     Ok(SinkSettings {
         config: SinkConfig {
@@ -373,6 +377,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
             query_id: identity,
             partitions,
             dead_letter,
+            epoch_headers,
         },
         delivery: if exactly_once {
             Delivery::ExactlyOnce(Transactions {

@@ -2,13 +2,16 @@
 //!
 //! JSON rows come from arrow-json's line-delimited writer over the whole
 //! batch (JSON escapes newlines inside strings, so the line breaks are
-//! exactly the row boundaries); CSV rows from arrow-csv per row; `raw` takes
-//! the bytes of a single string or binary column; Avro rows from
-//! arrow-avro's row encoder ([`crate::avro`]), single-object encoded or in
-//! the Confluent wire format.
+//! exactly the row boundaries), and stay in that one buffer; `raw` rows are
+//! the bytes of a single string or binary column, borrowed from it; CSV rows
+//! come from arrow-csv per row; Avro rows from arrow-avro's row encoder
+//! ([`crate::avro`]), single-object encoded or in the Confluent wire format.
+//! A JSON or raw batch thus costs the producer no allocation per row.
 
 use arrow_avro::schema::FingerprintStrategy;
-use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::array::{
+    Array, AsArray, BinaryArray, LargeStringArray, StringArray, StringViewArray,
+};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::json::LineDelimitedWriter;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -16,6 +19,124 @@ use sluice_engine::{columns, Result, SluiceError};
 
 /// A message's key (if any) and value.
 pub type Message = (Option<Vec<u8>>, Vec<u8>);
+
+/// One batch's rows, each encoded in a format: row `i` is
+/// [`Encoded::row`]`(i)`.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use sluice_engine::arrow::array::{RecordBatch, StringArray};
+/// # use sluice_engine::arrow::datatypes::{DataType, Field, Schema};
+/// use sluice_kafka::Format;
+///
+/// let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Utf8, true)]));
+/// let column = StringArray::from(vec![Some("a"), None]);
+/// let batch = RecordBatch::try_new(schema, vec![Arc::new(column)])?;
+/// let raw = Format::Raw.encode(&batch)?;
+/// assert_eq!((raw.len(), raw.row(0), raw.row(1)), (2, &b"a"[..], &b""[..]));
+/// # Ok::<(), sluice_engine::SluiceError>(())
+/// ```
+#[derive(Debug)]
+pub struct Encoded(Rows);
+
+#[derive(Debug)]
+enum Rows {
+    /// Rows back to back, each ended by a newline at `ends[i]`.
+    Lines {
+        bytes: Vec<u8>,
+        ends: Vec<usize>,
+    },
+    /// The column's own bytes (a null is an empty message).
+    Utf8(StringArray),
+    LargeUtf8(LargeStringArray),
+    Utf8View(StringViewArray),
+    Binary(BinaryArray),
+    /// One buffer per row.
+    Each(Vec<Vec<u8>>),
+}
+
+impl Encoded {
+    /// The number of rows.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Rows::Lines { ends, .. } => ends.len(),
+            Rows::Utf8(a) => a.len(),
+            Rows::LargeUtf8(a) => a.len(),
+            Rows::Utf8View(a) => a.len(),
+            Rows::Binary(a) => a.len(),
+            Rows::Each(rows) => rows.len(),
+        }
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Row `i`'s bytes. Panics if `i` is not below [`Encoded::len`].
+    pub fn row(&self, i: usize) -> &[u8] {
+        fn or_empty<T: AsRef<[u8]> + ?Sized>(valid: bool, v: &T) -> &[u8] {
+            if valid {
+                v.as_ref()
+            } else {
+                &[]
+            }
+        }
+        match &self.0 {
+            Rows::Lines { bytes, ends } => {
+                let start = if i == 0 { 0 } else { ends[i - 1] + 1 };
+                &bytes[start..ends[i]]
+            }
+            Rows::Utf8(a) => or_empty(a.is_valid(i), a.value(i)),
+            Rows::LargeUtf8(a) => or_empty(a.is_valid(i), a.value(i)),
+            Rows::Utf8View(a) => or_empty(a.is_valid(i), a.value(i)),
+            Rows::Binary(a) => or_empty(a.is_valid(i), a.value(i)),
+            Rows::Each(rows) => &rows[i],
+        }
+    }
+
+    /// Every row, in order.
+    pub fn rows(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).map(|i| self.row(i))
+    }
+}
+
+/// One batch's messages: row `i`'s key (when the messages are keyed) and
+/// value.
+#[derive(Debug)]
+pub struct Messages {
+    keys: Option<Encoded>,
+    values: Encoded,
+}
+
+impl Messages {
+    /// The number of messages.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// Message `i`'s key, `None` when the messages are not keyed.
+    pub fn key(&self, i: usize) -> Option<&[u8]> {
+        self.keys.as_ref().map(|k| k.row(i))
+    }
+
+    /// Message `i`'s value.
+    pub fn value(&self, i: usize) -> &[u8] {
+        self.values.row(i)
+    }
+
+    /// Every message as owned bytes.
+    pub fn to_vec(&self) -> Vec<Message> {
+        (0..self.len())
+            .map(|i| (self.key(i).map(<[u8]>::to_vec), self.value(i).to_vec()))
+            .collect()
+    }
+}
 
 /// A message format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,52 +225,53 @@ impl Format {
     ///     Arc::new(Int64Array::from(vec![7])), Arc::new(Int64Array::from(vec![3])),
     /// ])?;
     /// let messages = Format::Json.messages(&batch, &[0])?;
-    /// assert_eq!(messages[0].0.as_deref(), Some(&br#"{"auction":7}"#[..]));
-    /// assert_eq!(messages[0].1, br#"{"auction":7,"n":3}"#);
+    /// assert_eq!(messages.key(0), Some(&br#"{"auction":7}"#[..]));
+    /// assert_eq!(messages.value(0), br#"{"auction":7,"n":3}"#);
     /// # Ok::<(), sluice_engine::SluiceError>(())
     /// ```
-    pub fn messages(&self, batch: &RecordBatch, key_fields: &[usize]) -> Result<Vec<Message>> {
+    pub fn messages(&self, batch: &RecordBatch, key_fields: &[usize]) -> Result<Messages> {
         messages(batch, *self, Format::Json, key_fields, false)
     }
 
     /// One encoded message per row of `batch`.
-    pub fn encode(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
-        match self {
-            Self::Json => encode_json(batch),
-            Self::Csv => (0..batch.num_rows())
-                .map(|i| {
-                    let mut buf = Vec::new();
-                    let mut w = datafusion::arrow::csv::WriterBuilder::new()
-                        .with_header(false)
-                        .build(&mut buf);
-                    w.write(&batch.slice(i, 1))?;
-                    drop(w);
-                    if buf.last() == Some(&b'\n') {
-                        buf.pop();
-                    }
-                    Ok(buf)
-                })
-                .collect(),
-            Self::Avro => crate::avro::encode(batch, FingerprintStrategy::Rabin),
-            Self::AvroConfluent { schema_id } => {
-                crate::avro::encode(batch, FingerprintStrategy::Id(*schema_id))
+    pub fn encode(&self, batch: &RecordBatch) -> Result<Encoded> {
+        Ok(Encoded(match self {
+            Self::Json => encode_json(batch)?,
+            Self::Csv => Rows::Each(
+                (0..batch.num_rows())
+                    .map(|i| {
+                        let mut buf = Vec::new();
+                        let mut w = datafusion::arrow::csv::WriterBuilder::new()
+                            .with_header(false)
+                            .build(&mut buf);
+                        w.write(&batch.slice(i, 1))?;
+                        drop(w);
+                        if buf.last() == Some(&b'\n') {
+                            buf.pop();
+                        }
+                        Ok(buf)
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+            Self::Avro => Rows::Each(crate::avro::encode(batch, FingerprintStrategy::Rabin)?),
+            Self::AvroConfluent { schema_id } => Rows::Each(crate::avro::encode(
+                batch,
+                FingerprintStrategy::Id(*schema_id),
+            )?),
+            Self::ProtobufConfluent { schema_id } => {
+                Rows::Each(crate::protobuf::encode(batch, *schema_id)?)
             }
-            Self::ProtobufConfluent { schema_id } => crate::protobuf::encode(batch, *schema_id),
             Self::Raw => {
                 let col = batch.column(0);
-                Ok(match col.data_type() {
-                    DataType::Utf8 => col.as_string::<i32>().iter().map(bytes).collect(),
-                    DataType::LargeUtf8 => col.as_string::<i64>().iter().map(bytes).collect(),
-                    DataType::Utf8View => col.as_string_view().iter().map(bytes).collect(),
-                    DataType::Binary => col
-                        .as_binary::<i32>()
-                        .iter()
-                        .map(|v| v.unwrap_or_default().to_vec())
-                        .collect(),
+                match col.data_type() {
+                    DataType::Utf8 => Rows::Utf8(col.as_string::<i32>().clone()),
+                    DataType::LargeUtf8 => Rows::LargeUtf8(col.as_string::<i64>().clone()),
+                    DataType::Utf8View => Rows::Utf8View(col.as_string_view().clone()),
+                    DataType::Binary => Rows::Binary(col.as_binary::<i32>().clone()),
                     other => return Err(SluiceError::Internal(format!("raw format over {other}"))),
-                })
+                }
             }
-        }
+        }))
     }
 }
 
@@ -162,17 +284,17 @@ pub(crate) fn messages(
     key: Format,
     key_fields: &[usize],
     except_key: bool,
-) -> Result<Vec<Message>> {
+) -> Result<Messages> {
     let values = if except_key && !key_fields.is_empty() {
         value.encode(&batch.project(&self::except_key(batch.num_columns(), key_fields))?)?
     } else {
         value.encode(batch)?
     };
-    if key_fields.is_empty() {
-        return Ok(values.into_iter().map(|v| (None, v)).collect());
-    }
-    let keys = key.encode(&batch.project(key_fields)?)?;
-    Ok(keys.into_iter().map(Some).zip(values).collect())
+    let keys = match key_fields.is_empty() {
+        true => None,
+        false => Some(key.encode(&batch.project(key_fields)?)?),
+    };
+    Ok(Messages { keys, values })
 }
 
 /// The positions in `schema` of the columns `'key.fields'` names (`list`,
@@ -208,30 +330,22 @@ pub(crate) fn except_key(count: usize, key_fields: &[usize]) -> Vec<usize> {
     (0..count).filter(|i| !key_fields.contains(i)).collect()
 }
 
-fn bytes(v: Option<&str>) -> Vec<u8> {
-    v.unwrap_or_default().as_bytes().to_vec()
-}
-
-fn encode_json(batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
-    let mut buf = Vec::with_capacity(batch.num_rows() * 32);
+fn encode_json(batch: &RecordBatch) -> Result<Rows> {
+    let mut bytes = Vec::with_capacity(batch.num_rows() * 32);
     {
-        let mut w = LineDelimitedWriter::new(&mut buf);
+        let mut w = LineDelimitedWriter::new(&mut bytes);
         w.write(batch)?;
         w.finish()?;
     }
-    let rows: Vec<Vec<u8>> = buf
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(<[u8]>::to_vec)
-        .collect();
-    if rows.len() != batch.num_rows() {
+    let ends: Vec<usize> = memchr::memchr_iter(b'\n', &bytes).collect();
+    if ends.len() != batch.num_rows() {
         return Err(SluiceError::Internal(format!(
             "JSON encoder produced {} lines for {} rows",
-            rows.len(),
+            ends.len(),
             batch.num_rows()
         )));
     }
-    Ok(rows)
+    Ok(Rows::Lines { bytes, ends })
 }
 
 #[cfg(test)]
@@ -257,9 +371,12 @@ mod tests {
         .unwrap();
         let rows = Format::Json.encode(&batch).unwrap();
         assert_eq!(rows.len(), 2);
-        assert_eq!(String::from_utf8_lossy(&rows[0]), r#"{"a":1,"s":"x\ny"}"#);
-        assert_eq!(String::from_utf8_lossy(&rows[1]), r#"{"a":2}"#);
+        assert_eq!(
+            String::from_utf8_lossy(rows.row(0)),
+            r#"{"a":1,"s":"x\ny"}"#
+        );
+        assert_eq!(String::from_utf8_lossy(rows.row(1)), r#"{"a":2}"#);
         let csv = Format::Csv.encode(&batch).unwrap();
-        assert_eq!(String::from_utf8_lossy(&csv[1]), "2,");
+        assert_eq!(String::from_utf8_lossy(csv.row(1)), "2,");
     }
 }

@@ -60,7 +60,7 @@ mod verify;
 pub use avro::{schema_json as avro_schema, AvroConfluentDecoder};
 pub use client::ClientOptions;
 pub use connector::{task_identity, KafkaConnector, UpsertKafkaConnector};
-pub use encode::{Format, Message};
+pub use encode::{Encoded, Format, Message, Messages};
 pub use progress_topic::{default_topic as default_progress_topic, last_committed};
 pub use protobuf::{proto_schema, ProtobufConfluentDecoder};
 pub use running::{partition_ends, task_owners};

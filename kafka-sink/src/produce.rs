@@ -17,7 +17,7 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use sluice_engine::{columns, DeadLetter, EpochOutput, GroupOffsets, Result, SluiceError};
 
 use crate::client::{ClientOptions, Role};
-use crate::encode::Format;
+use crate::encode::{Encoded, Format, Messages};
 
 pub(crate) use crate::encode::Message;
 
@@ -53,6 +53,10 @@ pub(crate) struct SinkConfig {
     /// (over `message.max.bytes`) are set aside; without one they stop the
     /// query.
     pub dead_letter: Option<String>,
+    /// `'sink.epoch-headers'`: whether each output record carries the query
+    /// id and epoch as headers (what `sluice verify` reads). They add about
+    /// 70 bytes to every record.
+    pub epoch_headers: bool,
 }
 
 impl SinkConfig {
@@ -62,13 +66,21 @@ impl SinkConfig {
     /// - `partitioner=murmur2_random`: keyed messages land where the Java
     ///   client and Kafka Streams would put them.
     /// - `linger.ms=5`: batches an epoch's messages without delaying it much.
+    /// - `delivery.report.only.error=true`: only a failed message needs a
+    ///   report ([`DeliveryTracker`] keeps the first); one per delivered
+    ///   message cost the producer's thread a callback per record.
     ///
-    /// A user's `kafka.linger.ms` or `kafka.partitioner` wins; `acks` and
+    /// A user's `kafka.linger.ms`, `kafka.partitioner` or
+    /// `kafka.delivery.report.only.error` wins; `acks` and
     /// `enable.idempotence` cannot be set ([`SINK_REFUSED`]).
     pub(crate) fn producer_config(&self) -> ClientConfig {
         let mut config = self.client.config(Role::Producer);
         config.set("acks", "all").set("enable.idempotence", "true");
-        for (key, value) in [("partitioner", "murmur2_random"), ("linger.ms", "5")] {
+        for (key, value) in [
+            ("partitioner", "murmur2_random"),
+            ("linger.ms", "5"),
+            ("delivery.report.only.error", "true"),
+        ] {
             if self.client.get(key).is_none() {
                 config.set(key, value);
             }
@@ -218,7 +230,7 @@ impl SinkConfig {
 
     /// The headers every record of an epoch carries: the query id and the
     /// epoch (what `sluice verify` sorts records by).
-    fn epoch_headers(&self, epoch: u64) -> OwnedHeaders {
+    fn headers(&self, epoch: u64) -> OwnedHeaders {
         OwnedHeaders::new()
             .insert(Header {
                 key: QUERY_ID_HEADER,
@@ -232,7 +244,7 @@ impl SinkConfig {
 
     /// Each row of `batch` as a message: its key (the key fields in the
     /// key format, when there are key fields) and its value.
-    pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Vec<Message>> {
+    pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Messages> {
         crate::encode::messages(
             batch,
             self.format,
@@ -266,7 +278,7 @@ impl SinkConfig {
         batches: &[RecordBatch],
         retracted: Option<&RecordBatch>,
     ) -> Result<()> {
-        let headers = self.epoch_headers(epoch);
+        let headers = self.epoch_headers.then(|| self.headers(epoch));
         for batch in batches {
             let messages = self.encode(batch).map_err(|e| SluiceError::Poison {
                 epoch,
@@ -276,27 +288,33 @@ impl SinkConfig {
                 ),
                 way_out: "change the query so that its output fits the sink's format".into(),
             })?;
-            for (key, value) in messages {
-                let mut record = BaseRecord::to(&self.topic)
-                    .payload(value.as_slice())
-                    .headers(headers.clone());
-                if let Some(key) = &key {
-                    record = record.key(key.as_slice());
+            for i in 0..messages.len() {
+                let (key, value) = (messages.key(i), messages.value(i));
+                let mut record = BaseRecord::to(&self.topic).payload(value);
+                if let Some(headers) = &headers {
+                    record = record.headers(headers.clone());
+                }
+                if let Some(key) = key {
+                    record = record.key(key);
                 }
                 match send(producer, record) {
                     Ok(()) => {}
                     Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
-                        self.set_aside_oversized(producer, epoch, key.as_deref(), &value)?
+                        self.set_aside_oversized(producer, epoch, key, value)?
                     }
                     Err(e) => return Err(self.external(e.to_string())),
                 }
             }
         }
         if let Some(keys) = retracted {
-            for key in self.tombstone_keys(keys)? {
-                let record = BaseRecord::<[u8], [u8]>::to(&self.topic)
-                    .key(key.as_slice())
-                    .headers(headers.clone());
+            let Some(tombstones) = self.tombstone_keys(keys)? else {
+                return Ok(());
+            };
+            for key in tombstones.rows() {
+                let mut record = BaseRecord::<[u8], [u8]>::to(&self.topic).key(key);
+                if let Some(headers) = &headers {
+                    record = record.headers(headers.clone());
+                }
                 send(producer, record).map_err(|e| self.external(e.to_string()))?;
             }
         }
@@ -360,7 +378,7 @@ impl SinkConfig {
     /// The message keys of retracted groups (`keys`: the output's key
     /// columns), encoded exactly as [`encode`](Self::encode) keys their
     /// rows. None when the messages are not keyed by the group key.
-    fn tombstone_keys(&self, keys: &RecordBatch) -> Result<Vec<Vec<u8>>> {
+    fn tombstone_keys(&self, keys: &RecordBatch) -> Result<Option<Encoded>> {
         let columns: Option<Vec<usize>> = self
             .key_fields
             .iter()
@@ -368,7 +386,7 @@ impl SinkConfig {
             .collect();
         match columns {
             Some(columns) if !columns.is_empty() => {
-                self.key_format.encode(&keys.project(&columns)?)
+                self.key_format.encode(&keys.project(&columns)?).map(Some)
             }
             _ => {
                 tracing::warn!(
@@ -377,7 +395,7 @@ impl SinkConfig {
                     "groups left the output but the messages are not keyed by the group key \
                      (key.fields): no tombstones"
                 );
-                Ok(Vec::new())
+                Ok(None)
             }
         }
     }
@@ -391,7 +409,7 @@ impl SinkConfig {
         letters: &[DeadLetter],
     ) -> Result<()> {
         for letter in letters {
-            let mut headers = self.epoch_headers(epoch);
+            let mut headers = self.headers(epoch);
             for (k, v) in &letter.headers {
                 headers = headers.insert(Header {
                     key: k,

@@ -81,6 +81,7 @@ pub fn last_committed(
         query_id: query_id.to_string(),
         partitions: None,
         dead_letter: None,
+        epoch_headers: false,
     };
     Ok(read_last(&config, &topic, query_id, timeout)?
         .map(|r| (r.commit.epoch(), r.commit.plan.sources)))

@@ -424,9 +424,9 @@ impl ProtobufEncoder {
         let options = DeserializeOptions::new().deny_unknown_fields(true);
         crate::encode::Format::Json
             .encode(batch)?
-            .into_iter()
+            .rows()
             .map(|json| {
-                let mut de = serde_json::Deserializer::from_slice(&json);
+                let mut de = serde_json::Deserializer::from_slice(json);
                 let message = DynamicMessage::deserialize_with_options(
                     self.message.clone(),
                     &mut de,

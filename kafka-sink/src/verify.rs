@@ -142,6 +142,13 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
         )));
     };
     let config = settings.config;
+    if !config.epoch_headers {
+        return Err(SluiceError::config(format!(
+            "query '{name}' writes its output with 'sink.epoch-headers' = 'false', so its \
+             records do not say which query and epoch wrote them: verify needs those headers \
+             to tell the query's committed output from later or foreign records"
+        )));
+    }
     let mut lines = vec![format!(
         "query '{name}' (id {query_id}, checkpoint {})",
         dir.display()
@@ -201,7 +208,7 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
     let answer = query.answer(inputs, &last.watermarks).await?;
     let mut expected = Vec::new();
     for batch in &answer {
-        expected.extend(config.encode(batch)?);
+        expected.extend(config.encode(batch)?.to_vec());
     }
 
     let records = {

@@ -163,8 +163,8 @@ async fn batch_answer(table: &Table) -> BTreeMap<String, (i64, i64)> {
     let mut answer = BTreeMap::new();
     for b in rows {
         let json = sluice_kafka::Format::Json.encode(&b).unwrap();
-        for row in json {
-            let v: Value = serde_json::from_slice(&row).unwrap();
+        for row in json.rows() {
+            let v: Value = serde_json::from_slice(row).unwrap();
             answer.insert(
                 v["category"].as_str().unwrap().to_string(),
                 (v["n"].as_i64().unwrap(), v["total"].as_i64().unwrap()),

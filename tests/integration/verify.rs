@@ -298,4 +298,64 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
         "{}",
         stdout(&unchecked)
     );
+
+    // Without epoch headers the output is bare and still exactly-once
+    // (the progress topic, not the headers, decides), and verify, which
+    // needs the headers, says so instead of reporting differences.
+    let bare_topic = fresh_topic("bare");
+    create_topic(&bootstrap, &bare_topic, 2).await.unwrap();
+    let bare = dir.path().join("bare.sql");
+    std::fs::write(
+        &bare,
+        format!(
+            "SET 'trigger' = 'available-now';
+             SET 'checkpoint.location' = '{}';
+             CREATE STREAM bids (auction BIGINT, price BIGINT, ts TIMESTAMP) WITH (connector = \
+             'kafka', topic = '{bid_topic}', 'bootstrap.servers' = '{bootstrap}', \
+             'max-records-per-epoch' = '150');
+             CREATE STREAM bare WITH (connector = 'kafka', topic = '{bare_topic}', \
+             'bootstrap.servers' = '{bootstrap}', 'sink.epoch-headers' = 'false');
+             INSERT INTO bare SELECT auction, price FROM bids WHERE price > 50;
+",
+            dir.path().join("bare").display()
+        ),
+    )
+    .unwrap();
+    let run = sluice(&["run"], &bare);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let records = {
+        let (b, t) = (bootstrap.clone(), bare_topic.clone());
+        tokio::task::spawn_blocking(move || read_topic(&b, &t, true, Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let mut got: Vec<(i64, i64)> = records
+        .iter()
+        .map(|r| {
+            assert!(r.headers.is_empty(), "{:?}", r.headers);
+            let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            (v["auction"].as_i64().unwrap(), v["price"].as_i64().unwrap())
+        })
+        .collect();
+    got.sort_unstable();
+    let mut want: Vec<(i64, i64)> = (0..400)
+        .map(|i| (i % 7, (i * 37) % 101))
+        .filter(|(_, price)| *price > 50)
+        .collect();
+    want.sort_unstable();
+    assert_eq!(got, want);
+    let refused = sluice(&["verify"], &bare);
+    assert_eq!(refused.status.code(), Some(2), "{}", stdout(&refused));
+    assert!(
+        stdout(&refused).contains(
+            "NOT CHECKED: query 'bare' writes its output with 'sink.epoch-headers' = 'false'"
+        ),
+        "{}",
+        stdout(&refused)
+    );
 }
