@@ -809,6 +809,15 @@ impl Source for KafkaSource {
         let inner = Arc::clone(&self.0);
         tokio::task::spawn_blocking(move || {
             inner.check_connection()?;
+            // librdkafka answers the cluster id from the client's last
+            // metadata; a client without any yet waits for a change of its
+            // topic cache, and every start waited 1 s there. The topic's
+            // metadata (which the first plan needs anyway) comes in one
+            // round trip. A topic that is missing now is the plan's to
+            // report (and wait for), as before.
+            if let Err(e) = inner.partitions(Duration::ZERO) {
+                tracing::debug!(error = %e, "no metadata of the topic yet");
+            }
             let consumer = inner.consumer.lock().unwrap_or_else(|p| p.into_inner());
             Ok(consumer
                 .client()
