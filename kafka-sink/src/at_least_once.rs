@@ -10,17 +10,17 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rdkafka::producer::{Producer, ThreadedProducer};
+use rdkafka::producer::Producer;
 use sluice_engine::{EpochCommit, EpochOutput, Handover, Result, Sink, SluiceError};
 
-use crate::produce::{create_producer, flush, DeliveryTracker, Groups, SinkConfig};
+use crate::produce::{create_producer, flush, Groups, SinkConfig, SinkProducer};
 
 /// Cheap to move onto a blocking thread.
 pub(crate) struct AtLeastOnceSink(Arc<Inner>);
 
 struct Inner {
     config: SinkConfig,
-    producer: ThreadedProducer<DeliveryTracker>,
+    producer: SinkProducer,
     groups: Groups,
 }
 

@@ -18,8 +18,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use sluice_engine::{Result, SluiceError};
@@ -342,8 +341,7 @@ pub async fn create_topic(
     let client = client.into();
     let bootstrap = &client;
     client.check_connection("admin client")?;
-    let admin: AdminClient<DefaultClientContext> =
-        client.create(&client.config(Role::Admin), "admin client")?;
+    let admin = client.admin("admin client")?;
     let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     let results = admin
         .create_topics(

@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use rdkafka::admin::AdminClient;
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::FromClientConfig;
 use rdkafka::config::RDKafkaLogLevel;
@@ -52,6 +53,39 @@ pub struct ClientOptions {
     /// librdkafka properties, in the order given; a later one wins.
     properties: Vec<(String, String)>,
 }
+
+/// A Kafka client dropped on a thread of its own, so that whoever lets go
+/// of it does not wait: rdkafka's admin client joins a polling thread that
+/// sleeps up to 100 ms per poll, and a consumer of a group polls until it
+/// has left; a query's start and end each waited for several of them in
+/// turn.
+pub(crate) struct Detached<T: Send + 'static>(Option<T>);
+
+impl<T: Send + 'static> Detached<T> {
+    pub(crate) fn new(client: T) -> Self {
+        Self(Some(client))
+    }
+}
+
+impl<T: Send + 'static> std::ops::Deref for Detached<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        // Only `drop` takes it.
+        self.0.as_ref().expect("a client until dropped")
+    }
+}
+
+impl<T: Send + 'static> Drop for Detached<T> {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            std::thread::spawn(move || drop(client));
+        }
+    }
+}
+
+/// An admin client.
+pub(crate) type Admin = Detached<AdminClient<DefaultClientContext>>;
 
 /// Which kind of client a configuration is for: librdkafka warns about
 /// (and ignores) properties of the other kind, so those are left out.
@@ -296,6 +330,12 @@ impl ClientOptions {
         what: &str,
     ) -> Result<T> {
         config.create().map_err(|e| self.creation_error(what, &e))
+    }
+
+    /// An admin client with this configuration (`what` names it in errors).
+    pub(crate) fn admin(&self, what: &str) -> Result<Admin> {
+        self.create(&self.config(Role::Admin), what)
+            .map(Detached::new)
     }
 
     /// The error for a client librdkafka would not create: a refused

@@ -156,9 +156,7 @@ impl SinkConfig {
     /// the query's tasks expect one partition each.
     pub(crate) async fn ensure_partitions(&self, partitions: u32) -> Result<()> {
         let topic = &self.topic;
-        let admin: AdminClient<DefaultClientContext> = self
-            .client
-            .create(&self.client.config(Role::Admin), "admin client")?;
+        let admin = self.client.admin("admin client")?;
         let count = i32::try_from(partitions)
             .map_err(|_| self.external(format!("{partitions} partitions are too many")))?;
         let new = NewTopic::new(topic, count, TopicReplication::Fixed(-1));
@@ -572,11 +570,19 @@ impl ProducerContext for DeliveryTracker {
     }
 }
 
+/// A sink's producer. Not [`Detached`](crate::client::Detached): dropping
+/// it at the query's end takes up to 100 ms (its polling thread's last
+/// poll), and that wait gives the transaction coordinator time to write the
+/// last transaction's markers before `await_termination` returns; without
+/// it a `read_committed` reader started right then could stop at a last
+/// stable offset that had not moved yet (a test did).
+pub(crate) type SinkProducer = ThreadedProducer<DeliveryTracker>;
+
 /// Creates the producer for `config`.
 pub(crate) fn create_producer(
     client: &ClientOptions,
     config: &ClientConfig,
-) -> Result<ThreadedProducer<DeliveryTracker>> {
+) -> Result<SinkProducer> {
     config
         .create_with_context(DeliveryTracker::default())
         .map_err(|e| client.creation_error("kafka sink producer", &e))

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::client::{ClientOptions, Role};
+use crate::client::{ClientOptions, Detached, Role};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -92,10 +92,7 @@ pub fn last_committed(
 /// another shape: with more partitions "the last record" has no meaning,
 /// and without compaction retention would delete the query's progress.
 pub(crate) async fn ensure_topic(config: &SinkConfig, topic: &str) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = config.client.create(
-        &config.client.config(Role::Admin),
-        "progress topic admin client",
-    )?;
+    let admin = config.client.admin("progress topic admin client")?;
     let brokers = admin
         .inner()
         .fetch_metadata(None, config.client.timeout())
@@ -172,7 +169,7 @@ pub(crate) fn read_last(
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         config.unreachable(format!("reading progress topic '{topic}': {what}: {e}"))
     };
-    let consumer = |isolation: &str| -> Result<BaseConsumer> {
+    let consumer = |isolation: &str| -> Result<Detached<BaseConsumer>> {
         let mut client = config.client.config(Role::Consumer);
         client
             .set("group.id", format!("sluice-recovery-{query_id}"))
@@ -182,7 +179,10 @@ pub(crate) fn read_last(
             // over only with the next fetch; by default it holds an empty
             // fetch 500 ms, and every recovery paid that once per step.
             .set("fetch.wait.max.ms", "10");
-        config.client.create(&client, "progress topic reader")
+        config
+            .client
+            .create(&client, "progress topic reader")
+            .map(Detached::new)
     };
     let committed = consumer("read_committed")?;
     // The end of the log as written (open transactions included) ...

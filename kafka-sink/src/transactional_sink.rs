@@ -47,8 +47,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::{AdminOptions, ResourceSpecifier};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::ClientConfig;
@@ -56,9 +55,10 @@ use sluice_engine::{
     fail_point, CommittedEpoch, EpochCommit, EpochOutput, Handover, Result, Sink, SluiceError,
 };
 
-use crate::client::Role;
 use crate::connector::Transactions;
-use crate::produce::{create_producer, flush_within, send, DeliveryTracker, Groups, SinkConfig};
+use crate::produce::{
+    create_producer, flush_within, send, DeliveryTracker, Groups, SinkConfig, SinkProducer,
+};
 use crate::progress_topic::{self, ProgressRecord};
 
 /// Times an epoch is produced again after abortable errors before the query
@@ -82,7 +82,7 @@ struct Inner {
     /// What the producer is made from: a recovery that cannot abort the
     /// failed epoch's transaction makes a new one (see [`Inner::resolve`]).
     producer_config: ClientConfig,
-    producer: Mutex<Arc<ThreadedProducer<DeliveryTracker>>>,
+    producer: Mutex<Arc<SinkProducer>>,
     /// True from `begin_transaction` until the transaction is committed or
     /// aborted.
     in_transaction: AtomicBool,
@@ -221,8 +221,7 @@ impl Inner {
     /// The broker's `transaction.max.timeout.ms`, when it can be read.
     async fn broker_max_timeout(&self) -> Result<Option<Duration>> {
         let client = &self.config.client;
-        let admin: AdminClient<DefaultClientContext> =
-            client.create(&client.config(Role::Admin), "kafka sink admin client")?;
+        let admin = client.admin("kafka sink admin client")?;
         let metadata = admin
             .inner()
             .fetch_metadata(None, self.config.client.timeout())
@@ -255,7 +254,7 @@ impl Inner {
     }
 
     /// The current producer.
-    fn producer(&self) -> Arc<ThreadedProducer<DeliveryTracker>> {
+    fn producer(&self) -> Arc<SinkProducer> {
         Arc::clone(&self.producer.lock().unwrap_or_else(|p| p.into_inner()))
     }
 

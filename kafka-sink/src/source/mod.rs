@@ -44,7 +44,7 @@ mod decode;
 mod fetch;
 mod purge;
 
-use crate::client::Role;
+use crate::client::{Detached, Role};
 use crate::group::KafkaTaskGroup;
 pub(crate) use config::factory;
 use config::{OnError, SourceConfig, StartupMode};
@@ -92,7 +92,7 @@ impl KafkaSourceFactory {
         Ok(Arc::new(KafkaSource(Arc::new(SourceInner {
             config: c.clone(),
             task,
-            consumer: Mutex::new(consumer),
+            consumer: Mutex::new(Detached::new(consumer)),
             lanes: Mutex::new(None),
             partitions: Mutex::new(None),
             initial: Mutex::new(BTreeMap::new()),
@@ -178,7 +178,7 @@ struct SourceInner {
     /// The task whose partition this source reads; `None`: all of them.
     task: Option<TaskId>,
     /// For metadata and offset lookups.
-    consumer: Mutex<BaseConsumer>,
+    consumer: Mutex<Detached<BaseConsumer>>,
     /// The partitions being read, on a consumer of their own; none before
     /// the first plan and after an error.
     lanes: Mutex<Option<Lanes>>,
@@ -198,6 +198,16 @@ struct SourceInner {
     rejected: Mutex<Rejected>,
     /// With 'purge-committed', what deletes the records it committed past.
     purger: Option<Purger>,
+}
+
+impl Drop for SourceInner {
+    fn drop(&mut self) {
+        // The readers leave on a thread of their own, as the consumer does.
+        let lanes = self.lanes.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(lanes) = lanes.take() {
+            drop(Detached::new(lanes));
+        }
+    }
 }
 
 impl std::fmt::Debug for SourceInner {
