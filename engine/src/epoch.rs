@@ -12,7 +12,8 @@
 //! A query has one statement, or several (a statement set): each is a
 //! [`Statement`] with its own inputs, operator and state, and every phase
 //! above runs over all of them before the next begins, so their outputs
-//! reach the sink, and commit, together.
+//! reach the sink, and commit, together. Where a loop resumes (the
+//! `recover` step above) is [`recover`]'s.
 //!
 //! Rules for the next editor:
 //! - `offsets/N` is written before epoch N reads anything, and nothing
@@ -21,6 +22,10 @@
 //! - `commits/N` is written only after the sink has acknowledged N's output.
 //! - An epoch runs only when some source has new data.
 //! - A stop request is honoured between epochs, never inside one.
+
+mod recover;
+
+pub(crate) use recover::Recovered;
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -38,7 +43,7 @@ use crate::progress::{
     StreamingQueryListener,
 };
 use crate::query::QueryShared;
-use crate::sink::{CommittedEpoch, Sink};
+use crate::sink::Sink;
 use crate::source::{GroupOffsets, Handover, Offset};
 use crate::state::chain::SnapshotPolicy;
 use crate::statement::Statement;
@@ -315,239 +320,6 @@ impl EpochLoop {
         }
     }
 
-    /// Reads the checkpoint: the next epoch, each source's position, and the
-    /// planned-but-uncommitted epoch to re-run, if any. Runs after the sink
-    /// is open and before the loop is spawned, so a damaged checkpoint fails
-    /// the query's start.
-    pub(crate) async fn recover(&mut self) -> Result<Recovered> {
-        let cp = &self.checkpoint;
-        let local = cp.latest_commit_epoch()?;
-        // The committed epoch's plan and state files: from the sink's own
-        // record when it keeps one (a zombie may have rewritten offsets/ on
-        // disk; the sink's record is what was committed), else from the
-        // checkpoint.
-        let committed_epoch = match self.sink.committed_epoch().await? {
-            CommittedEpoch::NotRecorded => local.map(|c| cp.read_commit(c)).transpose()?,
-            CommittedEpoch::Recorded(commit) => {
-                self.reconcile(local, commit.as_ref())?;
-                commit
-            }
-        };
-        // A checkpoint of another query is refused before any of its state
-        // is loaded into this one's operators.
-        if let Some(c) = &committed_epoch {
-            self.check_sources(&c.plan)?;
-            check_fingerprint(c, &self.fingerprint, &self.sink_description)?;
-            check_clusters(c, &self.clusters, &self.sink_description)?;
-        }
-        // Everything in memory goes back to the committed epoch (nothing,
-        // before the first commit): recovery also runs in-process after a
-        // failed epoch (see `run_with_retries`).
-        let (files, watermarks) = committed_epoch
-            .as_ref()
-            .map(|c| (c.state_files.clone(), c.watermarks.clone()))
-            .unwrap_or_default();
-        for statement in &mut self.statements {
-            statement
-                .restore(self.checkpoint.dir(), &files, &watermarks)
-                .await?;
-        }
-        let cp = &self.checkpoint;
-        let committed_plan = committed_epoch.map(|c| c.plan);
-        let committed = committed_plan.as_ref().map(|p| p.epoch);
-        let planned = cp.latest_offsets_epoch()?;
-        let mut positions = BTreeMap::new();
-        if let Some(record) = committed_plan {
-            advance(&mut positions, record);
-        }
-        let next = committed.unwrap_or(0) + 1;
-        let replay = match planned {
-            Some(p) if p == next => match cp.read_offsets(p) {
-                Ok(record) => {
-                    self.check_sources(&record)?;
-                    tracing::info!(epoch = p, "re-running epoch planned before the restart");
-                    Some(record)
-                }
-                // Not committed (the sink's record says so), so nothing of
-                // it was seen: an operating-system crash damaged its cached
-                // plan, and it is planned again.
-                Err(e @ SluiceError::Checkpoint { .. }) if cp.epoch_log_is_cache() => {
-                    tracing::warn!(
-                        epoch = p,
-                        error = %e,
-                        "the plan of an epoch the sink never committed is damaged; planning it again"
-                    );
-                    cp.remove_offsets(p)?;
-                    None
-                }
-                Err(e) => return Err(e),
-            },
-            Some(p) if p > next => {
-                return Err(SluiceError::checkpoint(
-                    cp.dir().join("offsets").join(p.to_string()),
-                    format!(
-                        "epoch {p} was planned but the last committed epoch is {}; the \
-                         checkpoint's commits/ folder is missing files",
-                        committed.unwrap_or(0)
-                    ),
-                ))
-            }
-            _ => None,
-        };
-        self.start_positions(&mut positions).await?;
-        Ok(Recovered {
-            epoch: next,
-            positions,
-            replay,
-        })
-    }
-
-    /// Gives each input that has read nothing yet the position it starts
-    /// at: the one recorded in the checkpoint's `starts` when a run before
-    /// resolved it, else the one its source resolves now
-    /// ([`Source::initial_position`](crate::Source::initial_position)),
-    /// recorded before any epoch, so that a restart before the first
-    /// commit starts where the first run would have (Kafka's `latest` is
-    /// resolved once, as Spark records its initial offsets).
-    async fn start_positions(&self, positions: &mut BTreeMap<String, Offset>) -> Result<()> {
-        let mut starts = self.checkpoint.read_starts()?;
-        let mut resolved = false;
-        for input in self.inputs() {
-            if positions.contains_key(&input.key) {
-                continue;
-            }
-            if !starts.contains_key(&input.key) {
-                let Some(start) = input.source.initial_position().await? else {
-                    continue;
-                };
-                starts.insert(input.key.clone(), start);
-                resolved = true;
-            }
-            if let Some(start) = starts.get(&input.key) {
-                positions.insert(input.key.clone(), start.clone());
-            }
-        }
-        if resolved {
-            self.checkpoint.write_starts(&starts)?;
-        }
-        Ok(())
-    }
-
-    /// The sink's record decides which epochs are committed; `commits/` is a
-    /// cache of it. An epoch the sink committed but `commits/` lacks (a
-    /// crash right after the Kafka commit) is promoted; `commits/` ahead of
-    /// the sink cannot happen unless the sink's record was lost, which is
-    /// an error, never a silent reset.
-    fn reconcile(&self, local: Option<u64>, commit: Option<&EpochCommit>) -> Result<()> {
-        let cp = &self.checkpoint;
-        let decided = commit.map(EpochCommit::epoch);
-        if local > decided {
-            return Err(SluiceError::checkpoint(
-                cp.dir().join("commits"),
-                format!(
-                    "the checkpoint says epoch {} of query '{}' is committed but the sink's own \
-                     record ({}) says {}: that record was lost (its topic deleted or recreated) \
-                     or this checkpoint belongs to another query. Nothing was written. Restore \
-                     the record, or run the query with its own checkpoint; a new checkpoint \
-                     location would compute and write the whole output again",
-                    local.unwrap_or(0),
-                    self.shared.id,
-                    self.sink_description,
-                    decided.map_or("none".to_string(), |d| d.to_string())
-                ),
-            ));
-        }
-        if let Some(c) = commit {
-            let d = c.epoch();
-            // Kafka says what was committed, but the state it names is not
-            // here: this is not the checkpoint the query ran with.
-            let mut missing: Vec<&str> = Vec::new();
-            for f in &c.state_files {
-                if !cp.has_state_file(f)? {
-                    missing.push(f);
-                }
-            }
-            if !missing.is_empty() {
-                return Err(SluiceError::checkpoint(
-                    cp.dir(),
-                    format!(
-                        "the sink's record ({}) says epoch {d} of query '{}' is committed with \
-                         state files this checkpoint location does not have ({}): it is not \
-                         the checkpoint the query ran with (lost, moved or replaced). Nothing \
-                         was written. Restore that checkpoint directory and start again; to \
-                         start this stateful query over from nothing instead, give it a new \
-                         'pipeline.name' (it then computes and writes its output again from the \
-                         start of its input)",
-                        self.sink_description,
-                        self.shared.id,
-                        missing.join(", ")
-                    ),
-                ));
-            }
-            // Only the epochs the checkpoint keeps: a lost checkpoint of a
-            // long-running query would otherwise write (and fsync) a file
-            // per epoch of its whole history, only for the purge to delete
-            // them (10,000 epochs took 5 s: benches/recovery.rs).
-            let mut first = local
-                .map_or(1, |l| l + 1)
-                .max(d.saturating_sub(RETAIN_EPOCHS - 1));
-            // The cached record of the committed epoch itself may be
-            // damaged (written without fsync, then an operating-system
-            // crash): the sink's record replaces it.
-            if local == Some(d) && cp.epoch_log_is_cache() {
-                if let Err(e) = cp.read_commit(d) {
-                    tracing::warn!(
-                        epoch = d,
-                        error = %e,
-                        "rewriting the damaged record of the committed epoch from the sink's"
-                    );
-                    first = d;
-                }
-            }
-            for epoch in first..=d {
-                tracing::info!(
-                    epoch,
-                    "the sink committed this epoch before the last stop; recording it"
-                );
-                // Only the last one's record matters to a restart; the
-                // others take their plans from `offsets/` if asked.
-                let record = if epoch == d {
-                    c.clone()
-                } else {
-                    EpochCommit {
-                        plan: OffsetRecord {
-                            epoch,
-                            ..Default::default()
-                        },
-                        ..Default::default()
-                    }
-                };
-                // Its plan too, when an operating-system crash damaged it
-                // (records of earlier releases carry no plan to rewrite).
-                if epoch == d && cp.epoch_log_is_cache() && !c.plan.sources.is_empty() {
-                    if let Err(e) = cp.read_offsets(d) {
-                        tracing::warn!(
-                            epoch = d,
-                            error = %e,
-                            "rewriting the damaged plan of the committed epoch from the sink's"
-                        );
-                        cp.write_offsets(&c.plan)?;
-                    }
-                }
-                cp.write_commit(&EpochCommit {
-                    committed_at_ms: chrono::Utc::now().timestamp_millis(),
-                    ..record
-                })?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The checkpoint must belong to a query with the same inputs.
-    fn check_sources(&self, record: &OffsetRecord) -> Result<()> {
-        check_inputs(record, self.inputs(), self.checkpoint.dir())
-    }
-
     /// Asks every source for its latest offset; writes and returns the
     /// epoch's plan, or `None` when no source has new data.
     async fn plan_epoch(
@@ -791,13 +563,6 @@ pub(crate) async fn run_query(
         l.on_query_terminated(&terminated);
     }
     shared.finish(result);
-}
-
-/// Where a query resumes.
-pub(crate) struct Recovered {
-    epoch: u64,
-    positions: BTreeMap<String, Offset>,
-    replay: Option<OffsetRecord>,
 }
 
 /// The checkpoint at `dir`, whose epoch `record` planned, must belong to a
