@@ -363,7 +363,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let partitions = o.take_parsed::<u32>("topic.partitions", "a number of partitions")?;
     let epoch_headers = o
         .take_choice("sink.epoch-headers", &["true", "false"])?
-        .is_none_or(|v| v == "true");
+        .is_some_and(|v| v == "true");
     o.finish("kafka", &[SINK_OPTIONS, REGISTRY_OPTIONS].concat())?;
     Ok(SinkSettings {
         config: SinkConfig {

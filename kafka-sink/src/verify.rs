@@ -7,10 +7,14 @@
 //!    offsets, and DataFusion computes the batch answer
 //!    ([`sluice_engine::BatchQuery`]); input produced after the commit is
 //!    not read.
-//! 3. The output topic is read `read_committed` to its end; records of
-//!    this query's later epochs (a query still running) are set aside by
-//!    their `sluice.epoch` header, and records without the query's header
-//!    count as output, as a consumer would see them.
+//! 3. The output topic is read `read_committed` to its end, and then the
+//!    progress topic again. Each progress record says where the query's
+//!    output ends in each partition, so a record is the query's committed
+//!    output up to where the first read's record says; up to where the
+//!    second says, a later epoch's (the query is still running), set
+//!    aside; past that, another producer's, which counts as output, as a
+//!    consumer would see it. (A record with the query's `sluice.epoch`
+//!    header, `'sink.epoch-headers'`, is sorted by its epoch instead.)
 //! 4. Update and complete mode: the output folded by message key (the last
 //!    record per key; a tombstone deletes) must equal the answer's rows by
 //!    key. Append mode: the output values must equal the answer's rows as
@@ -27,7 +31,7 @@ use crate::broker::ReadRecord;
 use crate::connector::{sink_settings, Delivery, Transactions};
 use crate::encode::Format;
 use crate::produce::{Message, SinkConfig, EPOCH_HEADER, QUERY_ID_HEADER};
-use crate::progress_topic::read_last;
+use crate::progress_topic::{read_last, OutputEnds, ProgressRecord};
 
 /// How many differences a report shows.
 const SHOWN: usize = 10;
@@ -58,16 +62,26 @@ struct OutputRecord {
     key: Option<Vec<u8>>,
     /// `None`: a tombstone.
     value: Option<Vec<u8>>,
-    /// The epoch header, when the record is this query's.
-    epoch: Option<u64>,
+    origin: Origin,
+}
+
+/// Who wrote an output record, as far as verify can tell.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Origin {
+    /// The query, in its last committed epoch or before.
+    Committed,
+    /// The query, in an epoch it committed while verify read.
+    Later,
+    /// Another producer: past where the query's output ends.
+    Foreign,
 }
 
 impl OutputRecord {
     fn at(&self) -> String {
-        let origin = if self.epoch.is_some() {
-            String::new()
+        let origin = if self.origin == Origin::Foreign {
+            ", not written by this query (past where its committed output ends)"
         } else {
-            ", not written by this query (no sluice.query.id header of it)".to_string()
+            ""
         };
         format!(
             "partition {}, offset {}{origin}",
@@ -142,24 +156,22 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
         )));
     };
     let config = settings.config;
-    if !config.epoch_headers {
-        return Err(SluiceError::config(format!(
-            "query '{name}' writes its output with 'sink.epoch-headers' = 'false', so its \
-             records do not say which query and epoch wrote them: verify needs those headers \
-             to tell the query's committed output from later or foreign records"
-        )));
-    }
     let mut lines = vec![format!(
         "query '{name}' (id {query_id}, checkpoint {})",
         dir.display()
     )];
 
-    let last = {
+    let read_progress = || {
         let (config, topic, id) = (config.clone(), progress_topic.clone(), query_id.clone());
         let wait = config.client.timeout();
-        blocking(move || read_last(&config, &topic, &id, wait)).await?
+        blocking(move || read_last(&config, &topic, &id, wait))
     };
-    let Some(last) = last.map(|r| r.commit) else {
+    let Some(ProgressRecord {
+        commit: last,
+        output_ends: ends,
+        ..
+    }) = read_progress().await?
+    else {
         lines.push(format!(
             "  nothing committed yet (progress topic '{progress_topic}' has no record of it)"
         ));
@@ -215,9 +227,23 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
         let config = config.clone();
         blocking(move || read_output(&config)).await?
     };
-    let mine = |r: &OutputRecord| r.epoch.is_none_or(|e| e <= last.epoch());
-    let later = records.iter().filter(|r| !mine(r)).count();
-    let records: Vec<OutputRecord> = records.into_iter().filter(mine).collect();
+    // Whatever of the query the output read saw was committed before this
+    // read, so this record's ends bound it.
+    let ends_after = read_progress()
+        .await?
+        .map_or_else(|| ends.clone(), |r| r.output_ends);
+    let records: Vec<OutputRecord> = records
+        .into_iter()
+        .map(|r| {
+            let mine = (config.topic.as_str(), config.query_id.as_str());
+            OutputRecord::sorted(r, mine, last.epoch(), &ends, &ends_after)
+        })
+        .collect();
+    let later = records.iter().filter(|r| r.origin == Origin::Later).count();
+    let records: Vec<OutputRecord> = records
+        .into_iter()
+        .filter(|r| r.origin != Origin::Later)
+        .collect();
     lines.push(format!(
         "  output topic '{}': {} records up to epoch {}{}",
         config.topic,
@@ -283,31 +309,50 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 
 /// Every record of the sink's topic, `read_committed`, in partition and
 /// offset order.
-fn read_output(config: &SinkConfig) -> Result<Vec<OutputRecord>> {
-    let records =
-        crate::broker::read_topic(&config.client, &config.topic, true, config.client.timeout())?;
-    let header = |r: &ReadRecord, name: &str| {
-        r.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-    };
-    Ok(records
-        .into_iter()
-        .map(|r| {
-            let ours = header(&r, QUERY_ID_HEADER).as_deref() == Some(config.query_id.as_bytes());
-            let epoch = header(&r, EPOCH_HEADER)
-                .and_then(|v| String::from_utf8(v).ok()?.parse::<u64>().ok())
-                .filter(|_| ours);
-            OutputRecord {
-                partition: r.partition,
-                offset: r.offset,
-                key: r.key,
-                value: r.value,
-                epoch,
-            }
-        })
-        .collect())
+fn read_output(config: &SinkConfig) -> Result<Vec<ReadRecord>> {
+    crate::broker::read_topic(&config.client, &config.topic, true, config.client.timeout())
+}
+
+impl OutputRecord {
+    /// `r`, a record of the query's (`topic`, `query_id`) output topic,
+    /// sorted by who wrote it: by its epoch header when it has the query's,
+    /// else by where the query's output ended at its last committed epoch
+    /// `last` (`ends`) and after the output was read (`after`).
+    fn sorted(
+        r: ReadRecord,
+        (topic, query_id): (&str, &str),
+        last: u64,
+        ends: &OutputEnds,
+        after: &OutputEnds,
+    ) -> Self {
+        let header = |name: &str| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_slice())
+        };
+        let epoch = header(EPOCH_HEADER)
+            .filter(|_| header(QUERY_ID_HEADER) == Some(query_id.as_bytes()))
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
+        let below = |ends: &OutputEnds| {
+            ends.end(topic, r.partition)
+                .is_some_and(|end| r.offset < end)
+        };
+        let origin = match epoch {
+            Some(e) if e <= last => Origin::Committed,
+            Some(_) => Origin::Later,
+            None if below(ends) => Origin::Committed,
+            None if below(after) => Origin::Later,
+            None => Origin::Foreign,
+        };
+        Self {
+            partition: r.partition,
+            offset: r.offset,
+            key: r.key,
+            value: r.value,
+            origin,
+        }
+    }
 }
 
 /// Update and complete mode: the last record per key against the answer's
@@ -478,6 +523,41 @@ fn canonical(format: Format, bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn records_are_sorted_by_where_the_output_ends_or_by_their_epoch_header() {
+        let mut ends = OutputEnds::default();
+        ends.advance("out", 0, 10);
+        let mut after = ends.clone();
+        after.advance("out", 0, 15);
+        after.advance("out", 1, 3);
+        let record = |partition, offset, headers: &[(&str, &str)]| ReadRecord {
+            partition,
+            offset,
+            key: None,
+            value: Some(b"v".to_vec()),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+        };
+        let origin = |r| OutputRecord::sorted(r, ("out", "q"), 7, &ends, &after).origin;
+        // By offset: committed up to epoch 7's ends, then later epochs'
+        // up to the ends read after the output, then another producer's.
+        assert_eq!(origin(record(0, 9, &[])), Origin::Committed);
+        assert_eq!(origin(record(0, 10, &[])), Origin::Later);
+        assert_eq!(origin(record(0, 14, &[])), Origin::Later);
+        assert_eq!(origin(record(0, 15, &[])), Origin::Foreign);
+        assert_eq!(origin(record(1, 2, &[])), Origin::Later);
+        assert_eq!(origin(record(2, 0, &[])), Origin::Foreign);
+        // By the query's epoch header, wherever the record is.
+        let epoch = |e| [("sluice.query.id", "q"), ("sluice.epoch", e)];
+        assert_eq!(origin(record(0, 20, &epoch("7"))), Origin::Committed);
+        assert_eq!(origin(record(0, 3, &epoch("8"))), Origin::Later);
+        // Another query's header does not count.
+        let other = [("sluice.query.id", "other"), ("sluice.epoch", "1")];
+        assert_eq!(origin(record(0, 20, &other)), Origin::Foreign);
+    }
 
     #[test]
     fn rows_compare_with_float_tolerance_but_exact_integers() {

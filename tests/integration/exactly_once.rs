@@ -125,12 +125,13 @@ impl Pipeline {
                     None => format!("INSERT INTO out {};\n", self.query),
                     Some((topic, query)) => format!(
                         "CREATE STREAM second WITH (connector = 'kafka', topic = '{topic}', \
-                           'bootstrap.servers' = '{bootstrap}');\n\
+                           'bootstrap.servers' = '{bootstrap}'{sink_options});\n\
                          EXECUTE STATEMENT SET BEGIN\n\
                            INSERT INTO out {first};\n\
                            INSERT INTO second {query};\n\
                          END;\n",
                         bootstrap = self.bootstrap,
+                        sink_options = self.sink_options,
                         first = self.query,
                     ),
                 },
@@ -531,6 +532,8 @@ async fn a_statement_set_commits_both_topics_in_one_transaction_through_kill_9()
         counts.clone(),
         "SELECT id % 5 AS bucket, count(*) AS n FROM rows GROUP BY id % 5".into(),
     ));
+    // The epoch headers show which transaction wrote each record.
+    p.sink_options = ", 'sink.epoch-headers' = 'true'".into();
     for (point, epoch) in [("kafka-before-commit", 2), ("kafka-after-commit", 4)] {
         crash_at(&p, point, epoch);
     }

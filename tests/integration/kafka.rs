@@ -40,6 +40,7 @@ async fn rows_reach_kafka_as_json_with_keys_and_headers() {
         .option("bootstrap.servers", &bootstrap)
         .option("key.fields", "id")
         .option("sink.delivery", "at-least-once")
+        .option("sink.epoch-headers", "true")
         .checkpoint_location(dir.path())
         .trigger(Trigger::AvailableNow)
         .start()
