@@ -20,8 +20,9 @@
 #   5. the physical limit: Kafka -> Kafka exactly-once vs a raw librdkafka
 #      copy, of plain records and of Nexmark q0 over section 1's bid topic
 #      (cargo bench --bench kafka_copy)
-#   6. end-to-end latency at 10 000 events/s, 100 ms epochs and back to back
-#      (cargo bench --bench latency)
+#   6. end-to-end latency at 10 000 events/s, 100 ms epochs and back to
+#      back, and at 100 000 events/s back to back (cargo bench --bench
+#      latency)
 #   7. criterion micro-benchmarks of the hot paths (cargo bench --bench micro)
 #   8. scale-out: a query divided into tasks, with 1 and 2 task threads and
 #      in task groups of 1, 2 and 3 processes, and the repartition hop
@@ -55,6 +56,7 @@ case "$SCALE" in
     STATE=(--keys 10000000 --batch 1000000 --updates 5)
     COPY=(--records 2000000 --rounds 3)
     LATENCY=(--rate 10000 --seconds 30)
+    LATENCY_HIGH=(--rate 100000 --seconds 30)
     MICRO=()
     SCALEOUT=(N=2000000 ROUNDS=2)
     ;;
@@ -67,6 +69,7 @@ case "$SCALE" in
     STATE=(--keys 1000000 --batch 500000 --updates 1)
     COPY=(--records 100000 --rounds 1)
     LATENCY=(--rate 1000 --seconds 5 --warmup-seconds 2)
+    LATENCY_HIGH=(--rate 10000 --seconds 5 --warmup-seconds 2)
     MICRO=(-- --sample-size 10 --warm-up-time 1 --measurement-time 2)
     SCALEOUT=(N=200000 ROUNDS=1 "CASES='one tasks-t2 group-2'")
     ;;
@@ -143,6 +146,8 @@ section "6a. End-to-end latency, 100 ms epochs" \
   bash -c "cargo bench --bench latency -- ${LATENCY[*]} --interval-ms 100 2>'$OUT/latency-100.err' | json_table"
 section "6b. End-to-end latency, epochs back to back" \
   bash -c "cargo bench --bench latency -- ${LATENCY[*]} --interval-ms 0 2>'$OUT/latency-0.err' | json_table"
+section "6c. End-to-end latency, epochs back to back, ten times the rate" \
+  bash -c "cargo bench --bench latency -- ${LATENCY_HIGH[*]} --interval-ms 0 2>'$OUT/latency-0-high.err' | json_table"
 section "7. Micro-benchmarks (criterion)" \
   bash -c "cargo bench --bench micro ${MICRO[*]} 2>&1 | grep -E '^[a-z_]+/|time:|thrpt:' | grep -v '%' | sed 's/^/    /'"
 
