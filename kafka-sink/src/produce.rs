@@ -18,7 +18,6 @@ use sluice_engine::{columns, DeadLetter, EpochOutput, GroupOffsets, Result, Slui
 
 use crate::client::{ClientOptions, Role};
 use crate::encode::{Encoded, Format, Messages};
-use crate::progress_topic::OutputEnds;
 
 pub(crate) use crate::encode::Message;
 
@@ -55,9 +54,8 @@ pub(crate) struct SinkConfig {
     /// query.
     pub dead_letter: Option<String>,
     /// `'sink.epoch-headers'`: whether each output record carries the query
-    /// id and epoch as headers. Off by default: they cost a third of a
-    /// pass-through's rate, and `sluice verify` needs only the progress
-    /// record's output ends.
+    /// id and epoch as headers (what `sluice verify` reads). They add about
+    /// 70 bytes to every record.
     pub epoch_headers: bool,
 }
 
@@ -522,14 +520,10 @@ pub(crate) fn send(
     }
 }
 
-/// Remembers the first failed delivery since it was last taken, and where
-/// the delivered messages landed: the end (last offset + 1) of each
-/// partition written since the ends were last taken.
+/// Remembers the first failed delivery since it was last taken.
 #[derive(Default)]
 pub(crate) struct DeliveryTracker {
     first_error: Mutex<Option<DeliveryError>>,
-    /// A few partitions per sink: a list is cheaper than a map per message.
-    ends: Mutex<Vec<(String, i32, i64)>>,
 }
 
 /// A message the broker did not take.
@@ -557,19 +551,6 @@ impl DeliveryTracker {
             .unwrap_or_else(|p| p.into_inner())
             .take()
     }
-
-    /// The end offset (last delivered + 1) of each partition of `topics`
-    /// written since the last call; forgets every partition's.
-    pub(crate) fn take_ends(&self, topics: &[&str]) -> OutputEnds {
-        let ends = std::mem::take(&mut *self.ends.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut taken = OutputEnds::default();
-        for (topic, partition, end) in ends {
-            if topics.contains(&topic.as_str()) {
-                taken.advance(&topic, partition, end);
-            }
-        }
-        taken
-    }
 }
 
 impl ClientContext for DeliveryTracker {}
@@ -578,28 +559,13 @@ impl ProducerContext for DeliveryTracker {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        match result {
-            Ok(message) => {
-                let (topic, partition) = (message.topic(), message.partition());
-                let end = message.offset() + 1;
-                let mut ends = self.ends.lock().unwrap_or_else(|p| p.into_inner());
-                match ends
-                    .iter_mut()
-                    .find(|(t, p, _)| *p == partition && t == topic)
-                {
-                    // A partition's deliveries arrive in offset order.
-                    Some((_, _, at)) => *at = end,
-                    None => ends.push((topic.to_string(), partition, end)),
-                }
-            }
-            Err((e, message)) => {
-                let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
-                first.get_or_insert_with(|| DeliveryError {
-                    code: e.rdkafka_error_code(),
-                    message: e.to_string(),
-                    topic: message.topic().to_string(),
-                });
-            }
+        if let Err((e, message)) = result {
+            let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+            first.get_or_insert_with(|| DeliveryError {
+                code: e.rdkafka_error_code(),
+                message: e.to_string(),
+                topic: message.topic().to_string(),
+            });
         }
     }
 }

@@ -34,59 +34,15 @@ pub(crate) struct ProgressRecord {
     pub commit: EpochCommit,
     /// The query's watermark after the epoch (ms since the Unix epoch).
     pub watermark: Option<i64>,
-    /// Where the query's output ends, up to and including this epoch, in
-    /// each partition it has written: what `sluice verify` reads the
-    /// output topic up to. Absent in records of older versions.
-    #[serde(default, skip_serializing_if = "OutputEnds::is_empty")]
-    pub output_ends: OutputEnds,
-}
-
-/// Where a query's committed output ends in each partition it wrote: topic
-/// → partition → the offset after its last record. Kept in the progress
-/// record, so that `sluice verify` tells a query's committed output from
-/// what its later epochs appended, without a header on every record.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub(crate) struct OutputEnds(BTreeMap<String, BTreeMap<i32, i64>>);
-
-impl OutputEnds {
-    /// `partition` of `topic` ends at `end` or later.
-    pub(crate) fn advance(&mut self, topic: &str, partition: i32, end: i64) {
-        let ends = match self.0.get_mut(topic) {
-            Some(ends) => ends,
-            None => self.0.entry(topic.to_string()).or_default(),
-        };
-        let at = ends.entry(partition).or_insert(end);
-        *at = (*at).max(end);
-    }
-
-    /// Every end of `other` taken in.
-    pub(crate) fn merge(&mut self, other: &OutputEnds) {
-        for (topic, ends) in &other.0 {
-            for (&partition, &end) in ends {
-                self.advance(topic, partition, end);
-            }
-        }
-    }
-
-    /// Where the output ends in `partition` of `topic`, if it was written.
-    pub(crate) fn end(&self, topic: &str, partition: i32) -> Option<i64> {
-        self.0.get(topic)?.get(&partition).copied()
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 impl ProgressRecord {
-    /// `commit` of query `query_id`, whose output ends at `output_ends`.
-    pub(crate) fn new(query_id: &str, commit: &EpochCommit, output_ends: OutputEnds) -> Self {
+    /// `commit` of query `query_id`.
+    pub(crate) fn new(query_id: &str, commit: &EpochCommit) -> Self {
         Self {
             query_id: query_id.to_string(),
             commit: commit.clone(),
             watermark: commit.watermark().map(|ns| ns.div_euclid(1_000_000)),
-            output_ends,
         }
     }
 
@@ -352,9 +308,7 @@ mod tests {
             state_files: state_files.iter().map(|f| f.to_string()).collect(),
             ..Default::default()
         };
-        ProgressRecord::new(query_id, &commit, OutputEnds::default())
-            .to_json()
-            .unwrap()
+        ProgressRecord::new(query_id, &commit).to_json().unwrap()
     }
 
     fn check(payload: &[u8], previous: Option<&ProgressRecord>) -> Result<ProgressRecord> {

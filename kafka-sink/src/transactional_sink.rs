@@ -6,9 +6,8 @@
 //!         ≤ broker maximum ─► init_transactions (fences older instances,
 //!         aborts or completes their open transaction)
 //! recover: last progress record (read_committed) = last committed epoch C
-//! epoch N: begin ─► produce output ─► flush (every record delivered)
-//!          ─► produce progress record {epoch N, offsets, state files,
-//!             where the output ends in each partition}
+//! epoch N: begin ─► produce output (headers: query id, epoch)
+//!          ─► produce progress record {epoch N, offsets, state files}
 //!          ─► commit            ── the decision point
 //! ```
 //!
@@ -60,7 +59,7 @@ use crate::connector::Transactions;
 use crate::produce::{
     create_producer, flush_within, send, DeliveryTracker, Groups, SinkConfig, SinkProducer,
 };
-use crate::progress_topic::{self, OutputEnds, ProgressRecord};
+use crate::progress_topic::{self, ProgressRecord};
 
 /// Times an epoch is produced again after abortable errors before the query
 /// fails.
@@ -88,8 +87,6 @@ struct Inner {
     /// aborted.
     in_transaction: AtomicBool,
     groups: Groups,
-    /// Where the committed output ends, as the last progress record says.
-    output_ends: Mutex<OutputEnds>,
 }
 
 impl std::fmt::Debug for TransactionalSink {
@@ -170,7 +167,6 @@ impl TransactionalSink {
             producer: Mutex::new(Arc::new(producer)),
             in_transaction: AtomicBool::new(false),
             groups: Groups::default(),
-            output_ends: Mutex::new(OutputEnds::default()),
         })))
     }
 }
@@ -340,13 +336,11 @@ impl Inner {
             )));
         }
         let epoch = commit.epoch();
+        let progress = ProgressRecord::new(&self.config.query_id, commit).to_json()?;
         let producer = self.producer();
         let producer = producer.as_ref();
-        let topics: Vec<&str> = self.targets.iter().map(|t| t.topic.as_str()).collect();
         for attempt in 1..=MAX_ATTEMPTS {
             producer.context().take_error();
-            // A failed attempt's deliveries are not this one's output.
-            producer.context().take_ends(&[]);
             if let Err(e) = producer.begin_transaction() {
                 return Err(self.stopped("begin_transaction", &e));
             }
@@ -370,6 +364,12 @@ impl Inner {
                         &handover.group_offsets,
                         self.transaction_timeout,
                     )
+                })
+                .and_then(|()| {
+                    let r = BaseRecord::to(&self.progress_topic)
+                        .key(self.config.query_id.as_bytes())
+                        .payload(progress.as_slice());
+                    send(producer, r).map_err(|e| self.config.external(e.to_string()))
                 });
             if let Err(e) = produced {
                 self.abort(producer)?;
@@ -411,30 +411,10 @@ impl Inner {
                 tracing::warn!(epoch, attempt, error = %e, "a message was not delivered; the transaction was aborted");
                 continue;
             }
-            // The progress record goes last: with every output record
-            // delivered, it can say where the output ends.
-            let mut ends = self.committed_ends();
-            ends.merge(&producer.context().take_ends(&topics));
-            let progress =
-                ProgressRecord::new(&self.config.query_id, commit, ends.clone()).to_json()?;
-            let record = BaseRecord::to(&self.progress_topic)
-                .key(self.config.query_id.as_bytes())
-                .payload(progress.as_slice());
-            // Delivered here too: `commit_transaction` would wait for it in
-            // librdkafka's flush, which polls in slices that the producer's
-            // polling thread outlasts, and every commit took 100 ms.
-            let sent = send(producer, record)
-                .and_then(|()| flush_within(producer, self.transaction_timeout));
-            if let Err(e) = sent {
-                tracing::warn!(epoch, attempt, error = %e, "producing the progress record failed; aborting the transaction");
-                self.abort(producer)?;
-                continue;
-            }
             fail_point("kafka-before-commit", epoch);
             match self.commit(producer) {
                 Ok(()) => {
                     self.in_transaction.store(false, Ordering::SeqCst);
-                    *self.output_ends.lock().unwrap_or_else(|p| p.into_inner()) = ends;
                     fail_point("kafka-after-commit", epoch);
                     return Ok(());
                 }
@@ -475,14 +455,6 @@ impl Inner {
             "epoch {epoch}: the transaction failed {MAX_ATTEMPTS} times; the epoch is not \
              committed and will be redone on restart"
         )))
-    }
-
-    /// Where the committed output ends.
-    fn committed_ends(&self) -> OutputEnds {
-        self.output_ends
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
     }
 
     /// `commit_transaction`, repeated while librdkafka says it is retriable
@@ -575,17 +547,12 @@ impl Sink for TransactionalSink {
             // A foreign transaction on a shared progress topic ends by its
             // producer's timeout; ours is the best guess of it.
             let wait = inner.transaction_timeout.max(inner.config.client.timeout());
-            let last = progress_topic::read_last(
+            progress_topic::read_last(
                 &inner.config,
                 &inner.progress_topic,
                 &inner.config.query_id,
                 wait,
-            )?;
-            *inner.output_ends.lock().unwrap_or_else(|p| p.into_inner()) = last
-                .as_ref()
-                .map(|r| r.output_ends.clone())
-                .unwrap_or_default();
-            Ok::<_, SluiceError>(last)
+            )
         })
         .await
         .map_err(|e| SluiceError::Internal(format!("recovery task: {e}")))??;
