@@ -55,6 +55,8 @@ import sys
 import tempfile
 import time
 
+import teardown
+
 
 def log(msg):
     print(f"[spark-aggregate] {msg}", file=sys.stderr, flush=True)
@@ -296,7 +298,7 @@ def main():
             except Exception as e:  # noqa: BLE001 - best effort on teardown
                 log(f"query.stop failed: {e}")
         if spark is not None:
-            spark.stop()
+            teardown.stop(spark)
         shutil.rmtree(workdir, ignore_errors=True)
 
     print(json.dumps(result), flush=True)

@@ -34,6 +34,8 @@ import json
 import os
 import sys
 
+import teardown
+
 # The columns each query writes (benches/nexmark/q*.sql).
 SCHEMAS = {
     "q0": "auction BIGINT, bidder BIGINT, price BIGINT, date_time TIMESTAMP, extra STRING",
@@ -198,7 +200,7 @@ def main():
             log(json.dumps(report))
             reports.append(report)
     finally:
-        spark.stop()
+        teardown.stop(spark)
     print(json.dumps(reports))
 
 

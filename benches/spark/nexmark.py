@@ -44,6 +44,8 @@ import sys
 import tempfile
 import time
 
+import teardown
+
 
 # Per query: the topics it reads (each a temp view of that name) and its SQL.
 QUERIES = {
@@ -285,7 +287,7 @@ def main():
         log(f"{args.query}: {input_rows} rows in {len(batches)} batches, busy {busy_ms} ms")
         print(json.dumps(report))
     finally:
-        spark.stop()
+        teardown.stop(spark)
         shutil.rmtree(workdir, ignore_errors=True)
 
 

@@ -35,6 +35,8 @@ import sys
 import tempfile
 import time
 
+import teardown
+
 
 def log(msg):
     print(f"[spark-stateless] {msg}", file=sys.stderr, flush=True)
@@ -182,7 +184,7 @@ def main():
             except Exception as e:  # noqa: BLE001 - best effort on teardown
                 log(f"query.stop failed: {e}")
         if spark is not None:
-            spark.stop()
+            teardown.stop(spark)
         shutil.rmtree(workdir, ignore_errors=True)
 
     print(json.dumps(result), flush=True)

@@ -8,13 +8,13 @@
 //!    ([`sluice_engine::BatchQuery`]); input produced after the commit is
 //!    not read.
 //! 3. The output topic is read `read_committed` to its end, and then the
-//!    progress topic again. Each progress record says where the query's
-//!    output ends in each partition, so a record is the query's committed
-//!    output up to where the first read's record says; up to where the
-//!    second says, a later epoch's (the query is still running), set
-//!    aside; past that, another producer's, which counts as output, as a
-//!    consumer would see it. (A record with the query's `sluice.epoch`
-//!    header, `'sink.epoch-headers'`, is sorted by its epoch instead.)
+//!    progress topic again. A record with the query's `sluice.epoch` header
+//!    (`'sink.epoch-headers' = 'true'`) is sorted by its epoch: later
+//!    epochs' (a query still running) are set aside. A record without one
+//!    counts as output, as a consumer would see it: the query's, when it
+//!    writes without headers, or another producer's. Without headers the
+//!    query's later epochs cannot be told from the last committed one's,
+//!    so a query that committed while verify read is not checked.
 //! 4. Update and complete mode: the output folded by message key (the last
 //!    record per key; a tombstone deletes) must equal the answer's rows by
 //!    key. Append mode: the output values must equal the answer's rows as
@@ -31,7 +31,7 @@ use crate::broker::ReadRecord;
 use crate::connector::{sink_settings, Delivery, Transactions};
 use crate::encode::Format;
 use crate::produce::{Message, SinkConfig, EPOCH_HEADER, QUERY_ID_HEADER};
-use crate::progress_topic::{read_last, OutputEnds, ProgressRecord};
+use crate::progress_topic::read_last;
 
 /// How many differences a report shows.
 const SHOWN: usize = 10;
@@ -68,18 +68,19 @@ struct OutputRecord {
 /// Who wrote an output record, as far as verify can tell.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Origin {
-    /// The query, in its last committed epoch or before.
+    /// The query, in its last committed epoch or before; for a query that
+    /// writes without epoch headers, the query or another producer.
     Committed,
-    /// The query, in an epoch it committed while verify read.
+    /// The query, in a later epoch (its header says so).
     Later,
-    /// Another producer: past where the query's output ends.
+    /// Another producer: no epoch header of the query's, which writes them.
     Foreign,
 }
 
 impl OutputRecord {
     fn at(&self) -> String {
         let origin = if self.origin == Origin::Foreign {
-            ", not written by this query (past where its committed output ends)"
+            ", not written by this query (no sluice.query.id header of it)"
         } else {
             ""
         };
@@ -166,12 +167,7 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
         let wait = config.client.timeout();
         blocking(move || read_last(&config, &topic, &id, wait))
     };
-    let Some(ProgressRecord {
-        commit: last,
-        output_ends: ends,
-        ..
-    }) = read_progress().await?
-    else {
+    let Some(last) = read_progress().await?.map(|r| r.commit) else {
         lines.push(format!(
             "  nothing committed yet (progress topic '{progress_topic}' has no record of it)"
         ));
@@ -228,16 +224,23 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
         blocking(move || read_output(&config)).await?
     };
     // Whatever of the query the output read saw was committed before this
-    // read, so this record's ends bound it.
-    let ends_after = read_progress()
-        .await?
-        .map_or_else(|| ends.clone(), |r| r.output_ends);
+    // second read, so an epoch it names is the newest the output can hold.
+    if !config.epoch_headers {
+        let newest = read_progress().await?.map(|r| r.commit.epoch());
+        if let Some(newest) = newest.filter(|&n| n > last.epoch()) {
+            return Err(SluiceError::config(format!(
+                "query '{name}' committed epochs {} to {newest} while verify read its output, \
+                 and its records carry no epoch headers to tell them from epoch {}'s: run \
+                 verify again once the query has stopped, or have it write the headers \
+                 ('sink.epoch-headers' = 'true')",
+                last.epoch() + 1,
+                last.epoch()
+            )));
+        }
+    }
     let records: Vec<OutputRecord> = records
         .into_iter()
-        .map(|r| {
-            let mine = (config.topic.as_str(), config.query_id.as_str());
-            OutputRecord::sorted(r, mine, last.epoch(), &ends, &ends_after)
-        })
+        .map(|r| OutputRecord::sorted(r, &config.query_id, config.epoch_headers, last.epoch()))
         .collect();
     let later = records.iter().filter(|r| r.origin == Origin::Later).count();
     let records: Vec<OutputRecord> = records
@@ -314,17 +317,11 @@ fn read_output(config: &SinkConfig) -> Result<Vec<ReadRecord>> {
 }
 
 impl OutputRecord {
-    /// `r`, a record of the query's (`topic`, `query_id`) output topic,
-    /// sorted by who wrote it: by its epoch header when it has the query's,
-    /// else by where the query's output ended at its last committed epoch
-    /// `last` (`ends`) and after the output was read (`after`).
-    fn sorted(
-        r: ReadRecord,
-        (topic, query_id): (&str, &str),
-        last: u64,
-        ends: &OutputEnds,
-        after: &OutputEnds,
-    ) -> Self {
+    /// `r`, sorted by who wrote it: by its epoch header when it has
+    /// query `query_id`'s, against the last committed epoch `last`. When
+    /// the query writes epoch headers (`headers`), a record without them is
+    /// another producer's; else it may be either, and counts as output.
+    fn sorted(r: ReadRecord, query_id: &str, headers: bool, last: u64) -> Self {
         let header = |name: &str| {
             r.headers
                 .iter()
@@ -334,16 +331,11 @@ impl OutputRecord {
         let epoch = header(EPOCH_HEADER)
             .filter(|_| header(QUERY_ID_HEADER) == Some(query_id.as_bytes()))
             .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
-        let below = |ends: &OutputEnds| {
-            ends.end(topic, r.partition)
-                .is_some_and(|end| r.offset < end)
-        };
         let origin = match epoch {
             Some(e) if e <= last => Origin::Committed,
             Some(_) => Origin::Later,
-            None if below(ends) => Origin::Committed,
-            None if below(after) => Origin::Later,
-            None => Origin::Foreign,
+            None if headers => Origin::Foreign,
+            None => Origin::Committed,
         };
         Self {
             partition: r.partition,
@@ -525,15 +517,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn records_are_sorted_by_where_the_output_ends_or_by_their_epoch_header() {
-        let mut ends = OutputEnds::default();
-        ends.advance("out", 0, 10);
-        let mut after = ends.clone();
-        after.advance("out", 0, 15);
-        after.advance("out", 1, 3);
-        let record = |partition, offset, headers: &[(&str, &str)]| ReadRecord {
-            partition,
-            offset,
+    fn records_are_sorted_by_their_epoch_header_and_count_without_one() {
+        let record = |headers: &[(&str, &str)]| ReadRecord {
+            partition: 0,
+            offset: 3,
             key: None,
             value: Some(b"v".to_vec()),
             headers: headers
@@ -541,22 +528,19 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
                 .collect(),
         };
-        let origin = |r| OutputRecord::sorted(r, ("out", "q"), 7, &ends, &after).origin;
-        // By offset: committed up to epoch 7's ends, then later epochs'
-        // up to the ends read after the output, then another producer's.
-        assert_eq!(origin(record(0, 9, &[])), Origin::Committed);
-        assert_eq!(origin(record(0, 10, &[])), Origin::Later);
-        assert_eq!(origin(record(0, 14, &[])), Origin::Later);
-        assert_eq!(origin(record(0, 15, &[])), Origin::Foreign);
-        assert_eq!(origin(record(1, 2, &[])), Origin::Later);
-        assert_eq!(origin(record(2, 0, &[])), Origin::Foreign);
-        // By the query's epoch header, wherever the record is.
+        let origin = |r, headers| OutputRecord::sorted(r, "q", headers, 7).origin;
         let epoch = |e| [("sluice.query.id", "q"), ("sluice.epoch", e)];
-        assert_eq!(origin(record(0, 20, &epoch("7"))), Origin::Committed);
-        assert_eq!(origin(record(0, 3, &epoch("8"))), Origin::Later);
-        // Another query's header does not count.
         let other = [("sluice.query.id", "other"), ("sluice.epoch", "1")];
-        assert_eq!(origin(record(0, 20, &other)), Origin::Foreign);
+        for headers in [true, false] {
+            assert_eq!(origin(record(&epoch("7")), headers), Origin::Committed);
+            assert_eq!(origin(record(&epoch("8")), headers), Origin::Later);
+        }
+        // A query writing headers: a record without its own is foreign.
+        assert_eq!(origin(record(&[]), true), Origin::Foreign);
+        assert_eq!(origin(record(&other), true), Origin::Foreign);
+        // Without them, such a record may be the query's, and counts.
+        assert_eq!(origin(record(&[]), false), Origin::Committed);
+        assert_eq!(origin(record(&other), false), Origin::Committed);
     }
 
     #[test]

@@ -258,9 +258,11 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
         "{}",
         String::from_utf8_lossy(&tampered.stderr)
     );
+    // Without epoch headers (the default) verify cannot tell whose a
+    // record is; it counts, as a consumer would see it.
     assert!(
         report.contains(&format!(
-            "output record at partition {}, offset {}, not written by this query",
+            "output record at partition {}, offset {}: ",
             appended.partition, appended.offset
         )),
         "{report}"
@@ -299,9 +301,8 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
         stdout(&unchecked)
     );
 
-    // The output above is bare: verify sorts it by where the progress
-    // records say the output ends. With epoch headers each record names
-    // its query and epoch, and verify sorts by those.
+    // With epoch headers each record names its query and epoch: verify
+    // sorts by those, and names a record another producer appended.
     let bare_topic = fresh_topic("headed");
     create_topic(&bootstrap, &bare_topic, 2).await.unwrap();
     let bare = dir.path().join("bare.sql");
@@ -359,5 +360,25 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
         )),
         "{}",
         stdout(&checked)
+    );
+    {
+        let (b, t) = (bootstrap.clone(), bare_topic.clone());
+        tokio::task::spawn_blocking(move || {
+            produce(&b, &t, &[(0, None, r#"{"auction":1,"price":99}"#.into())])
+        })
+        .await
+        .unwrap();
+    }
+    let appended = last_of(bare_topic.clone(), 0).await;
+    let tampered = sluice(&["verify"], &bare);
+    let report = stdout(&tampered);
+    assert_eq!(tampered.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains(&format!(
+            "output record at partition 0, offset {}, not written by this query (no \
+             sluice.query.id header of it)",
+            appended.offset
+        )),
+        "{report}"
     );
 }
