@@ -9,11 +9,13 @@
 //! 40–80 MB beyond its live memory that way (peak RSS 0.56–0.64 GB instead
 //! of 0.55–0.57 GB; `benches/README.md`).
 //!
-//! So after each epoch, [`epoch_done`] wakes a background thread that, at
-//! most once a second, returns what malloc holds free (`malloc_trim`). The
-//! trim runs beside the epochs, not in them: with little freed it takes a
-//! fraction of a millisecond, with a large state's working set tens of
-//! milliseconds. Fixing the threshold instead (4 MiB: every large array
+//! So after each epoch, [`epoch_done`] wakes a background thread that
+//! returns what malloc holds free (`malloc_trim`), at most every 300 ms
+//! (and after a trim of t ms, not for 4t ms). Once a second was too seldom
+//! once epochs over 10 M keys took 0.3 s: peaks of 582–605 MB against
+//! 540–551 MB, epochs as long (benches/README.md). The trim runs beside
+//! the epochs, not in them: with little freed it takes a fraction of a
+//! millisecond, with a large state's working set tens of milliseconds. Fixing the threshold instead (4 MiB: every large array
 //! mapped and unmapped) held the same process at 0.49 GB but made its
 //! epochs a quarter slower, as every epoch faulted its arrays in anew.
 //!
@@ -35,8 +37,9 @@ mod glibc {
     use std::time::Duration;
 
     /// The shortest time between two trims: what a trim releases, the
-    /// next epochs fault back in as they need it.
-    const MIN_INTERVAL: Duration = Duration::from_secs(1);
+    /// next epochs fault back in as they need it (at 100 ms, epochs over
+    /// 10 M keys were a tenth slower).
+    const MIN_INTERVAL: Duration = Duration::from_millis(300);
 
     extern "C" {
         /// glibc: returns the free memory of every arena to the system,
@@ -55,10 +58,13 @@ mod glibc {
                 .name("sluice-malloc-trim".into())
                 .spawn(move || {
                     while woken.recv().is_ok() {
+                        let began = std::time::Instant::now();
                         // SAFETY: malloc_trim only releases free pages,
                         // under each arena's own lock.
                         unsafe { malloc_trim(0) };
-                        std::thread::sleep(MIN_INTERVAL);
+                        // A long trim waits longer: at most a fifth of a
+                        // core goes to trimming.
+                        std::thread::sleep((began.elapsed() * 4).max(MIN_INTERVAL));
                     }
                 });
             match thread {
