@@ -257,7 +257,7 @@ impl SinkConfig {
     /// enqueued, not delivered.
     pub(crate) fn send_epoch(
         &self,
-        producer: &ThreadedProducer<DeliveryTracker>,
+        producer: &SinkProducer,
         epoch: u64,
         output: &EpochOutput,
         dead_letters: &[DeadLetter],
@@ -270,7 +270,7 @@ impl SinkConfig {
     /// tombstone per retracted group.
     pub(crate) fn send_output(
         &self,
-        producer: &ThreadedProducer<DeliveryTracker>,
+        producer: &SinkProducer,
         epoch: u64,
         batches: &[RecordBatch],
         retracted: Option<&RecordBatch>,
@@ -327,7 +327,7 @@ impl SinkConfig {
     /// one the epoch is poison and the query stops.
     fn set_aside_oversized(
         &self,
-        producer: &ThreadedProducer<DeliveryTracker>,
+        producer: &SinkProducer,
         epoch: u64,
         key: Option<&[u8]>,
         value: &[u8],
@@ -401,7 +401,7 @@ impl SinkConfig {
     /// the original key and bytes, its headers, and the epoch's headers.
     pub(crate) fn send_dead_letters(
         &self,
-        producer: &ThreadedProducer<DeliveryTracker>,
+        producer: &SinkProducer,
         epoch: u64,
         letters: &[DeadLetter],
     ) -> Result<()> {
@@ -477,7 +477,7 @@ impl Groups {
     /// Adds the offsets to `producer`'s open transaction.
     pub(crate) fn send_in_transaction(
         &self,
-        producer: &ThreadedProducer<DeliveryTracker>,
+        producer: &SinkProducer,
         config: &SinkConfig,
         offsets: &[GroupOffsets],
         timeout: Duration,
@@ -506,7 +506,7 @@ impl Groups {
 
 /// Sends one record, waiting while librdkafka's queue is full.
 pub(crate) fn send(
-    producer: &ThreadedProducer<DeliveryTracker>,
+    producer: &SinkProducer,
     mut record: BaseRecord<'_, [u8], [u8]>,
 ) -> std::result::Result<(), KafkaError> {
     loop {
@@ -597,7 +597,7 @@ pub(crate) fn create_producer(
 /// takes first, so every flush lasted 100 ms — every 100 ms epoch twice as
 /// long. Checking the count often costs microseconds.
 pub(crate) fn flush_within(
-    producer: &ThreadedProducer<DeliveryTracker>,
+    producer: &SinkProducer,
     timeout: Duration,
 ) -> std::result::Result<(), KafkaError> {
     let deadline = Instant::now() + timeout;
@@ -615,11 +615,7 @@ pub(crate) fn flush_within(
 }
 
 /// Flushes `producer`, waiting as long as librdkafka keeps retrying.
-pub(crate) fn flush(
-    producer: &ThreadedProducer<DeliveryTracker>,
-    config: &SinkConfig,
-    epoch: u64,
-) -> Result<()> {
+pub(crate) fn flush(producer: &SinkProducer, config: &SinkConfig, epoch: u64) -> Result<()> {
     let mut waited = Duration::ZERO;
     while let Err(e) = flush_within(producer, Duration::from_secs(10)) {
         waited += Duration::from_secs(10);

@@ -49,16 +49,14 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rdkafka::admin::{AdminOptions, ResourceSpecifier};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::ClientConfig;
 use sluice_engine::{
     fail_point, CommittedEpoch, EpochCommit, EpochOutput, Handover, Result, Sink, SluiceError,
 };
 
 use crate::connector::Transactions;
-use crate::produce::{
-    create_producer, flush_within, send, DeliveryTracker, Groups, SinkConfig, SinkProducer,
-};
+use crate::produce::{create_producer, flush_within, send, Groups, SinkConfig, SinkProducer};
 use crate::progress_topic::{self, ProgressRecord};
 
 /// Times an epoch is produced again after abortable errors before the query
@@ -266,7 +264,7 @@ impl Inner {
         self.init_transactions(&producer)
     }
 
-    fn init_transactions(&self, producer: &ThreadedProducer<DeliveryTracker>) -> Result<()> {
+    fn init_transactions(&self, producer: &SinkProducer) -> Result<()> {
         // A cluster whose transaction coordinator cannot come up answers
         // "retriable" for ever: the start fails after 'connect.timeout'.
         retrying("init_transactions", self.config.client.timeout(), || {
@@ -461,10 +459,7 @@ impl Inner {
     /// (a timed-out commit may be retried with the same call).
     /// Retried for at most the transaction timeout: by then the broker has
     /// aborted the transaction anyway.
-    fn commit(
-        &self,
-        producer: &ThreadedProducer<DeliveryTracker>,
-    ) -> std::result::Result<(), KafkaError> {
+    fn commit(&self, producer: &SinkProducer) -> std::result::Result<(), KafkaError> {
         retrying("commit_transaction", self.transaction_timeout, || {
             producer.commit_transaction(self.transaction_timeout)
         })
@@ -476,7 +471,7 @@ impl Inner {
     /// fails as an outage, and the recovery before its retry gives the
     /// transactional id a new producer ([`Self::resolve`]), as a restart
     /// would.
-    fn abort(&self, producer: &ThreadedProducer<DeliveryTracker>) -> Result<()> {
+    fn abort(&self, producer: &SinkProducer) -> Result<()> {
         retrying("abort_transaction", self.transaction_timeout, || {
             producer.abort_transaction(self.transaction_timeout)
         })

@@ -238,15 +238,11 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
             )));
         }
     }
-    let records: Vec<OutputRecord> = records
+    let (later, records): (Vec<OutputRecord>, Vec<OutputRecord>) = records
         .into_iter()
         .map(|r| OutputRecord::sorted(r, &config.query_id, config.epoch_headers, last.epoch()))
-        .collect();
-    let later = records.iter().filter(|r| r.origin == Origin::Later).count();
-    let records: Vec<OutputRecord> = records
-        .into_iter()
-        .filter(|r| r.origin != Origin::Later)
-        .collect();
+        .partition(|r| r.origin == Origin::Later);
+    let later = later.len();
     lines.push(format!(
         "  output topic '{}': {} records up to epoch {}{}",
         config.topic,

@@ -10,13 +10,12 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions};
-use rdkafka::client::DefaultClientContext;
+use rdkafka::admin::AdminOptions;
 use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use sluice_engine::{Result, SluiceError};
 
 use super::config::SourceConfig;
-use crate::client::{ClientOptions, Role};
+use crate::client::{Admin, ClientOptions};
 
 /// How often committed records are deleted: each deletion is a request to
 /// every partition leader, and the records may wait a little.
@@ -31,7 +30,7 @@ pub(super) struct Purger {
     /// partition.
     done: Mutex<(Option<Instant>, BTreeMap<i32, i64>)>,
     /// The admin client that deletes them, made on first use.
-    admin: OnceLock<Arc<AdminClient<DefaultClientContext>>>,
+    admin: OnceLock<Arc<Admin>>,
 }
 
 impl Purger {
@@ -72,10 +71,10 @@ impl Purger {
         let admin = match self.admin.get() {
             Some(admin) => Arc::clone(admin),
             None => {
-                let admin = Arc::new(self.client.create(
-                    &self.client.config(Role::Admin),
-                    &format!("kafka source '{}' purge", self.stream),
-                )?);
+                let admin = Arc::new(
+                    self.client
+                        .admin(&format!("kafka source '{}' purge", self.stream))?,
+                );
                 Arc::clone(self.admin.get_or_init(|| admin))
             }
         };
