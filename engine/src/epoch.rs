@@ -15,11 +15,25 @@
 //! reach the sink, and commit, together. Where a loop resumes (the
 //! `recover` step above) is [`recover`]'s.
 //!
+//! With epochs back to back (and `available-now`), while a source has more
+//! than epoch N took (it reports lag), epoch N+1 is planned and read while
+//! N's output is being written and committed: the sink waits on the broker
+//! then, and the sources' fetching and decoding fill that wait, as a copy
+//! loop overlaps its reads and writes. Nothing of N+1 is written
+//! meanwhile; its plan goes to `offsets/N+1` once N is committed, before
+//! N+1 computes, and if N fails the read is dropped. Caught up, the next
+//! epoch is planned after the commit, so that it takes what arrived
+//! during it. `SLUICE_PREFETCH=0` in the environment turns this off.
+//!
 //! Rules for the next editor:
-//! - `offsets/N` is written before epoch N reads anything, and nothing
-//!   about epoch N is decided after it is written: a restart re-runs N over
-//!   exactly those offsets.
-//! - `commits/N` is written only after the sink has acknowledged N's output.
+//! - `offsets/N` is written before epoch N computes or writes anything, and
+//!   nothing about epoch N is decided after it is written: a restart re-runs
+//!   N over exactly those offsets. (Its input may be read before: reading a
+//!   range twice gives the same rows.)
+//! - `offsets/N+1` is written only after `commits/N`.
+//! - `commits/N` is written only after the sink has acknowledged N's output;
+//!   sources hear of it ([`Source::committed`](crate::Source::committed))
+//!   only after that.
 //! - An epoch runs only when some source has new data.
 //! - A stop request is honoured between epochs, never inside one.
 
@@ -29,7 +43,7 @@ pub(crate) use recover::Recovered;
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
@@ -44,7 +58,7 @@ use crate::progress::{
 };
 use crate::query::QueryShared;
 use crate::sink::Sink;
-use crate::source::{GroupOffsets, Handover, Offset};
+use crate::source::{DeadLetter, GroupOffsets, Handover, Offset};
 use crate::state::chain::SnapshotPolicy;
 use crate::statement::Statement;
 use crate::table::EpochInput;
@@ -232,6 +246,8 @@ impl EpochLoop {
         let started_at = Instant::now();
         let mut last_epoch_start = started_at;
         let mut next_tick = started_at;
+        let mut prefetched: Option<Prefetched> = None;
+        let mut last_commit = started_at;
         loop {
             if self.shared.stop_requested(self.slot) {
                 return Ok(());
@@ -257,42 +273,61 @@ impl EpochLoop {
                 })?),
                 None => None,
             };
-            let epoch_start = Instant::now();
-            let record = match replay.take() {
-                Some(r) => r,
-                None => match self.plan_epoch(epoch, &positions).await? {
-                    Some(r) => r,
-                    None => {
-                        drop(permit);
-                        self.shared.record_no_data(self.slot);
-                        self.shared.set_status(
-                            self.slot,
-                            "Waiting for data to arrive",
-                            false,
-                            false,
-                        );
-                        if self.trigger == Trigger::AvailableNow {
-                            return Ok(());
-                        }
-                        if self.trigger == Trigger::ProcessingTime(Duration::ZERO)
-                            && !self.sleep_until(Instant::now() + IDLE_POLL).await
-                        {
-                            return Ok(());
-                        }
-                        continue;
-                    }
-                },
+            let (record, read, epoch_start, plan_ms) = match prefetched.take() {
+                Some(next) => {
+                    self.write_plan(&next.record)?;
+                    (next.record, Some(next.read), next.started, next.plan_ms)
+                }
+                None => {
+                    let epoch_start = Instant::now();
+                    let record = match replay.take() {
+                        Some(r) => r,
+                        None => match self.plan_epoch(epoch, &positions).await? {
+                            Some(r) => {
+                                self.write_plan(&r)?;
+                                r
+                            }
+                            None => {
+                                drop(permit);
+                                self.shared.record_no_data(self.slot);
+                                self.shared.set_status(
+                                    self.slot,
+                                    "Waiting for data to arrive",
+                                    false,
+                                    false,
+                                );
+                                if self.trigger == Trigger::AvailableNow {
+                                    return Ok(());
+                                }
+                                if self.trigger == Trigger::ProcessingTime(Duration::ZERO)
+                                    && !self.sleep_until(Instant::now() + IDLE_POLL).await
+                                {
+                                    return Ok(());
+                                }
+                                continue;
+                            }
+                        },
+                    };
+                    (record, None, epoch_start, ms(epoch_start.elapsed()))
+                }
             };
-            let plan_ms = ms(epoch_start.elapsed());
             self.shared
                 .set_status(self.slot, &format!("Processing epoch {epoch}"), true, true);
-            let progress = self
-                .run_epoch(&record, plan_ms, epoch_start, last_epoch_start)
-                .await?;
+            let mut next_positions = positions.clone();
+            advance(&mut next_positions, record.clone());
+            let timing = EpochTiming {
+                plan_ms,
+                start: epoch_start,
+                last_start: last_epoch_start,
+                own_since: epoch_start.max(last_commit),
+            };
+            let prefetch = self.prefetches().then_some(&next_positions);
+            let (progress, next) = self.run_epoch(&record, read, timing, prefetch).await?;
+            last_commit = Instant::now();
             // The epoch's arrays are freed now, not while it ran.
             crate::memory::epoch_done();
             drop(permit);
-            advance(&mut positions, record);
+            positions = next_positions;
             tracing::info!(
                 target: "sluice::progress",
                 query = %progress.name,
@@ -309,7 +344,24 @@ impl EpochLoop {
             self.shared.record_progress(self.slot, progress);
             last_epoch_start = epoch_start;
             epoch += 1;
+            // A failed look ahead fails the epoch after the committed one,
+            // which recovery re-plans.
+            prefetched = next.transpose()?.flatten();
         }
+    }
+
+    /// Whether the loop plans and reads the next epoch while the current
+    /// one commits (see the module's notes): with epochs back to back or
+    /// `available-now`, unless `SLUICE_PREFETCH=0`. With a trigger
+    /// interval the next epoch is planned at its tick, not before.
+    fn prefetches(&self) -> bool {
+        static OFF: OnceLock<bool> = OnceLock::new();
+        let off =
+            *OFF.get_or_init(|| std::env::var("SLUICE_PREFETCH").is_ok_and(|v| v.trim() == "0"));
+        !off && matches!(
+            self.trigger,
+            Trigger::AvailableNow | Trigger::ProcessingTime(Duration::ZERO)
+        ) && !self.shared.stop_requested(self.slot)
     }
 
     /// Sleeps until `deadline`; false when a stop was requested meanwhile.
@@ -320,8 +372,9 @@ impl EpochLoop {
         }
     }
 
-    /// Asks every source for its latest offset; writes and returns the
-    /// epoch's plan, or `None` when no source has new data.
+    /// Asks every source for its latest offset; returns the epoch's plan,
+    /// or `None` when no source has new data. The plan is not written:
+    /// [`write_plan`](Self::write_plan) does that before the epoch computes.
     async fn plan_epoch(
         &self,
         epoch: u64,
@@ -344,35 +397,57 @@ impl EpochLoop {
         if !any_new {
             return Ok(None);
         }
-        let record = OffsetRecord {
+        Ok(Some(OffsetRecord {
             epoch,
             planned_at_ms: chrono::Utc::now().timestamp_millis(),
             sources,
-        };
-        self.checkpoint.write_offsets(&record)?;
-        fail_point("after-offsets", epoch);
-        Ok(Some(record))
+        }))
     }
 
-    async fn run_epoch(
-        &mut self,
-        record: &OffsetRecord,
-        plan_ms: f64,
-        epoch_start: Instant,
-        last_epoch_start: Instant,
-    ) -> Result<QueryProgress> {
-        let epoch = record.epoch;
+    /// Writes the epoch's plan, `offsets/N`: from here on a restart re-runs
+    /// the epoch over exactly these ranges.
+    fn write_plan(&self, record: &OffsetRecord) -> Result<()> {
+        self.checkpoint.write_offsets(record)?;
+        fail_point("after-offsets", record.epoch);
+        Ok(())
+    }
 
+    /// Plans epoch `epoch` from `positions` and reads its input, while the
+    /// epoch before it commits; nothing is written (see the module's notes).
+    async fn prefetch(
+        &self,
+        epoch: u64,
+        positions: &BTreeMap<String, Offset>,
+    ) -> Result<Option<Prefetched>> {
+        let started = Instant::now();
+        let Some(record) = self.plan_epoch(epoch, positions).await? else {
+            return Ok(None);
+        };
+        let plan_ms = ms(started.elapsed());
+        let read = self.read_epoch(&record).await?;
+        Ok(Some(Prefetched {
+            record,
+            read,
+            started,
+            plan_ms,
+        }))
+    }
+
+    /// Reads every statement's inputs over the ranges of `record`.
+    async fn read_epoch(&self, record: &OffsetRecord) -> Result<EpochRead> {
+        let epoch = record.epoch;
         let t = Instant::now();
-        let mut sources = Vec::new();
-        let mut input_rows = 0u64;
-        let mut dead_letters = Vec::new();
+        let mut read = EpochRead {
+            inputs: Vec::with_capacity(self.statements.len()),
+            sources: Vec::new(),
+            rows: 0,
+            dead_letters: Vec::new(),
+            group_offsets: Vec::new(),
+            ms: 0.0,
+        };
         let mut dead_lettered = std::collections::HashSet::new();
-        let mut group_offsets = Vec::new();
-        let mut late_rows = 0;
-        let mut admitted = Vec::with_capacity(self.statements.len());
-        for statement in &mut self.statements {
-            let mut read = Vec::with_capacity(statement.plan.inputs.len());
+        for statement in &self.statements {
+            let mut inputs = Vec::with_capacity(statement.plan.inputs.len());
             for (index, input) in statement.plan.inputs.iter().enumerate() {
                 let range = record.sources.get(&input.key).ok_or_else(|| {
                     SluiceError::Internal(format!("offsets/{epoch} has no range for {}", input.key))
@@ -398,10 +473,10 @@ impl EpochLoop {
                         (rows.sum(), EpochInput::Read(partitions))
                     }
                 };
-                input_rows += rows;
-                read.push(batches);
+                read.rows += rows;
+                inputs.push(batches);
                 let rejected = input.source.take_rejected();
-                sources.push(SourceProgress {
+                read.sources.push(SourceProgress {
                     description: input.description.clone(),
                     start_offset: range.start.clone(),
                     end_offset: range.end.clone(),
@@ -415,21 +490,57 @@ impl EpochLoop {
                 // same records: each is dead-lettered once.
                 for letter in rejected.dead_letters {
                     if dead_lettered.insert(letter.clone()) {
-                        dead_letters.push(letter);
+                        read.dead_letters.push(letter);
                     }
                 }
                 if let Some(offsets) = (!empty)
                     .then(|| input.source.group_offsets(&range.end))
                     .flatten()
                 {
-                    merge_group_offsets(&mut group_offsets, offsets);
+                    merge_group_offsets(&mut read.group_offsets, offsets);
                 }
             }
+            read.inputs.push(inputs);
+        }
+        read.ms = ms(t.elapsed());
+        Ok(read)
+    }
+
+    /// Runs epoch `record` (its plan written) over `read`, or over what it
+    /// reads now, and commits it. With `next` (the positions after this
+    /// epoch), and when a source had more than this epoch took (its lag),
+    /// plans and reads the next epoch while this one commits, and returns
+    /// that too.
+    async fn run_epoch(
+        &mut self,
+        record: &OffsetRecord,
+        read: Option<EpochRead>,
+        timing: EpochTiming,
+        next: Option<&BTreeMap<String, Offset>>,
+    ) -> Result<(QueryProgress, Option<Result<Option<Prefetched>>>)> {
+        let epoch = record.epoch;
+        let read = match read {
+            Some(read) => read,
+            None => self.read_epoch(record).await?,
+        };
+        let EpochRead {
+            inputs,
+            sources,
+            rows: input_rows,
+            dead_letters,
+            group_offsets,
+            ms: mut read_ms,
+        } = read;
+
+        let t = Instant::now();
+        let mut late_rows = 0;
+        let mut admitted = Vec::with_capacity(self.statements.len());
+        for (statement, read) in self.statements.iter_mut().zip(inputs) {
             let (input, late) = statement.admit(read)?;
             late_rows += late;
             admitted.push(input);
         }
-        let read_ms = ms(t.elapsed());
+        read_ms += ms(t.elapsed());
 
         let t = Instant::now();
         let mut outputs = Vec::with_capacity(self.statements.len());
@@ -479,19 +590,35 @@ impl EpochLoop {
             dead_letters,
             group_offsets,
         };
-        self.sink
-            .write_epoch_set(&commit, &outputs, &handover)
-            .await?;
+        // Reading ahead only while behind: caught up, the next epoch
+        // planned now would leave out what arrives during this commit.
+        let behind = sources.iter().any(|s| s.lag.values().any(|&l| l > 0));
+        let write = self.sink.write_epoch_set(&commit, &outputs, &handover);
+        let (written, next) = match next.filter(|_| behind) {
+            Some(positions) => {
+                let (written, next) = tokio::join!(write, self.prefetch(epoch + 1, positions));
+                (written, Some(next))
+            }
+            None => (write.await, None),
+        };
+        written?;
         fail_point("before-commit-record", epoch);
         self.checkpoint.write_commit(&commit)?;
         self.checkpoint.purge(epoch, RETAIN_EPOCHS)?;
         for (statement, chain) in self.statements.iter_mut().zip(chains) {
             statement.committed(self.checkpoint.dir(), chain, self.snapshots)?;
         }
+        for input in self.inputs() {
+            if let Some(range) = record.sources.get(&input.key) {
+                if !range.end.is_null() {
+                    input.source.committed(&range.end)?;
+                }
+            }
+        }
         let commit_ms = ms(t.elapsed());
 
-        let total = epoch_start.elapsed();
-        let since_last = epoch_start.saturating_duration_since(last_epoch_start);
+        let total = timing.start.elapsed();
+        let since_last = timing.start.saturating_duration_since(timing.last_start);
         let per_second = |d: Duration| {
             if d.is_zero() {
                 0.0
@@ -499,7 +626,7 @@ impl EpochLoop {
                 input_rows as f64 / d.as_secs_f64()
             }
         };
-        Ok(QueryProgress {
+        let progress = QueryProgress {
             task: self.task.map(|t| t.index),
             id: self.shared.id.clone(),
             run_id: self.shared.run_id.clone(),
@@ -511,9 +638,9 @@ impl EpochLoop {
             num_input_rows: input_rows,
             num_output_rows: output_rows,
             input_rows_per_second: per_second(since_last),
-            processed_rows_per_second: per_second(total),
+            processed_rows_per_second: per_second(timing.own_since.elapsed()),
             duration_ms: PhaseDurations {
-                plan: plan_ms,
+                plan: timing.plan_ms,
                 read: read_ms,
                 compute: compute_ms,
                 state: state_ms,
@@ -527,8 +654,41 @@ impl EpochLoop {
             recoveries: self.recoveries,
             sources,
             sink: self.sink_description.clone(),
-        })
+        };
+        Ok((progress, next))
     }
+}
+
+/// An epoch's input, read from its sources.
+struct EpochRead {
+    /// Each statement's inputs, in order.
+    inputs: Vec<Vec<EpochInput>>,
+    sources: Vec<SourceProgress>,
+    rows: u64,
+    dead_letters: Vec<DeadLetter>,
+    group_offsets: Vec<GroupOffsets>,
+    /// How long reading took.
+    ms: f64,
+}
+
+/// The next epoch, planned and read while the one before it committed; its
+/// plan is written only once that commit is done.
+struct Prefetched {
+    record: OffsetRecord,
+    read: EpochRead,
+    /// When its planning began, and how long it took.
+    started: Instant,
+    plan_ms: f64,
+}
+
+/// When an epoch began (its planning), and the one before it.
+struct EpochTiming {
+    plan_ms: f64,
+    start: Instant,
+    last_start: Instant,
+    /// Since when the loop has worked on this epoch alone: its start, or
+    /// when the epoch before it (which it overlapped) committed.
+    own_since: Instant,
 }
 
 /// Runs a query's `body` (its tasks' epoch loops) to its end, telling

@@ -22,7 +22,10 @@ pub struct PhaseDurations {
     pub state: f64,
     /// Writing to the sink and recording the commit.
     pub commit: f64,
-    /// The whole epoch.
+    /// The whole epoch, from its planning to its commit. With epochs back
+    /// to back the next epoch is planned and read while this one commits,
+    /// so consecutive epochs' totals overlap (by the next one's plan and
+    /// read).
     pub total: f64,
 }
 
@@ -73,7 +76,8 @@ pub struct QueryProgress {
     pub num_output_rows: u64,
     /// Input rows per second of wall time since the previous epoch started.
     pub input_rows_per_second: f64,
-    /// Input rows per second of this epoch's execution.
+    /// Input rows per second of this epoch's execution (the part of it
+    /// that did not overlap the previous epoch's commit).
     pub processed_rows_per_second: f64,
     /// Time per phase.
     pub duration_ms: PhaseDurations,

@@ -15,6 +15,7 @@ mod kafka_options;
 mod nexmark;
 mod no_silent_loss;
 mod pipelines;
+mod prefetch;
 mod registry;
 mod secure;
 mod tasks;

@@ -183,6 +183,17 @@ pub trait Source: Send + Sync + Debug {
         None
     }
 
+    /// The epoch whose range of this source ends at `end` is committed: the
+    /// query never reads below `end` again, and a source may release what
+    /// lies there (Kafka's `'purge-committed'`). Called after `commits/N`
+    /// is written, in epoch order, and only then: the next epoch may be
+    /// planned and read while this one commits, so a range's start does
+    /// not say its predecessor is committed. The default does nothing.
+    fn committed(&self, end: &Offset) -> Result<()> {
+        let _ = end;
+        Ok(())
+    }
+
     /// The option asking this source to hand the sink something to commit
     /// with each epoch's output (dead letters, group offsets), which only a
     /// sink that [`accepts_source_commits`](crate::Sink::accepts_source_commits)

@@ -693,10 +693,6 @@ impl SourceInner {
 impl Source for KafkaSource {
     async fn latest_offset(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
         let start = start.map(parse).transpose()?;
-        if let (Some(purger), Some(committed)) = (&self.0.purger, &start) {
-            let positions = committed.ranges.iter().map(|(&p, &(_, to))| (p, to));
-            purger.committed(&positions.collect())?;
-        }
         let inner = Arc::clone(&self.0);
         let plan = tokio::task::spawn_blocking(move || inner.plan(start))
             .await
@@ -775,6 +771,15 @@ impl Source for KafkaSource {
             .await
             .map_err(|e| SluiceError::Internal(format!("partition count task: {e}")))??;
         Ok(Some(partitions.len() as u32))
+    }
+
+    /// With `'purge-committed'`, deletes what lies below `end`.
+    fn committed(&self, end: &Offset) -> Result<()> {
+        let Some(purger) = &self.0.purger else {
+            return Ok(());
+        };
+        let positions = parse(end)?.ranges.into_iter().map(|(p, (_, to))| (p, to));
+        purger.committed(&positions.collect())
     }
 
     fn take_rejected(&self) -> Rejected {

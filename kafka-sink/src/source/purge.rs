@@ -1,10 +1,10 @@
 //! `'purge-committed'`: deleting what a query has committed past, for
 //! topics only it reads (a repartition step's).
 //!
-//! Every epoch's planned range starts where the query's last committed
-//! epoch ended, so the start of a range is a position below which the
-//! query never reads again: those records are deleted (`delete_records`)
-//! in the background, at most every [`PURGE_INTERVAL`].
+//! Once an epoch is committed (`Source::committed`), the end of its range
+//! is a position below which the query never reads again: the records
+//! there are deleted (`delete_records`) in the background, at most every
+//! [`PURGE_INTERVAL`].
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
