@@ -233,3 +233,62 @@ fn partition_log_bytes(topic: &str) -> usize {
         .map(|e| e.metadata().unwrap().len() as usize)
         .sum()
 }
+
+/// `'purge-committed'` deletes the records a query has committed past,
+/// and only those: the first commit deletes what its epoch read (later
+/// deletions wait 10 s), never what the next epoch, read while that
+/// commit ran, still needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_committed_deletes_what_the_first_epoch_committed_and_no_more() {
+    use sluice::datafusion::prelude::col;
+    let bootstrap = crate::util::broker().await;
+    let input = fresh_topic("purge");
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    let (b, t) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || produce_plain(&b, &t, 0..30))
+        .await
+        .unwrap();
+    let out = sluice::MemorySink::new();
+    let query = crate::util::kafka_stream(
+        &bootstrap,
+        &input,
+        &[("max-records-per-epoch", "10"), ("purge-committed", "true")],
+    )
+    .select(vec![col("id")])
+    .unwrap()
+    .write_stream()
+    .memory(&out)
+    .trigger(sluice::Trigger::AvailableNow)
+    .start()
+    .await
+    .unwrap();
+    query.await_termination().await.unwrap();
+    assert_eq!(
+        crate::util::ints(&out.batches(), "id"),
+        (0..30).collect::<Vec<_>>(),
+        "every record was read before it was deleted"
+    );
+    let (b, t) = (bootstrap.clone(), input.clone());
+    let low = tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &b)
+            .create()
+            .unwrap();
+        // The deletion runs in the background: wait for it (30 s at most).
+        let mut low = 0;
+        for _ in 0..300 {
+            low = consumer
+                .fetch_watermarks(&t, 0, Duration::from_secs(10))
+                .unwrap()
+                .0;
+            if low > 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        low
+    })
+    .await
+    .unwrap();
+    assert_eq!(low, 10, "the first epoch read offsets 0..10");
+}
