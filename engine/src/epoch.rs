@@ -15,8 +15,9 @@
 //! reach the sink, and commit, together. Where a loop resumes (the
 //! `recover` step above) is [`recover`]'s.
 //!
-//! With epochs back to back (and `available-now`), while a source has more
-//! than epoch N took (it reports lag), epoch N+1 is planned and read while
+//! With epochs back to back (and `available-now`), while the sources' lag
+//! holds another epoch as large as N (the query is behind), epoch N+1 is
+//! planned and read while
 //! N's output is being written and committed: the sink waits on the broker
 //! then, and the sources' fetching and decoding fill that wait, as a copy
 //! loop overlaps its reads and writes. Nothing of N+1 is written
@@ -508,9 +509,9 @@ impl EpochLoop {
 
     /// Runs epoch `record` (its plan written) over `read`, or over what it
     /// reads now, and commits it. With `next` (the positions after this
-    /// epoch), and when a source had more than this epoch took (its lag),
-    /// plans and reads the next epoch while this one commits, and returns
-    /// that too.
+    /// epoch), and when the sources' lag holds another epoch as large as
+    /// this one, plans and reads the next epoch while this one commits, and
+    /// returns that too.
     async fn run_epoch(
         &mut self,
         record: &OffsetRecord,
@@ -590,9 +591,14 @@ impl EpochLoop {
             dead_letters,
             group_offsets,
         };
-        // Reading ahead only while behind: caught up, the next epoch
-        // planned now would leave out what arrives during this commit.
-        let behind = sources.iter().any(|s| s.lag.values().any(|&l| l > 0));
+        // Reading ahead only while behind, with at least another epoch as
+        // large as this one waiting: its records are there already, so
+        // planning it now delays none of them. Caught up, an epoch planned
+        // now would leave out what arrives during this commit (at 10 K
+        // records/s back to back, reading ahead on any lag added 14 ms to
+        // the p99 latency).
+        let lag: i64 = sources.iter().flat_map(|s| s.lag.values()).sum();
+        let behind = lag > 0 && lag.unsigned_abs() >= input_rows;
         let write = self.sink.write_epoch_set(&commit, &outputs, &handover);
         let (written, next) = match next.filter(|_| behind) {
             Some(positions) => {
