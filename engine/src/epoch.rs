@@ -623,7 +623,10 @@ impl EpochLoop {
         }
         let commit_ms = ms(t.elapsed());
 
-        let total = timing.start.elapsed();
+        // The loop's own time on this epoch: what was read ahead during the
+        // previous commit is not counted twice, so totals add up to the
+        // loop's wall time and rows / total is the rate.
+        let total = timing.own_since.elapsed();
         let since_last = timing.start.saturating_duration_since(timing.last_start);
         let per_second = |d: Duration| {
             if d.is_zero() {
@@ -644,7 +647,7 @@ impl EpochLoop {
             num_input_rows: input_rows,
             num_output_rows: output_rows,
             input_rows_per_second: per_second(since_last),
-            processed_rows_per_second: per_second(timing.own_since.elapsed()),
+            processed_rows_per_second: per_second(total),
             duration_ms: PhaseDurations {
                 plan: timing.plan_ms,
                 read: read_ms,
@@ -692,8 +695,8 @@ struct EpochTiming {
     plan_ms: f64,
     start: Instant,
     last_start: Instant,
-    /// Since when the loop has worked on this epoch alone: its start, or
-    /// when the epoch before it (which it overlapped) committed.
+    /// Since when the loop has worked on this epoch alone: its start, or,
+    /// for an epoch read ahead, when the epoch before it committed.
     own_since: Instant,
 }
 

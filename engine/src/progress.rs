@@ -22,10 +22,12 @@ pub struct PhaseDurations {
     pub state: f64,
     /// Writing to the sink and recording the commit.
     pub commit: f64,
-    /// The whole epoch, from its planning to its commit. With epochs back
-    /// to back the next epoch is planned and read while this one commits,
-    /// so consecutive epochs' totals overlap (by the next one's plan and
-    /// read).
+    /// The whole epoch: from its planning to its commit, or, for an epoch
+    /// planned and read while the one before it committed (a query that is
+    /// behind reads ahead), from that commit to its own. Totals add up to
+    /// the query's wall time; an epoch read ahead has `plan` and `read`
+    /// phases that overlapped the previous `commit`, so its phases can add
+    /// up to more than its total.
     pub total: f64,
 }
 
@@ -76,8 +78,8 @@ pub struct QueryProgress {
     pub num_output_rows: u64,
     /// Input rows per second of wall time since the previous epoch started.
     pub input_rows_per_second: f64,
-    /// Input rows per second of this epoch's execution (the part of it
-    /// that did not overlap the previous epoch's commit).
+    /// Input rows per second of this epoch's execution (`num_input_rows`
+    /// over `duration_ms.total`).
     pub processed_rows_per_second: f64,
     /// Time per phase.
     pub duration_ms: PhaseDurations,
