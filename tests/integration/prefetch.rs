@@ -5,8 +5,9 @@
 //!
 //! A connector of the test's own (`gate`) logs every plan, read and commit
 //! and holds epoch 1's commit until epoch 2's range has been read, so the
-//! order is asserted, not timed. It reports the rows it has left as its
-//! lag: the loop reads ahead only while they make another epoch.
+//! order is asserted, not timed. The rows it has left are its lag: back to
+//! back the loop reads ahead only while they make another epoch, with
+//! `available-now` while there are any.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -83,11 +84,14 @@ impl Source for Gate {
             .collect()])
     }
 
-    /// The rows left after the last planned range: the loop reads ahead
-    /// only while they make another epoch as large as the last.
+    /// The rows left after the last planned range, less 5: 25, 15, 5, 0
+    /// after epochs 1 to 4 of ten rows each. Back to back the loop reads
+    /// ahead only while they make another epoch (after epochs 1 and 2);
+    /// `available-now` while there are any.
     fn lag(&self) -> std::collections::BTreeMap<String, i64> {
         let planned = *self.log.planned.lock().unwrap();
-        [("0".to_string(), (BATCHES - planned) as i64 * 10)].into()
+        let left = ((BATCHES - planned) as i64 * 10 - 5).max(0);
+        [("0".to_string(), left)].into()
     }
 
     fn committed(&self, end: &Offset) -> Result<()> {
@@ -184,8 +188,9 @@ impl Connector for GateConnector {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_next_epoch_is_read_while_one_commits_and_planned_only_after() {
+/// Runs the gate's query with `trigger` until its fourth epoch is
+/// committed; returns what happened and the checkpoint.
+async fn run_gate(trigger: Trigger) -> (Arc<Log>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let log = Arc::new(Log::default());
     let gate = Arc::new(Gate {
@@ -202,11 +207,30 @@ async fn the_next_epoch_is_read_while_one_commits_and_planned_only_after() {
         .write_stream()
         .format("gate")
         .checkpoint_location(dir.path())
-        .trigger(Trigger::AvailableNow)
+        .trigger(trigger)
         .start()
         .await
         .unwrap();
-    query.await_termination().await.unwrap();
+    if trigger == Trigger::AvailableNow {
+        query.await_termination().await.unwrap();
+    } else {
+        // Back to back, the query runs on after its input: stopped once
+        // the last epoch is in (30 s at most).
+        for _ in 0..3000 {
+            if log.position(&format!("write {BATCHES} done"), 0).is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        query.stop().await.unwrap();
+    }
+    (log, dir)
+}
+
+/// The rules every run of the gate keeps, whatever its trigger; returns
+/// where the source heard that epoch 3 is committed (the end of its
+/// commit, and of any read ahead beside it).
+fn assert_rules(log: &Log, dir: &std::path::Path) -> usize {
     let events = log.events();
     let at = |event: &str, from: usize| {
         log.position(event, from)
@@ -240,6 +264,27 @@ async fn the_next_epoch_is_read_while_one_commits_and_planned_only_after() {
         .collect();
     assert_eq!(committed, expected, "{events:#?}");
     for e in 1..=BATCHES {
-        assert!(dir.path().join("commits").join(e.to_string()).exists());
+        assert!(dir.join("commits").join(e.to_string()).exists());
     }
+    at("source told 3 is committed", written)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_to_back_the_next_epoch_is_read_during_a_commit_while_another_epoch_waits() {
+    let (log, dir) = run_gate(Trigger::ProcessingTime(Duration::ZERO)).await;
+    let epoch_3_committed = assert_rules(&log, dir.path());
+    // After epoch 3 only 5 rows were left, less than an epoch: epoch 4 was
+    // planned after epoch 3's commit, to take what arrived meanwhile.
+    let plan_4 = log.position("plan from 3", 0).unwrap();
+    assert!(plan_4 > epoch_3_committed, "{:#?}", log.events());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn available_now_reads_the_next_epoch_during_a_commit_while_any_backlog_is_left() {
+    let (log, dir) = run_gate(Trigger::AvailableNow).await;
+    let epoch_3_committed = assert_rules(&log, dir.path());
+    // The 5 rows left after epoch 3 were read during its commit: nothing
+    // arriving later joins an available-now backlog.
+    let plan_4 = log.position("plan from 3", 0).unwrap();
+    assert!(plan_4 < epoch_3_committed, "{:#?}", log.events());
 }
