@@ -17,14 +17,14 @@
 //!
 //! With epochs back to back, while the sources' lag holds another epoch as
 //! large as N (the query is behind), and with `available-now` while any of
-//! the backlog is left, epoch N+1 is planned and read while
-//! N's output is being written and committed: the sink waits on the broker
-//! then, and the sources' fetching and decoding fill that wait, as a copy
-//! loop overlaps its reads and writes. Nothing of N+1 is written
-//! meanwhile; its plan goes to `offsets/N+1` once N is committed, before
-//! N+1 computes, and if N fails the read is dropped. Caught up, the next
-//! epoch is planned after the commit, so that it takes what arrived
-//! during it. `SLUICE_PREFETCH=0` in the environment turns this off.
+//! its backlog is left, epoch N+1 is planned and read while N's output is
+//! being written and committed: the sink waits on the broker then, and the
+//! sources' fetching and decoding fill that wait, as a copy loop overlaps
+//! its reads and writes. Nothing of N+1 is written meanwhile; its plan goes
+//! to `offsets/N+1` once N is committed, before N+1 computes, and if N
+//! fails the read is dropped. Caught up, the next epoch is planned after
+//! the commit, so that it takes what arrived during it.
+//! `SLUICE_PREFETCH=0` in the environment turns this off.
 //!
 //! Rules for the next editor:
 //! - `offsets/N` is written before epoch N computes or writes anything, and
