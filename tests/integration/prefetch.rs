@@ -6,7 +6,7 @@
 //! A connector of the test's own (`gate`) logs every plan, read and commit
 //! and holds epoch 1's commit until epoch 2's range has been read, so the
 //! order is asserted, not timed. The rows it has left are its lag: back to
-//! back the loop reads ahead only while they make another epoch, with
+//! back the loop reads ahead only while they make two more epochs, with
 //! `available-now` while there are any.
 
 use std::path::PathBuf;
@@ -86,7 +86,7 @@ impl Source for Gate {
 
     /// The rows left after the last planned range, less 5: 25, 15, 5, 0
     /// after epochs 1 to 4 of ten rows each. Back to back the loop reads
-    /// ahead only while they make another epoch (after epochs 1 and 2);
+    /// ahead only while they make two more epochs (after epoch 1);
     /// `available-now` while there are any.
     fn lag(&self) -> std::collections::BTreeMap<String, i64> {
         let planned = *self.log.planned.lock().unwrap();
@@ -270,11 +270,11 @@ fn assert_rules(log: &Log, dir: &std::path::Path) -> usize {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn back_to_back_the_next_epoch_is_read_during_a_commit_while_another_epoch_waits() {
+async fn back_to_back_the_next_epoch_is_read_during_a_commit_while_two_more_wait() {
     let (log, dir) = run_gate(Trigger::ProcessingTime(Duration::ZERO)).await;
     let epoch_3_committed = assert_rules(&log, dir.path());
-    // After epoch 3 only 5 rows were left, less than an epoch: epoch 4 was
-    // planned after epoch 3's commit, to take what arrived meanwhile.
+    // After epoch 3 only 5 rows were left, less than two epochs: epoch 4
+    // was planned after epoch 3's commit, to take what arrived meanwhile.
     let plan_4 = log.position("plan from 3", 0).unwrap();
     assert!(plan_4 > epoch_3_committed, "{:#?}", log.events());
 }
