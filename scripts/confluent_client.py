@@ -32,7 +32,9 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 
 def registry(args):
-    return SchemaRegistryClient({"url": args.registry})
+    # Without a timeout the client waits for ever on a request the registry
+    # lost (a test hung 7 minutes so); with one, it retries it.
+    return SchemaRegistryClient({"url": args.registry, "timeout": 30})
 
 
 def message_class(proto_text):
