@@ -336,16 +336,41 @@ fn kills_per_test() -> usize {
 }
 
 /// Input files for a crash test of `files` files at 25 kills, grown with
-/// the kill count so that the kills meet a running pipeline.
+/// the kill count so that the kills meet a running pipeline: a run between
+/// two kills commits at most about two epochs (see [`kill_until_done`]),
+/// so the input holds two files per kill beyond `files`.
 fn files_for_kills(files: usize) -> usize {
-    files * kills_per_test().max(25) / 25
+    files + 2 * kills_per_test().max(25)
+}
+
+/// Sleeps `delay`, or less: until `child` has planned `epochs` epochs past
+/// `before` (the checkpoint's latest offsets), or has ended. True when the
+/// epochs cut the sleep short.
+fn sleep_within_epochs(
+    p: &Pipeline,
+    child: &mut Run,
+    before: (Option<u64>, Option<u64>),
+    epochs: u64,
+    delay: Duration,
+) -> bool {
+    let from = before.0.max(before.1).unwrap_or(0);
+    let until = Instant::now() + delay;
+    while Instant::now() < until && child.running() {
+        if checkpoint_epochs(p).0.unwrap_or(0) >= from + epochs {
+            return true;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    false
 }
 
 /// Starts the pipeline and SIGKILLs it, `kills_per_test()` times, then lets
 /// it run to the end of its input. Half the kills come at a random moment
 /// after the start; the other half a random moment (0–25 ms) after the
 /// pipeline plans a new epoch, aimed at the phases not hit yet (later and
-/// later while aimed kills land too early). Each kill is classified by
+/// later while aimed kills land too early). Either kill comes, at the
+/// latest, in the second epoch the run plans: a fast pipeline must not
+/// reach the end of its input between two kills. Each kill is classified by
 /// what the checkpoint and Kafka show afterwards; the test fails unless
 /// kills landed in compute. It kills on, up to twice the count, while no
 /// kill has landed in an open transaction either — a window of a few
@@ -378,7 +403,11 @@ fn kill_until_done(p: &Pipeline, salt: u64) {
         let mut child = p.spawn("available-now", None);
         if !done && kills < 2 * wanted {
             if kills % 2 == 0 {
-                std::thread::sleep(Duration::from_millis(150 + rng.next(400)));
+                let delay = Duration::from_millis(150 + rng.next(400));
+                if sleep_within_epochs(p, &mut child, before, 2, delay) {
+                    // Cut short at a plan: a random moment of that epoch.
+                    std::thread::sleep(Duration::from_micros(rng.next(30_000)));
+                }
             } else {
                 // Aim: just after planning is compute; a few ms on, the
                 // transaction is open.
@@ -398,7 +427,8 @@ fn kill_until_done(p: &Pipeline, salt: u64) {
                 {
                     std::thread::sleep(Duration::from_micros(200));
                 }
-                std::thread::sleep(Duration::from_micros(delay_us));
+                let delay = Duration::from_micros(delay_us);
+                sleep_within_epochs(p, &mut child, before, 2, delay);
             }
             if child.running() {
                 child.kill_9();
