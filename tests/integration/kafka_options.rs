@@ -10,7 +10,7 @@ use sluice::broker::{create_topic, fresh_topic};
 use sluice::Session;
 
 use crate::kafka::{json_rows, read};
-use crate::no_silent_loss::produce_plain;
+use crate::no_silent_loss::{produce_plain, produce_plain_to};
 
 /// The `id` of each JSON record, in offset order.
 fn ids(records: &[sluice::broker::ReadRecord]) -> Vec<i64> {
@@ -291,4 +291,64 @@ async fn purge_committed_deletes_what_the_first_epoch_committed_and_no_more() {
     .await
     .unwrap();
     assert_eq!(low, 10, "the first epoch read offsets 0..10");
+}
+
+/// A partition added to the topic while a query runs is read from its
+/// beginning, without a restart: the partition list is asked for again in
+/// the background (every 5 s) and the next plan uses the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_added_while_the_query_runs_is_read_from_its_beginning() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
+    use sluice::datafusion::prelude::col;
+    let bootstrap = crate::util::broker().await;
+    let input = fresh_topic("grows");
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    let (b, t) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || produce_plain(&b, &t, 0..10))
+        .await
+        .unwrap();
+    let out = sluice::MemorySink::new();
+    let query = crate::util::kafka_stream(&bootstrap, &input, &[])
+        .select(vec![col("id")])
+        .unwrap()
+        .write_stream()
+        .memory(&out)
+        .start()
+        .await
+        .unwrap();
+    let read_until = |n: usize| {
+        let out = out.clone();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let mut ids = crate::util::ints(&out.batches(), "id");
+                if ids.len() >= n || std::time::Instant::now() > deadline {
+                    ids.sort_unstable();
+                    return ids;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(read_until(10).await, (0..10).collect::<Vec<_>>());
+
+    let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let added = admin
+        .create_partitions(&[NewPartitions::new(&input, 2)], &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(added.iter().all(|r| r.is_ok()), "{added:?}");
+    let (b, t) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || produce_plain_to(&b, &t, 1, 10..20))
+        .await
+        .unwrap();
+    assert_eq!(
+        read_until(20).await,
+        (0..20).collect::<Vec<_>>(),
+        "the new partition's records, each once, within 60 s"
+    );
+    query.stop().await.unwrap();
 }

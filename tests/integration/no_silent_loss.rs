@@ -14,6 +14,16 @@ use crate::kafka::{json_rows, read};
 /// Produces `ids` as JSON rows to partition 0, without a transaction, so
 /// that offsets are the ids when the topic starts empty.
 pub(crate) fn produce_plain(bootstrap: &str, topic: &str, ids: std::ops::Range<i64>) {
+    produce_plain_to(bootstrap, topic, 0, ids)
+}
+
+/// [`produce_plain`] into `partition`.
+pub(crate) fn produce_plain_to(
+    bootstrap: &str,
+    topic: &str,
+    partition: i32,
+    ids: std::ops::Range<i64>,
+) {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     let producer: BaseProducer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -21,7 +31,11 @@ pub(crate) fn produce_plain(bootstrap: &str, topic: &str, ids: std::ops::Range<i
         .unwrap();
     for v in json_rows(ids) {
         producer
-            .send(BaseRecord::<(), _>::to(topic).payload(&v).partition(0))
+            .send(
+                BaseRecord::<(), _>::to(topic)
+                    .payload(&v)
+                    .partition(partition),
+            )
             .unwrap();
     }
     producer.flush(Duration::from_secs(30)).unwrap();

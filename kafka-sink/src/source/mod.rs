@@ -13,8 +13,8 @@
 //! stay assigned between epochs and librdkafka fetches ahead (see
 //! [`fetch`]), so a plan takes what has arrived (every record a
 //! `read_committed` consumer receives is below the last stable offset) and
-//! the read hands it over; the topic's partitions come from metadata at
-//! most [`METADATA_MAX_AGE`] old. The first plan, a plan after an error,
+//! the read hands it over; the topic's partitions are the last ones the
+//! broker named, refreshed in the background (see [`metadata`]). The first plan, a plan after an error,
 //! and a replay ask the broker for each partition's offsets, as does an
 //! `available-now` query once, at its start, for where it stops.
 //!
@@ -26,7 +26,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -42,6 +41,7 @@ mod config;
 mod debezium;
 mod decode;
 mod fetch;
+mod metadata;
 mod purge;
 
 use crate::client::{Detached, Role};
@@ -50,6 +50,7 @@ pub(crate) use config::factory;
 use config::{OnError, SourceConfig, StartupMode};
 pub use decode::decode_json;
 use fetch::{Fetched, LaneError, Lanes};
+use metadata::KnownPartitions;
 use purge::Purger;
 
 #[derive(Debug)]
@@ -57,10 +58,6 @@ pub(crate) struct KafkaSourceFactory(SourceConfig);
 
 /// A read found a range starting where records are gone.
 struct OutOfRange;
-
-/// How old the topic's partition list may be when an epoch is planned
-/// from what was fetched; a plan that asks the broker refreshes it.
-const METADATA_MAX_AGE: Duration = Duration::from_secs(5);
 
 impl SourceFactory for KafkaSourceFactory {
     fn schema(&self) -> SchemaRef {
@@ -94,7 +91,7 @@ impl KafkaSourceFactory {
             task,
             consumer: Mutex::new(Detached::new(consumer)),
             lanes: Mutex::new(None),
-            partitions: Mutex::new(None),
+            partitions: Mutex::default(),
             initial: Mutex::new(BTreeMap::new()),
             cap: Mutex::new(None),
             record_bytes: Mutex::new(None),
@@ -182,8 +179,8 @@ struct SourceInner {
     /// The partitions being read, on a consumer of their own; none before
     /// the first plan and after an error.
     lanes: Mutex<Option<Lanes>>,
-    /// The partitions this source reads and when the broker said so.
-    partitions: Mutex<Option<(Instant, Vec<i32>)>>,
+    /// The partitions this source reads, as the broker last said.
+    partitions: Mutex<KnownPartitions>,
     /// Where partitions without a position start, fixed on first sight so
     /// that `latest` and `timestamp` are resolved once per run.
     initial: Mutex<BTreeMap<i32, i64>>,
@@ -269,7 +266,7 @@ impl SourceInner {
     }
 
     fn watermarks(&self) -> Result<BTreeMap<i32, (i64, i64)>> {
-        let partitions = self.partitions(Duration::ZERO)?;
+        let partitions = self.partitions()?;
         let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
         let timeout = self.config.client.timeout();
         let mut out = BTreeMap::new();
@@ -280,76 +277,6 @@ impl SourceInner {
             out.insert(p, (low, high));
         }
         Ok(out)
-    }
-
-    /// The partitions this source reads (its task's, or all), from the
-    /// topic's metadata at most `max_age` old.
-    fn partitions(&self, max_age: Duration) -> Result<Vec<i32>> {
-        let mut cached = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, partitions)) = cached.as_ref() {
-            if at.elapsed() < max_age {
-                return Ok(partitions.clone());
-            }
-        }
-        let partitions = self.fetch_partitions()?;
-        *cached = Some((Instant::now(), partitions.clone()));
-        Ok(partitions)
-    }
-
-    fn fetch_partitions(&self) -> Result<Vec<i32>> {
-        self.check_connection()?;
-        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
-        let timeout = self.config.client.timeout();
-        let metadata = consumer
-            .fetch_metadata(Some(&self.config.topic), timeout)
-            .map_err(|e| self.unreachable("fetching metadata", e))?;
-        let topic = metadata
-            .topics()
-            .iter()
-            .find(|t| t.name() == self.config.topic)
-            .ok_or_else(|| {
-                self.unreachable("fetching metadata", "topic missing from the answer")
-            })?;
-        if let Some(e) = topic.error() {
-            return Err(SluiceError::External {
-                what: format!(
-                    "kafka source '{}', topic '{}'",
-                    self.config.stream, self.config.topic
-                ),
-                message: format!("{e:?}"),
-                hint: Some("create the topic, or fix 'topic'".into()),
-            });
-        }
-        if let Some(task) = self.task {
-            let count = topic.partitions().len();
-            if count != task.count as usize {
-                return Err(SluiceError::External {
-                    what: format!(
-                        "kafka source '{}', topic '{}'",
-                        self.config.stream, self.config.topic
-                    ),
-                    message: format!(
-                        "the topic now has {count} partitions, but the query was divided into \
-                         {} tasks, one per partition: records of the new partitions would be \
-                         read by no task, or keys would move between tasks",
-                        task.count
-                    ),
-                    hint: Some(
-                        "restart the query: each start divides it by the partitions of the \
-                         moment. A stateful one then starts as a new query (a new \
-                         'pipeline.name' and checkpoint location), since its keys moved between \
-                         partitions"
-                            .into(),
-                    ),
-                });
-            }
-        }
-        Ok(topic
-            .partitions()
-            .iter()
-            .map(|p| p.id())
-            .filter(|&p| self.task.is_none_or(|t| t.reads(p)))
-            .collect())
     }
 
     /// Where each partition of `marks` (low watermark, last stable offset)
@@ -423,7 +350,7 @@ impl SourceInner {
         (self.config.max_records.min(by_bytes) / with_data).max(1) as i64
     }
 
-    fn plan(&self, start: Option<PlannedRanges>) -> Result<Option<PlannedRanges>> {
+    fn plan(self: &Arc<Self>, start: Option<PlannedRanges>) -> Result<Option<PlannedRanges>> {
         let positions: BTreeMap<i32, i64> = start
             .map(|s| s.ranges.into_iter().map(|(p, (_, to))| (p, to)).collect())
             .unwrap_or_default();
@@ -509,10 +436,10 @@ impl SourceInner {
     /// when the broker must be asked: nothing was planned yet, the
     /// partitions changed, the lanes are elsewhere (a replay) or failed.
     fn plan_fetched(
-        &self,
+        self: &Arc<Self>,
         positions: &BTreeMap<i32, i64>,
     ) -> Result<Option<Option<PlannedRanges>>> {
-        let partitions = self.partitions(METADATA_MAX_AGE)?;
+        let partitions = self.known_partitions()?;
         let starts: Option<BTreeMap<i32, i64>> = {
             let initial = self.initial.lock().unwrap_or_else(|p| p.into_inner());
             if initial.is_empty() && positions.is_empty() {
@@ -767,7 +694,7 @@ impl Source for KafkaSource {
 
     async fn partition_count(&self) -> Result<Option<u32>> {
         let inner = Arc::clone(&self.0);
-        let partitions = tokio::task::spawn_blocking(move || inner.partitions(Duration::ZERO))
+        let partitions = tokio::task::spawn_blocking(move || inner.partitions())
             .await
             .map_err(|e| SluiceError::Internal(format!("partition count task: {e}")))??;
         Ok(Some(partitions.len() as u32))
@@ -830,7 +757,7 @@ impl Source for KafkaSource {
             // metadata (which the first plan needs anyway) comes in one
             // round trip. A topic that is missing now is the plan's to
             // report (and wait for), as before.
-            if let Err(e) = inner.partitions(Duration::ZERO) {
+            if let Err(e) = inner.partitions() {
                 tracing::debug!(error = %e, "no metadata of the topic yet");
             }
             let consumer = inner.consumer.lock().unwrap_or_else(|p| p.into_inner());
