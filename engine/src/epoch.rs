@@ -15,16 +15,9 @@
 //! reach the sink, and commit, together. Where a loop resumes (the
 //! `recover` step above) is [`recover`]'s.
 //!
-//! With epochs back to back, while the sources' lag holds two more epochs
-//! as large as N (the query is behind), and with `available-now` while any
-//! of its backlog is left, epoch N+1 is planned and read while N's output is
-//! being written and committed: the sink waits on the broker then, and the
-//! sources' fetching and decoding fill that wait, as a copy loop overlaps
-//! its reads and writes. Nothing of N+1 is written meanwhile; its plan goes
-//! to `offsets/N+1` once N is committed, before N+1 computes, and if N
-//! fails the read is dropped. Caught up, the next epoch is planned after
-//! the commit, so that it takes what arrived during it.
-//! `SLUICE_PREFETCH=0` in the environment turns this off.
+//! A query that is behind plans and reads epoch N+1 while N commits
+//! ([`read`]'s reading ahead); nothing of N+1 is written until N is
+//! committed.
 //!
 //! Rules for the next editor:
 //! - `offsets/N` is written before epoch N computes or writes anything, and
@@ -38,31 +31,31 @@
 //! - An epoch runs only when some source has new data.
 //! - A stop request is honoured between epochs, never inside one.
 
+mod read;
 mod recover;
 
+use read::{EpochRead, Planned};
 pub(crate) use recover::Recovered;
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 
-use crate::checkpoint::{Checkpoint, EpochCommit, OffsetRecord, SourceRange};
+use crate::checkpoint::{Checkpoint, EpochCommit, OffsetRecord};
 use crate::error::{Result, SluiceError};
 use crate::fail_point::fail_point;
 use crate::planner::Input;
 use crate::progress::{
-    PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
-    StreamingQueryListener,
+    PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, StreamingQueryListener,
 };
 use crate::query::QueryShared;
 use crate::sink::Sink;
-use crate::source::{DeadLetter, GroupOffsets, Handover, Offset};
+use crate::source::{Handover, Offset};
 use crate::state::chain::SnapshotPolicy;
 use crate::statement::Statement;
-use crate::table::EpochInput;
 use crate::task::TaskId;
 use crate::trigger::Trigger;
 use crate::watermark::format_nanos;
@@ -247,7 +240,7 @@ impl EpochLoop {
         let started_at = Instant::now();
         let mut last_epoch_start = started_at;
         let mut next_tick = started_at;
-        let mut prefetched: Option<Prefetched> = None;
+        let mut prefetched: Option<Planned> = None;
         let mut last_commit = started_at;
         loop {
             if self.shared.stop_requested(self.slot) {
@@ -274,44 +267,31 @@ impl EpochLoop {
                 })?),
                 None => None,
             };
-            let (record, read, epoch_start, plan_ms) = match prefetched.take() {
-                Some(next) => {
-                    self.write_plan(&next.record)?;
-                    (next.record, Some(next.read), next.started, next.plan_ms)
+            let planned = match prefetched.take() {
+                Some(ahead) => {
+                    self.write_plan(&ahead.record)?;
+                    ahead
                 }
-                None => {
-                    let epoch_start = Instant::now();
-                    let record = match replay.take() {
-                        Some(r) => r,
-                        None => match self.plan_epoch(epoch, &positions).await? {
-                            Some(r) => {
-                                self.write_plan(&r)?;
-                                r
-                            }
-                            None => {
-                                drop(permit);
-                                self.shared.record_no_data(self.slot);
-                                self.shared.set_status(
-                                    self.slot,
-                                    "Waiting for data to arrive",
-                                    false,
-                                    false,
-                                );
-                                if self.trigger == Trigger::AvailableNow {
-                                    return Ok(());
-                                }
-                                if self.trigger == Trigger::ProcessingTime(Duration::ZERO)
-                                    && !self.sleep_until(Instant::now() + IDLE_POLL).await
-                                {
-                                    return Ok(());
-                                }
-                                continue;
-                            }
-                        },
-                    };
-                    (record, None, epoch_start, ms(epoch_start.elapsed()))
-                }
+                None => match self
+                    .plan_or_replay(epoch, &positions, replay.take())
+                    .await?
+                {
+                    Some(planned) => planned,
+                    None => {
+                        drop(permit);
+                        if self.no_data().await {
+                            continue;
+                        }
+                        return Ok(());
+                    }
+                },
             };
+            let Planned {
+                record,
+                read,
+                started: epoch_start,
+                plan_ms,
+            } = planned;
             self.shared
                 .set_status(self.slot, &format!("Processing epoch {epoch}"), true, true);
             let mut next_positions = positions.clone();
@@ -351,18 +331,48 @@ impl EpochLoop {
         }
     }
 
-    /// Whether the loop plans and reads the next epoch while the current
-    /// one commits (see the module's notes): with epochs back to back or
-    /// `available-now`, unless `SLUICE_PREFETCH=0`. With a trigger
-    /// interval the next epoch is planned at its tick, not before.
-    fn prefetches(&self) -> bool {
-        static OFF: OnceLock<bool> = OnceLock::new();
-        let off =
-            *OFF.get_or_init(|| std::env::var("SLUICE_PREFETCH").is_ok_and(|v| v.trim() == "0"));
-        !off && matches!(
-            self.trigger,
-            Trigger::AvailableNow | Trigger::ProcessingTime(Duration::ZERO)
-        ) && !self.shared.stop_requested(self.slot)
+    /// Epoch `epoch`'s plan: `replay`, the one recovery found written, or
+    /// a new one from `positions`, written before it returns. `None` when
+    /// no source has new data.
+    async fn plan_or_replay(
+        &self,
+        epoch: u64,
+        positions: &BTreeMap<String, Offset>,
+        replay: Option<OffsetRecord>,
+    ) -> Result<Option<Planned>> {
+        let started = Instant::now();
+        let record = match replay {
+            Some(record) => record,
+            None => {
+                let Some(record) = self.plan_epoch(epoch, positions).await? else {
+                    return Ok(None);
+                };
+                self.write_plan(&record)?;
+                record
+            }
+        };
+        Ok(Some(Planned {
+            record,
+            read: None,
+            started,
+            plan_ms: ms(started.elapsed()),
+        }))
+    }
+
+    /// No source had new data: says so, and waits before the next plan
+    /// when epochs run back to back. False when the loop ends: an
+    /// `available-now` query has read what there was, or a stop came.
+    async fn no_data(&self) -> bool {
+        self.shared.record_no_data(self.slot);
+        self.shared
+            .set_status(self.slot, "Waiting for data to arrive", false, false);
+        match self.trigger {
+            Trigger::AvailableNow => false,
+            Trigger::ProcessingTime(interval) if interval.is_zero() => {
+                self.sleep_until(Instant::now() + IDLE_POLL).await
+            }
+            Trigger::ProcessingTime(_) => true,
+        }
     }
 
     /// Sleeps until `deadline`; false when a stop was requested meanwhile.
@@ -373,138 +383,12 @@ impl EpochLoop {
         }
     }
 
-    /// Asks every source for its latest offset; returns the epoch's plan,
-    /// or `None` when no source has new data. The plan is not written:
-    /// [`write_plan`](Self::write_plan) does that before the epoch computes.
-    async fn plan_epoch(
-        &self,
-        epoch: u64,
-        positions: &BTreeMap<String, Offset>,
-    ) -> Result<Option<OffsetRecord>> {
-        let mut sources = BTreeMap::new();
-        let mut any_new = false;
-        for input in self.inputs() {
-            let start = positions.get(&input.key).cloned();
-            let end = match input.source.latest_offset(start.as_ref()).await? {
-                Some(end) => {
-                    any_new = true;
-                    end
-                }
-                // No new rows: an empty range (`null` before the first data).
-                None => start.clone().unwrap_or(Offset::Null),
-            };
-            sources.insert(input.key.clone(), SourceRange { start, end });
-        }
-        if !any_new {
-            return Ok(None);
-        }
-        Ok(Some(OffsetRecord {
-            epoch,
-            planned_at_ms: chrono::Utc::now().timestamp_millis(),
-            sources,
-        }))
-    }
-
     /// Writes the epoch's plan, `offsets/N`: from here on a restart re-runs
     /// the epoch over exactly these ranges.
     fn write_plan(&self, record: &OffsetRecord) -> Result<()> {
         self.checkpoint.write_offsets(record)?;
         fail_point("after-offsets", record.epoch);
         Ok(())
-    }
-
-    /// Plans epoch `epoch` from `positions` and reads its input, while the
-    /// epoch before it commits; nothing is written (see the module's notes).
-    async fn prefetch(
-        &self,
-        epoch: u64,
-        positions: &BTreeMap<String, Offset>,
-    ) -> Result<Option<Prefetched>> {
-        let started = Instant::now();
-        let Some(record) = self.plan_epoch(epoch, positions).await? else {
-            return Ok(None);
-        };
-        let plan_ms = ms(started.elapsed());
-        let read = self.read_epoch(&record).await?;
-        Ok(Some(Prefetched {
-            record,
-            read,
-            started,
-            plan_ms,
-        }))
-    }
-
-    /// Reads every statement's inputs over the ranges of `record`.
-    async fn read_epoch(&self, record: &OffsetRecord) -> Result<EpochRead> {
-        let epoch = record.epoch;
-        let t = Instant::now();
-        let mut read = EpochRead {
-            inputs: Vec::with_capacity(self.statements.len()),
-            sources: Vec::new(),
-            rows: 0,
-            dead_letters: Vec::new(),
-            group_offsets: Vec::new(),
-            ms: 0.0,
-        };
-        let mut dead_lettered = std::collections::HashSet::new();
-        for statement in &self.statements {
-            let mut inputs = Vec::with_capacity(statement.plan.inputs.len());
-            for (index, input) in statement.plan.inputs.iter().enumerate() {
-                let range = record.sources.get(&input.key).ok_or_else(|| {
-                    SluiceError::Internal(format!("offsets/{epoch} has no range for {}", input.key))
-                })?;
-                let empty = range.end.is_null() || range.start.as_ref() == Some(&range.end);
-                // An input without a watermark can be generated while the
-                // plan runs; one with a watermark must be seen whole first,
-                // and one that several scans read must be kept for all.
-                let whole = statement.plan.watermarks.tracks(index) || input.scans > 1;
-                let lazy = match empty || whole {
-                    true => None,
-                    false => input.source.read_lazily(range.start.as_ref(), &range.end)?,
-                };
-                let (rows, batches) = match lazy {
-                    Some(lazy) => (lazy.rows, EpochInput::Lazy(lazy.partitions)),
-                    None => {
-                        let partitions = if empty {
-                            Vec::new()
-                        } else {
-                            input.source.read(range.start.as_ref(), &range.end).await?
-                        };
-                        let rows = partitions.iter().flatten().map(|b| b.num_rows() as u64);
-                        (rows.sum(), EpochInput::Read(partitions))
-                    }
-                };
-                read.rows += rows;
-                inputs.push(batches);
-                let rejected = input.source.take_rejected();
-                read.sources.push(SourceProgress {
-                    description: input.description.clone(),
-                    start_offset: range.start.clone(),
-                    end_offset: range.end.clone(),
-                    num_input_rows: rows,
-                    skipped_records: rejected.skipped,
-                    lost_records: rejected.lost,
-                    dead_lettered_records: rejected.dead_letters.len() as u64,
-                    lag: input.source.lag(),
-                });
-                // Statements of a set reading the same stream reject the
-                // same records: each is dead-lettered once.
-                for letter in rejected.dead_letters {
-                    if dead_lettered.insert(letter.clone()) {
-                        read.dead_letters.push(letter);
-                    }
-                }
-                if let Some(offsets) = (!empty)
-                    .then(|| input.source.group_offsets(&range.end))
-                    .flatten()
-                {
-                    merge_group_offsets(&mut read.group_offsets, offsets);
-                }
-            }
-            read.inputs.push(inputs);
-        }
-        read.ms = ms(t.elapsed());
-        Ok(read)
     }
 
     /// Runs epoch `record` (its plan written) over `read`, or over what it
@@ -518,7 +402,7 @@ impl EpochLoop {
         read: Option<EpochRead>,
         timing: EpochTiming,
         next: Option<&BTreeMap<String, Offset>>,
-    ) -> Result<(QueryProgress, Option<Result<Option<Prefetched>>>)> {
+    ) -> Result<(QueryProgress, Option<Result<Option<Planned>>>)> {
         let epoch = record.epoch;
         let read = match read {
             Some(read) => read,
@@ -591,20 +475,8 @@ impl EpochLoop {
             dead_letters,
             group_offsets,
         };
-        // Reading ahead only while behind, with at least two more epochs as
-        // large as this one waiting: their records are there already, so
-        // planning the next one now delays none of them. Caught up, an
-        // epoch planned now would leave out what arrives during this commit
-        // (back to back, reading ahead on any lag added 14 ms to the p99
-        // latency at 10 K records/s; with one epoch's lag, 6 ms at 100 K/s,
-        // where what a fetch has in flight is about an epoch). An
-        // `available-now` backlog is fixed, nothing arriving later joins it:
-        // any of it left is read ahead.
-        let lag: i64 = sources.iter().flat_map(|s| s.lag.values()).sum();
-        let behind = lag > 0
-            && (self.trigger == Trigger::AvailableNow || lag.unsigned_abs() >= 2 * input_rows);
         let write = self.sink.write_epoch_set(&commit, &outputs, &handover);
-        let (written, next) = match next.filter(|_| behind) {
+        let (written, next) = match next.filter(|_| self.behind(&sources, input_rows)) {
             Some(positions) => {
                 let (written, next) = tokio::join!(write, self.prefetch(epoch + 1, positions));
                 (written, Some(next))
@@ -670,28 +542,6 @@ impl EpochLoop {
         };
         Ok((progress, next))
     }
-}
-
-/// An epoch's input, read from its sources.
-struct EpochRead {
-    /// Each statement's inputs, in order.
-    inputs: Vec<Vec<EpochInput>>,
-    sources: Vec<SourceProgress>,
-    rows: u64,
-    dead_letters: Vec<DeadLetter>,
-    group_offsets: Vec<GroupOffsets>,
-    /// How long reading took.
-    ms: f64,
-}
-
-/// The next epoch, planned and read while the one before it committed; its
-/// plan is written only once that commit is done.
-struct Prefetched {
-    record: OffsetRecord,
-    read: EpochRead,
-    /// When its planning began, and how long it took.
-    started: Instant,
-    plan_ms: f64,
 }
 
 /// When an epoch began (its planning), and the one before it.
@@ -825,24 +675,6 @@ fn advance(positions: &mut BTreeMap<String, Offset>, record: OffsetRecord) {
         if !range.end.is_null() {
             positions.insert(key, range.end);
         }
-    }
-}
-
-/// Adds `new` to `all`: statements of a set reading the same topic for the
-/// same consumer group report one position per partition, the lowest (the
-/// group has consumed no further than every statement).
-fn merge_group_offsets(all: &mut Vec<GroupOffsets>, new: GroupOffsets) {
-    match all
-        .iter_mut()
-        .find(|g| g.group == new.group && g.topic == new.topic)
-    {
-        Some(g) => {
-            for (partition, offset) in new.offsets {
-                let at = g.offsets.entry(partition).or_insert(offset);
-                *at = (*at).min(offset);
-            }
-        }
-        None => all.push(new),
     }
 }
 

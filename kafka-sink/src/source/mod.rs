@@ -5,18 +5,19 @@
 //! partition's last stable offset (and at most its share of
 //! `max-records-per-epoch`); the plan is the offset JSON
 //! `{"ranges": {"<partition>": [from, to]}}`, so replaying an epoch reads
-//! exactly the same records. The reader stops when its position reaches
-//! `to`, not after a count of records: transaction markers and aborted
-//! records take offsets without yielding rows.
+//! exactly the same records ([`plan`]). The reader stops when its position
+//! reaches `to`, not after a count of records: transaction markers and
+//! aborted records take offsets without yielding rows ([`read`]).
 //!
 //! In the steady state an epoch asks the broker nothing: the partitions
 //! stay assigned between epochs and librdkafka fetches ahead (see
 //! [`fetch`]), so a plan takes what has arrived (every record a
 //! `read_committed` consumer receives is below the last stable offset) and
 //! the read hands it over; the topic's partitions are the last ones the
-//! broker named, refreshed in the background (see [`metadata`]). The first plan, a plan after an error,
-//! and a replay ask the broker for each partition's offsets, as does an
-//! `available-now` query once, at its start, for where it stops.
+//! broker named, refreshed in the background (see [`metadata`]). The first
+//! plan, a plan after an error, and a replay ask the broker for each
+//! partition's offsets, as does an `available-now` query once, at its
+//! start, for where it stops.
 //!
 //! Rows are decoded column-at-a-time (arrow-json's decoder over all of an
 //! epoch's messages); only when that fails is each message decoded alone,
@@ -30,7 +31,6 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{Offset as KafkaOffset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use sluice_engine::{
     GroupOffsets, Offset, Partitions, Rejected, Result, SluiceError, Source, SourceFactory,
@@ -42,22 +42,21 @@ mod debezium;
 mod decode;
 mod fetch;
 mod metadata;
+mod plan;
 mod purge;
+mod read;
 
 use crate::client::{Detached, Role};
 use crate::group::KafkaTaskGroup;
 pub(crate) use config::factory;
 use config::{OnError, SourceConfig, StartupMode};
 pub use decode::decode_json;
-use fetch::{Fetched, LaneError, Lanes};
+use fetch::Lanes;
 use metadata::KnownPartitions;
 use purge::Purger;
 
 #[derive(Debug)]
 pub(crate) struct KafkaSourceFactory(SourceConfig);
-
-/// A read found a range starting where records are gone.
-struct OutOfRange;
 
 impl SourceFactory for KafkaSourceFactory {
     fn schema(&self) -> SchemaRef {
@@ -144,27 +143,6 @@ struct PlannedRanges {
 fn parse(offset: &Offset) -> Result<PlannedRanges> {
     serde_json::from_value(offset.clone())
         .map_err(|e| SluiceError::Internal(format!("kafka source offset {offset}: {e}")))
-}
-
-/// Each partition of `marks` (low watermark, last stable offset) at the
-/// offset Kafka `found` for it, moved into its range; `missing(partition,
-/// low, high)` where Kafka has none.
-fn found_positions(
-    found: &TopicPartitionList,
-    topic: &str,
-    marks: &BTreeMap<i32, (i64, i64)>,
-    missing: impl Fn(i32, i64, i64) -> i64,
-) -> BTreeMap<i32, i64> {
-    marks
-        .iter()
-        .map(|(&p, &(low, high))| {
-            let pos = match found.find_partition(topic, p).map(|e| e.offset()) {
-                Some(KafkaOffset::Offset(o)) => o.clamp(low, high),
-                _ => missing(p, low, high),
-            };
-            (p, pos)
-        })
-        .collect()
 }
 
 #[derive(Debug)]
@@ -277,342 +255,6 @@ impl SourceInner {
             out.insert(p, (low, high));
         }
         Ok(out)
-    }
-
-    /// Where each partition of `marks` (low watermark, last stable offset)
-    /// starts under the startup mode, within the partition's range.
-    fn startup_positions(&self, marks: &BTreeMap<i32, (i64, i64)>) -> Result<BTreeMap<i32, i64>> {
-        let topic = &self.config.topic;
-        Ok(match &self.config.startup {
-            StartupMode::Earliest => marks.iter().map(|(p, (low, _))| (*p, *low)).collect(),
-            StartupMode::Latest => marks.iter().map(|(p, (_, high))| (*p, *high)).collect(),
-            StartupMode::Offsets(given) => marks
-                .iter()
-                .map(|(p, (low, high))| {
-                    (*p, given.get(p).map_or(*low, |o| (*o).clamp(*low, *high)))
-                })
-                .collect(),
-            StartupMode::GroupOffsets(group) => {
-                let mut config = self.config.client.config(Role::Consumer);
-                config
-                    .set("group.id", group)
-                    .set("enable.auto.commit", "false");
-                let consumer: BaseConsumer = self
-                    .config
-                    .client
-                    .create(&config, &format!("consumer group '{group}'"))?;
-                let mut query = TopicPartitionList::new();
-                for p in marks.keys() {
-                    query.add_partition(topic, *p);
-                }
-                let committed = consumer
-                    .committed_offsets(query, self.config.client.timeout())
-                    .map_err(|e| {
-                        self.unreachable(&format!("reading the offsets of group '{group}'"), e)
-                    })?;
-                // Never committed by the group: from the beginning, so
-                // nothing is skipped.
-                found_positions(&committed, topic, marks, |p, low, _| {
-                    tracing::info!(
-                        topic = %topic, partition = p, group = %group,
-                        "the group has no offset for this partition; reading it from the \
-                         beginning"
-                    );
-                    low
-                })
-            }
-            StartupMode::Timestamp(ms) => {
-                let mut query = TopicPartitionList::new();
-                for p in marks.keys() {
-                    query
-                        .add_partition_offset(topic, *p, KafkaOffset::Offset(*ms))
-                        .map_err(|e| self.unreachable("looking up offsets by time", e))?;
-                }
-                let found = self
-                    .consumer
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .offsets_for_times(query, self.config.client.timeout())
-                    .map_err(|e| self.unreachable("looking up offsets by time", e))?;
-                // No record at or after the time: start at the end.
-                found_positions(&found, topic, marks, |_, _, high| high)
-            }
-        })
-    }
-
-    /// The epoch's cap in records per partition: the smaller of the record
-    /// cap and the byte cap at the average record size read so far, shared
-    /// evenly by `partitions`.
-    fn share(&self, partitions: usize) -> i64 {
-        let per_record = *self.record_bytes.lock().unwrap_or_else(|p| p.into_inner());
-        let by_bytes = per_record.map_or(u64::MAX, |b| (self.config.max_bytes as f64 / b) as u64);
-        let with_data = partitions.max(1) as u64;
-        (self.config.max_records.min(by_bytes) / with_data).max(1) as i64
-    }
-
-    fn plan(self: &Arc<Self>, start: Option<PlannedRanges>) -> Result<Option<PlannedRanges>> {
-        let positions: BTreeMap<i32, i64> = start
-            .map(|s| s.ranges.into_iter().map(|(p, (_, to))| (p, to)).collect())
-            .unwrap_or_default();
-        if let Some(plan) = self.plan_fetched(&positions)? {
-            return Ok(plan);
-        }
-        let marks = self.watermarks()?;
-        let cap = self.cap.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut initial = self.initial.lock().unwrap_or_else(|p| p.into_inner());
-        if positions.is_empty() && initial.is_empty() {
-            // Fixed at first sight, so 'latest' is resolved once per run.
-            *initial = self.startup_positions(&marks)?;
-        }
-        let share = Some(self.share(marks.len()));
-        let mut ranges = BTreeMap::new();
-        let mut lag = BTreeMap::new();
-        let mut any = false;
-        for (&p, &pos) in &positions {
-            if !marks.contains_key(&p) {
-                self.data_loss(
-                    p,
-                    pos,
-                    pos,
-                    "cannot be read: the partition is gone (the topic was deleted and \
-                     recreated with fewer partitions)",
-                )?;
-            }
-        }
-        for (&p, &(low, high)) in &marks {
-            let from = match positions.get(&p) {
-                Some(&pos) if pos < low => {
-                    self.data_loss(
-                        p,
-                        pos,
-                        low,
-                        "were deleted (retention or delete_records) before the query read them",
-                    )?;
-                    low
-                }
-                Some(&pos) if pos > high => {
-                    // The log ends before where the query had read to.
-                    self.data_loss(
-                        p,
-                        high,
-                        pos,
-                        &format!(
-                            "are gone: the query had read up to {pos} but the partition now \
-                             ends at {high} (the topic was deleted and recreated, or its log \
-                             truncated); going on would skip whatever the new log holds below \
-                             {pos}"
-                        ),
-                    )?;
-                    // Skipped: start over at the new log's beginning.
-                    low
-                }
-                Some(&pos) => pos,
-                // A partition added after the start is read from its
-                // beginning.
-                None => *initial.entry(p).or_insert(low),
-            };
-            let mut to = high.max(from);
-            if let Some(share) = share {
-                to = to.min(from + share);
-            }
-            if let Some(c) = cap.as_ref().and_then(|c| c.get(&p)) {
-                to = to.min(*c).max(from);
-            }
-            any |= to > from;
-            ranges.insert(p, (from, to));
-            lag.insert(p.to_string(), (high - to).max(0));
-        }
-        *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = lag;
-        drop(initial);
-        // Fetching starts now, for this epoch and the next ones.
-        let starts = ranges.iter().map(|(&p, &(from, _))| (p, from)).collect();
-        self.lanes_at(&starts)?;
-        Ok(any.then_some(PlannedRanges { ranges }))
-    }
-
-    /// The plan without a word to the broker, when the lanes stand where
-    /// the epoch starts: up to each partition's share of what has arrived
-    /// (or, for `available-now`, of what is below where it stops). `None`
-    /// when the broker must be asked: nothing was planned yet, the
-    /// partitions changed, the lanes are elsewhere (a replay) or failed.
-    fn plan_fetched(
-        self: &Arc<Self>,
-        positions: &BTreeMap<i32, i64>,
-    ) -> Result<Option<Option<PlannedRanges>>> {
-        let partitions = self.known_partitions()?;
-        let starts: Option<BTreeMap<i32, i64>> = {
-            let initial = self.initial.lock().unwrap_or_else(|p| p.into_inner());
-            if initial.is_empty() && positions.is_empty() {
-                return Ok(None);
-            }
-            partitions
-                .iter()
-                .map(|&p| Some((p, *positions.get(&p).or_else(|| initial.get(&p))?)))
-                .collect()
-        };
-        // A partition read before but gone from the metadata is data loss,
-        // which the broker's offsets tell.
-        let Some(starts) = starts.filter(|s| positions.keys().all(|p| s.contains_key(p))) else {
-            return Ok(None);
-        };
-        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(held) = lanes
-            .as_mut()
-            .filter(|l| l.at(&starts) && l.len() == starts.len())
-        else {
-            return Ok(None);
-        };
-        let share = self.share(starts.len());
-        let cap = self.cap.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let ends = match &cap {
-            // Everything below the cap is there to be read.
-            Some(cap) => starts
-                .iter()
-                .map(|(&p, &from)| {
-                    (
-                        p,
-                        cap.get(&p).map_or(from, |&c| c.min(from + share).max(from)),
-                    )
-                })
-                .collect(),
-            None => match held.drain(share as usize) {
-                Ok(ends) => ends,
-                // What went wrong is found out by asking the broker.
-                Err(_) => {
-                    *lanes = None;
-                    return Ok(None);
-                }
-            },
-        };
-        let ranges: BTreeMap<i32, (i64, i64)> = starts
-            .iter()
-            .map(|(&p, &from)| (p, (from, ends.get(&p).copied().unwrap_or(from))))
-            .collect();
-        let ends = ranges.iter().map(|(&p, &(_, to))| (p, to)).collect();
-        *self.lag.lock().unwrap_or_else(|p| p.into_inner()) = held
-            .lag(&ends)
-            .into_iter()
-            .map(|(p, lag)| (p.to_string(), lag))
-            .collect();
-        let any = ranges.values().any(|(from, to)| to > from);
-        Ok(Some(any.then_some(PlannedRanges { ranges })))
-    }
-
-    /// Makes the lanes stand at `starts`: kept when they do, else opened
-    /// there on a new consumer.
-    fn lanes_at(&self, starts: &BTreeMap<i32, i64>) -> Result<()> {
-        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
-        if lanes.as_ref().is_some_and(|l| l.at(starts)) {
-            return Ok(());
-        }
-        // The old consumer goes first: two would fetch the same partitions.
-        *lanes = None;
-        let consumer = new_consumer(&self.config)?;
-        *lanes = Some(
-            Lanes::open(consumer, &self.config.topic, starts)
-                .map_err(|e| self.unreachable("assigning partitions", e))?,
-        );
-        Ok(())
-    }
-
-    /// Reads every range of `plan`; one partition of rows per Kafka
-    /// partition. A range whose start is gone by now (deleted since it was
-    /// planned, or before a replay) is data loss, as at planning.
-    fn read(&self, plan: &PlannedRanges) -> Result<Partitions> {
-        let mut wanted: Vec<(i32, i64, i64)> = plan
-            .ranges
-            .iter()
-            .filter(|(_, (from, to))| to > from)
-            .map(|(p, (from, to))| (*p, *from, *to))
-            .collect();
-        let mut starts: BTreeMap<i32, i64> = plan
-            .ranges
-            .iter()
-            .map(|(&p, &(from, _))| (p, from))
-            .collect();
-        loop {
-            starts.extend(wanted.iter().map(|&(p, from, _)| (p, from)));
-            match self.read_ranges(&starts, &wanted)? {
-                Ok(fetched) => return self.decode_partitions(fetched),
-                Err(OutOfRange) => wanted = self.what_is_left(&wanted)?,
-            }
-        }
-    }
-
-    /// What of `wanted` can still be read, after one of them started where
-    /// records are gone: each range starting below its partition's first
-    /// offset is data loss (see [`data_loss`](Self::data_loss)) and, when
-    /// that is accepted, starts at the first offset left.
-    fn what_is_left(&self, wanted: &[(i32, i64, i64)]) -> Result<Vec<(i32, i64, i64)>> {
-        let marks = self.watermarks()?;
-        let mut left = Vec::with_capacity(wanted.len());
-        for &(p, from, to) in wanted {
-            let (low, high) = marks.get(&p).copied().unwrap_or((to, to));
-            let why = "were deleted (retention or delete_records) before the query read them";
-            let start = if from < low {
-                self.data_loss(p, from, low.min(to), why)?;
-                low.min(to)
-            } else if high < from {
-                self.data_loss(p, from, to, "are gone: the topic was deleted and recreated")?;
-                to
-            } else {
-                from
-            };
-            left.push((p, start, to));
-        }
-        if left == wanted {
-            return Err(SluiceError::External {
-                what: format!("kafka source '{}'", self.config.stream),
-                message: format!(
-                    "topic '{}': reading {wanted:?} found an offset out of range, but every \
-                     range is within its partition now",
-                    self.config.topic
-                ),
-                hint: Some("restart the query; it re-reads the epoch".into()),
-            });
-        }
-        Ok(left)
-    }
-
-    /// The records of `wanted`, by partition, or `Err(OutOfRange)` when a
-    /// range starts where records are gone.
-    /// The lanes stand at `starts` (every partition of the plan) for it.
-    fn read_ranges(
-        &self,
-        starts: &BTreeMap<i32, i64>,
-        wanted: &[(i32, i64, i64)],
-    ) -> Result<std::result::Result<Vec<(i32, Fetched)>, OutOfRange>> {
-        self.lanes_at(starts)?;
-        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(held) = lanes.as_mut() else {
-            return Err(SluiceError::Internal("kafka source: no lanes".into()));
-        };
-        let stall = self.config.client.timeout();
-        let mut fetched = Vec::with_capacity(wanted.len());
-        for &(p, _, to) in wanted {
-            match held.take(p, to, stall) {
-                Ok(records) => fetched.push((p, records)),
-                Err(e) => {
-                    *lanes = None;
-                    return match e {
-                        LaneError::OutOfRange => Ok(Err(OutOfRange)),
-                        LaneError::Stalled(last) => {
-                            let why = last.map_or(String::new(), |e| format!(" (last error: {e})"));
-                            Err(self
-                                .unreachable("reading", format!("no progress for {stall:?}{why}")))
-                        }
-                    };
-                }
-            }
-        }
-        let (count, bytes) = fetched.iter().fold((0, 0), |(n, b), (_, f)| {
-            (n + f.len(), b + f.payload_bytes())
-        });
-        if count > 0 {
-            *self.record_bytes.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((bytes as f64 / count as f64).max(1.0));
-        }
-        Ok(Ok(fetched))
     }
 }
 
