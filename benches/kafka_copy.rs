@@ -396,6 +396,10 @@ async fn secure(n: u64, rounds: usize) -> Result<(), BoxError> {
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), BoxError> {
+    // The malloc thresholds every query sets, from the start: the limits
+    // and the raw copy run with the same allocator as Sluice, in every
+    // round.
+    sluice::tune_allocator();
     let n = common::number("--records", 2_000_000);
     let rounds = common::number("--rounds", 3) as usize;
     if std::env::args().any(|a| a == "--secure") {

@@ -124,6 +124,7 @@ impl EpochLoop {
     /// Runs this loop's task until the query is stopped, its input runs
     /// out under the available-now trigger, or it fails.
     pub(crate) async fn run(mut self, recovered: Recovered) -> Result<()> {
+        crate::memory::tune_allocator();
         // A bug that panics must still end the query, or its waiters would
         // wait forever.
         let result = AssertUnwindSafe(self.run_with_retries(recovered))

@@ -82,6 +82,7 @@ pub use error::{Result, SluiceError};
 pub use fail_point::fail_point;
 pub use frame::{DataStreamWriter, StreamFrame};
 pub use launch::QuerySettings;
+pub use memory::tune_allocator;
 pub use metrics::Metrics;
 pub use operator::changelog::SIGN as CHANGELOG_SIGN;
 pub use options::{
