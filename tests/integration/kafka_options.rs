@@ -10,7 +10,7 @@ use sluice::broker::{create_topic, fresh_topic};
 use sluice::Session;
 
 use crate::kafka::{json_rows, read};
-use crate::no_silent_loss::{produce_plain, produce_plain_to};
+use crate::no_silent_loss::{produce_plain, produce_plain_to, topic_with};
 
 /// The `id` of each JSON record, in offset order.
 fn ids(records: &[sluice::broker::ReadRecord]) -> Vec<i64> {
@@ -241,13 +241,7 @@ fn partition_log_bytes(topic: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_committed_deletes_what_the_first_epoch_committed_and_no_more() {
     use sluice::datafusion::prelude::col;
-    let bootstrap = crate::util::broker().await;
-    let input = fresh_topic("purge");
-    create_topic(&bootstrap, &input, 1).await.unwrap();
-    let (b, t) = (bootstrap.clone(), input.clone());
-    tokio::task::spawn_blocking(move || produce_plain(&b, &t, 0..30))
-        .await
-        .unwrap();
+    let (bootstrap, input) = topic_with("purge", 0..30).await;
     let out = sluice::MemorySink::new();
     let query = crate::util::kafka_stream(
         &bootstrap,
@@ -300,13 +294,7 @@ async fn purge_committed_deletes_what_the_first_epoch_committed_and_no_more() {
 async fn a_partition_added_while_the_query_runs_is_read_from_its_beginning() {
     use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions};
     use sluice::datafusion::prelude::col;
-    let bootstrap = crate::util::broker().await;
-    let input = fresh_topic("grows");
-    create_topic(&bootstrap, &input, 1).await.unwrap();
-    let (b, t) = (bootstrap.clone(), input.clone());
-    tokio::task::spawn_blocking(move || produce_plain(&b, &t, 0..10))
-        .await
-        .unwrap();
+    let (bootstrap, input) = topic_with("grows", 0..10).await;
     let out = sluice::MemorySink::new();
     let query = crate::util::kafka_stream(&bootstrap, &input, &[])
         .select(vec![col("id")])
@@ -342,9 +330,36 @@ async fn a_partition_added_while_the_query_runs_is_read_from_its_beginning() {
         .unwrap();
     assert!(added.iter().all(|r| r.is_ok()), "{added:?}");
     let (b, t) = (bootstrap.clone(), input.clone());
-    tokio::task::spawn_blocking(move || produce_plain_to(&b, &t, 1, 10..20))
-        .await
-        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        // A producer that does not know partition 1 yet drops what is sent
+        // there (a delivery error nobody reads): wait until the broker
+        // names it, and check the records arrived.
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &b)
+            .create()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while consumer
+            .fetch_metadata(Some(&t), Duration::from_secs(10))
+            .unwrap()
+            .topics()
+            .iter()
+            .all(|topic| topic.partitions().len() < 2)
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the broker never named partition 1"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        produce_plain_to(&b, &t, 1, 10..20);
+        let (_, end) = consumer
+            .fetch_watermarks(&t, 1, Duration::from_secs(10))
+            .unwrap();
+        assert_eq!(end, 10, "the records reached partition 1");
+    })
+    .await
+    .unwrap();
     assert_eq!(
         read_until(20).await,
         (0..20).collect::<Vec<_>>(),

@@ -17,6 +17,20 @@ pub(crate) fn produce_plain(bootstrap: &str, topic: &str, ids: std::ops::Range<i
     produce_plain_to(bootstrap, topic, 0, ids)
 }
 
+/// A new one-partition topic named after `prefix` on the tests' broker,
+/// holding `ids` as [`produce_plain`] writes them; returns the broker's
+/// address and the topic.
+pub(crate) async fn topic_with(prefix: &str, ids: std::ops::Range<i64>) -> (String, String) {
+    let bootstrap = crate::util::broker().await;
+    let topic = fresh_topic(prefix);
+    create_topic(&bootstrap, &topic, 1).await.unwrap();
+    let (b, t) = (bootstrap.clone(), topic.clone());
+    tokio::task::spawn_blocking(move || produce_plain(&b, &t, ids))
+        .await
+        .unwrap();
+    (bootstrap, topic)
+}
+
 /// [`produce_plain`] into `partition`.
 pub(crate) fn produce_plain_to(
     bootstrap: &str,
@@ -315,13 +329,7 @@ async fn a_message_is_one_value_and_a_tombstone_is_skipped_and_counted() {
 /// `latest` resolved again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latest_is_resolved_once_and_what_arrives_before_the_first_epoch_is_read() {
-    let bootstrap = crate::util::broker().await;
-    let input = fresh_topic("latest");
-    create_topic(&bootstrap, &input, 1).await.unwrap();
-    let (b, i) = (bootstrap.clone(), input.clone());
-    tokio::task::spawn_blocking(move || produce_plain(&b, &i, 0..5))
-        .await
-        .unwrap();
+    let (bootstrap, input) = topic_with("latest", 0..5).await;
     let dir = tempfile::tempdir().unwrap();
     let run = || {
         let (bootstrap, input, dir) = (bootstrap.clone(), input.clone(), dir.path().to_path_buf());

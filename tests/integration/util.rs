@@ -420,26 +420,51 @@ async fn start_registry(port: u16, tls: bool) -> (String, String) {
     .unwrap()
 }
 
+/// How long one `scripts/confluent-client` run may take, its first
+/// run's install from PyPI included.
+const CONFLUENT_CLIENT_LIMIT: Duration = Duration::from_secs(600);
+
 /// Runs `scripts/confluent-client` (Confluent's Python serializers) with
 /// `args`, `stdin` as its input; returns its output lines, or panics with
-/// its error output.
+/// its error output. A run past [`CONFLUENT_CLIENT_LIMIT`] is killed (its
+/// whole process group) and fails the test, rather than hang it.
 pub async fn confluent_client(args: Vec<String>, stdin: String) -> Vec<String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/confluent-client");
     tokio::task::spawn_blocking(move || {
         use std::io::Write;
+        use std::os::unix::process::CommandExt;
         let mut child = Command::new(script)
             .args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            .process_group(0)
             .spawn()
             .expect("scripts/confluent-client runs");
+        let group = child.id();
+        let (ended, watch) = std::sync::mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            let late = watch.recv_timeout(CONFLUENT_CLIENT_LIMIT)
+                == Err(std::sync::mpsc::RecvTimeoutError::Timeout);
+            if late {
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{group}")])
+                    .status();
+            }
+            late
+        });
         let mut input = child.stdin.take().expect("stdin");
         input
             .write_all(stdin.as_bytes())
             .expect("writing its input");
         drop(input);
         let out = child.wait_with_output().expect("it ends");
+        drop(ended);
+        assert!(
+            !watchdog.join().unwrap(),
+            "scripts/confluent-client {} was killed after {CONFLUENT_CLIENT_LIMIT:?}",
+            args.join(" ")
+        );
         assert!(
             out.status.success(),
             "scripts/confluent-client {}: {}",
