@@ -23,34 +23,49 @@ use super::fetch::Fetched;
 use super::{debezium, SourceInner};
 
 impl SourceInner {
-    /// Decodes each partition's records, in parallel (JSON decoding is
-    /// most of a read) on at most one thread per core, whatever the number
-    /// of partitions: a 2,000-partition topic gets a few threads, not 2,000.
-    pub(super) fn decode_partitions(&self, partitions: Vec<(i32, Fetched)>) -> Result<Partitions> {
+    /// Decodes each partition's records, a batch per chunk, in parallel
+    /// (JSON decoding is most of a read) on at most one thread per core,
+    /// whatever the number of partitions: a 2,000-partition topic gets a
+    /// few threads, not 2,000, and one partition's chunks share the cores.
+    /// An upsert stream's partition is decoded whole, in one batch: it
+    /// keeps each key's last record of the epoch.
+    pub(super) fn decode_partitions(
+        &self,
+        partitions: Vec<(i32, Vec<Fetched>)>,
+    ) -> Result<Partitions> {
+        // (index of the partition, its chunks that make one batch)
+        let mut items: Vec<(usize, i32, &[Fetched])> = Vec::new();
+        for (i, (p, chunks)) in partitions.iter().enumerate() {
+            if self.config.upsert || chunks.len() <= 1 {
+                items.push((i, *p, chunks));
+            } else {
+                items.extend(chunks.chunks(1).map(|c| (i, *p, c)));
+            }
+        }
         let workers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
-            .min(partitions.len());
+            .min(items.len());
         if workers == 0 {
             return Ok(Vec::new());
         }
-        let partitions = &partitions;
+        let items = &items;
         let mut decoded = std::thread::scope(|scope| {
             let decoders: Vec<_> = (0..workers)
                 .map(|w| {
                     scope.spawn(move || {
-                        partitions
+                        items
                             .iter()
                             .enumerate()
                             .skip(w)
                             .step_by(workers)
-                            .map(|(i, (p, fetched))| {
-                                Ok((i, self.decode(*p, &self.records(fetched))?))
+                            .map(|(n, &(i, p, chunks))| {
+                                Ok((n, i, self.decode(p, &self.records(chunks))?))
                             })
                             .collect::<Result<Vec<_>>>()
                     })
                 })
                 .collect();
-            let mut decoded = Vec::with_capacity(partitions.len());
+            let mut decoded = Vec::with_capacity(items.len());
             for d in decoders {
                 decoded.extend(d.join().map_err(|_| {
                     SluiceError::Internal("a Kafka decoder thread panicked".into())
@@ -58,17 +73,24 @@ impl SourceInner {
             }
             Ok::<_, SluiceError>(decoded)
         })?;
-        decoded.sort_unstable_by_key(|(i, _)| *i);
-        Ok(decoded.into_iter().map(|(_, b)| vec![b]).collect())
+        decoded.sort_unstable_by_key(|(n, ..)| *n);
+        let mut out: Partitions = vec![Vec::new(); partitions.len()];
+        for (_, i, batch) in decoded {
+            out[i].push(batch);
+        }
+        Ok(out)
     }
 
-    /// The records of `fetched` that make rows: a tombstone (no value;
+    /// The records of `chunks` that make rows: a tombstone (no value;
     /// for formats other than `raw` also an empty one) deletes a key in a
     /// compacted topic, so on an append stream it is no row, and is
     /// skipped and counted; an upsert stream keeps it to delete its key.
-    fn records<'a>(&self, fetched: &'a Fetched) -> Vec<Record<'a>> {
+    fn records<'a>(&self, chunks: &'a [Fetched]) -> Vec<Record<'a>> {
         let raw = self.config.format == SourceFormat::Raw;
-        let mut records = fetched.records(|v| v.is_empty() && !raw);
+        let mut records = Vec::with_capacity(chunks.iter().map(Fetched::len).sum());
+        for chunk in chunks {
+            records.extend(chunk.records(move |v| v.is_empty() && !raw));
+        }
         if !self.config.upsert {
             let before = records.len();
             records.retain(|r| !r.tombstone);

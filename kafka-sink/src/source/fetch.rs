@@ -3,8 +3,15 @@
 //! ("lane"), so librdkafka fetches the next epoch's records while this one
 //! is computed and committed. Records are taken a batch at a time
 //! (`rd_kafka_consume_batch_queue`, up to [`BATCH`] messages per call) and
-//! copied into one contiguous buffer per partition: nothing allocates or
-//! reads the clock per message (the clock only when a wait finds nothing).
+//! copied into contiguous buffers: nothing allocates or reads the clock per
+//! message (the clock only when a wait finds nothing).
+//!
+//! A lane keeps what it took in chunks of at most [`CHUNK_RECORDS`] records
+//! or about [`CHUNK_BYTES`] bytes, each decoded into a record batch of its
+//! own. One buffer per partition and epoch grew to hundreds of megabytes
+//! with 1 s epochs; allocations that large are mapped fresh from the kernel
+//! and zeroed page by page every epoch (a sixth of a pass-through's CPU),
+//! where chunks are reused from malloc's free lists.
 //!
 //! A lane holds the records taken from its queue but not yet handed to an
 //! epoch: `[start, next)`, where `start` is the offset the next epoch of
@@ -16,7 +23,7 @@
 //! replays, errors), because re-assigning a partition would forward its
 //! queue back to the consumer's.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::CString;
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
@@ -31,6 +38,14 @@ use super::decode::Record;
 
 /// Messages taken from a queue per call.
 pub(super) const BATCH: usize = 4096;
+
+/// Records per chunk a lane holds: DataFusion's batch size.
+const CHUNK_RECORDS: usize = 8192;
+
+/// Payload bytes past which a lane starts a new chunk: with the buffer's
+/// doubling, a chunk stays under glibc's largest mmap threshold (32 MiB)
+/// unless one message alone is bigger.
+const CHUNK_BYTES: usize = 8 << 20;
 
 /// How long one wait on a queue lasts before the position is looked at:
 /// a range that ends at a transaction marker is read when the consumer's
@@ -63,22 +78,30 @@ impl Fetched {
         self.bytes.len()
     }
 
+    fn last_offset(&self) -> Option<i64> {
+        self.slots.last().map(|s| s.offset)
+    }
+
+    fn is_full(&self) -> bool {
+        self.slots.len() >= CHUNK_RECORDS || self.bytes.len() >= CHUNK_BYTES
+    }
+
     /// Each record, with `tombstone(value)` saying whether a present value
     /// counts as none (format-dependent).
-    pub(super) fn records(&self, tombstone: impl Fn(&[u8]) -> bool) -> Vec<Record<'_>> {
-        self.slots
-            .iter()
-            .map(|s| {
-                let value = s.value.map(|(at, len)| &self.bytes[at..at + len]);
-                Record {
-                    key: s.key.map(|(at, len)| &self.bytes[at..at + len]),
-                    value: value.unwrap_or_default(),
-                    tombstone: value.is_none_or(&tombstone),
-                    offset: s.offset,
-                    timestamp_ms: s.timestamp_ms,
-                }
-            })
-            .collect()
+    pub(super) fn records<'a>(
+        &'a self,
+        tombstone: impl Fn(&[u8]) -> bool + 'a,
+    ) -> impl Iterator<Item = Record<'a>> + 'a {
+        self.slots.iter().map(move |s| {
+            let value = s.value.map(|(at, len)| &self.bytes[at..at + len]);
+            Record {
+                key: s.key.map(|(at, len)| &self.bytes[at..at + len]),
+                value: value.unwrap_or_default(),
+                tombstone: value.is_none_or(&tombstone),
+                offset: s.offset,
+                timestamp_ms: s.timestamp_ms,
+            }
+        })
     }
 
     fn slice(&mut self, ptr: *const std::ffi::c_void, len: usize) -> Option<(usize, usize)> {
@@ -138,6 +161,54 @@ impl Fetched {
     }
 }
 
+/// What a lane took and has not handed over, oldest first, in chunks.
+#[derive(Debug, Default)]
+struct Held {
+    chunks: VecDeque<Fetched>,
+    len: usize,
+}
+
+impl Held {
+    /// Records held.
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Copies a message in, at the end.
+    fn push(&mut self, m: &rd::rd_kafka_message_t) {
+        if self.chunks.back().is_none_or(Fetched::is_full) {
+            self.chunks.push_back(Fetched::default());
+        }
+        if let Some(last) = self.chunks.back_mut() {
+            last.push(m);
+            self.len += 1;
+        }
+    }
+
+    /// The chunks of records below `offset`, removed from these; only the
+    /// chunk that straddles `offset` is split (its records past it copied).
+    fn take_below(&mut self, offset: i64) -> Vec<Fetched> {
+        let mut taken = Vec::new();
+        while let Some(mut chunk) = self.chunks.pop_front() {
+            if chunk.last_offset().is_some_and(|last| last < offset) {
+                self.len -= chunk.len();
+                taken.push(chunk);
+                continue;
+            }
+            let rest = chunk.split_off(offset);
+            self.len -= chunk.len();
+            if chunk.len() > 0 {
+                taken.push(chunk);
+            }
+            if rest.len() > 0 {
+                self.chunks.push_front(rest);
+            }
+            break;
+        }
+        taken
+    }
+}
+
 /// What a lane could not read.
 #[derive(Debug)]
 pub(super) enum LaneError {
@@ -153,7 +224,7 @@ struct Lane {
     queue: NonNull<rd::rd_kafka_queue_t>,
     start: i64,
     next: i64,
-    held: Fetched,
+    held: Held,
     /// The last error the queue reported.
     error: Option<KafkaError>,
 }
@@ -213,7 +284,7 @@ impl Lanes {
                     queue,
                     start,
                     next: start,
-                    held: Fetched::default(),
+                    held: Held::default(),
                     error: None,
                 },
             );
@@ -275,9 +346,14 @@ impl Lanes {
             .collect())
     }
 
-    /// Hands over partition `p`'s records below `to`, waiting for what has
-    /// not arrived; fails after `stall` without progress.
-    pub(super) fn take(&mut self, p: i32, to: i64, stall: Duration) -> Result<Fetched, LaneError> {
+    /// Hands over partition `p`'s records below `to`, in chunks, waiting
+    /// for what has not arrived; fails after `stall` without progress.
+    pub(super) fn take(
+        &mut self,
+        p: i32,
+        to: i64,
+        stall: Duration,
+    ) -> Result<Vec<Fetched>, LaneError> {
         if !self.lanes.contains_key(&p) {
             return Err(LaneError::Stalled(Some(format!(
                 "partition {p} is not assigned"
@@ -312,10 +388,10 @@ impl Lanes {
         let Some(lane) = self.lanes.get_mut(&p) else {
             return Err(LaneError::Stalled(None));
         };
-        let rest = lane.held.split_off(to);
+        let taken = lane.held.take_below(to);
         lane.start = to;
         lane.next = lane.next.max(to);
-        Ok(std::mem::replace(&mut lane.held, rest))
+        Ok(taken)
     }
 
     /// Per partition, how many offsets are left past `ends`: from the end
@@ -442,13 +518,49 @@ mod tests {
 
     fn seen(f: &Fetched) -> Vec<(i64, Option<String>, String, bool)> {
         f.records(|v| v.is_empty())
-            .into_iter()
             .map(|r| {
                 let key = r.key.map(|k| String::from_utf8_lossy(k).into_owned());
                 let value = String::from_utf8_lossy(r.value).into_owned();
                 (r.offset, key, value, r.tombstone)
             })
             .collect()
+    }
+
+    fn offsets(chunks: &[Fetched]) -> Vec<Vec<i64>> {
+        chunks
+            .iter()
+            .map(|c| c.records(|_| false).map(|r| r.offset).collect())
+            .collect()
+    }
+
+    #[test]
+    fn take_below_hands_over_whole_chunks_and_splits_only_the_straddling_one() {
+        let mut held = Held {
+            chunks: VecDeque::from([
+                fetched(&[(0, Some("a")), (1, Some("b"))]),
+                fetched(&[(2, Some("c")), (3, Some("d")), (5, Some("f"))]),
+                fetched(&[(6, Some("g"))]),
+            ]),
+            len: 6,
+        };
+        // Offset 4 (a marker) falls inside the second chunk.
+        let taken = held.take_below(4);
+        assert_eq!(offsets(&taken), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(held.len(), 2);
+        assert_eq!(
+            offsets(held.chunks.make_contiguous()),
+            vec![vec![5], vec![6]]
+        );
+        // The straddled chunk's rest kept its bytes.
+        assert_eq!(
+            seen(&held.chunks[0]),
+            vec![(5, Some("k5".into()), "f".into(), false)]
+        );
+        // A boundary between chunks splits nothing; below everything takes nothing.
+        assert_eq!(offsets(&held.take_below(6)), vec![vec![5]]);
+        assert!(held.take_below(6).is_empty());
+        assert_eq!(offsets(&held.take_below(100)), vec![vec![6]]);
+        assert_eq!((held.len(), held.chunks.len()), (0, 0));
     }
 
     #[test]
@@ -466,7 +578,8 @@ mod tests {
             ]
         );
         assert_eq!(seen(&rest), vec![(15, None, "d".into(), false)]);
-        assert_eq!(rest.records(|_| false)[0].timestamp_ms, Some(150));
+        let first = rest.records(|_| false).next().map(|r| r.timestamp_ms);
+        assert_eq!(first, Some(Some(150)));
         // Nothing at or past the offset: an empty rest, the records intact.
         let mut g = fetched(&[(1, Some("x"))]);
         assert_eq!(g.split_off(2).len(), 0);

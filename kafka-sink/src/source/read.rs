@@ -96,7 +96,7 @@ impl SourceInner {
         &self,
         starts: &BTreeMap<i32, i64>,
         wanted: &[(i32, i64, i64)],
-    ) -> Result<std::result::Result<Vec<(i32, Fetched)>, OutOfRange>> {
+    ) -> Result<std::result::Result<Vec<(i32, Vec<Fetched>)>, OutOfRange>> {
         self.lanes_at(starts)?;
         let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
         let Some(held) = lanes.as_mut() else {
@@ -120,9 +120,10 @@ impl SourceInner {
                 }
             }
         }
-        let (count, bytes) = fetched.iter().fold((0, 0), |(n, b), (_, f)| {
-            (n + f.len(), b + f.payload_bytes())
-        });
+        let (count, bytes) = fetched
+            .iter()
+            .flat_map(|(_, chunks)| chunks)
+            .fold((0, 0), |(n, b), f| (n + f.len(), b + f.payload_bytes()));
         if count > 0 {
             *self.record_bytes.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some((bytes as f64 / count as f64).max(1.0));
