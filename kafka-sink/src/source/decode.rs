@@ -19,7 +19,7 @@ use datafusion::arrow::json::ReaderBuilder;
 use sluice_engine::{DeadLetter, Partitions, Result, SluiceError};
 
 use super::config::{KeyColumns, KeyFormat, OnError, SourceFormat};
-use super::fetch::Fetched;
+use super::fetch::{Fetched, Taken};
 use super::{debezium, SourceInner};
 
 impl SourceInner {
@@ -29,10 +29,7 @@ impl SourceInner {
     /// few threads, not 2,000, and one partition's chunks share the cores.
     /// An upsert stream's partition is decoded whole, in one batch: it
     /// keeps each key's last record of the epoch.
-    pub(super) fn decode_partitions(
-        &self,
-        partitions: Vec<(i32, Vec<Fetched>)>,
-    ) -> Result<Partitions> {
+    pub(super) fn decode_partitions(&self, partitions: Taken) -> Result<Partitions> {
         // (index of the partition, its chunks that make one batch)
         let mut items: Vec<(usize, i32, &[Fetched])> = Vec::new();
         for (i, (p, chunks)) in partitions.iter().enumerate() {

@@ -161,6 +161,9 @@ impl Fetched {
     }
 }
 
+/// What an epoch read: each partition's records, in chunks.
+pub(super) type Taken = Vec<(i32, Vec<Fetched>)>;
+
 /// What a lane took and has not handed over, oldest first, in chunks.
 #[derive(Debug, Default)]
 struct Held {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use sluice_engine::{Partitions, Result, SluiceError};
 
-use super::fetch::{Fetched, LaneError, Lanes};
+use super::fetch::{LaneError, Lanes, Taken};
 use super::{new_consumer, PlannedRanges, SourceInner};
 
 /// A read found a range starting where records are gone.
@@ -96,7 +96,7 @@ impl SourceInner {
         &self,
         starts: &BTreeMap<i32, i64>,
         wanted: &[(i32, i64, i64)],
-    ) -> Result<std::result::Result<Vec<(i32, Vec<Fetched>)>, OutOfRange>> {
+    ) -> Result<std::result::Result<Taken, OutOfRange>> {
         self.lanes_at(starts)?;
         let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
         let Some(held) = lanes.as_mut() else {
