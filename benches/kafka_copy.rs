@@ -358,6 +358,7 @@ async fn secure(n: u64, rounds: usize) -> Result<(), BoxError> {
             create_topic(&broker.plaintext, &out, PARTITIONS).await?;
             let (r, epoch_ms, epochs) =
                 sluice_copy(client, &input, &out, n, per_epoch, Shape::Bytes, false).await?;
+            common::delete_topics(&broker.plaintext, &[&out]).await;
             eprintln!(
                 "round {round}: {name}: {r:.0} rec/s, {epochs} epochs, median {epoch_ms:.0} ms"
             );
@@ -391,6 +392,7 @@ async fn secure(n: u64, rounds: usize) -> Result<(), BoxError> {
             "mtls_of_plaintext": medians[2] / medians[0],
         }),
     );
+    common::delete_topics(&broker.plaintext, &[&input]).await;
     Ok(())
 }
 
@@ -459,7 +461,9 @@ async fn main() -> Result<(), BoxError> {
             create_topic(&bootstrap, &out, PARTITIONS).await?;
             let b = bootstrap.clone();
             let records = &records;
-            tokio::task::block_in_place(|| produce_only(&b, &out, records))?
+            let rate = tokio::task::block_in_place(|| produce_only(&b, &out, records))?;
+            common::delete_topics(&bootstrap, &[&out]).await;
+            rate
         };
         let out = fresh_topic("bench-copy-raw");
         create_topic(&bootstrap, &out, PARTITIONS).await?;
@@ -467,6 +471,7 @@ async fn main() -> Result<(), BoxError> {
             let (b, i, o) = (bootstrap.clone(), input.clone(), out.clone());
             tokio::task::spawn_blocking(move || raw_copy(&b, &i, &o, n)).await??
         };
+        common::delete_topics(&bootstrap, &[&out]).await;
         eprintln!(
             "round {round}: consume-only {read_limit:.0}, produce-only {write_limit:.0}, raw copy \
              {rate:.0} rec/s"
@@ -487,6 +492,7 @@ async fn main() -> Result<(), BoxError> {
             let client = ClientOptions::new(bootstrap.as_str());
             let (r, epoch_ms, epochs) =
                 sluice_copy(&client, &input, &out, n, per_epoch, shape, *headers).await?;
+            common::delete_topics(&bootstrap, &[&out]).await;
             eprintln!(
                 "round {round}: sluice {name} ({per_epoch} records per epoch): {r:.0} rec/s, \
                  {epochs} epochs, median {epoch_ms:.0} ms"
@@ -544,6 +550,10 @@ async fn main() -> Result<(), BoxError> {
         summary[format!("ratio_{name}_median")] = of(r, |x| x.1).into();
         summary[format!("sluice_{name}_of_consume_only")] = of(r, |x| x.2).into();
         summary[format!("sluice_{name}_of_produce_only")] = of(r, |x| x.3).into();
+    }
+    // A Nexmark topic is the Nexmark run's, which loaded it.
+    if matches!(shape, Shape::Bytes) {
+        common::delete_topics(&bootstrap, &[&input]).await;
     }
     report(&table, summary);
     Ok(())

@@ -325,3 +325,33 @@ impl Drop for BatchReader<'_> {
         unsafe { rdkafka::bindings::rd_kafka_queue_destroy(self.queue.as_ptr()) }
     }
 }
+
+/// Deletes `topics` from the broker at `bootstrap` once a bench has
+/// measured them: benches that kept every topic they wrote filled the
+/// local broker's disk (61 GB after a day of runs; the broker's 2 h
+/// retention frees only segments that rolled). A failure is reported,
+/// not fatal: the numbers are already taken.
+pub async fn delete_topics(bootstrap: &str, topics: &[&str]) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    let admin: Result<AdminClient<DefaultClientContext>, _> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create();
+    let result = match admin {
+        Ok(admin) => admin
+            .delete_topics(topics, &AdminOptions::new())
+            .await
+            .map(|results| {
+                results
+                    .into_iter()
+                    .filter_map(Result::err)
+                    .collect::<Vec<_>>()
+            }),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(failed) if failed.is_empty() => {}
+        Ok(failed) => eprintln!("could not delete {failed:?}"),
+        Err(e) => eprintln!("could not delete {topics:?}: {e}"),
+    }
+}
