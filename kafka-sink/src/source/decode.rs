@@ -30,7 +30,7 @@ impl SourceInner {
     /// An upsert stream's partition is decoded whole, in one batch: it
     /// keeps each key's last record of the epoch.
     pub(super) fn decode_partitions(&self, partitions: Taken) -> Result<Partitions> {
-        // (index of the partition, its chunks that make one batch)
+        // (index in `partitions`, partition, the chunks that make one batch)
         let mut items: Vec<(usize, i32, &[Fetched])> = Vec::new();
         for (i, (p, chunks)) in partitions.iter().enumerate() {
             if self.config.upsert || chunks.len() <= 1 {
