@@ -168,13 +168,12 @@ pub(super) type Taken = Vec<(i32, Vec<Fetched>)>;
 #[derive(Debug, Default)]
 struct Held {
     chunks: VecDeque<Fetched>,
-    len: usize,
 }
 
 impl Held {
     /// Records held.
     fn len(&self) -> usize {
-        self.len
+        self.chunks.iter().map(Fetched::len).sum()
     }
 
     /// Copies a message in, at the end.
@@ -184,7 +183,6 @@ impl Held {
         }
         if let Some(last) = self.chunks.back_mut() {
             last.push(m);
-            self.len += 1;
         }
     }
 
@@ -194,12 +192,10 @@ impl Held {
         let mut taken = Vec::new();
         while let Some(mut chunk) = self.chunks.pop_front() {
             if chunk.last_offset().is_some_and(|last| last < offset) {
-                self.len -= chunk.len();
                 taken.push(chunk);
                 continue;
             }
             let rest = chunk.split_off(offset);
-            self.len -= chunk.len();
             if chunk.len() > 0 {
                 taken.push(chunk);
             }
@@ -544,7 +540,6 @@ mod tests {
                 fetched(&[(2, Some("c")), (3, Some("d")), (5, Some("f"))]),
                 fetched(&[(6, Some("g"))]),
             ]),
-            len: 6,
         };
         // Offset 4 (a marker) falls inside the second chunk.
         let taken = held.take_below(4);
