@@ -17,7 +17,10 @@
 //!
 //! A query that is behind plans and reads epoch N+1 while N commits
 //! ([`read`]'s reading ahead); nothing of N+1 is written until N is
-//! committed.
+//! committed. Within an epoch, reading, computing and writing overlap
+//! where sources and sink allow ([`read`]'s pipelining): the sink is sent
+//! an appending statement's output while the rest is still read, in the
+//! epoch's transaction, and commits it all at `sink.write_epoch_set(N)`.
 //!
 //! Rules for the next editor:
 //! - `offsets/N` is written before epoch N computes or writes anything, and
@@ -409,14 +412,9 @@ impl EpochLoop {
             Some(read) => read,
             None => self.read_epoch(record).await?,
         };
-        let EpochRead {
-            inputs,
-            sources,
-            rows: input_rows,
-            dead_letters,
-            group_offsets,
-            ms: mut read_ms,
-        } = read;
+        let mut read = read;
+        let inputs = std::mem::take(&mut read.inputs);
+        let mut read_ms = read.ms;
 
         let t = Instant::now();
         let mut late_rows = 0;
@@ -428,11 +426,22 @@ impl EpochLoop {
         }
         read_ms += ms(t.elapsed());
 
+        // With a sink that sends ahead, appended rows are written while the
+        // rest of the epoch is still read and computed.
         let t = Instant::now();
         let mut outputs = Vec::with_capacity(self.statements.len());
-        for (statement, input) in self.statements.iter_mut().zip(admitted) {
-            outputs.push(statement.compute(input).await?);
+        let sink = self.sink.sends_ahead().then_some(self.sink.as_ref());
+        for (index, (statement, input)) in self.statements.iter_mut().zip(admitted).enumerate() {
+            let ahead = sink.map(|sink| (sink, epoch, index));
+            outputs.push(statement.compute(input, ahead).await?);
         }
+        let dead_letters = self.settle(&mut read);
+        let EpochRead {
+            sources,
+            rows: input_rows,
+            group_offsets,
+            ..
+        } = read;
         let compute_ms = ms(t.elapsed());
 
         // Stage the state durably before the commit, so the commit can name

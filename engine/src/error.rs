@@ -89,7 +89,7 @@ pub enum SluiceError {
 
     /// An error from DataFusion while planning or executing.
     #[error(transparent)]
-    DataFusion(#[from] DataFusionError),
+    DataFusion(DataFusionError),
 
     /// An error from Arrow (decode, encode, kernels).
     #[error(transparent)]
@@ -102,6 +102,27 @@ pub enum SluiceError {
     /// A bug in Sluice: an invariant did not hold.
     #[error("internal error: {0} (this is a bug in Sluice)")]
     Internal(String),
+}
+
+impl From<DataFusionError> for SluiceError {
+    /// A source's error raised while a plan pulled its rows (an input read
+    /// lazily) comes back as itself, so that it keeps its kind (an
+    /// unreachable broker stays transient) and its message.
+    fn from(e: DataFusionError) -> Self {
+        match e {
+            DataFusionError::External(inner) => match inner.downcast::<SluiceError>() {
+                Ok(ours) => *ours,
+                Err(other) => Self::DataFusion(DataFusionError::External(other)),
+            },
+            DataFusionError::Context(context, inner) => match Self::from(*inner) {
+                Self::DataFusion(inner) => {
+                    Self::DataFusion(DataFusionError::Context(context, Box::new(inner)))
+                }
+                ours => ours,
+            },
+            e => Self::DataFusion(e),
+        }
+    }
 }
 
 impl SluiceError {

@@ -99,8 +99,8 @@ pub use reference::BatchQuery;
 pub use session::{DataStreamReader, Session};
 pub use sink::{CommittedEpoch, EpochOutput, FanOut, MemorySink, Sink};
 pub use source::{
-    DeadLetter, GroupOffsets, Handover, LazyInput, LazyPartition, MemorySourceFactory,
-    MemoryStream, Offset, Partitions, Rejected, Source, SourceFactory,
+    DeadLetter, GroupOffsets, Handover, LazyPartition, MemorySourceFactory, MemoryStream, Offset,
+    Partitions, Rejected, Source, SourceFactory,
 };
 pub use state::KeyedState;
 pub use statement_set::StatementSet;

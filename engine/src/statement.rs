@@ -14,7 +14,8 @@ use std::path::Path;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::logical_expr::LogicalPlan;
-use datafusion::physical_plan::collect_partitioned;
+use datafusion::physical_plan::{collect_partitioned, execute_stream};
+use futures::StreamExt;
 
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
@@ -22,7 +23,7 @@ use crate::operator::join::{JoinConfig, JoinOperator};
 use crate::operator::pipeline::{Pipeline, PipelineStage};
 use crate::operator::Operator;
 use crate::planner::{IncrementalPlan, StageConfig};
-use crate::sink::EpochOutput;
+use crate::sink::{EpochOutput, Sink};
 use crate::state::chain::{Chain, SnapshotPolicy};
 use crate::table::EpochInput;
 
@@ -103,8 +104,15 @@ impl Statement {
 
     /// Runs the statement over the epoch's `input` (one per plan input, as
     /// [`admit`](Self::admit) returned it), in scope on the inputs' tables
-    /// for as long as it runs.
-    pub(crate) async fn compute(&mut self, input: Vec<EpochInput>) -> Result<EpochOutput> {
+    /// for as long as it runs. With `ahead` (a sink that sends ahead, the
+    /// epoch, and this statement's index in the query), a statement that
+    /// appends rows without state hands each output batch to the sink as
+    /// it comes, while the plan still reads (see [`Sink::send_ahead`]).
+    pub(crate) async fn compute(
+        &mut self,
+        input: Vec<EpochInput>,
+        ahead: Option<(&dyn Sink, u64, usize)>,
+    ) -> Result<EpochOutput> {
         let _scopes: Vec<_> = self
             .plan
             .inputs
@@ -113,30 +121,48 @@ impl Statement {
             .map(|(i, input)| i.table.with_input(input))
             .collect();
         let ctx = &self.plan.state;
-        match &mut self.operator {
-            Some(op) => {
-                op.process(ctx).await?;
-                op.advance_watermark(ctx, self.plan.watermarks.current())
-                    .await
-            }
-            None => {
-                let physical = ctx.create_physical_plan(&self.plan.logical).await?;
-                let rows: Vec<datafusion::arrow::record_batch::RecordBatch> =
-                    collect_partitioned(physical, ctx.task_ctx())
-                        .await?
-                        .into_iter()
-                        .flatten()
-                        .filter(|b| b.num_rows() > 0)
-                        .collect();
-                match &self.plan.upsert {
-                    Some(upsert) => crate::upsert::split(rows, upsert),
-                    None => Ok(EpochOutput {
-                        rows,
-                        retracted: None,
-                    }),
-                }
+        if let Some(op) = &mut self.operator {
+            op.process(ctx).await?;
+            return op
+                .advance_watermark(ctx, self.plan.watermarks.current())
+                .await;
+        }
+        let physical = ctx.create_physical_plan(&self.plan.logical).await?;
+        if let Some(upsert) = &self.plan.upsert {
+            let rows = collect_partitioned(physical, ctx.task_ctx())
+                .await?
+                .into_iter()
+                .flatten()
+                .filter(|b| b.num_rows() > 0)
+                .collect();
+            return crate::upsert::split(rows, upsert);
+        }
+        let Some((sink, epoch, index)) = ahead else {
+            let rows = collect_partitioned(physical, ctx.task_ctx())
+                .await?
+                .into_iter()
+                .flatten()
+                .filter(|b| b.num_rows() > 0)
+                .collect();
+            return Ok(EpochOutput {
+                rows,
+                retracted: None,
+            });
+        };
+        // One stream over all partitions, each run on a task of its own.
+        let mut stream = execute_stream(physical, ctx.task_ctx())?;
+        let mut rows = Vec::new();
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            if batch.num_rows() > 0 {
+                sink.send_ahead(epoch, index, &batch).await?;
+                rows.push(batch);
             }
         }
+        Ok(EpochOutput {
+            rows,
+            retracted: None,
+        })
     }
 
     /// Writes the operator's state of `epoch` into the checkpoint at `dir`:

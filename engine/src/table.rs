@@ -20,6 +20,7 @@ use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::ExecutionPlan;
+use futures::{StreamExt, TryStreamExt};
 
 use crate::connector::{ConnectorRegistry, SourceArgs};
 use crate::error::{Result, SluiceError};
@@ -163,7 +164,7 @@ impl StreamTable {
 pub(crate) enum EpochInput {
     /// Read before the plan runs.
     Read(Partitions),
-    /// Generated as the plan pulls it ([`crate::Source::read_lazily`]).
+    /// Produced as the plan pulls it ([`crate::Source::read_lazily`]).
     Lazy(Vec<LazyPartition>),
 }
 
@@ -253,15 +254,16 @@ impl PartitionStream for OneShot {
         // A second execution of the same epoch's plan is a bug in the
         // engine: fail it rather than silently read nothing.
         let batches: LazyPartition = partition.unwrap_or_else(|| {
-            Box::new(std::iter::once(Err(SluiceError::Internal(
-                "an epoch's generated input was read twice".into(),
-            ))))
+            futures::stream::once(async {
+                Err(SluiceError::Internal(
+                    "an epoch's lazily read input was read twice".into(),
+                ))
+            })
+            .boxed()
         });
         Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
-            futures::stream::iter(
-                batches.map(|b| b.map_err(|e| DataFusionError::External(Box::new(e)))),
-            ),
+            batches.map_err(|e| DataFusionError::External(Box::new(e))),
         ))
     }
 }

@@ -57,6 +57,17 @@ mod source;
 mod transactional_sink;
 mod verify;
 
+/// Whether a Kafka pass-through pipelines its epochs (`SLUICE_KAFKA_PIPELINE=1`
+/// in the environment; off by default): the source is read lazily in the
+/// steady state and the exactly-once sink sends appended rows ahead, so an
+/// epoch writes while it reads. Side by side it has not yet beaten reading
+/// whole epochs ahead of their commit (benches/README.md, *Pipelined
+/// epochs*), so it stays opt-in.
+pub(crate) fn pipelined() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SLUICE_KAFKA_PIPELINE").is_ok_and(|v| v.trim() == "1"))
+}
+
 pub use avro::{schema_json as avro_schema, AvroConfluentDecoder};
 pub use client::ClientOptions;
 pub use connector::{task_identity, KafkaConnector, UpsertKafkaConnector};

@@ -11,6 +11,11 @@
 //!          ─► commit            ── the decision point
 //! ```
 //!
+//! With `SLUICE_KAFKA_PIPELINE=1` (see [`crate::pipelined`]) an appending
+//! statement's output is sent ahead, batch by batch as the epoch computes it ([`Sink::send_ahead`]): the transaction begins at the
+//! first batch, and the epoch's write sends the rest, the progress record,
+//! and commits. Nothing of it is visible before the commit either way.
+//!
 //! # Guarantee
 //! A `read_committed` reader sees each epoch's output exactly once: output
 //! and progress record commit or vanish together, and after any crash the
@@ -47,6 +52,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use datafusion::arrow::record_batch::RecordBatch;
 use rdkafka::admin::{AdminOptions, ResourceSpecifier};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseRecord, Producer};
@@ -84,7 +90,22 @@ struct Inner {
     /// True from `begin_transaction` until the transaction is committed or
     /// aborted.
     in_transaction: AtomicBool,
+    /// The epoch whose output is being sent ahead in the open transaction.
+    ahead: Mutex<Option<Ahead>>,
     groups: Groups,
+}
+
+/// An epoch's output sent ahead (see [`Sink::send_ahead`]), in the
+/// transaction begun for it.
+struct Ahead {
+    epoch: u64,
+    /// Per target, how many of the epoch's output batches went.
+    sent: Vec<usize>,
+    /// When its transaction began.
+    began: Instant,
+    /// Sending failed and the transaction was aborted: the rest is not
+    /// sent ahead, and the epoch's write sends it all again.
+    failed: bool,
 }
 
 impl std::fmt::Debug for TransactionalSink {
@@ -164,6 +185,7 @@ impl TransactionalSink {
             producer_config,
             producer: Mutex::new(Arc::new(producer)),
             in_transaction: AtomicBool::new(false),
+            ahead: Mutex::new(None),
             groups: Groups::default(),
         })))
     }
@@ -288,6 +310,7 @@ impl Inner {
     /// re-initialising every time would fence a newer instance that took
     /// over during an outage, and the older one would win.
     fn resolve(&self) -> Result<()> {
+        *self.ahead.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if !self.in_transaction.load(Ordering::SeqCst) {
             return Ok(());
         }
@@ -337,19 +360,41 @@ impl Inner {
         let progress = ProgressRecord::new(&self.config.query_id, commit).to_json()?;
         let producer = self.producer();
         let producer = producer.as_ref();
+        // What went ahead is in the open transaction: the first attempt
+        // sends the rest; a retry sends everything again.
+        let mut ahead = self
+            .ahead
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .filter(|a| a.epoch == epoch && !a.failed);
         for attempt in 1..=MAX_ATTEMPTS {
-            producer.context().take_error();
-            if let Err(e) = producer.begin_transaction() {
-                return Err(self.stopped("begin_transaction", &e));
-            }
-            self.in_transaction.store(true, Ordering::SeqCst);
-            let began = Instant::now();
+            let (began, sent) = match ahead.take() {
+                Some(a) => (a.began, a.sent),
+                None => {
+                    producer.context().take_error();
+                    if let Err(e) = producer.begin_transaction() {
+                        return Err(self.stopped("begin_transaction", &e));
+                    }
+                    self.in_transaction.store(true, Ordering::SeqCst);
+                    (Instant::now(), vec![0; outputs.len()])
+                }
+            };
             let produced = self
                 .targets
                 .iter()
                 .zip(outputs)
-                .try_for_each(|(target, output)| {
-                    target.send_output(producer, epoch, &output.rows, output.retracted.as_ref())
+                .zip(sent)
+                .try_for_each(|((target, output), sent)| {
+                    let rest = output.rows.get(sent..).ok_or_else(|| {
+                        SluiceError::Internal(format!(
+                            "epoch {epoch}: {sent} batches were sent ahead to topic '{}', but \
+                             its output has {}",
+                            target.topic,
+                            output.rows.len()
+                        ))
+                    })?;
+                    target.send_output(producer, epoch, rest, output.retracted.as_ref())
                 })
                 .and_then(|()| {
                     self.config
@@ -453,6 +498,61 @@ impl Inner {
             "epoch {epoch}: the transaction failed {MAX_ATTEMPTS} times; the epoch is not \
              committed and will be redone on restart"
         )))
+    }
+
+    /// Sends `rows`, a batch of target `statement`'s output of `epoch`,
+    /// in the transaction begun for the epoch at its first batch (see
+    /// [`Sink::send_ahead`]). An error a retry can mend aborts the
+    /// transaction and is left to the epoch's write, which sends it all
+    /// again; any other ends the epoch.
+    fn send_ahead(&self, epoch: u64, statement: usize, rows: &RecordBatch) -> Result<()> {
+        let mut ahead = self.ahead.lock().unwrap_or_else(|p| p.into_inner());
+        let producer = self.producer();
+        let a = match &mut *ahead {
+            Some(a) if a.epoch == epoch => a,
+            _ => {
+                // A transaction left open (a failed epoch not yet resolved)
+                // is not this epoch's to continue.
+                let failed = self.in_transaction.load(Ordering::SeqCst);
+                if !failed {
+                    producer.context().take_error();
+                    if let Err(e) = producer.begin_transaction() {
+                        return Err(self.stopped("begin_transaction", &e));
+                    }
+                    self.in_transaction.store(true, Ordering::SeqCst);
+                }
+                ahead.insert(Ahead {
+                    epoch,
+                    sent: vec![0; self.targets.len()],
+                    began: Instant::now(),
+                    failed,
+                })
+            }
+        };
+        if a.failed {
+            return Ok(());
+        }
+        let target = self.targets.get(statement).ok_or_else(|| {
+            SluiceError::Internal(format!(
+                "output of statement {statement} for {} Kafka topics",
+                self.targets.len()
+            ))
+        })?;
+        match target.send_output(&producer, epoch, std::slice::from_ref(rows), None) {
+            Ok(()) => {
+                a.sent[statement] += 1;
+                Ok(())
+            }
+            Err(e) => {
+                a.failed = true;
+                self.abort(&producer)?;
+                if !matches!(e, SluiceError::External { .. }) {
+                    return Err(e);
+                }
+                tracing::warn!(epoch, error = %e, "sending ahead failed; the transaction was aborted and the epoch's write sends it all again");
+                Ok(())
+            }
+        }
     }
 
     /// `commit_transaction`, repeated while librdkafka says it is retriable
@@ -577,6 +677,20 @@ impl Sink for TransactionalSink {
         tokio::task::spawn_blocking(move || inner.commit_epoch(&record, &outputs, &handover))
             .await
             .map_err(|e| SluiceError::Internal(format!("transaction task: {e}")))?
+    }
+
+    fn sends_ahead(&self) -> bool {
+        crate::pipelined()
+    }
+
+    async fn send_ahead(&self, epoch: u64, statement: usize, rows: &RecordBatch) -> Result<()> {
+        let inner = Arc::clone(&self.0);
+        let rows = rows.clone();
+        // Encoding and handing records to librdkafka is CPU work, and
+        // waits when its queue is full.
+        tokio::task::spawn_blocking(move || inner.send_ahead(epoch, statement, &rows))
+            .await
+            .map_err(|e| SluiceError::Internal(format!("send-ahead task: {e}")))?
     }
 
     fn accepts_source_commits(&self) -> bool {

@@ -18,6 +18,7 @@ mod pipelines;
 mod prefetch;
 mod registry;
 mod secure;
+mod send_ahead;
 mod tasks;
 mod util;
 mod verify;

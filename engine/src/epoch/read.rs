@@ -12,18 +12,30 @@
 //! Caught up, the next epoch is planned after the commit, so that it takes
 //! what arrived during it. `SLUICE_PREFETCH=0` in the environment turns
 //! this off.
+//!
+//! Pipelining: an input without a watermark that one scan reads is read
+//! lazily where its source can ([`crate::Source::read_lazily`]): the plan pulls
+//! its batches as they are read and decoded, and an appending statement's
+//! output goes to a sink that [sends ahead](crate::Sink::send_ahead) as it
+//! is computed, so one epoch's reading, computing and writing overlap as
+//! a copy loop's do. Such an input's rows, and what its source rejected,
+//! are counted once the plan has run ([`EpochLoop::settle`]). Sources
+//! and sinks decide whether they take part.
 
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::{ms, EpochLoop};
 use crate::checkpoint::{OffsetRecord, SourceRange};
 use crate::error::{Result, SluiceError};
 use crate::progress::SourceProgress;
-use crate::source::{DeadLetter, GroupOffsets, Offset};
+use crate::source::{DeadLetter, GroupOffsets, LazyPartition, Offset};
 use crate::table::EpochInput;
 use crate::trigger::Trigger;
+
+use futures::{StreamExt, TryStreamExt};
 
 impl EpochLoop {
     /// Asks every source for its latest offset; returns the epoch's plan,
@@ -116,11 +128,10 @@ impl EpochLoop {
             inputs: Vec::with_capacity(self.statements.len()),
             sources: Vec::new(),
             rows: 0,
-            dead_letters: Vec::new(),
+            lazy: Vec::new(),
             group_offsets: Vec::new(),
             ms: 0.0,
         };
-        let mut dead_lettered = std::collections::HashSet::new();
         for statement in &self.statements {
             let mut inputs = Vec::with_capacity(statement.plan.inputs.len());
             for (index, input) in statement.plan.inputs.iter().enumerate() {
@@ -137,7 +148,11 @@ impl EpochLoop {
                     false => input.source.read_lazily(range.start.as_ref(), &range.end)?,
                 };
                 let (rows, batches) = match lazy {
-                    Some(lazy) => (lazy.rows, EpochInput::Lazy(lazy.partitions)),
+                    Some(partitions) => {
+                        let counted = Arc::new(AtomicU64::new(0));
+                        read.lazy.push((read.sources.len(), Arc::clone(&counted)));
+                        (0, EpochInput::Lazy(counting(partitions, counted)))
+                    }
                     None => {
                         let partitions = if empty {
                             Vec::new()
@@ -150,24 +165,16 @@ impl EpochLoop {
                 };
                 read.rows += rows;
                 inputs.push(batches);
-                let rejected = input.source.take_rejected();
                 read.sources.push(SourceProgress {
                     description: input.description.clone(),
                     start_offset: range.start.clone(),
                     end_offset: range.end.clone(),
                     num_input_rows: rows,
-                    skipped_records: rejected.skipped,
-                    lost_records: rejected.lost,
-                    dead_lettered_records: rejected.dead_letters.len() as u64,
+                    skipped_records: 0,
+                    lost_records: 0,
+                    dead_lettered_records: 0,
                     lag: input.source.lag(),
                 });
-                // Statements of a set reading the same stream reject the
-                // same records: each is dead-lettered once.
-                for letter in rejected.dead_letters {
-                    if dead_lettered.insert(letter.clone()) {
-                        read.dead_letters.push(letter);
-                    }
-                }
                 if let Some(offsets) = (!empty)
                     .then(|| input.source.group_offsets(&range.end))
                     .flatten()
@@ -180,15 +187,59 @@ impl EpochLoop {
         read.ms = ms(t.elapsed());
         Ok(read)
     }
+
+    /// Settles what `read` can tell only once the epoch's plans have run
+    /// over its input: the rows of inputs read lazily, and what every
+    /// source could not decode (counted in its progress). Returns the
+    /// records to dead-letter, each once: statements of a set reading the
+    /// same stream reject the same records.
+    pub(super) fn settle(&self, read: &mut EpochRead) -> Vec<DeadLetter> {
+        for (at, counted) in read.lazy.drain(..) {
+            let rows = counted.load(Ordering::Relaxed);
+            read.sources[at].num_input_rows = rows;
+            read.rows += rows;
+        }
+        let mut dead_letters = Vec::new();
+        let mut dead_lettered = std::collections::HashSet::new();
+        for (input, progress) in self.inputs().zip(&mut read.sources) {
+            let rejected = input.source.take_rejected();
+            progress.skipped_records = rejected.skipped;
+            progress.lost_records = rejected.lost;
+            progress.dead_lettered_records = rejected.dead_letters.len() as u64;
+            for letter in rejected.dead_letters {
+                if dead_lettered.insert(letter.clone()) {
+                    dead_letters.push(letter);
+                }
+            }
+        }
+        dead_letters
+    }
+}
+
+/// `partitions`, adding the rows of each batch they yield to `counted`.
+fn counting(partitions: Vec<LazyPartition>, counted: Arc<AtomicU64>) -> Vec<LazyPartition> {
+    partitions
+        .into_iter()
+        .map(|p| {
+            let counted = Arc::clone(&counted);
+            p.inspect_ok(move |b| {
+                counted.fetch_add(b.num_rows() as u64, Ordering::Relaxed);
+            })
+            .boxed()
+        })
+        .collect()
 }
 
 /// An epoch's input, read from its sources.
 pub(super) struct EpochRead {
     /// Each statement's inputs, in order.
     pub(super) inputs: Vec<Vec<EpochInput>>,
+    /// Each input's progress, in the same order; rows, rejected records
+    /// and dead letters are known once [`EpochLoop::settle`] has run.
     pub(super) sources: Vec<SourceProgress>,
     pub(super) rows: u64,
-    pub(super) dead_letters: Vec<DeadLetter>,
+    /// Inputs read lazily (their index in `sources`) and their rows so far.
+    lazy: Vec<(usize, Arc<AtomicU64>)>,
     pub(super) group_offsets: Vec<GroupOffsets>,
     /// How long reading took.
     pub(super) ms: f64,

@@ -1,7 +1,9 @@
 //! Sinks: where each epoch's output goes.
 //!
 //! The engine calls [`Sink::write_epoch`] once per epoch with the epoch's
-//! output, then records `commits/N` in the checkpoint. A crash between the
+//! output, then records `commits/N` in the checkpoint. A sink that
+//! [sends ahead](Sink::sends_ahead) is also given the output of appending
+//! statements batch by batch while the epoch computes. A crash between the
 //! two re-runs epoch N on restart, so a sink sees an epoch again unless it
 //! remembers which epochs it has (the memory sink does; the plain Kafka
 //! producer does not — that is at-least-once, and the transactional Kafka
@@ -103,6 +105,28 @@ pub trait Sink: Send + Sync + Debug {
                 outputs.len()
             ))),
         }
+    }
+
+    /// Whether the sink takes an epoch's output while it is computed
+    /// ([`Sink::send_ahead`]), so that writing it overlaps computing and
+    /// reading the rest. Default `false`.
+    fn sends_ahead(&self) -> bool {
+        false
+    }
+
+    /// Sends `rows`, part of the output of the `statement`-th statement
+    /// in epoch `epoch`, before the epoch's output is complete (only when
+    /// [`Sink::sends_ahead`], and only for outputs of appended rows).
+    /// Nothing sent ahead may become visible before
+    /// [`Sink::write_epoch_set`] for the same epoch makes it durable: the
+    /// exactly-once Kafka sink sends it inside the epoch's transaction.
+    /// The outputs `write_epoch_set` then gets hold these rows too: it
+    /// sends what was not sent ahead, and everything again when it must
+    /// retry, or when sending ahead failed (which this reports only for
+    /// errors a retry cannot mend). The default does nothing.
+    async fn send_ahead(&self, epoch: u64, statement: usize, rows: &RecordBatch) -> Result<()> {
+        let _ = (epoch, statement, rows);
+        Ok(())
     }
 
     /// Whether the sink writes what sources hand over with the epoch's

@@ -35,17 +35,9 @@ pub type Offset = serde_json::Value;
 /// One epoch's input from one source: record batches per partition.
 pub type Partitions = Vec<Vec<RecordBatch>>;
 
-/// One partition of an epoch's input, generated batch by batch as the
+/// One partition of an epoch's input, produced batch by batch as the
 /// epoch's plan pulls it (see [`Source::read_lazily`]).
-pub type LazyPartition = Box<dyn Iterator<Item = Result<RecordBatch>> + Send>;
-
-/// An epoch's input from a source that generates it while the plan runs.
-pub struct LazyInput {
-    /// How many rows the partitions will yield in all.
-    pub rows: u64,
-    /// One iterator per partition.
-    pub partitions: Vec<LazyPartition>,
-}
+pub type LazyPartition = futures::stream::BoxStream<'static, Result<RecordBatch>>;
 
 /// A record a source could not decode, to be written to a dead-letter
 /// topic in the same transaction as the epoch's output
@@ -120,14 +112,21 @@ pub trait Source: Send + Sync + Debug {
     /// whenever it is called: replaying an epoch depends on it.
     async fn read(&self, start: Option<&Offset>, end: &Offset) -> Result<Partitions>;
 
-    /// The same rows as [`Source::read`], generated as the epoch's plan
-    /// pulls them instead of all before it runs: each batch is computed on
-    /// while it is still in cache, and the epoch's input is never whole in
-    /// memory. For sources whose rows are pure arithmetic on the range
-    /// (`rate`); the engine uses it for inputs without a watermark (which
-    /// must see every row before the plan runs). `None` (the default): not
-    /// supported, the engine calls [`Source::read`].
-    fn read_lazily(&self, start: Option<&Offset>, end: &Offset) -> Result<Option<LazyInput>> {
+    /// The same rows as [`Source::read`], one stream per partition,
+    /// produced as the epoch's plan pulls them instead of all before it
+    /// runs: each batch is computed on while it is still in cache, the
+    /// epoch's input is never whole in memory, and with a sink that
+    /// [sends ahead](crate::Sink::sends_ahead) its output is written while
+    /// the rest is still being read. The engine uses it for inputs without
+    /// a watermark (which must see every row before the plan runs) that one
+    /// scan reads, counts the rows as they pass, and takes
+    /// [`Source::take_rejected`] once the plan has run. `None` (the
+    /// default): not supported now, the engine calls [`Source::read`].
+    fn read_lazily(
+        &self,
+        start: Option<&Offset>,
+        end: &Offset,
+    ) -> Result<Option<Vec<LazyPartition>>> {
         let _ = (start, end);
         Ok(None)
     }
@@ -168,8 +167,9 @@ pub trait Source: Send + Sync + Debug {
         Ok(None)
     }
 
-    /// What the last [`Source::read`] could not decode and set aside;
-    /// taking it clears it. The default: nothing.
+    /// What the last [`Source::read`] (or the streams of the last
+    /// [`Source::read_lazily`], once they ended) could not decode and set
+    /// aside; taking it clears it. The default: nothing.
     fn take_rejected(&self) -> Rejected {
         Rejected::default()
     }

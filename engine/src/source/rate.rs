@@ -22,9 +22,10 @@ use async_trait::async_trait;
 use datafusion::arrow::array::{Int64Array, TimestampNanosecondArray};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::{LazyInput, LazyPartition, Offset, Partitions, Source, SourceFactory};
+use super::{LazyPartition, Offset, Partitions, Source, SourceFactory};
 use crate::error::{Result, SluiceError};
 
 /// Rows per record batch: large enough for vectorised kernels to shine,
@@ -138,20 +139,14 @@ impl RateSource {
         }
     }
 
-    /// The rows of `[start, end)`: how many, and a generator per partition.
-    fn partitions(
-        &self,
-        start: Option<&Offset>,
-        end: &Offset,
-    ) -> Result<(u64, Vec<PartitionRows>)> {
+    /// The rows of `[start, end)`: a generator per partition.
+    fn partitions(&self, start: Option<&Offset>, end: &Offset) -> Result<Vec<PartitionRows>> {
         let start = start.map(parse).transpose()?.map_or(0, |o| o.end);
         let end = parse(end)?;
         let (rps, n) = (self.rows_per_second, self.num_partitions);
-        let rows = u64::try_from(end.end - start).unwrap_or(0);
-        let partitions = (0..n)
+        Ok((0..n)
             .map(|p| PartitionRows::new(&self.schema, rps, n, p, start, end))
-            .collect();
-        Ok((rows, partitions))
+            .collect())
     }
 
     fn available_at(&self, start_end: i64, now_ms: i64) -> (i64, i64, i64) {
@@ -280,7 +275,7 @@ impl Source for RateSource {
     }
 
     async fn read(&self, start: Option<&Offset>, end: &Offset) -> Result<Partitions> {
-        let (_, partitions) = self.partitions(start, end)?;
+        let partitions = self.partitions(start, end)?;
         // Generation is CPU work: one blocking task per partition, in
         // parallel, off the async reactor.
         let tasks: Vec<_> = partitions
@@ -297,15 +292,18 @@ impl Source for RateSource {
         Ok(partitions)
     }
 
-    fn read_lazily(&self, start: Option<&Offset>, end: &Offset) -> Result<Option<LazyInput>> {
-        let (rows, partitions) = self.partitions(start, end)?;
-        Ok(Some(LazyInput {
-            rows,
-            partitions: partitions
+    fn read_lazily(
+        &self,
+        start: Option<&Offset>,
+        end: &Offset,
+    ) -> Result<Option<Vec<LazyPartition>>> {
+        let partitions = self.partitions(start, end)?;
+        Ok(Some(
+            partitions
                 .into_iter()
-                .map(|p| Box::new(p) as LazyPartition)
+                .map(|p| futures::stream::iter(p).boxed())
                 .collect(),
-        }))
+        ))
     }
 
     async fn prepare_available_now(&self) -> Result<()> {
@@ -414,15 +412,17 @@ mod tests {
         assert_eq!(a, b);
         let total: usize = a.iter().flatten().map(|b| b.num_rows()).sum();
         assert_eq!(total, 249_900);
-        // Generated as a plan pulls it: the same rows, and the count told
-        // up front is the count yielded.
-        let lazy = src.read_lazily(Some(&start), &end).unwrap().unwrap();
-        assert_eq!(lazy.rows, 249_900);
-        let c: Partitions = lazy
-            .partitions
-            .into_iter()
-            .map(|p| p.collect::<Result<Vec<_>>>().unwrap())
-            .collect();
+        // Generated as a plan pulls it: the same rows.
+        let mut c: Partitions = Vec::new();
+        for p in src.read_lazily(Some(&start), &end).unwrap().unwrap() {
+            c.push(
+                p.collect::<Vec<_>>()
+                    .await
+                    .into_iter()
+                    .collect::<Result<_>>()
+                    .unwrap(),
+            );
+        }
         assert_eq!(a, c);
     }
 

@@ -55,9 +55,7 @@ impl SourceInner {
                             .enumerate()
                             .skip(w)
                             .step_by(workers)
-                            .map(|(n, &(i, p, chunks))| {
-                                Ok((n, i, self.decode(p, &self.records(chunks))?))
-                            })
+                            .map(|(n, &(i, p, chunks))| Ok((n, i, self.decode_chunks(p, chunks)?)))
                             .collect::<Result<Vec<_>>>()
                     })
                 })
@@ -76,6 +74,11 @@ impl SourceInner {
             out[i].push(batch);
         }
         Ok(out)
+    }
+
+    /// One batch of partition `p`'s rows from `chunks`.
+    pub(super) fn decode_chunks(&self, p: i32, chunks: &[Fetched]) -> Result<RecordBatch> {
+        self.decode(p, &self.records(chunks))
     }
 
     /// The records of `chunks` that make rows: a tombstone (no value;

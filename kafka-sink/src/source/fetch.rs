@@ -13,6 +13,10 @@
 //! and zeroed page by page every epoch (a sixth of a pass-through's CPU),
 //! where chunks are reused from malloc's free lists.
 //!
+//! An epoch takes its records with [`Lanes::stream`], which hands each
+//! chunk over as soon as it is full (a lazy read decodes it while the rest
+//! arrives) and a partition's last one when its range is complete.
+//!
 //! A lane holds the records taken from its queue but not yet handed to an
 //! epoch: `[start, next)`, where `start` is the offset the next epoch of
 //! the partition begins at. An epoch planned from what a lane holds reads
@@ -186,6 +190,20 @@ impl Held {
         }
     }
 
+    /// The full chunks whose records are all below `offset`, removed from
+    /// these: what can be handed over before the range is complete.
+    fn take_full_below(&mut self, offset: i64) -> Vec<Fetched> {
+        let mut taken = Vec::new();
+        while self
+            .chunks
+            .front()
+            .is_some_and(|c| c.is_full() && c.last_offset().is_some_and(|last| last < offset))
+        {
+            taken.extend(self.chunks.pop_front());
+        }
+        taken
+    }
+
     /// The chunks of records below `offset`, removed from these; only the
     /// chunk that straddles `offset` is split (its records past it copied).
     fn take_below(&mut self, offset: i64) -> Vec<Fetched> {
@@ -345,52 +363,86 @@ impl Lanes {
             .collect())
     }
 
-    /// Hands over partition `p`'s records below `to`, in chunks, waiting
-    /// for what has not arrived; fails after `stall` without progress.
-    pub(super) fn take(
+    /// Hands over the records below `ends` (partition → end) chunk by
+    /// chunk as they arrive, each to `hand`: a chunk as soon as it is
+    /// full, a partition's last one when its range is complete. Waits for
+    /// what has not arrived, and fails after `stall` without progress.
+    /// Returns false when `hand` wanted no more (then the lanes stand
+    /// mid-range: the caller drops them).
+    pub(super) fn stream(
         &mut self,
-        p: i32,
-        to: i64,
+        ends: &BTreeMap<i32, i64>,
         stall: Duration,
-    ) -> Result<Vec<Fetched>, LaneError> {
-        if !self.lanes.contains_key(&p) {
+        mut hand: impl FnMut(i32, Fetched) -> bool,
+    ) -> Result<bool, LaneError> {
+        if let Some(p) = ends.keys().find(|p| !self.lanes.contains_key(p)) {
             return Err(LaneError::Stalled(Some(format!(
                 "partition {p} is not assigned"
             ))));
         }
+        let mut open: Vec<(i32, i64)> = ends.iter().map(|(&p, &to)| (p, to)).collect();
         let mut last_progress: Option<Instant> = None;
-        while self.lanes[&p].next < to {
-            let want = usize::try_from(to - self.lanes[&p].next)
-                .unwrap_or(BATCH)
-                .min(BATCH);
-            if self.take_batch(p, want, Duration::ZERO)? > 0 {
+        while !open.is_empty() {
+            let mut progressed = false;
+            let mut positions = None;
+            let mut i = 0;
+            while i < open.len() {
+                let (p, to) = open[i];
+                while self.lanes[&p].next < to {
+                    let want = usize::try_from(to - self.lanes[&p].next)
+                        .unwrap_or(BATCH)
+                        .min(BATCH);
+                    let got = self.take_batch(p, want, Duration::ZERO)?;
+                    progressed |= got > 0;
+                    if got < want {
+                        break;
+                    }
+                }
+                // Transaction markers and aborted records move the position
+                // without a message.
+                let done = self.lanes[&p].next >= to
+                    || positions
+                        .get_or_insert_with(|| self.positions())
+                        .get(&p)
+                        .is_some_and(|&pos| pos >= to);
+                let Some(lane) = self.lanes.get_mut(&p) else {
+                    return Err(LaneError::Stalled(None));
+                };
+                let chunks = if done {
+                    lane.start = to;
+                    lane.next = lane.next.max(to);
+                    open.swap_remove(i);
+                    progressed = true;
+                    lane.held.take_below(to)
+                } else {
+                    i += 1;
+                    lane.held.take_full_below(to)
+                };
+                for chunk in chunks {
+                    if !hand(p, chunk) {
+                        return Ok(false);
+                    }
+                }
+            }
+            if progressed {
                 last_progress = None;
                 continue;
             }
-            // Transaction markers and aborted records move the position
-            // without a message.
-            if self.positions().get(&p).is_some_and(|&pos| pos >= to) {
-                break;
-            }
-            if self.take_batch(p, 1, WAIT_SLICE)? > 0 {
-                last_progress = None;
-                continue;
+            if let Some(&(p, _)) = open.first() {
+                if self.take_batch(p, 1, WAIT_SLICE)? > 0 {
+                    continue;
+                }
             }
             self.serve_events();
             if last_progress.get_or_insert_with(Instant::now).elapsed() > stall {
-                let lane = &self.lanes[&p];
-                return Err(LaneError::Stalled(
-                    lane.error.as_ref().map(|e| e.to_string()),
-                ));
+                let error = open
+                    .iter()
+                    .find_map(|(p, _)| self.lanes[p].error.as_ref())
+                    .map(|e| e.to_string());
+                return Err(LaneError::Stalled(error));
             }
         }
-        let Some(lane) = self.lanes.get_mut(&p) else {
-            return Err(LaneError::Stalled(None));
-        };
-        let taken = lane.held.take_below(to);
-        lane.start = to;
-        lane.next = lane.next.max(to);
-        Ok(taken)
+        Ok(true)
     }
 
     /// Per partition, how many offsets are left past `ends`: from the end
@@ -559,6 +611,27 @@ mod tests {
         assert!(held.take_below(6).is_empty());
         assert_eq!(offsets(&held.take_below(100)), vec![vec![6]]);
         assert_eq!((held.len(), held.chunks.len()), (0, 0));
+    }
+
+    #[test]
+    fn take_full_below_hands_over_only_full_chunks_wholly_inside_the_range() {
+        let full = |first: i64| {
+            let values: Vec<(i64, Option<&str>)> = (first..first + CHUNK_RECORDS as i64)
+                .map(|o| (o, Some("v")))
+                .collect();
+            fetched(&values)
+        };
+        let n = CHUNK_RECORDS as i64;
+        let mut held = Held {
+            chunks: VecDeque::from([full(0), full(n), fetched(&[(2 * n, Some("x"))])]),
+        };
+        // The range ends inside the second chunk: only the first goes.
+        assert_eq!(held.take_full_below(n + 1).len(), 1);
+        // The filling chunk stays until the range is complete.
+        let taken = held.take_full_below(3 * n);
+        assert_eq!(offsets(&taken).concat(), (n..2 * n).collect::<Vec<_>>());
+        assert!(held.take_full_below(3 * n).is_empty());
+        assert_eq!(offsets(&held.take_below(3 * n)), vec![vec![2 * n]]);
     }
 
     #[test]

@@ -33,8 +33,8 @@ use datafusion::arrow::datatypes::SchemaRef;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use serde::{Deserialize, Serialize};
 use sluice_engine::{
-    GroupOffsets, Offset, Partitions, Rejected, Result, SluiceError, Source, SourceFactory,
-    TaskAssigner, TaskId,
+    GroupOffsets, LazyPartition, Offset, Partitions, Rejected, Result, SluiceError, Source,
+    SourceFactory, TaskAssigner, TaskId,
 };
 
 mod config;
@@ -280,6 +280,14 @@ impl Source for KafkaSource {
 
     /// Kafka's `latest`, `timestamp` and `offsets` modes, resolved now:
     /// a range `[pos, pos)` per partition, whose end is where it starts.
+    fn read_lazily(
+        &self,
+        _start: Option<&Offset>,
+        end: &Offset,
+    ) -> Result<Option<Vec<LazyPartition>>> {
+        self.0.read_lazily(&parse(end)?)
+    }
+
     async fn initial_position(&self) -> Result<Option<Offset>> {
         if self.0.config.startup == StartupMode::Earliest {
             return Ok(None);
