@@ -128,15 +128,7 @@ impl Statement {
                 .await;
         }
         let physical = ctx.create_physical_plan(&self.plan.logical).await?;
-        if let Some(upsert) = &self.plan.upsert {
-            let rows = collect_partitioned(physical, ctx.task_ctx())
-                .await?
-                .into_iter()
-                .flatten()
-                .filter(|b| b.num_rows() > 0)
-                .collect();
-            return crate::upsert::split(rows, upsert);
-        }
+        let ahead = ahead.filter(|_| self.plan.upsert.is_none());
         let Some((sink, epoch, index)) = ahead else {
             let rows = collect_partitioned(physical, ctx.task_ctx())
                 .await?
@@ -144,10 +136,13 @@ impl Statement {
                 .flatten()
                 .filter(|b| b.num_rows() > 0)
                 .collect();
-            return Ok(EpochOutput {
-                rows,
-                retracted: None,
-            });
+            return match &self.plan.upsert {
+                Some(upsert) => crate::upsert::split(rows, upsert),
+                None => Ok(EpochOutput {
+                    rows,
+                    retracted: None,
+                }),
+            };
         };
         // One stream over all partitions, each run on a task of its own.
         let mut stream = execute_stream(physical, ctx.task_ctx())?;

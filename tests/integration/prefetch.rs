@@ -14,13 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use sluice::arrow::datatypes::SchemaRef;
 use sluice::{
-    CommittedEpoch, Connector, EpochCommit, EpochOutput, Handover, Offset, Partitions, Result,
-    Session, Sink, SinkArgs, SluiceError, Source, SourceArgs, SourceFactory, Trigger,
+    CommittedEpoch, EpochCommit, EpochOutput, Handover, Offset, Partitions, Result, Session, Sink,
+    SluiceError, Source, Trigger,
 };
 
-use crate::util::{batch, ints, schema};
+use crate::util::{batch, ints, OneConnector};
 
 /// Epochs the input makes: one batch of ten rows each.
 const BATCHES: u64 = 4;
@@ -147,47 +146,6 @@ impl Sink for Gate {
     }
 }
 
-#[derive(Debug)]
-struct GateConnector(Arc<Gate>);
-
-impl SourceFactory for GateConnector {
-    fn schema(&self) -> SchemaRef {
-        schema()
-    }
-
-    fn create(&self) -> Result<Arc<dyn Source>> {
-        Ok(Arc::clone(&self.0) as Arc<dyn Source>)
-    }
-
-    fn describe(&self) -> String {
-        "gate".into()
-    }
-}
-
-impl Connector for GateConnector {
-    fn name(&self) -> &str {
-        "gate"
-    }
-
-    fn is_source(&self) -> bool {
-        true
-    }
-
-    fn is_sink(&self) -> bool {
-        true
-    }
-
-    fn source(&self, args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
-        args.options.finish("gate", &[])?;
-        Ok(Arc::new(GateConnector(Arc::clone(&self.0))))
-    }
-
-    fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
-        args.options.finish("gate", &[])?;
-        Ok(Arc::clone(&self.0) as Arc<dyn Sink>)
-    }
-}
-
 /// Runs the gate's query with `trigger` until its fourth epoch is
 /// committed; returns what happened and the checkpoint.
 async fn run_gate(trigger: Trigger) -> (Arc<Log>, tempfile::TempDir) {
@@ -198,7 +156,10 @@ async fn run_gate(trigger: Trigger) -> (Arc<Log>, tempfile::TempDir) {
         checkpoint: dir.path().to_path_buf(),
     });
     let session = Session::new();
-    session.register_connector(Arc::new(GateConnector(gate)));
+    session.register_connector(Arc::new(OneConnector {
+        name: "gate",
+        inner: gate,
+    }));
     let query = session
         .read_stream()
         .format("gate")

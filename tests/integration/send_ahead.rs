@@ -14,17 +14,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use sluice::arrow::datatypes::SchemaRef;
 use sluice::arrow::record_batch::RecordBatch;
 use sluice::datafusion::functions_aggregate::expr_fn::count;
 use sluice::datafusion::prelude::{col, lit};
 use sluice::{
-    CommittedEpoch, Connector, EpochCommit, EpochOutput, Handover, LazyPartition, Offset,
-    Partitions, Rejected, Result, Session, Sink, SinkArgs, Source, SourceArgs, SourceFactory,
-    Trigger,
+    CommittedEpoch, EpochCommit, EpochOutput, Handover, LazyPartition, Offset, Partitions,
+    Rejected, Result, Session, Sink, Source, Trigger,
 };
 
-use crate::util::{batch, ints, schema};
+use crate::util::{batch, ints, OneConnector};
 
 /// Epochs the input makes, and batches of ten rows in each.
 const EPOCHS: u64 = 3;
@@ -173,54 +171,16 @@ impl Sink for Relay {
     }
 }
 
-#[derive(Debug)]
-struct RelayConnector(Arc<Relay>);
-
-impl SourceFactory for RelayConnector {
-    fn schema(&self) -> SchemaRef {
-        schema()
-    }
-
-    fn create(&self) -> Result<Arc<dyn Source>> {
-        Ok(Arc::clone(&self.0) as Arc<dyn Source>)
-    }
-
-    fn describe(&self) -> String {
-        "relay".into()
-    }
-}
-
-impl Connector for RelayConnector {
-    fn name(&self) -> &str {
-        "relay"
-    }
-
-    fn is_source(&self) -> bool {
-        true
-    }
-
-    fn is_sink(&self) -> bool {
-        true
-    }
-
-    fn source(&self, args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
-        args.options.finish("relay", &[])?;
-        Ok(Arc::new(RelayConnector(Arc::clone(&self.0))))
-    }
-
-    fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
-        args.options.finish("relay", &[])?;
-        Ok(Arc::clone(&self.0) as Arc<dyn Sink>)
-    }
-}
-
 fn relay(gated: bool) -> (Arc<Log>, Session) {
     let log = Arc::new(Log::default());
     let session = Session::new();
-    session.register_connector(Arc::new(RelayConnector(Arc::new(Relay {
-        log: Arc::clone(&log),
-        gated,
-    }))));
+    session.register_connector(Arc::new(OneConnector {
+        name: "relay",
+        inner: Arc::new(Relay {
+            log: Arc::clone(&log),
+            gated,
+        }),
+    }));
     (log, session)
 }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use sluice::arrow::array::{Int64Array, StringArray};
 use sluice::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use sluice::arrow::record_batch::RecordBatch;
+use sluice::{Connector, Result, Sink, SinkArgs, Source, SourceArgs, SourceFactory};
 
 /// Runs the statements of `sql` in `session` and returns the query its
 /// `INSERT INTO` started.
@@ -482,4 +483,53 @@ pub async fn confluent_client(args: Vec<String>, stdin: String) -> Vec<String> {
     })
     .await
     .unwrap()
+}
+
+/// A connector named `name` whose source and sink are both `inner`, a
+/// test's own (rows of [`schema`]): one object sees the whole epoch loop.
+#[derive(Debug)]
+pub struct OneConnector<T> {
+    pub name: &'static str,
+    pub inner: Arc<T>,
+}
+
+impl<T: Source + Sink + 'static> SourceFactory for OneConnector<T> {
+    fn schema(&self) -> SchemaRef {
+        schema()
+    }
+
+    fn create(&self) -> Result<Arc<dyn Source>> {
+        Ok(Arc::clone(&self.inner) as Arc<dyn Source>)
+    }
+
+    fn describe(&self) -> String {
+        self.name.into()
+    }
+}
+
+impl<T: Source + Sink + 'static> Connector for OneConnector<T> {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn is_source(&self) -> bool {
+        true
+    }
+
+    fn is_sink(&self) -> bool {
+        true
+    }
+
+    fn source(&self, args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
+        args.options.finish(self.name, &[])?;
+        Ok(Arc::new(OneConnector {
+            name: self.name,
+            inner: Arc::clone(&self.inner),
+        }))
+    }
+
+    fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
+        args.options.finish(self.name, &[])?;
+        Ok(Arc::clone(&self.inner) as Arc<dyn Sink>)
+    }
 }
