@@ -39,8 +39,8 @@ impl SourceInner {
     /// one per Kafka partition, when the lanes stand at its starts (the steady state; `None`
     /// otherwise, and for an upsert stream, which keeps each key's last
     /// record of the epoch). A thread takes the records from the lanes
-    /// as they arrive and hands them over chunk by chunk; each stream
-    /// decodes its chunks off the async threads as the plan pulls them.
+    /// as they arrive and hands them over chunk by chunk; each stream's
+    /// chunks are decoded off the async threads as they arrive.
     /// A range found gone meanwhile fails the epoch as an outage, so that
     /// it is read again whole, where data loss is told apart.
     pub(super) fn read_lazily(
@@ -113,26 +113,28 @@ impl SourceInner {
                 "the partitions' consumer moved after the epoch was planned".into(),
             ))),
         };
-        let error = match streamed {
+        let failure = match streamed {
             Ok(true) => {
                 self.note_record_size(count, bytes);
                 return;
             }
             // Nobody reads on: the epoch failed or was dropped.
             Ok(false) => None,
-            Err(LaneError::OutOfRange) => Some(
-                "records of the epoch's range were deleted while it was read; the epoch is \
-                 read again"
-                    .to_string(),
-            ),
-            Err(LaneError::Stalled(last)) => Some(self.stalled(last).to_string()),
+            Err(e) => Some(e),
         };
         *lanes = None;
         drop(lanes);
+        let Some(failure) = failure else { return };
         for tx in senders.values() {
-            if let Some(error) = &error {
-                let _ = tx.send(Err(self.unreachable("reading", error)));
-            }
+            let error = match &failure {
+                LaneError::OutOfRange => self.unreachable(
+                    "reading",
+                    "records of the epoch's range were deleted while it was read; the epoch is \
+                     read again",
+                ),
+                LaneError::Stalled(last) => self.stalled(last.clone()),
+            };
+            let _ = tx.send(Err(error));
         }
     }
 
