@@ -128,6 +128,8 @@ impl EpochLoop {
     /// out under the available-now trigger, or it fails.
     pub(crate) async fn run(mut self, recovered: Recovered) -> Result<()> {
         crate::memory::tune_allocator();
+        let _running =
+            crate::memory::query_running(self.statements.iter().any(|s| s.is_stateful()));
         // A bug that panics must still end the query, or its waiters would
         // wait forever.
         let result = AssertUnwindSafe(self.run_with_retries(recovered))

@@ -32,6 +32,21 @@
 //! went from 0.71 to 0.94 of the raw copy, and the 10 M-key state's
 //! peak RSS from 557 to 527 MB with epochs 14 % shorter.
 //!
+//! All of that serves a query that keeps state, whose live memory is the
+//! state. A process whose queries keep none (pass-throughs, filters,
+//! projections) has no state to make room for: its memory is the epoch's
+//! records, read, decoded and written again every epoch. Returning them
+//! after each epoch only makes the next epoch fault them back in page by
+//! page, zeroed by the kernel: half of a Kafka pass-through's own CPU with
+//! epochs of a million records (`perf`, benches/README.md). glibc also
+//! unmaps a thread arena's heap (64 MiB) as soon as it is empty unless
+//! its *top pad* is larger, whatever the trim threshold. So while only
+//! such queries run ([`query_running`]), freed memory stays with malloc:
+//! no trims after epochs, and a top pad of 256 MiB that keeps emptied
+//! heaps mapped. The process then holds its largest epoch's
+//! working set, as a JVM keeps its heap; once a query that keeps state
+//! runs, the pad is glibc's default again and trims resume.
+//!
 //! Nothing changes on other platforms or C libraries (jemalloc and
 //! mimalloc return memory on their own); `SLUICE_MALLOC_TRIM=0` in the
 //! environment turns both off, and malloc settings in `GLIBC_TUNABLES`
@@ -53,6 +68,30 @@ pub fn tune_allocator() {
     glibc::tune();
 }
 
+/// A running query, for as long as it lives: whether it keeps state
+/// decides what the process does with freed memory (see the module's
+/// documentation).
+#[must_use = "the query counts as running until this is dropped"]
+#[derive(Debug)]
+pub(crate) struct Running {
+    #[cfg_attr(not(all(target_os = "linux", target_env = "gnu")), allow(dead_code))]
+    keeps_state: bool,
+}
+
+/// Counts a query as running until the returned guard drops.
+pub(crate) fn query_running(keeps_state: bool) -> Running {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    glibc::running(keeps_state, 1);
+    Running { keeps_state }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        glibc::running(self.keeps_state, -1);
+    }
+}
+
 /// Tells the trimming thread an epoch ended and its working memory is
 /// freed (starting the thread the first time). Never blocks.
 pub(crate) fn epoch_done() {
@@ -63,8 +102,9 @@ pub(crate) fn epoch_done() {
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 mod glibc {
     use std::ffi::c_int;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::mpsc::{sync_channel, SyncSender};
-    use std::sync::{Once, OnceLock};
+    use std::sync::{Mutex, Once, OnceLock};
     use std::time::Duration;
 
     /// The shortest time between two trims: what a trim releases, the
@@ -79,9 +119,20 @@ mod glibc {
     /// Chunks from this size up are mapped on their own, and unmapped when
     /// freed.
     const MMAP_THRESHOLD: c_int = 32 << 20;
+    /// The top pad while only queries without state run: above a thread
+    /// arena's largest heap (64 MiB), so that no emptied heap is unmapped,
+    /// with room for the main heap's growth by more than one heap at once.
+    const RETAIN_PAD: c_int = 256 << 20;
+    /// glibc's own top pad (`DEFAULT_TOP_PAD`).
+    const DEFAULT_PAD: c_int = 128 << 10;
     /// `mallopt` parameters, from glibc's `malloc.h`.
     const M_TRIM_THRESHOLD: c_int = -1;
+    const M_TOP_PAD: c_int = -2;
     const M_MMAP_THRESHOLD: c_int = -3;
+
+    /// Whether freed memory stays with malloc: only queries without state
+    /// run, and tuning is on.
+    static RETAIN: AtomicBool = AtomicBool::new(false);
 
     extern "C" {
         /// glibc: returns the free memory of every arena to the system,
@@ -96,11 +147,51 @@ mod glibc {
         std::env::var("SLUICE_MALLOC_TRIM").is_ok_and(|v| v.trim() == "0")
     }
 
+    /// Whether Sluice may set malloc's parameters: not with
+    /// `SLUICE_MALLOC_TRIM=0`, nor when `GLIBC_TUNABLES` sets them.
+    fn tuning() -> bool {
+        static TUNING: OnceLock<bool> = OnceLock::new();
+        *TUNING.get_or_init(|| {
+            let users = std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc."));
+            !trim_off() && !users
+        })
+    }
+
+    /// Counts a query in (`change` 1) or out (-1), and sets what the
+    /// process does with freed memory for the queries now running.
+    pub(super) fn running(keeps_state: bool, change: isize) {
+        // (queries keeping state, queries keeping none)
+        static RUNNING: Mutex<(isize, isize)> = Mutex::new((0, 0));
+        if !tuning() {
+            return;
+        }
+        let mut running = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+        if keeps_state {
+            running.0 += change;
+        } else {
+            running.1 += change;
+        }
+        let retain = retains(*running);
+        if RETAIN.swap(retain, Ordering::Relaxed) != retain {
+            // SAFETY: as in `tune`.
+            let set = unsafe { mallopt(M_TOP_PAD, if retain { RETAIN_PAD } else { DEFAULT_PAD }) };
+            if set != 1 {
+                tracing::debug!("malloc refused the top pad; left as it was");
+            }
+        }
+    }
+
+    /// Whether freed memory stays with malloc while (queries keeping
+    /// state, queries keeping none) run: only while some run and none of
+    /// them keeps state.
+    fn retains((stateful, stateless): (isize, isize)) -> bool {
+        stateful <= 0 && stateless > 0
+    }
+
     pub(super) fn tune() {
         static TUNED: Once = Once::new();
         TUNED.call_once(|| {
-            let users = std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc."));
-            if trim_off() || users {
+            if !tuning() {
                 return;
             }
             // SAFETY: mallopt takes malloc's own lock; these parameters
@@ -116,6 +207,9 @@ mod glibc {
     }
 
     pub(super) fn epoch_done() {
+        if RETAIN.load(Ordering::Relaxed) {
+            return;
+        }
         static WAKE: OnceLock<Option<SyncSender<()>>> = OnceLock::new();
         let wake = WAKE.get_or_init(|| {
             if trim_off() {
@@ -146,6 +240,19 @@ mod glibc {
         if let Some(wake) = wake {
             // A full channel means a trim is already due.
             let _ = wake.try_send(());
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::retains;
+
+        #[test]
+        fn memory_is_retained_only_while_every_running_query_is_stateless() {
+            assert!(!retains((0, 0)), "nothing runs");
+            assert!(retains((0, 2)), "only stateless queries");
+            assert!(!retains((1, 2)), "a query keeps state");
+            assert!(!retains((1, 0)), "only a query that keeps state");
         }
     }
 }
