@@ -172,6 +172,12 @@ pub(super) type Taken = Vec<(i32, Vec<Fetched>)>;
 #[derive(Debug, Default)]
 struct Held {
     chunks: VecDeque<Fetched>,
+    /// (records, payload bytes) of the last chunk that filled: a new
+    /// chunk is given that much (and an eighth more, the bytes at most
+    /// [`CHUNK_BYTES`]'s worth) at once, instead of growing by doubling,
+    /// which copied each chunk's bytes twice over on average and touched
+    /// twice the memory.
+    full: (usize, usize),
 }
 
 impl Held {
@@ -183,7 +189,14 @@ impl Held {
     /// Copies a message in, at the end.
     fn push(&mut self, m: &rd::rd_kafka_message_t) {
         if self.chunks.back().is_none_or(Fetched::is_full) {
-            self.chunks.push_back(Fetched::default());
+            if let Some(full) = self.chunks.back() {
+                self.full = (full.len(), full.payload_bytes());
+            }
+            let (records, bytes) = (self.full.0, self.full.1.min(CHUNK_BYTES));
+            self.chunks.push_back(Fetched {
+                bytes: Vec::with_capacity(bytes + bytes / 8),
+                slots: Vec::with_capacity(records),
+            });
         }
         if let Some(last) = self.chunks.back_mut() {
             last.push(m);
@@ -592,6 +605,7 @@ mod tests {
                 fetched(&[(2, Some("c")), (3, Some("d")), (5, Some("f"))]),
                 fetched(&[(6, Some("g"))]),
             ]),
+            ..Held::default()
         };
         // Offset 4 (a marker) falls inside the second chunk.
         let taken = held.take_below(4);
@@ -624,6 +638,7 @@ mod tests {
         let n = CHUNK_RECORDS as i64;
         let mut held = Held {
             chunks: VecDeque::from([full(0), full(n), fetched(&[(2 * n, Some("x"))])]),
+            ..Held::default()
         };
         // The range ends inside the second chunk: only the first goes.
         assert_eq!(held.take_full_below(n + 1).len(), 1);
