@@ -221,6 +221,15 @@ fn produce_only(bootstrap: &str, to: &str, records: &[(i32, Vec<u8>)]) -> Result
     Ok(records.len() as f64 / start.elapsed().as_secs_f64())
 }
 
+/// The CPU this process spent since `before` ([`common::cpu_seconds`]),
+/// in µs per record of `n` (NaN where the CPU time cannot be read).
+fn cpu_us_per_record(before: Option<f64>, n: u64) -> f64 {
+    match (before, common::cpu_seconds()) {
+        (Some(before), Some(now)) => (now - before) * 1e6 / n as f64,
+        _ => f64::NAN,
+    }
+}
+
 /// Copies every record of `from` to `to`; returns records per second.
 fn raw_copy(bootstrap: &str, from: &str, to: &str, n: u64) -> Result<f64, BoxError> {
     let p = best_producer(bootstrap)?;
@@ -447,6 +456,9 @@ async fn main() -> Result<(), BoxError> {
         ("1s_headers", 1.0, true),
     ];
     let mut results: Vec<Vec<(f64, f64, f64, f64)>> = vec![Vec::new(); variants.len()];
+    // CPU-µs per record of this process: the raw copy's, and each variant's.
+    let mut raw_cpus = Vec::new();
+    let mut sluice_cpus: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
     let mut table = vec![
         "| round | consume-only rec/s | produce-only rec/s | raw copy rec/s (of consume-only) | Sluice 100 ms epochs rec/s (epoch ms) | of raw copy | Sluice 1 s epochs rec/s (epoch ms) | of raw copy | with epoch headers: 100 ms | of raw copy | 1 s | of raw copy |".to_string(),
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |".to_string(),
@@ -467,15 +479,18 @@ async fn main() -> Result<(), BoxError> {
         };
         let out = fresh_topic("bench-copy-raw");
         create_topic(&bootstrap, &out, PARTITIONS).await?;
+        let cpu = common::cpu_seconds();
         let rate = {
             let (b, i, o) = (bootstrap.clone(), input.clone(), out.clone());
             tokio::task::spawn_blocking(move || raw_copy(&b, &i, &o, n)).await??
         };
+        let raw_cpu = cpu_us_per_record(cpu, n);
         common::delete_topics(&bootstrap, &[&out]).await;
         eprintln!(
             "round {round}: consume-only {read_limit:.0}, produce-only {write_limit:.0}, raw copy \
-             {rate:.0} rec/s"
+             {rate:.0} rec/s, {raw_cpu:.2} CPU-µs per record (this process)"
         );
+        raw_cpus.push(raw_cpu);
         consumed.push(read_limit);
         produced.push(write_limit);
         raw.push(rate);
@@ -485,19 +500,24 @@ async fn main() -> Result<(), BoxError> {
             format!("{:.0} K", write_limit / 1e3),
             format!("{:.0} K ({:.2})", rate / 1e3, rate / read_limit),
         ];
-        for ((name, interval, headers), results) in variants.iter().zip(&mut results) {
+        for (((name, interval, headers), results), cpus) in
+            variants.iter().zip(&mut results).zip(&mut sluice_cpus)
+        {
             let out = fresh_topic("bench-copy-sluice");
             create_topic(&bootstrap, &out, PARTITIONS).await?;
             let per_epoch = ((rate * interval) as u64).max(1);
             let client = ClientOptions::new(bootstrap.as_str());
+            let cpu = common::cpu_seconds();
             let (r, epoch_ms, epochs) =
                 sluice_copy(&client, &input, &out, n, per_epoch, shape, *headers).await?;
+            let sluice_cpu = cpu_us_per_record(cpu, n);
             common::delete_topics(&bootstrap, &[&out]).await;
             eprintln!(
                 "round {round}: sluice {name} ({per_epoch} records per epoch): {r:.0} rec/s, \
-                 {epochs} epochs, median {epoch_ms:.0} ms"
+                 {epochs} epochs, median {epoch_ms:.0} ms, {sluice_cpu:.2} CPU-µs per record"
             );
             results.push((r, r / rate, r / read_limit, r / write_limit));
+            cpus.push(sluice_cpu);
             cells.push(format!("{:.0} K ({epoch_ms:.0})", r / 1e3));
             cells.push(format!("{:.2}", r / rate));
         }
@@ -544,8 +564,10 @@ async fn main() -> Result<(), BoxError> {
         "produce_only_median_rec_per_s": median(produced),
         "raw_copy_median_rec_per_s": median(raw),
         "raw_copy_of_consume_only": raw_of_read,
+        "raw_copy_cpu_us_per_record": median(raw_cpus),
     });
-    for ((name, ..), r) in variants.iter().zip(&results) {
+    for (((name, ..), r), cpus) in variants.iter().zip(&results).zip(sluice_cpus) {
+        summary[format!("sluice_{name}_cpu_us_per_record")] = median(cpus).into();
         summary[format!("sluice_{name}_median_rec_per_s")] = of(r, |x| x.0).into();
         summary[format!("ratio_{name}_median")] = of(r, |x| x.1).into();
         summary[format!("sluice_{name}_of_consume_only")] = of(r, |x| x.2).into();

@@ -26,6 +26,13 @@
 //! `--set kafka.linger.ms=1` tries a client setting on every Kafka client
 //! of the query.
 //!
+//! `SLUICE_LOG` (a tracing filter such as `debug`) prints the engine's and
+//! librdkafka's logs to stderr with their times.
+//!
+//! The five slowest epochs are printed phase by phase with the time each
+//! was planned, to set beside the broker's collector pauses
+//! (`scripts/kafka gc-log`): a slow commit during a pause is the broker's.
+//!
 //! The last line of stdout is a JSON object (see benches/README.md).
 
 mod common;
@@ -267,6 +274,15 @@ fn measure(
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), BoxError> {
+    // SLUICE_LOG (a tracing filter) prints the engine's and librdkafka's
+    // logs with their times, e.g. with `--set kafka.debug=eos` to follow
+    // each transaction through the client.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     match common::flag("--role").as_deref() {
         Some("produce") => return produce(),
         Some("consume") => return consume(),
@@ -357,9 +373,10 @@ async fn main() -> Result<(), BoxError> {
     slowest.sort_by(|a, b| b.duration_ms.total.total_cmp(&a.duration_ms.total));
     for q in slowest.iter().take(5) {
         eprintln!(
-            "slow epoch {}: total {:.1} ms = plan {:.1} + read {:.1} + compute {:.1} + commit \
-             {:.1}; {} rows",
+            "slow epoch {} (planned {}): total {:.1} ms = plan {:.1} + read {:.1} + compute \
+             {:.1} + commit {:.1}; {} rows",
             q.epoch,
+            q.timestamp,
             q.duration_ms.total,
             q.duration_ms.plan,
             q.duration_ms.read,

@@ -186,6 +186,18 @@ pub fn report(progress: &[QueryProgress]) -> serde_json::Value {
     })
 }
 
+/// CPU time this process has used so far, user and system, in seconds
+/// (Linux; `None` elsewhere): the difference over a run is its CPU cost,
+/// steadier on a shared machine than its wall time.
+pub fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    // utime and stime (fields 14 and 15), in clock ticks of 1/100 s.
+    Some((ticks(11)? + ticks(12)?) / 100.0)
+}
+
 /// The process's peak resident memory (VmHWM), in bytes (Linux).
 pub fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
