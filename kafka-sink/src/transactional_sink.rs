@@ -11,7 +11,7 @@
 //!          ─► commit            ── the decision point
 //! ```
 //!
-//! Unless `SLUICE_KAFKA_PIPELINE=0` (see [`crate::pipelined`]), an appending
+//! With `SLUICE_KAFKA_PIPELINE=1` (see [`crate::pipelined`]) an appending
 //! statement's output is sent ahead, batch by batch as the epoch computes it ([`Sink::send_ahead`]): the transaction begins at the
 //! first batch, and the epoch's write sends the rest, the progress record,
 //! and commits. Nothing of it is visible before the commit either way.

@@ -511,14 +511,18 @@ async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_
 /// (seeded: `SLUICE_CRASH_SEED`), one of them is killed with SIGKILL and
 /// restarted, a fourth joins, and one leaves with SIGTERM, the input
 /// arriving in between. The output is exact, and completes after the
-/// last of these: every task ended owned by a live process.
+/// last of these: every task ended owned by a live process. Every epoch
+/// of a stateful task snapshots its state and deletes the chain before,
+/// so the checkpoint store's deletions are on every commit's path.
 async fn share_and_take_over(d: &Divided) {
     let sql = d.sql_with(
         "group",
         "SET 'tasks' = 'per-partition';\n\
          SET 'tasks.group' = 'true';\n\
          SET 'tasks.group.session.timeout' = '6 s';\n\
-         SET 'trigger' = '200 ms';\n",
+         SET 'trigger' = '200 ms';\n\
+         SET 'state.snapshot.interval' = '1';\n\
+         SET 'state.retained.snapshots' = '1';\n",
         &key_from_value(),
     );
     let spawn = || {
