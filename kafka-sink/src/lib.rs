@@ -63,7 +63,7 @@ mod verify;
 /// epoch writes while it reads. It beat whole epochs on `raw` records with
 /// 1 s epochs in one run and lost to them in the whole suite, on JSON
 /// records (Nexmark q0) and on latency back to back (benches/README.md,
-/// *Pipelined epochs by default, tried*), so it stays opt-in.
+/// *pipelined epochs tried as the default*), so it stays opt-in.
 pub(crate) fn pipelined() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("SLUICE_KAFKA_PIPELINE").is_ok_and(|v| v.trim() == "1"))
