@@ -128,54 +128,10 @@ fn report(
     let _ = writeln!(w, "  planned epochs (offsets/): {}", span(&offsets));
     let _ = writeln!(w, "  committed epochs (commits/): {}", span(&commits));
     let last = commits.last().copied();
-    match last {
-        None => {
-            let _ = writeln!(w, "  nothing committed yet");
-        }
-        Some(epoch) => {
-            let commit = cp.read_commit(epoch)?;
-            let plan = cp.read_offsets(epoch)?;
-            let when = chrono_like(commit.committed_at_ms);
-            let _ = writeln!(
-                w,
-                "  last committed epoch {epoch} at {when}, {} output rows",
-                commit.output_rows
-            );
-            let _ = writeln!(w, "    source offsets (end = where the next epoch starts):");
-            for (key, range) in &plan.sources {
-                let start = range
-                    .start
-                    .as_ref()
-                    .map_or("beginning".to_string(), |s| s.to_string());
-                let _ = writeln!(w, "      {key}: {start} -> {}", range.end);
-            }
-            if commit.watermarks.is_empty() {
-                let _ = writeln!(w, "    watermark: none");
-            } else {
-                for (key, ns) in &commit.watermarks {
-                    let _ = writeln!(
-                        w,
-                        "    watermark of {key}: {}",
-                        chrono_like(ns.div_euclid(1_000_000))
-                    );
-                }
-            }
-            if commit.state_files.is_empty() {
-                let _ = writeln!(w, "    state: none");
-            } else {
-                let mut total = 0;
-                let _ = writeln!(
-                    w,
-                    "    state (a snapshot and the deltas after it, loaded in order):"
-                );
-                for f in &commit.state_files {
-                    let len = cp.state_file_len(f)?;
-                    total += len;
-                    let _ = writeln!(w, "      {f}  {len} bytes");
-                }
-                let _ = writeln!(w, "      total {total} bytes");
-            }
-        }
+    if let Some(epoch) = last {
+        last_commit(w, &cp, epoch)?;
+    } else {
+        let _ = writeln!(w, "  nothing committed yet");
     }
     if let Some(next) = offsets.last().filter(|o| Some(**o) > last) {
         let _ = writeln!(
@@ -184,71 +140,134 @@ fn report(
         );
     }
     if let Some(client) = client {
-        let bootstrap = client.bootstrap().to_string();
-        let client = client.connect_timeout(Duration::from_secs(10));
-        if let Some(epoch) = last {
-            let commit = cp.read_commit(epoch)?;
-            let c = client.clone();
-            let behind = std::thread::spawn(move || lag(&c, &commit))
-                .join()
-                .map_err(|_| SluiceError::Internal("the lag query panicked".into()))?;
-            let _ = match behind {
-                Ok(Some(n)) => writeln!(
-                    w,
-                    "  lag: {n} records in its Kafka input partitions after the last committed epoch"
-                ),
-                Ok(None) => Ok(()),
-                Err(e) => writeln!(w, "  lag: unknown: {e}"),
-            };
-        }
-        // A task's progress record is keyed by its own identity.
-        let q = match task {
+        let id = match task {
+            // A task's progress record is keyed by its own identity.
             Some(index) => sluice_kafka::task_identity(&meta.query_id, index),
             None => meta.query_id.clone(),
         };
-        let t = topic.map(str::to_string);
-        let kafka =
-            std::thread::spawn(move || sluice_kafka::last_committed(&client, t.as_deref(), &q))
-                .join()
-                .map_err(|_| SluiceError::Internal("the Kafka check panicked".into()))?;
-        let _ = writeln!(w, "kafka progress topic on {bootstrap}:");
-        match kafka {
-            Err(e) => {
-                let _ = writeln!(w, "  cannot read it: {e}");
-            }
-            Ok(None) => {
-                let _ = writeln!(
-                    w,
-                    "  no record for this query: {}",
-                    if last.is_some() {
-                        "the checkpoint says epochs were committed, so either this query's sink is \
-                         not exactly-once Kafka, or the progress topic was lost (then the query \
-                         refuses to start: use a new checkpoint location)"
-                    } else {
-                        "consistent: nothing was committed"
-                    }
-                );
-            }
-            Ok(Some((epoch, _))) => {
-                let verdict = match last {
-                    Some(l) if l == epoch => "agrees with the checkpoint".to_string(),
-                    Some(l) if l < epoch => format!(
-                        "is ahead of the checkpoint ({l}): the process stopped right after a Kafka \
-                         commit; the next start records epochs {}..={epoch} and continues",
-                        l + 1
-                    ),
-                    Some(l) => format!(
-                        "is behind the checkpoint ({l}): the progress topic lost records or belongs \
-                         to another query; the query refuses to start: use a new checkpoint \
-                         location, or restore the topic"
-                    ),
-                    None => "but the checkpoint has no commit: the next start records it".into(),
-                };
-                let _ = writeln!(w, "  last committed epoch {epoch}: {verdict}");
-            }
-        }
+        kafka_report(w, &cp, client, &id, topic, last)?;
     }
     Ok(out)
+}
+
+/// The last committed epoch's part of a report: its offsets, watermarks
+/// and state files.
+fn last_commit(w: &mut String, cp: &Checkpoint, epoch: u64) -> Result<(), SluiceError> {
+    let commit = cp.read_commit(epoch)?;
+    let plan = cp.read_offsets(epoch)?;
+    let when = chrono_like(commit.committed_at_ms);
+    let _ = writeln!(
+        w,
+        "  last committed epoch {epoch} at {when}, {} output rows",
+        commit.output_rows
+    );
+    let _ = writeln!(w, "    source offsets (end = where the next epoch starts):");
+    for (key, range) in &plan.sources {
+        let start = range
+            .start
+            .as_ref()
+            .map_or("beginning".to_string(), |s| s.to_string());
+        let _ = writeln!(w, "      {key}: {start} -> {}", range.end);
+    }
+    if commit.watermarks.is_empty() {
+        let _ = writeln!(w, "    watermark: none");
+    } else {
+        for (key, ns) in &commit.watermarks {
+            let _ = writeln!(
+                w,
+                "    watermark of {key}: {}",
+                chrono_like(ns.div_euclid(1_000_000))
+            );
+        }
+    }
+    if commit.state_files.is_empty() {
+        let _ = writeln!(w, "    state: none");
+    } else {
+        let mut total = 0;
+        let _ = writeln!(
+            w,
+            "    state (a snapshot and the deltas after it, loaded in order):"
+        );
+        for f in &commit.state_files {
+            let len = cp.state_file_len(f)?;
+            total += len;
+            let _ = writeln!(w, "      {f}  {len} bytes");
+        }
+        let _ = writeln!(w, "      total {total} bytes");
+    }
+    Ok(())
+}
+
+/// The Kafka part of a report: the input's lag after the `last` committed
+/// epoch, and whether the progress record of query (or task) `id` agrees
+/// with the checkpoint.
+fn kafka_report(
+    w: &mut String,
+    cp: &Checkpoint,
+    client: ClientOptions,
+    id: &str,
+    topic: Option<&str>,
+    last: Option<u64>,
+) -> Result<(), SluiceError> {
+    let bootstrap = client.bootstrap().to_string();
+    let client = client.connect_timeout(Duration::from_secs(10));
+    if let Some(epoch) = last {
+        let commit = cp.read_commit(epoch)?;
+        let c = client.clone();
+        let behind = std::thread::spawn(move || lag(&c, &commit))
+            .join()
+            .map_err(|_| SluiceError::Internal("the lag query panicked".into()))?;
+        let _ = match behind {
+            Ok(Some(n)) => writeln!(
+                w,
+                "  lag: {n} records in its Kafka input partitions after the last committed epoch"
+            ),
+            Ok(None) => Ok(()),
+            Err(e) => writeln!(w, "  lag: unknown: {e}"),
+        };
+    }
+    let q = id.to_string();
+    let t = topic.map(str::to_string);
+    let kafka = std::thread::spawn(move || sluice_kafka::last_committed(&client, t.as_deref(), &q))
+        .join()
+        .map_err(|_| SluiceError::Internal("the Kafka check panicked".into()))?;
+    let _ = writeln!(w, "kafka progress topic on {bootstrap}:");
+    match kafka {
+        Err(e) => {
+            let _ = writeln!(w, "  cannot read it: {e}");
+        }
+        Ok(None) => {
+            let _ = writeln!(
+                w,
+                "  no record for this query: {}",
+                if last.is_some() {
+                    "the checkpoint says epochs were committed, so either this query's sink is \
+                     not exactly-once Kafka, or the progress topic was lost (then the query \
+                     refuses to start: use a new checkpoint location)"
+                } else {
+                    "consistent: nothing was committed"
+                }
+            );
+        }
+        Ok(Some((epoch, _))) => {
+            let verdict = match last {
+                Some(l) if l == epoch => "agrees with the checkpoint".to_string(),
+                Some(l) if l < epoch => format!(
+                    "is ahead of the checkpoint ({l}): the process stopped right after a Kafka \
+                     commit; the next start records epochs {}..={epoch} and continues",
+                    l + 1
+                ),
+                Some(l) => format!(
+                    "is behind the checkpoint ({l}): the progress topic lost records or belongs \
+                     to another query; the query refuses to start: use a new checkpoint \
+                     location, or restore the topic"
+                ),
+                None => "but the checkpoint has no commit: the next start records it".into(),
+            };
+            let _ = writeln!(w, "  last committed epoch {epoch}: {verdict}");
+        }
+    }
+    Ok(())
 }
 
 /// Milliseconds since the Unix epoch as RFC 3339.

@@ -34,11 +34,14 @@
 //! - An epoch runs only when some source has new data.
 //! - A stop request is honoured between epochs, never inside one.
 
+mod commit;
+mod compute;
 mod read;
 mod recover;
 
-use read::{EpochRead, Planned};
-pub(crate) use recover::Recovered;
+use commit::EpochTiming;
+use read::{advance, EpochRead, Planned};
+pub(crate) use recover::{check_clusters, check_fingerprint, check_inputs, clusters, Recovered};
 
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
@@ -47,12 +50,11 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 
-use crate::checkpoint::{Checkpoint, EpochCommit, OffsetRecord};
+use crate::checkpoint::{Checkpoint, OffsetRecord};
 use crate::error::{Result, SluiceError};
-use crate::fail_point::fail_point;
-use crate::planner::Input;
 use crate::progress::{
-    PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, StreamingQueryListener,
+    millis, PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent,
+    StreamingQueryListener,
 };
 use crate::query::QueryShared;
 use crate::sink::Sink;
@@ -61,10 +63,6 @@ use crate::state::chain::SnapshotPolicy;
 use crate::statement::Statement;
 use crate::task::TaskId;
 use crate::trigger::Trigger;
-use crate::watermark::format_nanos;
-
-/// Offset and commit records kept in the checkpoint (Spark's default).
-const RETAIN_EPOCHS: u64 = 100;
 
 /// With a zero trigger interval, how long to wait before looking at the
 /// sources again when they had nothing new.
@@ -111,19 +109,6 @@ pub(crate) struct EpochLoop {
 }
 
 impl EpochLoop {
-    /// Every statement's inputs, in order.
-    fn inputs(&self) -> impl Iterator<Item = &Input> {
-        self.statements.iter().flat_map(|s| &s.plan.inputs)
-    }
-
-    /// The query's watermark: the minimum over its statements'.
-    fn watermark(&self) -> Option<i64> {
-        self.statements
-            .iter()
-            .filter_map(|s| s.plan.watermarks.current())
-            .min()
-    }
-
     /// Runs this loop's task until the query is stopped, its input runs
     /// out under the available-now trigger, or it fails.
     pub(crate) async fn run(mut self, recovered: Recovered) -> Result<()> {
@@ -337,34 +322,6 @@ impl EpochLoop {
         }
     }
 
-    /// Epoch `epoch`'s plan: `replay`, the one recovery found written, or
-    /// a new one from `positions`, written before it returns. `None` when
-    /// no source has new data.
-    async fn plan_or_replay(
-        &self,
-        epoch: u64,
-        positions: &BTreeMap<String, Offset>,
-        replay: Option<OffsetRecord>,
-    ) -> Result<Option<Planned>> {
-        let started = Instant::now();
-        let record = match replay {
-            Some(record) => record,
-            None => {
-                let Some(record) = self.plan_epoch(epoch, positions).await? else {
-                    return Ok(None);
-                };
-                self.write_plan(&record)?;
-                record
-            }
-        };
-        Ok(Some(Planned {
-            record,
-            read: None,
-            started,
-            plan_ms: ms(started.elapsed()),
-        }))
-    }
-
     /// No source had new data: says so, and waits before the next plan
     /// when epochs run back to back. False when the loop ends: an
     /// `available-now` query has read what there was, or a stop came.
@@ -389,19 +346,11 @@ impl EpochLoop {
         }
     }
 
-    /// Writes the epoch's plan, `offsets/N`: from here on a restart re-runs
-    /// the epoch over exactly these ranges.
-    fn write_plan(&self, record: &OffsetRecord) -> Result<()> {
-        self.checkpoint.write_offsets(record)?;
-        fail_point("after-offsets", record.epoch);
-        Ok(())
-    }
-
     /// Runs epoch `record` (its plan written) over `read`, or over what it
-    /// reads now, and commits it. With `next` (the positions after this
-    /// epoch), and when the query is behind (see the module's notes), plans
-    /// and reads the next epoch while this one commits, and returns that
-    /// too.
+    /// reads now, and commits it: the phases in order, each timed. With
+    /// `next` (the positions after this epoch), and when the query is
+    /// behind (see the module's notes), plans and reads the next epoch
+    /// while this one commits, and returns that too.
     async fn run_epoch(
         &mut self,
         record: &OffsetRecord,
@@ -410,160 +359,50 @@ impl EpochLoop {
         next: Option<&BTreeMap<String, Offset>>,
     ) -> Result<(QueryProgress, Option<Result<Option<Planned>>>)> {
         let epoch = record.epoch;
-        let read = match read {
+        let mut phases = PhaseDurations {
+            plan: timing.plan_ms,
+            ..PhaseDurations::default()
+        };
+
+        let mut read = match read {
             Some(read) => read,
             None => self.read_epoch(record).await?,
         };
-        let mut read = read;
-        let inputs = std::mem::take(&mut read.inputs);
-        let mut read_ms = read.ms;
+        let t = Instant::now();
+        let admitted = self.admit(&mut read)?;
+        phases.read = read.ms + millis(t.elapsed());
 
         let t = Instant::now();
-        let mut late_rows = 0;
-        let mut admitted = Vec::with_capacity(self.statements.len());
-        for (statement, read) in self.statements.iter_mut().zip(inputs) {
-            let (input, late) = statement.admit(read)?;
-            late_rows += late;
-            admitted.push(input);
-        }
-        read_ms += ms(t.elapsed());
-
-        // With a sink that sends ahead, appended rows are written while the
-        // rest of the epoch is still read and computed.
-        let t = Instant::now();
-        let mut outputs = Vec::with_capacity(self.statements.len());
-        let sink = self.sink.sends_ahead().then_some(self.sink.as_ref());
-        for (index, (statement, input)) in self.statements.iter_mut().zip(admitted).enumerate() {
-            let ahead = sink.map(|sink| (sink, epoch, index));
-            outputs.push(statement.compute(input, ahead).await?);
-        }
+        let outputs = self.compute(epoch, admitted).await?;
         let dead_letters = self.settle(&mut read);
-        let EpochRead {
-            sources,
-            rows: input_rows,
-            group_offsets,
-            ..
-        } = read;
-        let compute_ms = ms(t.elapsed());
-
-        // Stage the state durably before the commit, so the commit can name
-        // it (docs/architecture.md §2).
-        let t = Instant::now();
-        let mut chains = Vec::with_capacity(self.statements.len());
-        let (mut state_rows, mut state_bytes) = (0, 0);
-        for statement in &mut self.statements {
-            let (files, rows, bytes) = statement.stage(
-                self.checkpoint.dir(),
-                epoch,
-                &self.shared.run_id,
-                self.snapshots,
-            )?;
-            chains.push(files);
-            state_rows += rows;
-            state_bytes += bytes;
-        }
-        let state_ms = ms(t.elapsed());
+        phases.compute = millis(t.elapsed());
 
         let t = Instant::now();
-        let output_rows: u64 = outputs
-            .iter()
-            .flat_map(|o| &o.rows)
-            .map(|b| b.num_rows() as u64)
-            .sum();
-        let mut watermarks = BTreeMap::new();
-        for statement in &self.statements {
-            watermarks.extend(statement.plan.watermarks.to_record());
-        }
-        let commit = EpochCommit {
-            plan: record.clone(),
-            state_files: chains.concat(),
-            watermarks,
-            committed_at_ms: chrono::Utc::now().timestamp_millis(),
-            output_rows,
-            fingerprint: Some(self.fingerprint.clone()),
-            clusters: self.clusters.clone(),
-        };
+        let staged = self.stage(epoch)?;
+        phases.state = millis(t.elapsed());
+
+        let t = Instant::now();
         let handover = Handover {
             dead_letters,
-            group_offsets,
+            group_offsets: std::mem::take(&mut read.group_offsets),
         };
-        let write = self.sink.write_epoch_set(&commit, &outputs, &handover);
-        let (written, next) = match next.filter(|_| self.behind(&sources, input_rows)) {
-            Some(positions) => {
-                let (written, next) = tokio::join!(write, self.prefetch(epoch + 1, positions));
-                (written, Some(next))
-            }
-            None => (write.await, None),
-        };
-        written?;
-        fail_point("before-commit-record", epoch);
-        self.checkpoint.write_commit(&commit)?;
-        self.checkpoint.purge(epoch, RETAIN_EPOCHS)?;
-        for (statement, chain) in self.statements.iter_mut().zip(chains) {
-            statement.committed(self.checkpoint.dir(), chain, self.snapshots)?;
-        }
-        for input in self.inputs() {
-            if let Some(range) = record.sources.get(&input.key) {
-                if !range.end.is_null() {
-                    input.source.committed(&range.end)?;
-                }
-            }
-        }
-        let commit_ms = ms(t.elapsed());
+        let next = self
+            .commit(
+                record,
+                &staged,
+                &outputs,
+                handover,
+                (&read.sources, read.rows),
+                next,
+            )
+            .await?;
+        let state_size = (staged.rows, staged.bytes);
+        self.after_commit(record, staged)?;
+        phases.commit = millis(t.elapsed());
 
-        // The loop's own time on this epoch: what was read ahead during the
-        // previous commit is not counted twice, so totals add up to the
-        // loop's wall time and rows / total is the rate.
-        let total = timing.own_since.elapsed();
-        let since_last = timing.start.saturating_duration_since(timing.last_start);
-        let per_second = |d: Duration| {
-            if d.is_zero() {
-                0.0
-            } else {
-                input_rows as f64 / d.as_secs_f64()
-            }
-        };
-        let progress = QueryProgress {
-            task: self.task.map(|t| t.index),
-            id: self.shared.id.clone(),
-            run_id: self.shared.run_id.clone(),
-            name: self.shared.name.clone(),
-            epoch,
-            timestamp: chrono::DateTime::from_timestamp_millis(record.planned_at_ms)
-                .map(|t| t.to_rfc3339())
-                .unwrap_or_default(),
-            num_input_rows: input_rows,
-            num_output_rows: output_rows,
-            input_rows_per_second: per_second(since_last),
-            processed_rows_per_second: per_second(total),
-            duration_ms: PhaseDurations {
-                plan: timing.plan_ms,
-                read: read_ms,
-                compute: compute_ms,
-                state: state_ms,
-                commit: commit_ms,
-                total: ms(total),
-            },
-            state_rows,
-            state_bytes,
-            watermark: self.watermark().map(format_nanos),
-            late_rows,
-            recoveries: self.recoveries,
-            sources,
-            sink: self.sink_description.clone(),
-        };
+        let progress = self.progress(record, read, &outputs, state_size, phases, timing);
         Ok((progress, next))
     }
-}
-
-/// When an epoch began (its planning), and the one before it.
-struct EpochTiming {
-    plan_ms: f64,
-    start: Instant,
-    last_start: Instant,
-    /// Since when the loop has worked on this epoch alone: its start, or,
-    /// for an epoch read ahead, when the epoch before it committed.
-    own_since: Instant,
 }
 
 /// Runs a query's `body` (its tasks' epoch loops) to its end, telling
@@ -598,98 +437,4 @@ pub(crate) async fn run_query(
         l.on_query_terminated(&terminated);
     }
     shared.finish(result);
-}
-
-/// The checkpoint at `dir`, whose epoch `record` planned, must belong to a
-/// query with the same `inputs`.
-pub(crate) fn check_inputs<'a>(
-    record: &OffsetRecord,
-    inputs: impl Iterator<Item = &'a Input>,
-    dir: &std::path::Path,
-) -> Result<()> {
-    let mut ours: Vec<&str> = inputs.map(|i| i.key.as_str()).collect();
-    ours.sort_unstable();
-    let theirs: Vec<&str> = record.sources.keys().map(String::as_str).collect();
-    if ours != theirs {
-        return Err(SluiceError::config(format!(
-            "the checkpoint at {} belongs to a query reading [{}], but this query reads [{}]; \
-             use a new checkpoint location for a changed query",
-            dir.display(),
-            theirs.join(", "),
-            ours.join(", ")
-        )));
-    }
-    Ok(())
-}
-
-/// A query whose fingerprint (see `statement::fingerprint`) differs from the
-/// one that committed `commit` (in `whose`: the checkpoint, or the sink's
-/// record) cannot restore its state and offsets: refused, showing both.
-/// Commits of earlier releases carry none and are not checked.
-pub(crate) fn check_fingerprint(commit: &EpochCommit, ours: &str, whose: &str) -> Result<()> {
-    match &commit.fingerprint {
-        Some(theirs) if theirs != ours => Err(SluiceError::config(format!(
-            "this query differs from the one that committed epoch {} ({whose}) in what its \
-             state and offsets depend on, so they cannot be restored into it:\n  committed:\n    \
-             {}\n  now:\n    {}\nRevert the change, or run the changed query as a new one (a new \
-             'pipeline.name' and checkpoint location: it then reads its input again from its \
-             startup position). docs/operations.md lists which changes keep state",
-            commit.epoch(),
-            theirs.replace('\n', "\n    "),
-            ours.replace('\n', "\n    ")
-        ))),
-        _ => Ok(()),
-    }
-}
-
-/// The cluster each of `inputs` reads, by input key (inputs that name
-/// none are left out).
-pub(crate) async fn clusters<'a>(
-    inputs: impl Iterator<Item = &'a Input>,
-) -> Result<BTreeMap<String, String>> {
-    let mut clusters = BTreeMap::new();
-    for input in inputs {
-        if let Some(cluster) = input.source.cluster().await? {
-            clusters.insert(input.key.clone(), cluster);
-        }
-    }
-    Ok(clusters)
-}
-
-/// An input that now reads another cluster than the one that committed
-/// `commit` (in `whose`): its offsets belong to the other cluster's log,
-/// so the start is refused, naming both. Inputs either side does not
-/// know the cluster of are not compared.
-pub(crate) fn check_clusters(
-    commit: &EpochCommit,
-    ours: &BTreeMap<String, String>,
-    whose: &str,
-) -> Result<()> {
-    for (input, theirs) in &commit.clusters {
-        if let Some(now) = ours.get(input).filter(|now| *now != theirs) {
-            return Err(SluiceError::config(format!(
-                "input {input} now reads Kafka cluster '{now}', but epoch {} ({whose}) was \
-                 committed reading cluster '{theirs}': its offsets mean nothing on another \
-                 cluster. Point the stream back at the cluster it read, or run the query as a \
-                 new one (a new 'pipeline.name' and checkpoint location)",
-                commit.epoch()
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Moves each source's position to the end of its range in `record`. A
-/// source that has had no data yet (end `null`) keeps no position, so it is
-/// next asked from its beginning.
-fn advance(positions: &mut BTreeMap<String, Offset>, record: OffsetRecord) {
-    for (key, range) in record.sources {
-        if !range.end.is_null() {
-            positions.insert(key, range.end);
-        }
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
 }

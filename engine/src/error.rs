@@ -156,7 +156,7 @@ impl SluiceError {
 
     /// This error, raised by one task of a query divided into tasks, naming
     /// the task where its text says what failed.
-    pub fn in_task(self, task: crate::TaskId) -> Self {
+    pub fn in_task(self, task: impl std::fmt::Display) -> Self {
         match self {
             Self::External {
                 what,

@@ -12,7 +12,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::checkpoint::Checkpoint;
 use crate::connector::{ConnectorRegistry, SinkArgs};
@@ -23,118 +22,15 @@ use crate::error::{Result, SluiceError};
 use crate::options::Options;
 use crate::progress::StreamingQueryListener;
 use crate::query::{QueryShared, StreamingQuery};
+use crate::settings::QuerySettings;
 use crate::sink::{FanOut, Sink};
-use crate::state::chain::SnapshotPolicy;
 use crate::statement::Statement;
-use crate::task::{run_tasks, TaskGroup, TaskId, Tasks};
-use crate::trigger::Trigger;
+use crate::task::TaskId;
 
-/// The settings of a query, whatever builds it: SQL `SET`s, a
-/// [`DataStreamWriter`](crate::DataStreamWriter) (which, started alone,
-/// hands its own to the [`StatementSet`](crate::StatementSet) of one it
-/// runs as) or a statement set.
-///
-/// ```
-/// use std::time::Duration;
-/// use sluice_engine::{QuerySettings, Trigger};
-/// let mut settings = QuerySettings::default();
-/// settings.trigger = Trigger::ProcessingTime(Duration::from_secs(1));
-/// settings.checkpoint = Some("./checkpoints/orders".into());
-/// assert_eq!(settings.state_snapshot_interval, 10);
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct QuerySettings {
-    /// Where the query keeps its checkpoint (SQL: `checkpoint.location`);
-    /// without one a query whose sink needs none gets a temporary one.
-    pub checkpoint: Option<PathBuf>,
-    /// When epochs run (SQL: `trigger`, `trigger.interval`).
-    pub trigger: Trigger,
-    /// The query's name for progress, logs and metrics; within a set, the
-    /// statement's.
-    pub name: Option<String>,
-    /// The query's stable identity (SQL: `pipeline.name`, Flink's key;
-    /// Kafka Streams' `application.id`): its Kafka transactional id,
-    /// progress record key and topic derive from it, so two runs of one
-    /// pipeline are one query whatever their checkpoint locations — the
-    /// newer fences the older, and neither writes what the other
-    /// committed. Without one, the id generated into the checkpoint is the
-    /// identity.
-    pub pipeline_name: Option<String>,
-    /// State files per chain (a snapshot and its deltas) before a new
-    /// snapshot (SQL: `state.snapshot.interval`; default 10, at least 1).
-    pub state_snapshot_interval: u64,
-    /// Snapshots, each with its deltas, kept in the checkpoint (SQL:
-    /// `state.retained.snapshots`; default 2, at least 1).
-    pub state_retained_snapshots: usize,
-    /// How long the query keeps retrying while its brokers are unreachable
-    /// without committing an epoch, before it fails (SQL: `outage.limit`;
-    /// default 5 minutes). Every wait on Kafka inside an attempt is bounded
-    /// too (`connect.timeout`, `transaction.timeout`), so the query fails at
-    /// most one attempt after the limit.
-    pub outage_limit: Duration,
-    /// How the query is divided into tasks (SQL: `tasks`; default one
-    /// task): see [`Tasks`].
-    pub tasks: Tasks,
-    /// Whether the processes running this query share its tasks through
-    /// their input's group, each task running in one of them (SQL:
-    /// `tasks.group`; default false: this process runs every task).
-    pub task_group: bool,
-    /// How long a process of the group may stay silent before its tasks
-    /// move to the others (SQL: `tasks.group.session.timeout`; default
-    /// 10 s).
-    pub task_group_session_timeout: Duration,
-    /// With tasks, how many run an epoch at once in this process (SQL:
-    /// `tasks.threads`); `None` (the default): one per core.
-    pub task_threads: Option<usize>,
-}
+mod tasks;
 
-impl Default for QuerySettings {
-    fn default() -> Self {
-        Self {
-            checkpoint: None,
-            trigger: Trigger::default(),
-            name: None,
-            pipeline_name: None,
-            state_snapshot_interval: 10,
-            state_retained_snapshots: 2,
-            outage_limit: Duration::from_secs(300),
-            tasks: Tasks::One,
-            task_group: false,
-            task_group_session_timeout: Duration::from_secs(10),
-            task_threads: None,
-        }
-    }
-}
-
-impl QuerySettings {
-    /// Whether `name` can be a [`pipeline_name`](Self::pipeline_name): it
-    /// names the query's Kafka progress topic and transactional id, so it
-    /// keeps to the characters a topic name may have.
-    pub fn check_pipeline_name(name: &str) -> Result<()> {
-        let valid = !name.is_empty()
-            && name.len() <= 200
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-        if valid {
-            return Ok(());
-        }
-        Err(SluiceError::config(format!(
-            "'pipeline.name' = '{name}' is not a valid query identity: use 1 to 200 letters, \
-             digits, '.', '_' and '-' (it names the query's Kafka progress topic and \
-             transactional id)"
-        )))
-    }
-
-    /// The snapshot policy these settings give the query's state chains.
-    pub(crate) fn snapshots(&self) -> SnapshotPolicy {
-        SnapshotPolicy {
-            every: self.state_snapshot_interval.max(1),
-            retained: self.state_retained_snapshots.max(1),
-        }
-    }
-}
+use tasks::run_tasks;
+pub(crate) use tasks::TaskGroup;
 
 /// Where a statement's output goes.
 #[derive(Debug, Clone)]
@@ -255,7 +151,7 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
                     launcher.name
                 )));
             }
-            Box::pin(crate::task::run_group(Arc::new(launcher), group))
+            Box::pin(tasks::run_group(Arc::new(launcher), group))
         }
         None => {
             let mut root = checkpoint;

@@ -46,7 +46,6 @@ mod connector;
 mod epoch;
 mod error;
 mod fail_point;
-mod frame;
 mod launch;
 mod memory;
 mod metrics;
@@ -57,13 +56,12 @@ mod planner;
 mod progress;
 mod query;
 mod reference;
-mod repartition;
 mod session;
+mod settings;
 mod sink;
 mod source;
 mod state;
 mod statement;
-mod statement_set;
 mod table;
 mod task;
 mod trigger;
@@ -80,8 +78,6 @@ pub use connector::{
 };
 pub use error::{Result, SluiceError};
 pub use fail_point::fail_point;
-pub use frame::{DataStreamWriter, StreamFrame};
-pub use launch::QuerySettings;
 pub use memory::tune_allocator;
 pub use metrics::Metrics;
 pub use operator::changelog::SIGN as CHANGELOG_SIGN;
@@ -96,14 +92,16 @@ pub use progress::{
 };
 pub use query::{QueryStatus, StreamingQuery};
 pub use reference::BatchQuery;
+pub use session::frame::{DataStreamWriter, StreamFrame};
+pub use session::statement_set::StatementSet;
 pub use session::{DataStreamReader, Session};
+pub use settings::{unknown_setting, QuerySettings, Setting, SETTINGS};
 pub use sink::{CommittedEpoch, EpochOutput, FanOut, MemorySink, Sink};
 pub use source::{
     DeadLetter, GroupOffsets, Handover, LazyPartition, MemorySourceFactory, MemoryStream, Offset,
     Partitions, Rejected, Source, SourceFactory,
 };
 pub use state::KeyedState;
-pub use statement_set::StatementSet;
 pub use table::{StreamDefinition, StreamTable};
 pub use task::{TaskAssigner, TaskId, Tasks};
 pub use trigger::Trigger;

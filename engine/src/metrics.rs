@@ -173,177 +173,12 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let mut out = String::new();
-        let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>| {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} {kind}");
-            for (labels, value) in rows {
-                let _ = writeln!(out, "{name}{labels} {value}");
-            }
-        };
-        let per_query = |f: &dyn Fn(&QueryMetrics) -> Option<f64>| -> Vec<(String, f64)> {
-            queries
-                .iter()
-                .filter_map(|(name, q)| Some((format!("{{query=\"{}\"}}", escape(name)), f(q)?)))
-                .collect()
-        };
-        family(
-            "sluice_query_starts_total",
-            "counter",
-            "Times the query started (1 + restarts and recoveries in this process).",
-            per_query(&|q| Some(q.starts as f64)),
-        );
-        family(
-            "sluice_epochs_committed_total",
-            "counter",
-            "Epochs committed.",
-            per_query(&|q| Some(q.epochs as f64)),
-        );
-        family(
-            "sluice_input_rows_total",
-            "counter",
-            "Rows read by the query's sources.",
-            per_query(&|q| Some(q.input_rows as f64)),
-        );
-        family(
-            "sluice_output_rows_total",
-            "counter",
-            "Rows written to the sink.",
-            per_query(&|q| Some(q.output_rows as f64)),
-        );
-        family(
-            "sluice_late_rows_total",
-            "counter",
-            "Rows dropped for arriving behind the watermark.",
-            per_query(&|q| Some(q.late_rows as f64)),
-        );
-        family(
-            "sluice_recoveries_total",
-            "counter",
-            "In-process recoveries after an external system (a broker) failed an epoch.",
-            per_query(&|q| Some(q.sum(|t| t.recoveries) as f64)),
-        );
-        family(
-            "sluice_skipped_records_total",
-            "counter",
-            "Malformed input records dropped ('format.on-error' = 'skip').",
-            per_query(&|q| Some(q.skipped_records as f64)),
-        );
-        family(
-            "sluice_lost_records_total",
-            "counter",
-            "Input records deleted before they were read and skipped ('fail-on-data-loss' = 'false').",
-            per_query(&|q| Some(q.lost_records as f64)),
-        );
-        family(
-            "sluice_dead_lettered_records_total",
-            "counter",
-            "Malformed input records written to the dead-letter topic.",
-            per_query(&|q| Some(q.dead_lettered_records as f64)),
-        );
-        family(
-            "sluice_state_rows",
-            "gauge",
-            "Rows held in operator state.",
-            per_query(&|q| Some(q.sum(|t| t.state_rows) as f64)),
-        );
-        family(
-            "sluice_state_bytes",
-            "gauge",
-            "Bytes held in operator state.",
-            per_query(&|q| Some(q.sum(|t| t.state_bytes) as f64)),
-        );
-        family(
-            "sluice_watermark_seconds",
-            "gauge",
-            "The query's event-time watermark, seconds since the Unix epoch.",
-            per_query(&|q| q.watermark()),
-        );
-        let now = chrono::Utc::now().timestamp_millis() as f64 / 1e3;
-        family(
-            "sluice_watermark_lag_seconds",
-            "gauge",
-            "Wall-clock time minus the watermark.",
-            per_query(&|q| q.watermark().map(|w| now - w)),
-        );
-        let lag: Vec<(String, f64)> = queries
-            .iter()
-            .flat_map(|(name, q)| {
-                q.lag.iter().map(move |((source, partition), lag)| {
-                    (
-                        format!(
-                            "{{query=\"{}\",source=\"{}\",partition=\"{}\"}}",
-                            escape(name),
-                            escape(source),
-                            escape(partition)
-                        ),
-                        *lag as f64,
-                    )
-                })
-            })
-            .collect();
-        family(
-            "sluice_source_lag_records",
-            "gauge",
-            "Records available beyond the last planned epoch, per source partition.",
-            lag,
-        );
-        let per_task = |f: &dyn Fn(&TaskGauges) -> f64| -> Vec<(String, f64)> {
-            queries
-                .iter()
-                .flat_map(|(name, q)| {
-                    q.tasks.iter().filter_map(move |(task, t)| {
-                        let labels =
-                            format!("{{query=\"{}\",task=\"{}\"}}", escape(name), (*task)?);
-                        Some((labels, f(t)))
-                    })
-                })
-                .collect()
-        };
-        family(
-            "sluice_task_epoch",
-            "gauge",
-            "A task's last committed epoch (queries divided into tasks).",
-            per_task(&|t| t.epoch as f64),
-        );
-        family(
-            "sluice_task_state_rows",
-            "gauge",
-            "Rows held in a task's operator state (queries divided into tasks).",
-            per_task(&|t| t.state_rows as f64),
-        );
-        let mut histogram = Vec::new();
-        for (name, q) in &queries {
-            for (phase, h) in &q.phases {
-                let labels = format!("query=\"{}\",phase=\"{phase}\"", escape(name));
-                for (bound, count) in BUCKETS.iter().zip(&h.buckets) {
-                    histogram.push((format!("_bucket{{{labels},le=\"{bound}\"}}"), *count as f64));
-                }
-                histogram.push((format!("_bucket{{{labels},le=\"+Inf\"}}"), h.count as f64));
-                histogram.push((format!("_sum{{{labels}}}"), h.sum));
-                histogram.push((format!("_count{{{labels}}}"), h.count as f64));
-            }
-        }
-        family(
-            "sluice_epoch_duration_seconds",
-            "histogram",
-            "Epoch duration per phase (plan, read, compute, state, commit, total).",
-            histogram,
-        );
-        let (cpu, rss) = process_usage();
-        family(
-            "process_cpu_seconds_total",
-            "counter",
-            "CPU time of the process.",
-            cpu.map(|c| (String::new(), c)).into_iter().collect(),
-        );
-        family(
-            "process_resident_memory_bytes",
-            "gauge",
-            "Resident memory of the process.",
-            rss.map(|r| (String::new(), r)).into_iter().collect(),
-        );
-        out
+        let mut out = Exposition::default();
+        out.query_families(&queries);
+        out.task_families(&queries);
+        out.epoch_durations(&queries);
+        out.process_families();
+        out.0
     }
 
     /// Serves [`render`](Self::render) at `http://addr/metrics` from a
@@ -403,6 +238,208 @@ impl Metrics {
         );
         let _ = socket.write_all(response.as_bytes());
     }
+}
+
+/// The text exposition being written: one family after another.
+#[derive(Default)]
+struct Exposition(String);
+
+impl Exposition {
+    /// One family: its help and type, then a line per labelled value.
+    fn family(&mut self, name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>) {
+        let _ = writeln!(self.0, "# HELP {name} {help}");
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+        for (labels, value) in rows {
+            let _ = writeln!(self.0, "{name}{labels} {value}");
+        }
+    }
+
+    /// The families with a value per query, and the sources' lag.
+    fn query_families(&mut self, queries: &BTreeMap<String, QueryMetrics>) {
+        self.family(
+            "sluice_query_starts_total",
+            "counter",
+            "Times the query started (1 + restarts and recoveries in this process).",
+            per_query(queries, &|q| Some(q.starts as f64)),
+        );
+        self.family(
+            "sluice_epochs_committed_total",
+            "counter",
+            "Epochs committed.",
+            per_query(queries, &|q| Some(q.epochs as f64)),
+        );
+        self.family(
+            "sluice_input_rows_total",
+            "counter",
+            "Rows read by the query's sources.",
+            per_query(queries, &|q| Some(q.input_rows as f64)),
+        );
+        self.family(
+            "sluice_output_rows_total",
+            "counter",
+            "Rows written to the sink.",
+            per_query(queries, &|q| Some(q.output_rows as f64)),
+        );
+        self.family(
+            "sluice_late_rows_total",
+            "counter",
+            "Rows dropped for arriving behind the watermark.",
+            per_query(queries, &|q| Some(q.late_rows as f64)),
+        );
+        self.family(
+            "sluice_recoveries_total",
+            "counter",
+            "In-process recoveries after an external system (a broker) failed an epoch.",
+            per_query(queries, &|q| Some(q.sum(|t| t.recoveries) as f64)),
+        );
+        self.family(
+            "sluice_skipped_records_total",
+            "counter",
+            "Malformed input records dropped ('format.on-error' = 'skip').",
+            per_query(queries, &|q| Some(q.skipped_records as f64)),
+        );
+        self.family(
+            "sluice_lost_records_total",
+            "counter",
+            "Input records deleted before they were read and skipped ('fail-on-data-loss' = 'false').",
+            per_query(queries, &|q| Some(q.lost_records as f64)),
+        );
+        self.family(
+            "sluice_dead_lettered_records_total",
+            "counter",
+            "Malformed input records written to the dead-letter topic.",
+            per_query(queries, &|q| Some(q.dead_lettered_records as f64)),
+        );
+        self.family(
+            "sluice_state_rows",
+            "gauge",
+            "Rows held in operator state.",
+            per_query(queries, &|q| Some(q.sum(|t| t.state_rows) as f64)),
+        );
+        self.family(
+            "sluice_state_bytes",
+            "gauge",
+            "Bytes held in operator state.",
+            per_query(queries, &|q| Some(q.sum(|t| t.state_bytes) as f64)),
+        );
+        self.family(
+            "sluice_watermark_seconds",
+            "gauge",
+            "The query's event-time watermark, seconds since the Unix epoch.",
+            per_query(queries, &|q| q.watermark()),
+        );
+        let now = chrono::Utc::now().timestamp_millis() as f64 / 1e3;
+        self.family(
+            "sluice_watermark_lag_seconds",
+            "gauge",
+            "Wall-clock time minus the watermark.",
+            per_query(queries, &|q| q.watermark().map(|w| now - w)),
+        );
+        let lag: Vec<(String, f64)> = queries
+            .iter()
+            .flat_map(|(name, q)| {
+                q.lag.iter().map(move |((source, partition), lag)| {
+                    (
+                        format!(
+                            "{{query=\"{}\",source=\"{}\",partition=\"{}\"}}",
+                            escape(name),
+                            escape(source),
+                            escape(partition)
+                        ),
+                        *lag as f64,
+                    )
+                })
+            })
+            .collect();
+        self.family(
+            "sluice_source_lag_records",
+            "gauge",
+            "Records available beyond the last planned epoch, per source partition.",
+            lag,
+        );
+    }
+
+    /// The families with a value per task of a divided query.
+    fn task_families(&mut self, queries: &BTreeMap<String, QueryMetrics>) {
+        self.family(
+            "sluice_task_epoch",
+            "gauge",
+            "A task's last committed epoch (queries divided into tasks).",
+            per_task(queries, &|t| t.epoch as f64),
+        );
+        self.family(
+            "sluice_task_state_rows",
+            "gauge",
+            "Rows held in a task's operator state (queries divided into tasks).",
+            per_task(queries, &|t| t.state_rows as f64),
+        );
+    }
+
+    /// Each query's epoch durations per phase, a histogram.
+    fn epoch_durations(&mut self, queries: &BTreeMap<String, QueryMetrics>) {
+        let mut histogram = Vec::new();
+        for (name, q) in queries {
+            for (phase, h) in &q.phases {
+                let labels = format!("query=\"{}\",phase=\"{phase}\"", escape(name));
+                for (bound, count) in BUCKETS.iter().zip(&h.buckets) {
+                    histogram.push((format!("_bucket{{{labels},le=\"{bound}\"}}"), *count as f64));
+                }
+                histogram.push((format!("_bucket{{{labels},le=\"+Inf\"}}"), h.count as f64));
+                histogram.push((format!("_sum{{{labels}}}"), h.sum));
+                histogram.push((format!("_count{{{labels}}}"), h.count as f64));
+            }
+        }
+        self.family(
+            "sluice_epoch_duration_seconds",
+            "histogram",
+            "Epoch duration per phase (plan, read, compute, state, commit, total).",
+            histogram,
+        );
+    }
+
+    /// The process's CPU time and memory.
+    fn process_families(&mut self) {
+        let (cpu, rss) = process_usage();
+        self.family(
+            "process_cpu_seconds_total",
+            "counter",
+            "CPU time of the process.",
+            cpu.map(|c| (String::new(), c)).into_iter().collect(),
+        );
+        self.family(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory of the process.",
+            rss.map(|r| (String::new(), r)).into_iter().collect(),
+        );
+    }
+}
+
+/// `f` of each query, labelled with the query's name.
+fn per_query(
+    queries: &BTreeMap<String, QueryMetrics>,
+    f: &dyn Fn(&QueryMetrics) -> Option<f64>,
+) -> Vec<(String, f64)> {
+    queries
+        .iter()
+        .filter_map(|(name, q)| Some((format!("{{query=\"{}\"}}", escape(name)), f(q)?)))
+        .collect()
+}
+
+/// `f` of each task of each divided query, labelled with both.
+fn per_task(
+    queries: &BTreeMap<String, QueryMetrics>,
+    f: &dyn Fn(&TaskGauges) -> f64,
+) -> Vec<(String, f64)> {
+    queries
+        .iter()
+        .flat_map(|(name, q)| {
+            q.tasks.iter().filter_map(move |(task, t)| {
+                let labels = format!("{{query=\"{}\",task=\"{}\"}}", escape(name), (*task)?);
+                Some((labels, f(t)))
+            })
+        })
+        .collect()
 }
 
 fn escape(value: &str) -> String {

@@ -302,24 +302,10 @@ pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
     let word = word.to_ascii_lowercase();
     candidates
         .into_iter()
-        .map(|c| (levenshtein(&word, &c.to_ascii_lowercase()), c))
+        .map(|c| (strsim::levenshtein(&word, &c.to_ascii_lowercase()), c))
         .filter(|(d, c)| *d <= (c.len().max(word.len()) / 3).max(1))
         .min_by_key(|(d, _)| *d)
         .map(|(_, c)| c)
-}
-
-fn levenshtein(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, cb) in b.iter().enumerate() {
-            let cost = usize::from(ca != *cb);
-            cur[j + 1] = (prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1);
-        }
-        prev = cur;
-    }
-    prev[b.len()]
 }
 
 /// Parses `'1 second'`, `'500 ms'`, `'2s'`, `'1.5 minutes'` or `'0'`.

@@ -172,3 +172,8 @@ pub trait StreamingQueryListener: Send + Sync {
         let _ = event;
     }
 }
+
+/// `d` in milliseconds, to the microsecond: how progress reports phases.
+pub(crate) fn millis(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}

@@ -12,10 +12,10 @@ use sluice_engine::{
 
 use crate::at_least_once::AtLeastOnceSink;
 use crate::client::{ClientOptions, DEFAULT_CONNECT_TIMEOUT};
-use crate::encode::{key_indices, Format};
+use crate::format::{key_indices, Format};
 use crate::produce::SinkConfig;
 use crate::registry::{Part, Registry, RegistryOptions, SchemaKind, REGISTRY_OPTIONS};
-use crate::transactional_sink::TransactionalSink;
+use crate::transactional_sink::{TransactionalSink, Transactions};
 
 const SINK_OPTIONS: &[&str] = &[
     "topic",
@@ -258,17 +258,6 @@ pub(crate) enum Delivery {
     AtLeastOnce,
 }
 
-/// How an exactly-once sink's transactions are made: what every Kafka sink
-/// of one query shares.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Transactions {
-    /// `<sink.transactional-id-prefix><query id>`: stable across restarts,
-    /// so a new instance fences the old one.
-    pub transactional_id: String,
-    pub progress_topic: String,
-    pub timeout: Duration,
-}
-
 /// Parses a sink's options; every option must be known.
 pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let mut o = args.options;
@@ -336,7 +325,7 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let timeout = client.timeout();
     let what = format!("sink topic '{topic}'");
     let value_columns = if except_key {
-        let rest = crate::encode::except_key(args.schema.fields().len(), &key_fields);
+        let rest = crate::format::except_key(args.schema.fields().len(), &key_fields);
         Arc::new(args.schema.project(&rest)?)
     } else {
         Arc::clone(&args.schema)
@@ -404,9 +393,9 @@ fn part_format(
     timeout: Duration,
 ) -> Result<Format> {
     let (schema, kind) = match name {
-        "avro-confluent" => (crate::avro::schema_json(columns)?, SchemaKind::Avro),
+        "avro-confluent" => (crate::format::avro::schema_json(columns)?, SchemaKind::Avro),
         "protobuf-confluent" => (
-            crate::protobuf::proto_schema(columns)?,
+            crate::format::protobuf::proto_schema(columns)?,
             SchemaKind::Protobuf,
         ),
         _ => {
@@ -416,7 +405,7 @@ fn part_format(
             if format == Format::Avro {
                 // There is no registry: the log is where a consumer finds
                 // the schema.
-                let schema = crate::avro::schema_json(columns)?;
+                let schema = crate::format::avro::schema_json(columns)?;
                 tracing::info!(%topic, %schema, "avro schema");
             }
             return Ok(format);

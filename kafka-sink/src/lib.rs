@@ -41,16 +41,14 @@
 //! ```
 
 mod at_least_once;
-mod avro;
 pub mod broker;
 mod client;
 mod connector;
-mod encode;
+mod format;
 mod group;
 mod position;
 mod produce;
 mod progress_topic;
-mod protobuf;
 mod registry;
 mod running;
 mod source;
@@ -69,14 +67,14 @@ pub(crate) fn pipelined() -> bool {
     *ON.get_or_init(|| std::env::var("SLUICE_KAFKA_PIPELINE").is_ok_and(|v| v.trim() == "1"))
 }
 
-pub use avro::{schema_json as avro_schema, AvroConfluentDecoder};
 pub use client::ClientOptions;
 pub use connector::{task_identity, KafkaConnector, UpsertKafkaConnector};
-pub use encode::{Encoded, Format, Message, Messages};
+pub use format::avro::{schema_json as avro_schema, AvroConfluentDecoder};
+pub use format::json::decode_json;
+pub use format::protobuf::{proto_schema, ProtobufConfluentDecoder};
+pub use format::{Encoded, Format, Message, Messages};
 pub use progress_topic::{default_topic as default_progress_topic, last_committed};
-pub use protobuf::{proto_schema, ProtobufConfluentDecoder};
 pub use running::{partition_ends, task_owners};
-pub use source::decode_json;
 pub use verify::{verify, Verdict};
 
 /// The librdkafka this build links and its compiled-in features (TLS, SASL,

@@ -17,9 +17,9 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use sluice_engine::{columns, DeadLetter, EpochOutput, GroupOffsets, Result, SluiceError};
 
 use crate::client::{ClientOptions, Role};
-use crate::encode::{Encoded, Format, Messages};
+use crate::format::{Encoded, Format, Messages};
 
-pub(crate) use crate::encode::Message;
+pub(crate) use crate::format::Message;
 
 /// Header naming the query that wrote a record.
 pub(crate) const QUERY_ID_HEADER: &str = "sluice.query.id";
@@ -242,7 +242,7 @@ impl SinkConfig {
     /// Each row of `batch` as a message: its key (the key fields in the
     /// key format, when there are key fields) and its value.
     pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Messages> {
-        crate::encode::messages(
+        crate::format::messages(
             batch,
             self.format,
             self.key_format,

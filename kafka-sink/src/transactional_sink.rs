@@ -61,9 +61,19 @@ use sluice_engine::{
     fail_point, CommittedEpoch, EpochCommit, EpochOutput, Handover, Result, Sink, SluiceError,
 };
 
-use crate::connector::Transactions;
 use crate::produce::{create_producer, flush_within, send, Groups, SinkConfig, SinkProducer};
 use crate::progress_topic::{self, ProgressRecord};
+
+/// How an exactly-once sink's transactions are made: what every Kafka sink
+/// of one query shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Transactions {
+    /// `<sink.transactional-id-prefix><query id>`: stable across restarts,
+    /// so a new instance fences the old one.
+    pub transactional_id: String,
+    pub progress_topic: String,
+    pub timeout: Duration,
+}
 
 /// Times an epoch is produced again after abortable errors before the query
 /// fails.
@@ -342,7 +352,10 @@ impl Inner {
     }
 
     /// Produces epoch `record.epoch` (`outputs[i]` to the i-th target) and
-    /// its progress record in one transaction and commits it.
+    /// its progress record in one transaction and commits it: begun (or
+    /// resumed where output went ahead), produced, delivered, committed;
+    /// a failure a retry can mend aborts the transaction and produces the
+    /// epoch again, up to [`MAX_ATTEMPTS`] times.
     fn commit_epoch(
         &self,
         commit: &EpochCommit,
@@ -371,50 +384,9 @@ impl Inner {
         for attempt in 1..=MAX_ATTEMPTS {
             let (began, sent) = match ahead.take() {
                 Some(a) => (a.began, a.sent),
-                None => {
-                    producer.context().take_error();
-                    if let Err(e) = producer.begin_transaction() {
-                        return Err(self.stopped("begin_transaction", &e));
-                    }
-                    self.in_transaction.store(true, Ordering::SeqCst);
-                    (Instant::now(), vec![0; outputs.len()])
-                }
+                None => (self.begin(producer)?, vec![0; outputs.len()]),
             };
-            let produced = self
-                .targets
-                .iter()
-                .zip(outputs)
-                .zip(sent)
-                .try_for_each(|((target, output), sent)| {
-                    let rest = output.rows.get(sent..).ok_or_else(|| {
-                        SluiceError::Internal(format!(
-                            "epoch {epoch}: {sent} batches were sent ahead to topic '{}', but \
-                             its output has {}",
-                            target.topic,
-                            output.rows.len()
-                        ))
-                    })?;
-                    target.send_output(producer, epoch, rest, output.retracted.as_ref())
-                })
-                .and_then(|()| {
-                    self.config
-                        .send_dead_letters(producer, epoch, &handover.dead_letters)
-                })
-                .and_then(|()| {
-                    self.groups.send_in_transaction(
-                        producer,
-                        &self.config,
-                        &handover.group_offsets,
-                        self.transaction_timeout,
-                    )
-                })
-                .and_then(|()| {
-                    let r = BaseRecord::to(&self.progress_topic)
-                        .key(self.config.query_id.as_bytes())
-                        .payload(progress.as_slice());
-                    send(producer, r).map_err(|e| self.config.external(e.to_string()))
-                });
-            if let Err(e) = produced {
+            if let Err(e) = self.produce(producer, epoch, outputs, &sent, handover, &progress) {
                 self.abort(producer)?;
                 // Only Kafka's own trouble can pass on a retry; a record
                 // Kafka never takes, a row that cannot be encoded, a
@@ -425,79 +397,150 @@ impl Inner {
                 tracing::warn!(epoch, attempt, error = %e, "producing failed; the transaction was aborted");
                 continue;
             }
-            // Deliver within the transaction first: a delivery error is then
-            // known before the commit, and the fail point below really
-            // leaves records of an open transaction on the broker.
-            if let Err(e) = flush_within(producer, self.transaction_timeout) {
-                tracing::warn!(epoch, attempt, error = %e, "flush failed; aborting the transaction");
-                self.abort(producer)?;
-                continue;
-            }
-            if let Some(e) = producer.context().take_error() {
-                self.abort(producer)?;
-                if e.code == Some(RDKafkaErrorCode::MessageSizeTooLarge) {
-                    return Err(SluiceError::Poison {
-                        epoch,
-                        reason: format!(
-                            "the broker refused an output record as too large ({e}): the \
-                             topic's max.message.bytes is lower than the producer's \
-                             message.max.bytes"
-                        ),
-                        way_out: format!(
-                            "raise the topic's max.message.bytes, or lower \
-                             'kafka.message.max.bytes' to it and set 'dead-letter.topic' on the \
-                             sink (records over it then go there); topic(s): {}",
-                            self.topics()
-                        ),
-                    });
-                }
-                tracing::warn!(epoch, attempt, error = %e, "a message was not delivered; the transaction was aborted");
+            if !self.delivered(producer, epoch, attempt)? {
                 continue;
             }
             fail_point("kafka-before-commit", epoch);
-            match self.commit(producer) {
-                Ok(()) => {
-                    self.in_transaction.store(false, Ordering::SeqCst);
-                    fail_point("kafka-after-commit", epoch);
-                    return Ok(());
-                }
-                Err(e)
-                    if began.elapsed() >= self.transaction_timeout
-                        && !matches!(classify(&e), ErrorClass::Retriable) =>
-                {
-                    // The broker aborts a transaction open longer than its
-                    // timeout and bumps the producer's epoch, so the error
-                    // reads as if another instance had taken over. (A
-                    // commit that timed out unanswered is an outage.)
-                    return Err(SluiceError::Poison {
-                        epoch,
-                        reason: format!(
-                            "its transaction was open for {:.1?}, longer than \
-                             'transaction.timeout' ({:?}), so the broker aborted it ({e}); \
-                             nothing of it is visible to read_committed readers",
-                            began.elapsed(),
-                            self.transaction_timeout
-                        ),
-                        way_out: "raise 'transaction.timeout' (up to the broker's \
-                                  transaction.max.timeout.ms), or make epochs smaller \
-                                  ('max-records-per-epoch', 'max-bytes-per-epoch' on the source); \
-                                  the restart re-runs the epoch"
-                            .into(),
-                    });
-                }
-                Err(e) => match classify(&e) {
-                    ErrorClass::Abortable | ErrorClass::Retriable => {
-                        tracing::warn!(epoch, attempt, error = %e, "commit failed; aborting and producing the epoch again");
-                        self.abort(producer)?;
-                    }
-                    ErrorClass::Fatal => return Err(self.stopped("commit_transaction", &e)),
-                },
+            if self.finish(producer, epoch, attempt, began)? {
+                return Ok(());
             }
         }
         Err(self.config.external(format!(
             "epoch {epoch}: the transaction failed {MAX_ATTEMPTS} times; the epoch is not \
              committed and will be redone on restart"
         )))
+    }
+
+    /// Begins an epoch's transaction; returns when.
+    fn begin(&self, producer: &SinkProducer) -> Result<Instant> {
+        producer.context().take_error();
+        if let Err(e) = producer.begin_transaction() {
+            return Err(self.stopped("begin_transaction", &e));
+        }
+        self.in_transaction.store(true, Ordering::SeqCst);
+        Ok(Instant::now())
+    }
+
+    /// Produces epoch `epoch` into the open transaction: each target's
+    /// output after the `sent` batches that went ahead, the dead letters,
+    /// the group offsets and the `progress` record.
+    fn produce(
+        &self,
+        producer: &SinkProducer,
+        epoch: u64,
+        outputs: &[EpochOutput],
+        sent: &[usize],
+        handover: &Handover,
+        progress: &[u8],
+    ) -> Result<()> {
+        for ((target, output), &sent) in self.targets.iter().zip(outputs).zip(sent) {
+            let rest = output.rows.get(sent..).ok_or_else(|| {
+                SluiceError::Internal(format!(
+                    "epoch {epoch}: {sent} batches were sent ahead to topic '{}', but its \
+                     output has {}",
+                    target.topic,
+                    output.rows.len()
+                ))
+            })?;
+            target.send_output(producer, epoch, rest, output.retracted.as_ref())?;
+        }
+        self.config
+            .send_dead_letters(producer, epoch, &handover.dead_letters)?;
+        self.groups.send_in_transaction(
+            producer,
+            &self.config,
+            &handover.group_offsets,
+            self.transaction_timeout,
+        )?;
+        let r = BaseRecord::to(&self.progress_topic)
+            .key(self.config.query_id.as_bytes())
+            .payload(progress);
+        send(producer, r).map_err(|e| self.config.external(e.to_string()))
+    }
+
+    /// Delivers what the open transaction holds before its commit: a
+    /// delivery error is then known before the commit, and the fail point
+    /// before it really leaves records of an open transaction on the
+    /// broker. False when the transaction was aborted for the epoch to be
+    /// produced again; a record the broker refuses as too large stops the
+    /// query.
+    fn delivered(&self, producer: &SinkProducer, epoch: u64, attempt: usize) -> Result<bool> {
+        if let Err(e) = flush_within(producer, self.transaction_timeout) {
+            tracing::warn!(epoch, attempt, error = %e, "flush failed; aborting the transaction");
+            self.abort(producer)?;
+            return Ok(false);
+        }
+        let Some(e) = producer.context().take_error() else {
+            return Ok(true);
+        };
+        self.abort(producer)?;
+        if e.code == Some(RDKafkaErrorCode::MessageSizeTooLarge) {
+            return Err(SluiceError::Poison {
+                epoch,
+                reason: format!(
+                    "the broker refused an output record as too large ({e}): the topic's \
+                     max.message.bytes is lower than the producer's message.max.bytes"
+                ),
+                way_out: format!(
+                    "raise the topic's max.message.bytes, or lower 'kafka.message.max.bytes' \
+                     to it and set 'dead-letter.topic' on the sink (records over it then go \
+                     there); topic(s): {}",
+                    self.topics()
+                ),
+            });
+        }
+        tracing::warn!(epoch, attempt, error = %e, "a message was not delivered; the transaction was aborted");
+        Ok(false)
+    }
+
+    /// Commits the epoch's transaction, `began` then. False when it was
+    /// aborted for the epoch to be produced again.
+    fn finish(
+        &self,
+        producer: &SinkProducer,
+        epoch: u64,
+        attempt: usize,
+        began: Instant,
+    ) -> Result<bool> {
+        match self.commit(producer) {
+            Ok(()) => {
+                self.in_transaction.store(false, Ordering::SeqCst);
+                fail_point("kafka-after-commit", epoch);
+                Ok(true)
+            }
+            Err(e)
+                if began.elapsed() >= self.transaction_timeout
+                    && !matches!(classify(&e), ErrorClass::Retriable) =>
+            {
+                // The broker aborts a transaction open longer than its
+                // timeout and bumps the producer's epoch, so the error
+                // reads as if another instance had taken over. (A
+                // commit that timed out unanswered is an outage.)
+                Err(SluiceError::Poison {
+                    epoch,
+                    reason: format!(
+                        "its transaction was open for {:.1?}, longer than \
+                         'transaction.timeout' ({:?}), so the broker aborted it ({e}); \
+                         nothing of it is visible to read_committed readers",
+                        began.elapsed(),
+                        self.transaction_timeout
+                    ),
+                    way_out: "raise 'transaction.timeout' (up to the broker's \
+                              transaction.max.timeout.ms), or make epochs smaller \
+                              ('max-records-per-epoch', 'max-bytes-per-epoch' on the source); \
+                              the restart re-runs the epoch"
+                        .into(),
+                })
+            }
+            Err(e) => match classify(&e) {
+                ErrorClass::Abortable | ErrorClass::Retriable => {
+                    tracing::warn!(epoch, attempt, error = %e, "commit failed; aborting and producing the epoch again");
+                    self.abort(producer)?;
+                    Ok(false)
+                }
+                ErrorClass::Fatal => Err(self.stopped("commit_transaction", &e)),
+            },
+        }
     }
 
     /// Sends `rows`, a batch of target `statement`'s output of `epoch`,

@@ -28,10 +28,11 @@ use std::fmt;
 use sluice_engine::{BatchQuery, Checkpoint, OutputMode, Result, SluiceError};
 
 use crate::broker::ReadRecord;
-use crate::connector::{sink_settings, Delivery, Transactions};
-use crate::encode::Format;
+use crate::connector::{sink_settings, Delivery};
+use crate::format::Format;
 use crate::produce::{Message, SinkConfig, EPOCH_HEADER, QUERY_ID_HEADER};
 use crate::progress_topic::read_last;
+use crate::transactional_sink::Transactions;
 
 /// How many differences a report shows.
 const SHOWN: usize = 10;
@@ -121,53 +122,14 @@ impl OutputRecord {
 /// ```
 pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
     let name = query.name().unwrap_or("query").to_string();
-    if query.sink_connector() != Some("kafka") {
-        return Err(SluiceError::config(format!(
-            "query '{name}' writes to {}: verify checks queries whose sink is Kafka",
-            query.sink_connector().unwrap_or("no sink")
-        )));
-    }
-    if let Some(why) = query.unsupported() {
-        return Err(SluiceError::config(format!(
-            "query '{name}' cannot be verified: {why}"
-        )));
-    }
-    let dir = query.checkpoint_location().ok_or_else(|| {
-        SluiceError::config(format!(
-            "query '{name}' has no checkpoint location: verify finds the query's id there; \
-             SET 'checkpoint.location' as when the query runs"
-        ))
-    })?;
-    let checkpoint = Checkpoint::open_existing(dir)?;
-    if !checkpoint.tasks()?.is_empty() {
-        return Err(SluiceError::config(format!(
-            "query '{name}' is divided into tasks ('tasks' = 'per-partition'), and verify does \
-             not yet put their committed ranges together; `sluice checkpoint inspect {}` shows \
-             each task's",
-            dir.display()
-        )));
-    }
-    let query_id = checkpoint.metadata().query_id.clone();
-    let settings = sink_settings(query.sink_args(&query_id))?;
-    let Delivery::ExactlyOnce(Transactions { progress_topic, .. }) = settings.delivery else {
-        return Err(SluiceError::config(format!(
-            "query '{name}' writes with 'sink.delivery' = 'at-least-once', which may repeat \
-             output after a crash, and keeps no record of what it committed: verify checks \
-             exactly-once queries"
-        )));
-    };
-    let config = settings.config;
+    let target = Target::open(query, &name)?;
     let mut lines = vec![format!(
-        "query '{name}' (id {query_id}, checkpoint {})",
-        dir.display()
+        "query '{name}' (id {}, checkpoint {})",
+        target.query_id,
+        target.dir.display()
     )];
-
-    let read_progress = || {
-        let (config, topic, id) = (config.clone(), progress_topic.clone(), query_id.clone());
-        let wait = config.client.timeout();
-        blocking(move || read_last(&config, &topic, &id, wait))
-    };
-    let Some(last) = read_progress().await?.map(|r| r.commit) else {
+    let progress_topic = &target.progress_topic;
+    let Some(last) = target.read_progress().await?.map(|r| r.commit) else {
         lines.push(format!(
             "  nothing committed yet (progress topic '{progress_topic}' has no record of it)"
         ));
@@ -178,7 +140,157 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
         "  last committed epoch {} (progress topic '{progress_topic}')",
         last.epoch()
     ));
+    let inputs = read_inputs_again(query, &last, &mut lines).await?;
+    let answer = query.answer(inputs, &last.watermarks).await?;
+    let config = &target.config;
+    let mut expected = Vec::new();
+    for batch in &answer {
+        expected.extend(config.encode(batch)?.to_vec());
+    }
+    let records = target.committed_output(&name, &last, &mut lines).await?;
+    let differences = compare(query, &name, config, &records, &expected, &mut lines)?;
+    if differences.is_empty() {
+        lines.push(format!(
+            "OK: the committed output equals the batch answer ({} rows)",
+            expected.len()
+        ));
+    } else {
+        lines.push(format!(
+            "DIFFERENT: {} difference(s){}",
+            differences.len(),
+            if differences.len() > SHOWN {
+                format!(", the first {SHOWN}:")
+            } else {
+                ":".to_string()
+            }
+        ));
+        lines.extend(differences.iter().take(SHOWN).map(|d| format!("  {d}")));
+    }
+    Ok(Verdict {
+        ok: differences.is_empty(),
+        lines,
+    })
+}
 
+/// A query verify can check, and where its commits and output are: an
+/// exactly-once query to Kafka, not divided, with a checkpoint.
+struct Target {
+    dir: std::path::PathBuf,
+    query_id: String,
+    config: SinkConfig,
+    progress_topic: String,
+}
+
+impl Target {
+    /// Refuses, saying why, a query verify cannot check.
+    fn open(query: &BatchQuery, name: &str) -> Result<Self> {
+        if query.sink_connector() != Some("kafka") {
+            return Err(SluiceError::config(format!(
+                "query '{name}' writes to {}: verify checks queries whose sink is Kafka",
+                query.sink_connector().unwrap_or("no sink")
+            )));
+        }
+        if let Some(why) = query.unsupported() {
+            return Err(SluiceError::config(format!(
+                "query '{name}' cannot be verified: {why}"
+            )));
+        }
+        let dir = query.checkpoint_location().ok_or_else(|| {
+            SluiceError::config(format!(
+                "query '{name}' has no checkpoint location: verify finds the query's id there; \
+                 SET 'checkpoint.location' as when the query runs"
+            ))
+        })?;
+        let checkpoint = Checkpoint::open_existing(dir)?;
+        if !checkpoint.tasks()?.is_empty() {
+            return Err(SluiceError::config(format!(
+                "query '{name}' is divided into tasks ('tasks' = 'per-partition'), and verify \
+                 does not yet put their committed ranges together; `sluice checkpoint inspect \
+                 {}` shows each task's",
+                dir.display()
+            )));
+        }
+        let query_id = checkpoint.metadata().query_id.clone();
+        let settings = sink_settings(query.sink_args(&query_id))?;
+        let Delivery::ExactlyOnce(Transactions { progress_topic, .. }) = settings.delivery else {
+            return Err(SluiceError::config(format!(
+                "query '{name}' writes with 'sink.delivery' = 'at-least-once', which may repeat \
+                 output after a crash, and keeps no record of what it committed: verify checks \
+                 exactly-once queries"
+            )));
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            query_id,
+            config: settings.config,
+            progress_topic,
+        })
+    }
+
+    /// The query's last progress record, if it committed any.
+    async fn read_progress(&self) -> Result<Option<crate::progress_topic::ProgressRecord>> {
+        let (config, topic) = (self.config.clone(), self.progress_topic.clone());
+        let id = self.query_id.clone();
+        let wait = config.client.timeout();
+        blocking(move || read_last(&config, &topic, &id, wait)).await
+    }
+
+    /// The output topic's committed records up to epoch `last`, those of
+    /// later epochs set aside (by their headers); a headerless query that
+    /// committed meanwhile cannot be told apart and is refused.
+    async fn committed_output(
+        &self,
+        name: &str,
+        last: &sluice_engine::EpochCommit,
+        lines: &mut Vec<String>,
+    ) -> Result<Vec<OutputRecord>> {
+        let config = &self.config;
+        let records = {
+            let config = config.clone();
+            blocking(move || read_output(&config)).await?
+        };
+        // Whatever of the query the output read saw was committed before this
+        // second read, so an epoch it names is the newest the output can hold.
+        if !config.epoch_headers {
+            let newest = self.read_progress().await?.map(|r| r.commit.epoch());
+            if let Some(newest) = newest.filter(|&n| n > last.epoch()) {
+                return Err(SluiceError::config(format!(
+                    "query '{name}' committed epochs {} to {newest} while verify read its \
+                     output, and its records carry no epoch headers to tell them from epoch \
+                     {}'s: run verify again once the query has stopped, or have it write the \
+                     headers ('sink.epoch-headers' = 'true')",
+                    last.epoch() + 1,
+                    last.epoch()
+                )));
+            }
+        }
+        let (later, records): (Vec<OutputRecord>, Vec<OutputRecord>) = records
+            .into_iter()
+            .map(|r| OutputRecord::sorted(r, &config.query_id, config.epoch_headers, last.epoch()))
+            .partition(|r| r.origin == Origin::Later);
+        let later = later.len();
+        lines.push(format!(
+            "  output topic '{}': {} records up to epoch {}{}",
+            config.topic,
+            records.len(),
+            last.epoch(),
+            if later > 0 {
+                format!(" ({later} of later epochs set aside)")
+            } else {
+                String::new()
+            }
+        ));
+        Ok(records)
+    }
+}
+
+/// Every input of `query` read again from where the query began to where
+/// epoch `last` ended.
+async fn read_inputs_again(
+    query: &BatchQuery,
+    last: &sluice_engine::EpochCommit,
+    lines: &mut Vec<String>,
+) -> Result<BTreeMap<String, sluice_engine::Partitions>> {
     let mut inputs = BTreeMap::new();
     for (key, source) in query.inputs() {
         let range =
@@ -213,91 +325,40 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
         };
         inputs.insert(key.to_string(), partitions);
     }
-    let answer = query.answer(inputs, &last.watermarks).await?;
-    let mut expected = Vec::new();
-    for batch in &answer {
-        expected.extend(config.encode(batch)?.to_vec());
-    }
+    Ok(inputs)
+}
 
-    let records = {
-        let config = config.clone();
-        blocking(move || read_output(&config)).await?
-    };
-    // Whatever of the query the output read saw was committed before this
-    // second read, so an epoch it names is the newest the output can hold.
-    if !config.epoch_headers {
-        let newest = read_progress().await?.map(|r| r.commit.epoch());
-        if let Some(newest) = newest.filter(|&n| n > last.epoch()) {
-            return Err(SluiceError::config(format!(
-                "query '{name}' committed epochs {} to {newest} while verify read its output, \
-                 and its records carry no epoch headers to tell them from epoch {}'s: run \
-                 verify again once the query has stopped, or have it write the headers \
-                 ('sink.epoch-headers' = 'true')",
-                last.epoch() + 1,
-                last.epoch()
-            )));
-        }
+/// The differences between the committed `records` and the `expected`
+/// messages: by key (the last record per key) for a keyed changelog, as
+/// multisets in append mode.
+fn compare(
+    query: &BatchQuery,
+    name: &str,
+    config: &SinkConfig,
+    records: &[OutputRecord],
+    expected: &[Message],
+    lines: &mut Vec<String>,
+) -> Result<Vec<String>> {
+    let mode = query.output_mode();
+    if mode != OutputMode::Append && !config.key_fields.is_empty() {
+        lines.push(format!(
+            "  compared by key ({mode} mode: the last record per key): {} rows in the batch \
+             answer",
+            expected.len()
+        ));
+        return Ok(compare_by_key(config, records, expected));
     }
-    let (later, records): (Vec<OutputRecord>, Vec<OutputRecord>) = records
-        .into_iter()
-        .map(|r| OutputRecord::sorted(r, &config.query_id, config.epoch_headers, last.epoch()))
-        .partition(|r| r.origin == Origin::Later);
-    let later = later.len();
+    if mode != OutputMode::Append {
+        return Err(SluiceError::config(format!(
+            "query '{name}' writes {mode} mode without a message key, so its output cannot be \
+             folded by key: set 'key.fields' on the sink"
+        )));
+    }
     lines.push(format!(
-        "  output topic '{}': {} records up to epoch {}{}",
-        config.topic,
-        records.len(),
-        last.epoch(),
-        if later > 0 {
-            format!(" ({later} of later epochs set aside)")
-        } else {
-            String::new()
-        }
+        "  compared as a multiset (append mode): {} rows in the batch answer",
+        expected.len()
     ));
-
-    let keyed = query.output_mode() != OutputMode::Append && !config.key_fields.is_empty();
-    let differences = if keyed {
-        lines.push(format!(
-            "  compared by key ({} mode: the last record per key): {} rows in the batch answer",
-            query.output_mode(),
-            expected.len()
-        ));
-        compare_by_key(&config, &records, &expected)
-    } else {
-        if query.output_mode() != OutputMode::Append {
-            return Err(SluiceError::config(format!(
-                "query '{name}' writes {} mode without a message key, so its output cannot be \
-                 folded by key: set 'key.fields' on the sink",
-                query.output_mode()
-            )));
-        }
-        lines.push(format!(
-            "  compared as a multiset (append mode): {} rows in the batch answer",
-            expected.len()
-        ));
-        compare_multiset(&config, &records, &expected)
-    };
-    if differences.is_empty() {
-        lines.push(format!(
-            "OK: the committed output equals the batch answer ({} rows)",
-            expected.len()
-        ));
-    } else {
-        lines.push(format!(
-            "DIFFERENT: {} difference(s){}",
-            differences.len(),
-            if differences.len() > SHOWN {
-                format!(", the first {SHOWN}:")
-            } else {
-                ":".to_string()
-            }
-        ));
-        lines.extend(differences.iter().take(SHOWN).map(|d| format!("  {d}")));
-    }
-    Ok(Verdict {
-        ok: differences.is_empty(),
-        lines,
-    })
+    Ok(compare_multiset(config, records, expected))
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {

@@ -4,26 +4,9 @@ use crate::{Pos, SqlError, SqlRunner, StatementOutcome};
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::Token;
-use sluice_engine::{Options, OutputMode, QuerySettings, SluiceError, Trigger};
+use sluice_engine::{unknown_setting, Options, OutputMode, QuerySettings, Setting, SluiceError};
 
 use crate::substitute::value_of;
-
-/// Settings a `SET` may change, with what each means.
-pub(crate) const SETTINGS: &[&str] = &[
-    "pipeline.name",
-    "checkpoint.location",
-    "trigger.interval",
-    "trigger",
-    "output.mode",
-    "state.snapshot.interval",
-    "state.retained.snapshots",
-    "outage.limit",
-    "tasks",
-    "tasks.threads",
-    "tasks.group",
-    "tasks.group.session.timeout",
-    "kafka.*",
-];
 
 /// What the `SET`s so far say: the engine's one [`QuerySettings`] for the
 /// queries after them, and the output mode of each statement after them.
@@ -103,105 +86,19 @@ impl SqlRunner<'_> {
             self.settings.kafka.set(&format!("kafka.{property}"), value);
             return Ok(StatementOutcome::Set { key, value: shown });
         }
-        match key.as_str() {
-            "pipeline.name" => {
-                QuerySettings::check_pipeline_name(&value).map_err(at_value)?;
-                self.settings.query.pipeline_name = Some(value.clone())
-            }
-            "checkpoint.location" => self.settings.query.checkpoint = Some(value.clone().into()),
-            "trigger.interval" | "trigger" => {
-                self.settings.query.trigger = value.parse::<Trigger>().map_err(at_value)?
-            }
-            "outage.limit" => {
-                self.settings.query.outage_limit =
-                    sluice_engine::parse_duration(&value).map_err(|e| {
-                        self.err(text, Pos::from(&value_tok), format!("'outage.limit': {e}"))
-                    })?
-            }
-            "tasks" => {
-                self.settings.query.tasks =
-                    value.parse::<sluice_engine::Tasks>().map_err(at_value)?
-            }
-            "tasks.group" => {
-                self.settings.query.task_group = match value.trim().to_ascii_lowercase().as_str() {
-                    "true" | "on" => true,
-                    "false" | "off" => false,
-                    _ => {
-                        return Err(self.err(
-                            text,
-                            Pos::from(&value_tok),
-                            format!(
-                                "'tasks.group' takes 'true' (the processes running this query \
-                                 share its tasks) or 'false', found '{value}'"
-                            ),
-                        ))
-                    }
-                }
-            }
-            "tasks.group.session.timeout" => {
-                self.settings.query.task_group_session_timeout =
-                    sluice_engine::parse_duration(&value).map_err(|e| {
-                        self.err(
-                            text,
-                            Pos::from(&value_tok),
-                            format!("'tasks.group.session.timeout': {e}"),
-                        )
-                    })?
-            }
-            "tasks.threads" => {
-                let n = self.whole_from_one(text, &value_tok, &value, |value| {
-                    format!(
-                        "'tasks.threads' takes a whole number from 1 (how many tasks run an \
-                         epoch at once), found '{value}'"
-                    )
-                })?;
-                self.settings.query.task_threads = Some(n as usize);
-            }
-            "output.mode" => {
-                self.settings.output_mode = Some(value.parse::<OutputMode>().map_err(at_value)?)
-            }
-            "state.snapshot.interval" | "state.retained.snapshots" => {
-                let n = self.whole_from_one(text, &value_tok, &value, |value| {
-                    format!("'{key}' takes a whole number from 1, found '{value}'")
-                })?;
-                if key == "state.snapshot.interval" {
-                    self.settings.query.state_snapshot_interval = n;
-                } else {
-                    self.settings.query.state_retained_snapshots = n as usize;
-                }
-            }
-            other => {
-                let hint = sluice_engine::closest(other, SETTINGS.iter().copied())
-                    .map(|c| format!(" (did you mean '{c}'?)"))
-                    .unwrap_or_default();
-                return Err(self.err(
-                    text,
-                    Pos::from(&key_tok),
-                    format!(
-                        "unknown setting '{other}'{hint}; valid settings: {}",
-                        sluice_engine::quoted_list(SETTINGS)
-                    ),
-                ));
-            }
+        let Some(setting) = Setting::find(&key) else {
+            return Err(self.err(text, Pos::from(&key_tok), unknown_setting(&key).to_string()));
+        };
+        if setting.is_query_wide() {
+            let mut query = self.settings.query.clone();
+            query.set(&key, &value).map_err(at_value)?;
+            self.settings.query = query;
+        } else {
+            // The one statement-wide setting: the output mode of the
+            // INSERTs after it.
+            self.settings.output_mode = Some(value.parse::<OutputMode>().map_err(at_value)?);
         }
         Ok(StatementOutcome::Set { key, value })
-    }
-
-    /// `value` (of the token `at`) as a whole number from 1, or the error
-    /// `message` makes of it.
-    fn whole_from_one(
-        &self,
-        text: &str,
-        at: &datafusion::sql::sqlparser::tokenizer::TokenWithSpan,
-        value: &str,
-        message: impl FnOnce(&str) -> String,
-    ) -> Result<u64, SqlError> {
-        value
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .filter(|n| *n >= 1)
-            .ok_or_else(|| self.err(text, Pos::from(at), message(value)))
     }
 
     /// The settings of the query named `name` starting at `pos`: those in

@@ -70,3 +70,49 @@ fn sql_corpus_matches_its_golden_files() {
         differ.join("\n")
     );
 }
+
+/// The table of settings in `docs/sql.md`, as `sluice::SETTINGS` makes it.
+fn settings_table() -> String {
+    let mut table = String::from("| setting | values | default |\n| --- | --- | --- |\n");
+    for s in sluice::SETTINGS {
+        table.push_str(&format!(
+            "| {} | {} | {} |\n",
+            s.heading(),
+            s.values,
+            s.default
+        ));
+    }
+    table
+}
+
+#[test]
+fn the_settings_table_in_the_docs_is_the_engines() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/sql.md");
+    let doc = std::fs::read_to_string(&path).unwrap();
+    let start = doc
+        .find("| setting | values | default |")
+        .expect("the table's heading");
+    let end = doc[start..]
+        .find("\n\n")
+        .map_or(doc.len(), |n| start + n + 1);
+    let table = settings_table();
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, format!("{}{table}{}", &doc[..start], &doc[end..])).unwrap();
+        return;
+    }
+    assert_eq!(
+        &doc[start..end],
+        table,
+        "docs/sql.md's settings table differs from sluice::SETTINGS (UPDATE_GOLDEN=1 \
+         regenerates it)"
+    );
+    // Every setting is one `SET` takes, and a near miss is named.
+    for s in sluice::SETTINGS.iter().filter(|s| s.is_query_wide()) {
+        assert!(sluice::Setting::find(s.name).is_some_and(|f| f.name == s.name));
+    }
+    let typo = sluice::QuerySettings::default()
+        .set("tasks.thread", "2")
+        .unwrap_err()
+        .to_string();
+    assert!(typo.contains("did you mean 'tasks.threads'?"), "{typo}");
+}

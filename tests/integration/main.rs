@@ -19,6 +19,7 @@ mod prefetch;
 mod registry;
 mod secure;
 mod send_ahead;
+mod shape;
 mod tasks;
 mod util;
 mod verify;

@@ -27,10 +27,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::{ms, EpochLoop};
+use super::EpochLoop;
 use crate::checkpoint::{OffsetRecord, SourceRange};
 use crate::error::{Result, SluiceError};
-use crate::progress::SourceProgress;
+use crate::fail_point::fail_point;
+use crate::planner::Input;
+use crate::progress::{millis as ms, SourceProgress};
 use crate::source::{DeadLetter, GroupOffsets, LazyPartition, Offset};
 use crate::table::EpochInput;
 use crate::trigger::Trigger;
@@ -38,6 +40,47 @@ use crate::trigger::Trigger;
 use futures::{StreamExt, TryStreamExt};
 
 impl EpochLoop {
+    /// Every statement's inputs, in order.
+    pub(super) fn inputs(&self) -> impl Iterator<Item = &Input> {
+        self.statements.iter().flat_map(|s| &s.plan.inputs)
+    }
+
+    /// Epoch `epoch`'s plan: `replay`, the one recovery found written, or
+    /// a new one from `positions`, written before it returns. `None` when
+    /// no source has new data.
+    pub(super) async fn plan_or_replay(
+        &self,
+        epoch: u64,
+        positions: &BTreeMap<String, Offset>,
+        replay: Option<OffsetRecord>,
+    ) -> Result<Option<Planned>> {
+        let started = Instant::now();
+        let record = match replay {
+            Some(record) => record,
+            None => {
+                let Some(record) = self.plan_epoch(epoch, positions).await? else {
+                    return Ok(None);
+                };
+                self.write_plan(&record)?;
+                record
+            }
+        };
+        Ok(Some(Planned {
+            record,
+            read: None,
+            started,
+            plan_ms: ms(started.elapsed()),
+        }))
+    }
+
+    /// Writes the epoch's plan, `offsets/N`: from here on a restart re-runs
+    /// the epoch over exactly these ranges.
+    pub(super) fn write_plan(&self, record: &OffsetRecord) -> Result<()> {
+        self.checkpoint.write_offsets(record)?;
+        fail_point("after-offsets", record.epoch);
+        Ok(())
+    }
+
     /// Asks every source for its latest offset; returns the epoch's plan,
     /// or `None` when no source has new data. The plan is not written:
     /// [`write_plan`](Self::write_plan) does that before the epoch computes.
@@ -128,6 +171,7 @@ impl EpochLoop {
             inputs: Vec::with_capacity(self.statements.len()),
             sources: Vec::new(),
             rows: 0,
+            late_rows: 0,
             lazy: Vec::new(),
             group_offsets: Vec::new(),
             ms: 0.0,
@@ -238,6 +282,8 @@ pub(super) struct EpochRead {
     /// and dead letters are known once [`EpochLoop::settle`] has run.
     pub(super) sources: Vec<SourceProgress>,
     pub(super) rows: u64,
+    /// Rows behind the watermark, dropped when the input was admitted.
+    pub(super) late_rows: u64,
     /// Inputs read lazily (their index in `sources`) and their rows so far.
     lazy: Vec<(usize, Arc<AtomicU64>)>,
     pub(super) group_offsets: Vec<GroupOffsets>,
@@ -271,5 +317,16 @@ fn merge_group_offsets(all: &mut Vec<GroupOffsets>, new: GroupOffsets) {
             }
         }
         None => all.push(new),
+    }
+}
+
+/// Moves each source's position to the end of its range in `record`. A
+/// source that has had no data yet (end `null`) keeps no position, so it is
+/// next asked from its beginning.
+pub(super) fn advance(positions: &mut BTreeMap<String, Offset>, record: OffsetRecord) {
+    for (key, range) in record.sources {
+        if !range.end.is_null() {
+            positions.insert(key, range.end);
+        }
     }
 }

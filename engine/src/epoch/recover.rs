@@ -9,9 +9,12 @@
 
 use std::collections::BTreeMap;
 
-use super::{advance, check_clusters, check_fingerprint, check_inputs, EpochLoop, RETAIN_EPOCHS};
+use super::commit::RETAIN_EPOCHS;
+use super::read::advance;
+use super::EpochLoop;
 use crate::checkpoint::{EpochCommit, OffsetRecord};
 use crate::error::{Result, SluiceError};
+use crate::planner::Input;
 use crate::sink::CommittedEpoch;
 use crate::source::Offset;
 
@@ -255,4 +258,83 @@ impl EpochLoop {
     fn check_sources(&self, record: &OffsetRecord) -> Result<()> {
         check_inputs(record, self.inputs(), self.checkpoint.dir())
     }
+}
+
+/// The checkpoint at `dir`, whose epoch `record` planned, must belong to a
+/// query with the same `inputs`.
+pub(crate) fn check_inputs<'a>(
+    record: &OffsetRecord,
+    inputs: impl Iterator<Item = &'a Input>,
+    dir: &std::path::Path,
+) -> Result<()> {
+    let mut ours: Vec<&str> = inputs.map(|i| i.key.as_str()).collect();
+    ours.sort_unstable();
+    let theirs: Vec<&str> = record.sources.keys().map(String::as_str).collect();
+    if ours != theirs {
+        return Err(SluiceError::config(format!(
+            "the checkpoint at {} belongs to a query reading [{}], but this query reads [{}]; \
+             use a new checkpoint location for a changed query",
+            dir.display(),
+            theirs.join(", "),
+            ours.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// A query whose fingerprint (see `statement::fingerprint`) differs from the
+/// one that committed `commit` (in `whose`: the checkpoint, or the sink's
+/// record) cannot restore its state and offsets: refused, showing both.
+/// Commits of earlier releases carry none and are not checked.
+pub(crate) fn check_fingerprint(commit: &EpochCommit, ours: &str, whose: &str) -> Result<()> {
+    match &commit.fingerprint {
+        Some(theirs) if theirs != ours => Err(SluiceError::config(format!(
+            "this query differs from the one that committed epoch {} ({whose}) in what its \
+             state and offsets depend on, so they cannot be restored into it:\n  committed:\n    \
+             {}\n  now:\n    {}\nRevert the change, or run the changed query as a new one (a new \
+             'pipeline.name' and checkpoint location: it then reads its input again from its \
+             startup position). docs/operations.md lists which changes keep state",
+            commit.epoch(),
+            theirs.replace('\n', "\n    "),
+            ours.replace('\n', "\n    ")
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The cluster each of `inputs` reads, by input key (inputs that name
+/// none are left out).
+pub(crate) async fn clusters<'a>(
+    inputs: impl Iterator<Item = &'a Input>,
+) -> Result<BTreeMap<String, String>> {
+    let mut clusters = BTreeMap::new();
+    for input in inputs {
+        if let Some(cluster) = input.source.cluster().await? {
+            clusters.insert(input.key.clone(), cluster);
+        }
+    }
+    Ok(clusters)
+}
+
+/// An input that now reads another cluster than the one that committed
+/// `commit` (in `whose`): its offsets belong to the other cluster's log,
+/// so the start is refused, naming both. Inputs either side does not
+/// know the cluster of are not compared.
+pub(crate) fn check_clusters(
+    commit: &EpochCommit,
+    ours: &BTreeMap<String, String>,
+    whose: &str,
+) -> Result<()> {
+    for (input, theirs) in &commit.clusters {
+        if let Some(now) = ours.get(input).filter(|now| *now != theirs) {
+            return Err(SluiceError::config(format!(
+                "input {input} now reads Kafka cluster '{now}', but epoch {} ({whose}) was \
+                 committed reading cluster '{theirs}': its offsets mean nothing on another \
+                 cluster. Point the stream back at the cluster it read, or run the query as a \
+                 new one (a new 'pipeline.name' and checkpoint location)",
+                commit.epoch()
+            )));
+        }
+    }
+    Ok(())
 }

@@ -73,7 +73,7 @@ pub(crate) fn read_changelogs(plan: LogicalPlan) -> Result<LogicalPlan> {
                 .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
             Ok(Transformed::yes(rewritten))
         })
-        .map_err(crate::planner::unwrap_external)?
+        .map_err(SluiceError::from)?
         .data)
 }
 

@@ -8,9 +8,9 @@ use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::logical_expr::{LogicalPlan, TableScan};
 
-use super::{unwrap_external, Input};
+use super::Input;
 use crate::connector::ConnectorRegistry;
-use crate::error::Result;
+use crate::error::{Result, SluiceError};
 use crate::table::as_stream_table;
 use crate::task::TaskId;
 
@@ -74,7 +74,7 @@ pub(super) fn bind_inputs(
                 ..scan
             })))
         })
-        .map_err(unwrap_external)?
+        .map_err(SluiceError::from)?
         .data;
     Ok((bound, inputs))
 }

@@ -5,12 +5,12 @@
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::JoinType;
-use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::logical_expr::{Expr, Join, LogicalPlan};
 
 use crate::error::{Result, SluiceError};
 use crate::output_mode::OutputMode;
 use crate::table::as_stream_table;
-use crate::window::{event_time_key, session_problem};
+use crate::window::{event_time_key, session_problem, WindowKey};
 
 /// The table name of the scan that replaces the `i`-th stage.
 pub(super) const STAGE_OUTPUT: &str = "__sluice_stage";
@@ -69,13 +69,25 @@ pub(super) struct Checked {
 /// Rejects what cannot run incrementally, saying why and what would work;
 /// returns the output mode (the one asked for, else the one derived).
 pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Checked> {
-    let mut problem = None;
-    // The outermost stateful operator decides the output mode; those under
-    // it are stages (see `split_stages`).
-    let mut root = None;
-    let mut window = None;
-    let mut dedup = false;
-    // Scans come first: a plan is visited top-down, so collect them before.
+    let watermarked = watermarked_columns(plan)?;
+    let mut shape = Shape::default();
+    for node in streaming_nodes(plan) {
+        if let Some(problem) = shape.visit(node, &watermarked) {
+            return Err(SluiceError::plan(format!(
+                "this query cannot run on a stream: it {problem}"
+            )));
+        }
+    }
+    let mode = output_mode(plan, &shape, &watermarked, mode)?;
+    Ok(Checked {
+        mode,
+        dedup: shape.dedup,
+        watermarked,
+    })
+}
+
+/// The event-time columns of the watermarked streams `plan` scans.
+fn watermarked_columns(plan: &LogicalPlan) -> Result<Vec<String>> {
     let mut watermarked = Vec::new();
     plan.apply(|node| {
         if let LogicalPlan::TableScan(scan) = node {
@@ -90,8 +102,26 @@ pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) ->
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    for node in streaming_nodes(plan) {
-        let what = match node {
+    Ok(watermarked)
+}
+
+/// What the walk over a query's streaming nodes, top down, finds.
+#[derive(Default)]
+struct Shape {
+    /// The outermost stateful operator, which decides the output mode;
+    /// those under it are stages (see `split_stages`).
+    root: Option<Root>,
+    /// The outermost aggregation's event-time window, if it has one.
+    window: Option<WindowKey>,
+    /// The query deduplicates (`SELECT DISTINCT`, `drop_duplicates`).
+    dedup: bool,
+}
+
+impl Shape {
+    /// Takes note of `node`; says what it does that cannot run on a
+    /// stream, if anything.
+    fn visit(&mut self, node: &LogicalPlan, watermarked: &[String]) -> Option<String> {
+        match node {
             LogicalPlan::Projection(_)
             | LogicalPlan::Filter(_)
             | LogicalPlan::SubqueryAlias(_)
@@ -110,9 +140,9 @@ pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) ->
                 })
             }
             LogicalPlan::Aggregate(agg) => {
-                if root.is_none() {
-                    root = Some(Root::Aggregate);
-                    window = event_time_key(agg, &watermarked);
+                if self.root.is_none() {
+                    self.root = Some(Root::Aggregate);
+                    self.window = event_time_key(agg, watermarked);
                 }
                 agg.group_expr
                     .iter()
@@ -125,37 +155,18 @@ pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) ->
             // the distinct columns, which emits each key once (see
             // `aggregate`).
             LogicalPlan::Distinct(_) => {
-                if root.is_none() {
-                    root = Some(Root::Aggregate);
-                    dedup = true;
+                if self.root.is_none() {
+                    self.root = Some(Root::Aggregate);
+                    self.dedup = true;
                 }
                 None
             }
             LogicalPlan::Join(j) => match (reads_stream(&j.left), reads_stream(&j.right)) {
                 (true, true) => {
-                    root.get_or_insert(Root::Join);
+                    self.root.get_or_insert(Root::Join);
                     None
                 }
-                // A stream against a static table: stateless, each epoch's
-                // rows join the table, unless the table's unmatched rows
-                // would have to wait for the whole stream.
-                (stream_left, _) => {
-                    use JoinType::*;
-                    let keeps_stream_side = match j.join_type {
-                        Inner => true,
-                        Left | LeftSemi | LeftAnti | LeftMark => stream_left,
-                        Right | RightSemi | RightAnti | RightMark => !stream_left,
-                        Full => false,
-                    };
-                    (!keeps_stream_side).then(|| {
-                        format!(
-                            "joins a stream with a static table as a {} join, which would emit \
-                             the table's unmatched rows only after the endless stream ends; use \
-                             an inner join, or an outer join that keeps the stream's rows",
-                            j.join_type
-                        )
-                    })
-                }
+                (stream_left, _) => static_join_problem(j, stream_left),
             },
             LogicalPlan::Sort(_) => Some(
                 "sorts an unbounded stream (ORDER BY), which never finishes; remove the ORDER BY \
@@ -181,48 +192,63 @@ pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) ->
                     .next()
                     .unwrap_or("this operator")
             )),
-        };
-        if let Some(w) = what {
-            problem = Some(w);
-            break;
         }
     }
-    if let Some(p) = problem {
-        return Err(SluiceError::plan(format!(
-            "this query cannot run on a stream: it {p}"
-        )));
-    }
-    let checked = |mode| {
-        Ok(Checked {
-            mode,
-            dedup,
-            watermarked: watermarked.clone(),
-        })
+}
+
+/// A stream joined with a static table is stateless, each epoch's rows
+/// joining the table, unless the table's unmatched rows would have to wait
+/// for the whole stream.
+fn static_join_problem(j: &Join, stream_left: bool) -> Option<String> {
+    use JoinType::*;
+    let keeps_stream_side = match j.join_type {
+        Inner => true,
+        Left | LeftSemi | LeftAnti | LeftMark => stream_left,
+        Right | RightSemi | RightAnti | RightMark => !stream_left,
+        Full => false,
     };
-    if root == Some(Root::Join) {
+    (!keeps_stream_side).then(|| {
+        format!(
+            "joins a stream with a static table as a {} join, which would emit the table's \
+             unmatched rows only after the endless stream ends; use an inner join, or an outer \
+             join that keeps the stream's rows",
+            j.join_type
+        )
+    })
+}
+
+/// The output mode of a query of `shape`: `mode` when asked for and
+/// valid, else the one its shape gives.
+fn output_mode(
+    plan: &LogicalPlan,
+    shape: &Shape,
+    watermarked: &[String],
+    mode: Option<OutputMode>,
+) -> Result<OutputMode> {
+    if shape.root == Some(Root::Join) {
         // A joined pair never changes once emitted.
         return match mode {
             Some(OutputMode::Complete) => Err(SluiceError::plan(
                 "output mode 'complete' needs an aggregation; a join emits each matched pair \
                  once: use 'append'",
             )),
-            m => checked(m.unwrap_or(OutputMode::Append)),
+            m => Ok(m.unwrap_or(OutputMode::Append)),
         };
     }
-    if dedup {
+    if shape.dedup {
         // A distinct row never changes once emitted: append by default.
-        return checked(mode.unwrap_or(OutputMode::Append));
+        return Ok(mode.unwrap_or(OutputMode::Append));
     }
     let aggregate = streaming_nodes(plan).into_iter().find_map(|n| match n {
         LogicalPlan::Aggregate(a) => Some(a),
         _ => None,
     });
-    if let Some(problem) = aggregate.and_then(|a| session_problem(a, window.as_ref(), mode)) {
+    if let Some(problem) = aggregate.and_then(|a| session_problem(a, shape.window.as_ref(), mode)) {
         return Err(SluiceError::plan(problem));
     }
-    if let Some(w) = &window {
+    if let Some(w) = &shape.window {
         let has_watermark = watermarked.contains(&w.time_column);
-        return checked(match mode {
+        return Ok(match mode {
             Some(OutputMode::Append) if !has_watermark => {
                 return Err(SluiceError::plan(format!(
                     "output mode 'append' emits each window once, when the watermark passes its \
@@ -236,21 +262,17 @@ pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) ->
             None => OutputMode::Update,
         });
     }
-    checked(match (root, mode) {
-        (None, Some(OutputMode::Complete)) => {
-            return Err(SluiceError::plan(
-                "output mode 'complete' needs an aggregation (it re-emits the whole result \
-                 table); this query is stateless: use 'append'",
-            ))
-        }
-        (None, m) => m.unwrap_or(OutputMode::Append),
-        (_, Some(OutputMode::Append)) => {
-            return Err(SluiceError::plan(
-                "output mode 'append' emits only rows that never change, but a GROUP BY without \
-                 an event-time window changes its rows every epoch: use 'update' (emit the groups \
-                 that changed; the default) or 'complete' (emit the whole result every epoch)",
-            ))
-        }
-        (_, m) => m.unwrap_or(OutputMode::Update),
-    })
+    match (shape.root, mode) {
+        (None, Some(OutputMode::Complete)) => Err(SluiceError::plan(
+            "output mode 'complete' needs an aggregation (it re-emits the whole result \
+             table); this query is stateless: use 'append'",
+        )),
+        (None, m) => Ok(m.unwrap_or(OutputMode::Append)),
+        (_, Some(OutputMode::Append)) => Err(SluiceError::plan(
+            "output mode 'append' emits only rows that never change, but a GROUP BY without \
+             an event-time window changes its rows every epoch: use 'update' (emit the groups \
+             that changed; the default) or 'complete' (emit the whole result every epoch)",
+        )),
+        (_, m) => Ok(m.unwrap_or(OutputMode::Update)),
+    }
 }

@@ -41,10 +41,12 @@ mod bind;
 mod check;
 mod explain;
 mod split;
+mod tasks;
 
 use check::{check_incremental, Checked};
 pub(crate) use explain::explain;
 use split::{group_key_columns, split_aggregate, split_join, split_stages};
+pub(crate) use tasks::{count as count_tasks, explain as explain_tasks, keyed_by_partition};
 
 /// One stream scan of a running query.
 #[derive(Debug)]
@@ -237,20 +239,4 @@ pub(crate) fn plan_query(
         watermarks,
         upsert,
     })
-}
-
-/// Our own errors travel through DataFusion's tree walk wrapped as
-/// `External`; give them back their type.
-pub(crate) fn unwrap_external(e: datafusion::error::DataFusionError) -> SluiceError {
-    match e {
-        datafusion::error::DataFusionError::External(inner) => {
-            match inner.downcast::<SluiceError>() {
-                Ok(ours) => *ours,
-                Err(other) => {
-                    SluiceError::DataFusion(datafusion::error::DataFusionError::External(other))
-                }
-            }
-        }
-        other => SluiceError::DataFusion(other),
-    }
 }

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::avro::{AvroConfluentDecoder, AvroDecoder};
 use crate::client::ClientOptions;
-use crate::encode::key_indices;
-use crate::protobuf::ProtobufConfluentDecoder;
+use crate::format::avro::{AvroConfluentDecoder, AvroDecoder};
+use crate::format::key_indices;
+use crate::format::protobuf::ProtobufConfluentDecoder;
 use crate::registry::{Part, Registry, RegistryOptions, REGISTRY_OPTIONS};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use sluice_engine::{
@@ -147,7 +147,9 @@ pub(crate) struct SourceConfig {
     pub schema: SchemaRef,
 }
 
-/// Builds the source factory from a stream's options.
+/// Builds the source factory from a stream's options: the options taken
+/// one by one ([`SourceOptions::take`]), the unknown ones refused, then
+/// the columns the stream reads and how ([`Columns::plan`]).
 pub(crate) fn factory(
     stream: &str,
     mut o: Options,
@@ -155,25 +157,150 @@ pub(crate) fn factory(
     connect_timeout_default: Duration,
     upsert: bool,
 ) -> Result<Arc<dyn SourceFactory>> {
-    let topic = o.take_required("kafka", "topic", "bids")?;
-    let mut client = ClientOptions::from_options(
-        &mut o,
-        &format!("stream '{stream}'"),
-        connect_timeout_default,
-        REFUSED,
-    )?;
-    // Flink's 'properties.group.id' is the group offsets are recorded to.
-    let group = match (o.take("group.id"), client.take("group.id")) {
-        (Some(_), Some(_)) => {
-            return Err(SluiceError::config(format!(
-                "stream '{stream}': 'group.id' and 'kafka.group.id' (or 'properties.group.id') \
-                 name the same consumer group; give it once"
-            )))
-        }
-        (Some(g), None) | (None, Some(g)) => Some(g),
-        (None, None) => None,
-    };
-    let format_name = o
+    let options = SourceOptions::take(stream, &mut o, connect_timeout_default)?;
+    o.finish("kafka", &[SOURCE_OPTIONS, REGISTRY_OPTIONS].concat())?;
+    let columns = Columns::plan(stream, &options, declared, upsert)?;
+    Ok(Arc::new(KafkaSourceFactory(SourceConfig {
+        stream: stream.to_string(),
+        topic: options.topic,
+        client: options.client,
+        format: options.format,
+        startup: options.startup,
+        max_records: options.max_records,
+        max_bytes: options.max_bytes,
+        on_error: options.on_error,
+        group: options.group,
+        fail_on_data_loss: options.fail_on_data_loss,
+        purge_committed: options.purge_committed,
+        declared: columns.declared,
+        upsert,
+        value_schema: columns.value_schema,
+        value_part: columns.value_part,
+        key: columns.key,
+        avro: columns.avro,
+        confluent: columns.confluent,
+        protobuf: columns.protobuf,
+        schema: columns.schema,
+    })))
+}
+
+/// A Kafka stream's options, each taken and checked, before its columns
+/// are planned.
+struct SourceOptions {
+    topic: String,
+    client: ClientOptions,
+    group: Option<String>,
+    format: SourceFormat,
+    /// The value's schema registry, for the `-confluent` formats.
+    registry: Option<RegistryOptions>,
+    key_format: String,
+    /// The key's schema registry, for `'key.format' = 'avro-confluent'`.
+    key_registry: Option<RegistryOptions>,
+    key_fields: Option<String>,
+    except_key: bool,
+    startup: StartupMode,
+    max_records: u64,
+    max_bytes: u64,
+    on_error: OnError,
+    fail_on_data_loss: bool,
+    purge_committed: bool,
+}
+
+impl SourceOptions {
+    /// Takes every option a Kafka stream knows from `o`, in the order a
+    /// user's mistakes are reported; what is left is not an option.
+    fn take(stream: &str, o: &mut Options, connect_timeout_default: Duration) -> Result<Self> {
+        let topic = o.take_required("kafka", "topic", "bids")?;
+        let mut client = ClientOptions::from_options(
+            o,
+            &format!("stream '{stream}'"),
+            connect_timeout_default,
+            REFUSED,
+        )?;
+        let group = take_group(stream, o, &mut client)?;
+        let (format_name, format) = take_format(stream, o)?;
+        let what = format!("stream '{stream}'");
+        let registry = match format {
+            SourceFormat::AvroConfluent | SourceFormat::ProtobufConfluent => {
+                Some(RegistryOptions::take(
+                    o,
+                    &format_name,
+                    Part::Value,
+                    &topic,
+                    &what,
+                    client.timeout(),
+                )?)
+            }
+            _ => {
+                RegistryOptions::refuse_unused(o, Part::Value, &format_name, &what)?;
+                None
+            }
+        };
+        let key_format = o
+            .take_choice("key.format", &["json", "raw", "avro-confluent"])?
+            .unwrap_or_else(|| "json".into());
+        let key_registry = if key_format == "avro-confluent" {
+            Some(RegistryOptions::take(
+                o,
+                "avro-confluent",
+                Part::Key,
+                &topic,
+                &what,
+                client.timeout(),
+            )?)
+        } else {
+            RegistryOptions::refuse_unused(o, Part::Key, &key_format, &what)?;
+            None
+        };
+        let key_fields = o.take("key.fields");
+        let except_key = o
+            .take_choice("value.fields-include", &["all", "except_key"])?
+            .is_some_and(|v| v == "except_key");
+        let startup = take_startup(stream, o, group.as_deref())?;
+        let (max_records, max_bytes) = take_epoch_limits(stream, o)?;
+        let on_error = take_on_error(stream, o)?;
+        let fail_on_data_loss = o
+            .take_parsed::<bool>("fail-on-data-loss", "true or false")?
+            .unwrap_or(true);
+        let purge_committed = o
+            .take_parsed::<bool>("purge-committed", "true or false")?
+            .unwrap_or(false);
+        Ok(Self {
+            topic,
+            client,
+            group,
+            format,
+            registry,
+            key_format,
+            key_registry,
+            key_fields,
+            except_key,
+            startup,
+            max_records,
+            max_bytes,
+            on_error,
+            fail_on_data_loss,
+            purge_committed,
+        })
+    }
+}
+
+/// The consumer group offsets are recorded to: `group.id`, or Flink's
+/// `properties.group.id` (`kafka.group.id`), given once.
+fn take_group(stream: &str, o: &mut Options, client: &mut ClientOptions) -> Result<Option<String>> {
+    match (o.take("group.id"), client.take("group.id")) {
+        (Some(_), Some(_)) => Err(SluiceError::config(format!(
+            "stream '{stream}': 'group.id' and 'kafka.group.id' (or 'properties.group.id') \
+             name the same consumer group; give it once"
+        ))),
+        (Some(g), None) | (None, Some(g)) => Ok(Some(g)),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `format`, as spelled and as read.
+fn take_format(stream: &str, o: &mut Options) -> Result<(String, SourceFormat)> {
+    let name = o
         .take_choice(
             "format",
             &[
@@ -187,7 +314,7 @@ pub(crate) fn factory(
             ],
         )?
         .unwrap_or_else(|| "json".into());
-    let format = match format_name.as_str() {
+    let format = match name.as_str() {
         "json" => SourceFormat::Json,
         "raw" => SourceFormat::Raw,
         "avro" => SourceFormat::Avro,
@@ -202,44 +329,12 @@ pub(crate) fn factory(
             )))
         }
     };
-    let what = format!("stream '{stream}'");
-    let registry = match format {
-        SourceFormat::AvroConfluent | SourceFormat::ProtobufConfluent => {
-            Some(RegistryOptions::take(
-                &mut o,
-                &format_name,
-                Part::Value,
-                &topic,
-                &what,
-                client.timeout(),
-            )?)
-        }
-        _ => {
-            RegistryOptions::refuse_unused(&o, Part::Value, &format_name, &what)?;
-            None
-        }
-    };
-    let key_format = o
-        .take_choice("key.format", &["json", "raw", "avro-confluent"])?
-        .unwrap_or_else(|| "json".into());
-    let key_registry = if key_format == "avro-confluent" {
-        Some(RegistryOptions::take(
-            &mut o,
-            "avro-confluent",
-            Part::Key,
-            &topic,
-            &what,
-            client.timeout(),
-        )?)
-    } else {
-        RegistryOptions::refuse_unused(&o, Part::Key, &key_format, &what)?;
-        None
-    };
-    let key_fields = o.take("key.fields");
-    let except_key = o
-        .take_choice("value.fields-include", &["all", "except_key"])?
-        .is_some_and(|v| v == "except_key");
-    // Sluice's short names and Flink's.
+    Ok((name, format))
+}
+
+/// `scan.startup.mode` with what each mode needs (Sluice's short names
+/// and Flink's); an option of another mode is refused.
+fn take_startup(stream: &str, o: &mut Options, group: Option<&str>) -> Result<StartupMode> {
     let startup = match o
         .take_choice(
             "scan.startup.mode",
@@ -258,13 +353,17 @@ pub(crate) fn factory(
     {
         None | Some("earliest" | "earliest-offset") => StartupMode::Earliest,
         Some("latest" | "latest-offset") => StartupMode::Latest,
-        Some("group-offsets") => StartupMode::GroupOffsets(group.clone().ok_or_else(|| {
-            o.missing(
-                &format!("stream '{stream}' with 'scan.startup.mode' = 'group-offsets'"),
-                "group.id",
-                "'group.id' = 'orders-consumer' (or Flink's 'properties.group.id')",
-            )
-        })?),
+        Some("group-offsets") => StartupMode::GroupOffsets(
+            group
+                .ok_or_else(|| {
+                    o.missing(
+                        &format!("stream '{stream}' with 'scan.startup.mode' = 'group-offsets'"),
+                        "group.id",
+                        "'group.id' = 'orders-consumer' (or Flink's 'properties.group.id')",
+                    )
+                })?
+                .to_string(),
+        ),
         Some("timestamp") => {
             let what = format!("stream '{stream}' with 'scan.startup.mode' = 'timestamp'");
             let ms = o
@@ -303,6 +402,12 @@ pub(crate) fn factory(
             )));
         }
     }
+    Ok(startup)
+}
+
+/// `max-records-per-epoch` and `max-bytes-per-epoch`, each from 1 to
+/// `i64::MAX`.
+fn take_epoch_limits(stream: &str, o: &mut Options) -> Result<(u64, u64)> {
     let max_records = o
         .take_parsed::<u64>("max-records-per-epoch", "a whole number of records")?
         .unwrap_or(DEFAULT_MAX_RECORDS_PER_EPOCH);
@@ -327,6 +432,12 @@ pub(crate) fn factory(
             )));
         }
     }
+    Ok((max_records, max_bytes))
+}
+
+/// `format.on-error`, with the dead-letter topic its `dead-letter` mode
+/// needs (and no other mode takes).
+fn take_on_error(stream: &str, o: &mut Options) -> Result<OnError> {
     let on_error = match o
         .take_choice("format.on-error", &["fail", "skip", "dead-letter"])?
         .as_deref()
@@ -349,132 +460,224 @@ pub(crate) fn factory(
              'dead-letter'"
         )));
     }
-    let fail_on_data_loss = o
-        .take_parsed::<bool>("fail-on-data-loss", "true or false")?
-        .unwrap_or(true);
-    let purge_committed = o
-        .take_parsed::<bool>("purge-committed", "true or false")?
-        .unwrap_or(false);
-    o.finish("kafka", &[SOURCE_OPTIONS, REGISTRY_OPTIONS].concat())?;
+    Ok(on_error)
+}
+
+/// The columns a Kafka stream reads, where each comes from (value or
+/// key), and the decoders that read them.
+struct Columns {
+    declared: SchemaRef,
+    value_schema: SchemaRef,
+    value_part: SchemaRef,
+    key: Option<KeyColumns>,
+    avro: Option<AvroDecoder>,
+    confluent: Option<Arc<AvroConfluentDecoder>>,
+    protobuf: Option<Arc<ProtobufConfluentDecoder>>,
+    schema: SchemaRef,
+}
+
+impl Columns {
+    /// Plans the columns of a stream with `options` and `declared`
+    /// columns (none: the format's own), refusing what cannot be read.
+    fn plan(
+        stream: &str,
+        options: &SourceOptions,
+        declared: Option<SchemaRef>,
+        upsert: bool,
+    ) -> Result<Self> {
+        let format = options.format;
+        let key_fields = key_fields(stream, options, declared.as_ref(), upsert)?;
+        let declared = match (&key_fields, declared) {
+            (Some(keys), Some(d)) if upsert => Some(upsert_columns(&d, keys)),
+            (_, declared) => declared,
+        };
+        let (key, value_declared) = match (key_fields, &declared) {
+            (Some(fields), Some(declared)) => {
+                let key = KeyColumns::new(
+                    stream,
+                    fields,
+                    declared,
+                    &options.key_format,
+                    options.key_registry.clone(),
+                )?;
+                let count = declared.fields().len();
+                let rest = if options.except_key {
+                    crate::format::except_key(count, &key.fields)
+                } else {
+                    (0..count).collect()
+                };
+                (Some(key), Some(Arc::new(declared.project(&rest)?)))
+            }
+            _ => (None, declared.clone()),
+        };
+        let (confluent, protobuf) = registry_decoders(stream, options, &value_declared)?;
+        let value_part = match (&confluent, &protobuf, &value_declared) {
+            (Some(c), _, _) => c.schema(),
+            (_, Some(p), _) => p.schema(),
+            (None, None, Some(v)) => Arc::clone(v),
+            (None, None, None) => {
+                Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
+            }
+        };
+        let value_schema =
+            value_schema(stream, format, declared, key.is_some(), &value_part, upsert)?;
+        let schema = with_virtual_columns(stream, &value_schema)?;
+        let avro = match format {
+            SourceFormat::Avro => {
+                Some(AvroDecoder::new(Arc::clone(&value_part)).map_err(|e| in_stream(stream, e))?)
+            }
+            SourceFormat::Json
+            | SourceFormat::Raw
+            | SourceFormat::AvroConfluent
+            | SourceFormat::ProtobufConfluent
+            | SourceFormat::DebeziumJson => None,
+        };
+        let declared = match format {
+            SourceFormat::DebeziumJson => Arc::clone(&value_part),
+            _ if upsert => Arc::new(
+                value_schema.project(&(0..value_schema.fields().len() - 1).collect::<Vec<_>>())?,
+            ),
+            _ => Arc::clone(&value_schema),
+        };
+        Ok(Self {
+            declared,
+            value_schema,
+            value_part,
+            key,
+            avro,
+            confluent,
+            protobuf,
+            schema,
+        })
+    }
+}
+
+/// The positions of the declared columns the message key holds, when the
+/// stream reads them from the key: with EXCEPT_KEY and on an upsert
+/// stream; otherwise every column comes from the value (as in Flink, where
+/// the value's fields win).
+fn key_fields(
+    stream: &str,
+    options: &SourceOptions,
+    declared: Option<&SchemaRef>,
+    upsert: bool,
+) -> Result<Option<Vec<usize>>> {
+    let format = options.format;
     if upsert && format == SourceFormat::DebeziumJson {
         return Err(SluiceError::config(format!(
             "stream '{stream}': connector 'upsert-kafka' reads each key's latest value; a \
              Debezium topic is read with connector 'kafka'"
         )));
     }
-    if upsert && key_fields.is_none() {
+    if upsert && options.key_fields.is_none() {
         return Err(SluiceError::config(format!(
             "stream '{stream}': connector 'upsert-kafka' needs the columns its message keys \
              hold, which identify a row: 'key.fields' = 'id' (comma-separated declared columns)"
         )));
     }
-    // With EXCEPT_KEY (and on an upsert stream) the key fields come from
-    // the key; otherwise every column comes from the value (as in Flink,
-    // where the value's fields win).
-    let key_fields = match (key_fields, except_key || upsert) {
-        (None, true) => {
-            return Err(SluiceError::config(format!(
-                "stream '{stream}': 'value.fields-include' = 'EXCEPT_KEY' needs the columns \
-                 the key holds: 'key.fields' = 'id' (comma-separated declared columns)"
-            )))
-        }
+    match (&options.key_fields, options.except_key || upsert) {
+        (None, true) => Err(SluiceError::config(format!(
+            "stream '{stream}': 'value.fields-include' = 'EXCEPT_KEY' needs the columns \
+             the key holds: 'key.fields' = 'id' (comma-separated declared columns)"
+        ))),
         (Some(_), true) if format == SourceFormat::DebeziumJson => {
-            return Err(SluiceError::config(format!(
+            Err(SluiceError::config(format!(
                 "stream '{stream}': a Debezium change event holds whole rows; \
                  'value.fields-include' = 'EXCEPT_KEY' does not apply"
             )))
         }
-        (Some(_), true) if format == SourceFormat::Raw => {
-            return Err(SluiceError::config(format!(
-                "stream '{stream}': format 'raw' holds the whole value in one column; \
-                 'value.fields-include' = 'EXCEPT_KEY' does not apply"
-            )))
-        }
+        (Some(_), true) if format == SourceFormat::Raw => Err(SluiceError::config(format!(
+            "stream '{stream}': format 'raw' holds the whole value in one column; \
+             'value.fields-include' = 'EXCEPT_KEY' does not apply"
+        ))),
         (Some(list), true) => {
-            let Some(declared) = &declared else {
+            let Some(declared) = declared else {
                 return Err(SluiceError::config(format!(
                     "stream '{stream}': 'key.fields' names declared columns: declare them \
                      (CREATE STREAM {stream} (id BIGINT, ...) WITH (...))"
                 )));
             };
-            Some(key_indices(&list, declared, "declared").map_err(|e| in_stream(stream, e))?)
+            Ok(Some(
+                key_indices(list, declared, "declared").map_err(|e| in_stream(stream, e))?,
+            ))
         }
-        (_, false) => None,
-    };
-    // An upsert stream's key columns are marked for the engine, and its
-    // other columns are null in a deletion.
-    let declared = match (&key_fields, declared) {
-        (Some(keys), Some(d)) if upsert => {
-            let fields: Vec<Field> = d
-                .fields()
-                .iter()
-                .enumerate()
-                .map(|(i, f)| {
-                    if keys.contains(&i) {
-                        f.as_ref().clone().with_metadata(
-                            [(UPSERT_KEY_METADATA.to_string(), "true".to_string())].into(),
-                        )
-                    } else {
-                        f.as_ref().clone().with_nullable(true)
-                    }
-                })
-                .collect();
-            Some(Arc::new(Schema::new(fields)))
-        }
-        (_, declared) => declared,
-    };
-    let (key, value_declared) = match (key_fields, &declared) {
-        (Some(fields), Some(declared)) => {
-            let key = KeyColumns::new(stream, fields, declared, &key_format, key_registry)?;
-            let count = declared.fields().len();
-            let rest = if except_key {
-                crate::encode::except_key(count, &key.fields)
+        (_, false) => Ok(None),
+    }
+}
+
+/// An upsert stream's declared columns: its key columns marked for the
+/// engine, its other columns nullable (they are null in a deletion).
+fn upsert_columns(declared: &Schema, keys: &[usize]) -> SchemaRef {
+    let fields: Vec<Field> = declared
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            if keys.contains(&i) {
+                f.as_ref()
+                    .clone()
+                    .with_metadata([(UPSERT_KEY_METADATA.to_string(), "true".to_string())].into())
             } else {
-                (0..count).collect()
-            };
-            (Some(key), Some(Arc::new(declared.project(&rest)?)))
-        }
-        _ => (None, declared.clone()),
+                f.as_ref().clone().with_nullable(true)
+            }
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+/// A `-confluent` format's value decoder: Avro's or Protobuf's.
+type RegistryDecoders = (
+    Option<Arc<AvroConfluentDecoder>>,
+    Option<Arc<ProtobufConfluentDecoder>>,
+);
+
+/// The value's decoder of a `-confluent` format, which reads each record
+/// by its schema id from the registry: Avro's or Protobuf's.
+fn registry_decoders(
+    stream: &str,
+    options: &SourceOptions,
+    value_declared: &Option<SchemaRef>,
+) -> Result<RegistryDecoders> {
+    let Some(registry) = options.registry.clone() else {
+        return Ok((None, None));
     };
-    let (confluent, protobuf) = match (registry, format) {
-        (Some(registry), SourceFormat::ProtobufConfluent) => (
+    let registry = Registry::new(registry)?;
+    Ok(match options.format {
+        SourceFormat::ProtobufConfluent => (
             None,
             Some(Arc::new(
-                ProtobufConfluentDecoder::from_registry(
-                    Registry::new(registry)?,
-                    value_declared.clone(),
-                )
-                .map_err(|e| in_stream(stream, e))?,
+                ProtobufConfluentDecoder::from_registry(registry, value_declared.clone())
+                    .map_err(|e| in_stream(stream, e))?,
             )),
         ),
-        (Some(registry), _) => (
+        _ => (
             Some(Arc::new(
-                AvroConfluentDecoder::from_registry(
-                    Registry::new(registry)?,
-                    value_declared.clone(),
-                )
-                .map_err(|e| in_stream(stream, e))?,
+                AvroConfluentDecoder::from_registry(registry, value_declared.clone())
+                    .map_err(|e| in_stream(stream, e))?,
             )),
             None,
         ),
-        (None, _) => (None, None),
-    };
-    let value_part = match (&confluent, &protobuf, &value_declared) {
-        (Some(c), _, _) => c.schema(),
-        (_, Some(p), _) => p.schema(),
-        (None, None, Some(v)) => Arc::clone(v),
-        (None, None, None) => {
-            Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
-        }
-    };
-    let value_schema = match (format, declared) {
+    })
+}
+
+/// The rows decoding gives: the declared columns (or the format's own),
+/// and for a changelog its sign, for an upsert stream its deletion marker.
+fn value_schema(
+    stream: &str,
+    format: SourceFormat,
+    declared: Option<SchemaRef>,
+    keyed: bool,
+    value_part: &SchemaRef,
+    upsert: bool,
+) -> Result<SchemaRef> {
+    Ok(match (format, declared) {
         (_, Some(declared)) if upsert => followed_by(
             &declared,
             [Field::new(UPSERT_DELETED, DataType::Boolean, false)],
         ),
-        (_, Some(declared)) if key.is_some() => declared,
+        (_, Some(declared)) if keyed => declared,
         (SourceFormat::AvroConfluent | SourceFormat::ProtobufConfluent, _) => {
-            Arc::clone(&value_part)
+            Arc::clone(value_part)
         }
         (SourceFormat::Raw, None) => {
             Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
@@ -504,7 +707,12 @@ pub(crate) fn factory(
                  columns declared: CREATE STREAM {stream} (id BIGINT, ...) WITH (...)"
             )))
         }
-    };
+    })
+}
+
+/// `value_schema` followed by the virtual columns of every Kafka stream,
+/// which no declared column may be named as.
+fn with_virtual_columns(stream: &str, value_schema: &SchemaRef) -> Result<SchemaRef> {
     if let Some(f) = value_schema
         .fields()
         .iter()
@@ -516,8 +724,8 @@ pub(crate) fn factory(
             VIRTUAL.join(", ")
         )));
     }
-    let schema = followed_by(
-        &value_schema,
+    Ok(followed_by(
+        value_schema,
         [
             Field::new("_key", DataType::Utf8, true),
             Field::new("_topic", DataType::Utf8, false),
@@ -529,45 +737,7 @@ pub(crate) fn factory(
                 true,
             ),
         ],
-    );
-    let avro = match format {
-        SourceFormat::Avro => {
-            Some(AvroDecoder::new(Arc::clone(&value_part)).map_err(|e| in_stream(stream, e))?)
-        }
-        SourceFormat::Json
-        | SourceFormat::Raw
-        | SourceFormat::AvroConfluent
-        | SourceFormat::ProtobufConfluent
-        | SourceFormat::DebeziumJson => None,
-    };
-    Ok(Arc::new(KafkaSourceFactory(SourceConfig {
-        stream: stream.to_string(),
-        topic,
-        client,
-        format,
-        startup,
-        max_records,
-        max_bytes,
-        on_error,
-        group,
-        fail_on_data_loss,
-        purge_committed,
-        declared: match format {
-            SourceFormat::DebeziumJson => Arc::clone(&value_part),
-            _ if upsert => Arc::new(
-                value_schema.project(&(0..value_schema.fields().len() - 1).collect::<Vec<_>>())?,
-            ),
-            _ => Arc::clone(&value_schema),
-        },
-        upsert,
-        value_schema,
-        value_part,
-        key,
-        avro,
-        confluent,
-        protobuf,
-        schema,
-    })))
+    ))
 }
 
 /// The declared columns a stream reads from the message key

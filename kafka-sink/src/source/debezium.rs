@@ -23,7 +23,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use serde_json::Value;
 use sluice_engine::{Result, SluiceError};
 
-use super::decode_json;
+use crate::format::json::decode_json;
 
 /// The rows the change events `values` add (+1) and take back (−1), in
 /// `schema` (the declared columns, then the sign), with the index of the

@@ -14,14 +14,12 @@ use datafusion::arrow::array::{
 };
 use datafusion::arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::concat_batches;
-use datafusion::arrow::datatypes::SchemaRef;
-use datafusion::arrow::error::ArrowError;
-use datafusion::arrow::json::ReaderBuilder;
 use sluice_engine::{DeadLetter, Partitions, Result, SluiceError};
 
 use super::config::{KeyColumns, KeyFormat, OnError, SourceFormat};
-use super::fetch::{Fetched, Taken};
+use super::fetch::{Fetched, Record, Taken};
 use super::{debezium, SourceInner};
+use crate::format::json::decode_json;
 
 impl SourceInner {
     /// Decodes each partition's records, a batch per chunk, in parallel
@@ -398,67 +396,6 @@ fn decode_keys(key: &KeyColumns, records: &[&Record]) -> Result<RecordBatch> {
             .decode(keys.into_iter())
             .map_err(|e| SluiceError::plan(format!("key: {e}"))),
     }
-}
-
-/// A record as read, before decoding: borrowed from the buffer its
-/// partition's records were copied into.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Record<'a> {
-    pub key: Option<&'a [u8]>,
-    pub value: &'a [u8],
-    /// No value (for formats other than `raw` also an empty one): a
-    /// key's deletion; only an upsert stream keeps such records.
-    pub tombstone: bool,
-    pub offset: i64,
-    pub timestamp_ms: Option<i64>,
-}
-
-/// Decodes JSON message values, one object each, into one batch of
-/// `schema` (arrow-json's vectorised decoder): the Kafka source's fast
-/// path, public so that `benches/micro.rs` can measure it alone. Every
-/// message must be exactly one object of `schema`: one that holds none
-/// (blank), more than one, or something else is an error, and the source
-/// then decodes record by record to name (or skip) the bad one.
-///
-/// ```
-/// # use std::sync::Arc;
-/// # use sluice_engine::arrow::datatypes::{DataType, Field, Schema};
-/// let schema = Arc::new(Schema::new(vec![Field::new("price", DataType::Int64, true)]));
-/// let values: [&[u8]; 2] = [br#"{"price": 7}"#, br#"{"price": 9}"#];
-/// let batch = sluice_kafka::decode_json(&schema, values)?;
-/// assert_eq!(batch.num_rows(), 2);
-/// let two_in_one: [&[u8]; 2] = [br#"{"price": 7}{"price": 8}"#, br#"{"price": 9}"#];
-/// assert!(sluice_kafka::decode_json(&schema, two_in_one).is_err());
-/// # Ok::<(), sluice_engine::SluiceError>(())
-/// ```
-pub fn decode_json<'a>(
-    schema: &SchemaRef,
-    values: impl IntoIterator<Item = &'a [u8]>,
-) -> Result<RecordBatch> {
-    let values = values.into_iter();
-    let mut decoder = ReaderBuilder::new(Arc::clone(schema))
-        .with_batch_size(values.size_hint().0.max(1))
-        .build_decoder()?;
-    for value in values {
-        // One message, one value: the decoder stops early once its batch
-        // is full, so a message of two values would push the last
-        // message's row out unseen, and a message of half a value would
-        // merge with the next.
-        let before = decoder.len();
-        let read = decoder.decode(value)? + decoder.decode(b"\n")?;
-        if read != value.len() + 1 || decoder.has_partial_record() || decoder.len() != before + 1 {
-            let values = decoder.len() - before;
-            return Err(ArrowError::JsonError(if values == 0 {
-                "the message holds no JSON value".into()
-            } else {
-                format!("the message holds {values} or more JSON values, not one")
-            })
-            .into());
-        }
-    }
-    Ok(decoder
-        .flush()?
-        .unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(schema))))
 }
 
 #[cfg(test)]

@@ -38,8 +38,6 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::decode::Record;
-
 /// Messages taken from a queue per call.
 pub(super) const BATCH: usize = 4096;
 
@@ -550,6 +548,19 @@ impl Lanes {
             }
         }
     }
+}
+
+/// A record as read, before decoding: borrowed from the buffer its
+/// partition's records were copied into.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Record<'a> {
+    pub key: Option<&'a [u8]>,
+    pub value: &'a [u8],
+    /// No value (for formats other than `raw` also an empty one): a
+    /// key's deletion; only an upsert stream keeps such records.
+    pub tombstone: bool,
+    pub offset: i64,
+    pub timestamp_ms: Option<i64>,
 }
 
 #[cfg(test)]

@@ -50,7 +50,6 @@ use crate::client::{Detached, Role};
 use crate::group::KafkaTaskGroup;
 pub(crate) use config::factory;
 use config::{OnError, SourceConfig, StartupMode};
-pub use decode::decode_json;
 use fetch::Lanes;
 use metadata::KnownPartitions;
 use purge::Purger;

@@ -27,18 +27,18 @@
 //! # query.stop().await }
 //! ```
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::frame::DataStreamWriter;
+use super::repartition;
+use super::Session;
 use crate::error::{Result, SluiceError};
-use crate::frame::DataStreamWriter;
-use crate::launch::{launch, query_id, QueryPlan, QuerySettings, TaskPlan};
+use crate::launch::{launch, query_id, QueryPlan, TaskGroup, TaskPlan};
 use crate::query::StreamingQuery;
 use crate::reference::BatchQuery;
-use crate::repartition;
-use crate::session::Session;
+use crate::settings::QuerySettings;
 use crate::statement::Statement;
-use crate::task::{self, TaskGroup, TaskId, Tasks};
+use crate::task::{TaskId, Tasks};
 use crate::trigger::Trigger;
 
 /// INSERTs to run as one query (see the module documentation). The
@@ -51,6 +51,8 @@ pub struct StatementSet {
     writers: Vec<DataStreamWriter>,
     settings: QuerySettings,
 }
+
+query_settings_builder!(StatementSet);
 
 impl StatementSet {
     /// An empty set on `session` ([`Session::statement_set`]).
@@ -71,50 +73,6 @@ impl StatementSet {
     /// mode chosen.
     pub fn add_insert(mut self, writer: DataStreamWriter) -> Self {
         self.writers.push(writer);
-        self
-    }
-
-    /// Where the query keeps its checkpoint.
-    pub fn checkpoint_location(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.settings.checkpoint = Some(dir.into());
-        self
-    }
-
-    /// When epochs run.
-    pub fn trigger(mut self, trigger: Trigger) -> Self {
-        self.settings.trigger = trigger;
-        self
-    }
-
-    /// Every query-wide setting at once, replacing those set before (the
-    /// SQL `SET`s arrive this way).
-    pub fn settings(mut self, settings: QuerySettings) -> Self {
-        self.settings = settings;
-        self
-    }
-
-    /// The query's stable identity, whatever its checkpoint location
-    /// (SQL: `SET 'pipeline.name'`; see [`QuerySettings::pipeline_name`]).
-    pub fn pipeline_name(mut self, name: &str) -> Self {
-        self.settings.pipeline_name = Some(name.to_string());
-        self
-    }
-
-    /// The query's name (progress, logs, metrics).
-    pub fn query_name(mut self, name: &str) -> Self {
-        self.settings.name = Some(name.to_string());
-        self
-    }
-
-    /// See [`DataStreamWriter::state_snapshot_interval`].
-    pub fn state_snapshot_interval(mut self, epochs: u64) -> Self {
-        self.settings.state_snapshot_interval = epochs.max(1);
-        self
-    }
-
-    /// See [`DataStreamWriter::state_retained_snapshots`].
-    pub fn state_retained_snapshots(mut self, snapshots: usize) -> Self {
-        self.settings.state_retained_snapshots = snapshots.max(1);
         self
     }
 
@@ -174,7 +132,7 @@ impl StatementSet {
                     .enumerate()
                     .map(|(i, w)| w.plan_with_keys(&key_prefix(i, count, w), None))
                     .collect::<Result<Vec<_>>>()?;
-                let tasks = task::count(&undivided).await?;
+                let tasks = crate::planner::count_tasks(&undivided).await?;
                 if undivided.iter().any(repartition::needed) {
                     if self.settings.trigger == Trigger::AvailableNow {
                         return Err(SluiceError::config(
@@ -268,27 +226,9 @@ fn plan_task(writers: &[DataStreamWriter], task: Option<TaskId>) -> Result<TaskP
 /// snapshots) cannot apply to one statement of a set: refused, so that
 /// none is silently ignored. Its name names the statement.
 fn refuse_own_settings(index: usize, writer: &DataStreamWriter) -> Result<()> {
-    let own = &writer.settings;
-    let defaults = QuerySettings::default();
-    let set = [
-        ("checkpoint_location", own.checkpoint.is_some()),
-        ("trigger", own.trigger != defaults.trigger),
-        ("pipeline_name", own.pipeline_name.is_some()),
-        (
-            "state_snapshot_interval",
-            own.state_snapshot_interval != defaults.state_snapshot_interval,
-        ),
-        (
-            "state_retained_snapshots",
-            own.state_retained_snapshots != defaults.state_retained_snapshots,
-        ),
-        ("tasks", own.tasks != defaults.tasks),
-        ("task_group", own.task_group != defaults.task_group),
-        ("task_threads", own.task_threads != defaults.task_threads),
-    ];
-    match set.iter().find(|(_, is_set)| *is_set) {
-        Some((setting, _)) => Err(SluiceError::config(format!(
-            "statement {index} of the statement set sets its own {setting}, which applies to \
+    match writer.settings.first_set() {
+        Some(setting) => Err(SluiceError::config(format!(
+            "statement {index} of the statement set sets its own '{setting}', which applies to \
              the whole query: set it on the statement set instead"
         ))),
         None => Ok(()),
@@ -306,5 +246,38 @@ fn key_prefix(index: usize, statements: usize, writer: &DataStreamWriter) -> Str
         (1, _) => String::new(),
         (_, Some(name)) => format!("{index}.{name}/"),
         (_, None) => format!("{index}/"),
+    }
+}
+
+/// A writer started alone runs as a statement set of one, and explains
+/// itself as one.
+impl DataStreamWriter {
+    /// The incremental plan, without starting anything.
+    pub fn explain(&self) -> Result<String> {
+        self.explain_in(&self.settings)
+    }
+
+    /// The incremental plan as it runs with the query-wide `settings` (a
+    /// statement set's): divided into tasks, its sub-topologies when its
+    /// GROUP BY goes through a repartition step.
+    pub(crate) fn explain_in(&self, settings: &QuerySettings) -> Result<String> {
+        let plan = self.plan()?;
+        let mut out = self.explain_plan(&plan);
+        out.push_str(&crate::planner::explain_tasks(settings));
+        if settings.tasks == crate::Tasks::PerPartition && super::repartition::needed(&plan) {
+            out.push_str(&super::repartition::explain(self.clone(), &plan, settings)?);
+        }
+        Ok(out)
+    }
+
+    /// Plans the query, opens its checkpoint and sink, and starts its epoch
+    /// loop on the current tokio runtime. Mistakes in the query or options
+    /// are reported here, before anything runs.
+    pub async fn start(mut self) -> Result<StreamingQuery> {
+        let settings = std::mem::take(&mut self.settings);
+        StatementSet::with_settings(&self.frame.session, settings)
+            .add_insert(self)
+            .start()
+            .await
     }
 }

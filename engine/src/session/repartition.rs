@@ -37,12 +37,12 @@ use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Column;
 use datafusion::logical_expr::{Aggregate, Distinct, Expr, LogicalPlan, LogicalPlanBuilder};
 
+use super::frame::DataStreamWriter;
+use super::Session;
 use crate::connector::RepartitionArgs;
 use crate::error::{Result, SluiceError};
-use crate::frame::DataStreamWriter;
 use crate::launch::SinkChoice;
-use crate::planner::{unwrap_external, IncrementalPlan};
-use crate::session::Session;
+use crate::planner::IncrementalPlan;
 use crate::table::{as_stream_table, StreamDefinition};
 
 /// A channel's stream name (and its statements' checkpoint keys).
@@ -55,7 +55,7 @@ fn step_name(index: usize) -> String {
 pub(crate) fn needed(plan: &IncrementalPlan) -> bool {
     plan.aggregate
         .as_ref()
-        .is_some_and(|a| !crate::task::keyed_by_partition(&a.aggregate))
+        .is_some_and(|a| !crate::planner::keyed_by_partition(&a.aggregate))
 }
 
 /// `writers` (planned undivided as `plans`) for a query divided into
@@ -257,7 +257,7 @@ fn split(
                 node.recompute_schema().map(Transformed::yes)
             }
         })
-        .map_err(unwrap_external)?
+        .map_err(SluiceError::from)?
         .data;
     let downstream = writer.with_frame(session.frame(downstream_plan));
     Ok(Step {

@@ -27,6 +27,7 @@ use datafusion::arrow::record_batch::RecordBatch;
 use prost_reflect::{DeserializeOptions, DynamicMessage, MessageDescriptor, SerializeOptions};
 use sluice_engine::{columns, Result, SluiceError};
 
+use super::json::{decode_json, JsonLines};
 use crate::registry::{Registry, Writers};
 
 /// The name of the file a registry's schema text is compiled as.
@@ -272,7 +273,7 @@ impl ProtobufConfluentDecoder {
                 .map_err(|e| SluiceError::plan(format!("protobuf message to row: {e}")))?;
             rows.push(row);
         }
-        crate::source::decode_json(&self.schema, rows.iter().map(Vec::as_slice))
+        decode_json(&self.schema, rows.iter().map(Vec::as_slice))
     }
 }
 
@@ -422,8 +423,7 @@ impl ProtobufEncoder {
     /// One message per row of `batch`.
     pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Vec<Vec<u8>>> {
         let options = DeserializeOptions::new().deny_unknown_fields(true);
-        crate::encode::Format::Json
-            .encode(batch)?
+        JsonLines::encode(batch)?
             .rows()
             .map(|json| {
                 let mut de = serde_json::Deserializer::from_slice(json);

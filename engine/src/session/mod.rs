@@ -12,13 +12,112 @@ use datafusion::prelude::{SessionConfig, SessionContext};
 
 use crate::connector::{Connector, ConnectorRegistry, SourceArgs};
 use crate::error::{Result, SluiceError};
-use crate::frame::StreamFrame;
 use crate::options::Options;
 use crate::progress::StreamingQueryListener;
 use crate::query::StreamingQuery;
 use crate::source::{MemorySourceFactory, MemoryStream, SourceFactory};
-use crate::statement_set::StatementSet;
 use crate::table::{StreamDefinition, StreamTable};
+
+/// The query-wide settings' builder methods, the same on a
+/// [`DataStreamWriter`] and a [`StatementSet`]: written once here.
+macro_rules! query_settings_builder {
+    ($builder:ty) => {
+        impl $builder {
+            /// Where the query records its progress; required by sinks whose
+            /// output outlives the process (Kafka, files).
+            pub fn checkpoint_location(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+                self.settings.checkpoint = Some(dir.into());
+                self
+            }
+
+            /// When epochs run.
+            pub fn trigger(mut self, trigger: $crate::Trigger) -> Self {
+                self.settings.trigger = trigger;
+                self
+            }
+
+            /// How often operator state is written whole: every `epochs`
+            /// state files, the others being deltas of one epoch's changes
+            /// (default 10; 1 writes a snapshot every epoch). Restoring reads
+            /// the last snapshot and at most `epochs - 1` deltas.
+            pub fn state_snapshot_interval(mut self, epochs: u64) -> Self {
+                self.settings.state_snapshot_interval = epochs.max(1);
+                self
+            }
+
+            /// How many snapshots (each with its deltas) stay in the
+            /// checkpoint (default 2); older state files are deleted once a
+            /// newer snapshot is committed.
+            pub fn state_retained_snapshots(mut self, snapshots: usize) -> Self {
+                self.settings.state_retained_snapshots = snapshots.max(1);
+                self
+            }
+
+            /// Every query-wide setting at once, replacing those set before
+            /// (the SQL `SET`s arrive this way).
+            pub fn settings(mut self, settings: $crate::QuerySettings) -> Self {
+                self.settings = settings;
+                self
+            }
+
+            /// The query's stable identity, whatever its checkpoint location
+            /// (SQL: `SET 'pipeline.name'`; see
+            /// [`QuerySettings::pipeline_name`](crate::QuerySettings::pipeline_name)).
+            pub fn pipeline_name(mut self, name: &str) -> Self {
+                self.settings.pipeline_name = Some(name.to_string());
+                self
+            }
+
+            /// The query's name (progress, logs, metrics).
+            pub fn query_name(mut self, name: &str) -> Self {
+                self.settings.name = Some(name.to_string());
+                self
+            }
+
+            /// One query-wide setting by its SQL name and from its text, as
+            /// `SET` takes it (a row of [`SETTINGS`](crate::SETTINGS)):
+            /// `.set("outage.limit", "1 minute")?`.
+            pub fn set(mut self, name: &str, value: &str) -> $crate::Result<Self> {
+                self.settings.set(name, value)?;
+                Ok(self)
+            }
+        }
+    };
+}
+
+/// A connector's options taken one by one or several at once, the same on
+/// a [`DataStreamReader`] and a [`DataStreamWriter`]: written once here.
+macro_rules! connector_options_builder {
+    ($builder:ty) => {
+        impl $builder {
+            /// One connector option.
+            pub fn option(mut self, key: &str, value: impl Into<String>) -> Self {
+                self.options.set(key, value);
+                self
+            }
+
+            /// Several connector options.
+            pub fn options<K: AsRef<str>, V: Into<String>>(
+                mut self,
+                pairs: impl IntoIterator<Item = (K, V)>,
+            ) -> Self {
+                for (k, v) in pairs {
+                    self.options.set(k.as_ref(), v);
+                }
+                self
+            }
+        }
+    };
+}
+
+connector_options_builder!(DataStreamReader);
+
+pub(crate) mod frame;
+pub(crate) mod repartition;
+pub(crate) mod statement_set;
+
+use frame::StreamFrame;
+use statement_set::StatementSet;
 
 /// A Sluice session: declares streams, starts queries, and holds the
 /// DataFusion `SessionContext` they are planned in (register UDFs there).
@@ -308,23 +407,6 @@ impl DataStreamReader {
     /// The connector: `"rate"`, `"files"`, `"kafka"`, ...
     pub fn format(mut self, connector: &str) -> Self {
         self.format = Some(connector.to_string());
-        self
-    }
-
-    /// One connector option.
-    pub fn option(mut self, key: &str, value: impl Into<String>) -> Self {
-        self.options.set(key, value);
-        self
-    }
-
-    /// Several connector options.
-    pub fn options<K: AsRef<str>, V: Into<String>>(
-        mut self,
-        pairs: impl IntoIterator<Item = (K, V)>,
-    ) -> Self {
-        for (k, v) in pairs {
-            self.options.set(k.as_ref(), v);
-        }
         self
     }
 

@@ -1,11 +1,12 @@
-//! Record batches to Kafka message bytes, column-at-a-time.
+//! Message formats: record batches to Kafka message bytes,
+//! column-at-a-time, and the decoders of each format (`json`, `avro`,
+//! `protobuf`).
 //!
 //! JSON rows come from arrow-json's line-delimited writer over the whole
-//! batch (JSON escapes newlines inside strings, so the line breaks are
-//! exactly the row boundaries), and stay in that one buffer; `raw` rows are
+//! batch ([`json`]), and stay in that one buffer; `raw` rows are
 //! the bytes of a single string or binary column, borrowed from it; CSV rows
 //! come from arrow-csv per row; Avro rows from arrow-avro's row encoder
-//! ([`crate::avro`]), single-object encoded or in the Confluent wire format.
+//! ([`avro`]), single-object encoded or in the Confluent wire format.
 //! A JSON or raw batch thus costs the producer no allocation per row.
 
 use arrow_avro::schema::FingerprintStrategy;
@@ -13,9 +14,14 @@ use datafusion::arrow::array::{
     Array, AsArray, BinaryArray, LargeStringArray, StringArray, StringViewArray,
 };
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
-use datafusion::arrow::json::LineDelimitedWriter;
 use datafusion::arrow::record_batch::RecordBatch;
 use sluice_engine::{columns, Result, SluiceError};
+
+pub(crate) mod avro;
+pub(crate) mod json;
+pub(crate) mod protobuf;
+
+use json::JsonLines;
 
 /// A message's key (if any) and value.
 pub type Message = (Option<Vec<u8>>, Vec<u8>);
@@ -41,11 +47,8 @@ pub struct Encoded(Rows);
 
 #[derive(Debug)]
 enum Rows {
-    /// Rows back to back, each ended by a newline at `ends[i]`.
-    Lines {
-        bytes: Vec<u8>,
-        ends: Vec<usize>,
-    },
+    /// JSON rows back to back in one buffer.
+    Json(JsonLines),
     /// The column's own bytes (a null is an empty message).
     Utf8(StringArray),
     LargeUtf8(LargeStringArray),
@@ -59,7 +62,7 @@ impl Encoded {
     /// The number of rows.
     pub fn len(&self) -> usize {
         match &self.0 {
-            Rows::Lines { ends, .. } => ends.len(),
+            Rows::Json(lines) => lines.len(),
             Rows::Utf8(a) => a.len(),
             Rows::LargeUtf8(a) => a.len(),
             Rows::Utf8View(a) => a.len(),
@@ -83,10 +86,7 @@ impl Encoded {
             }
         }
         match &self.0 {
-            Rows::Lines { bytes, ends } => {
-                let start = if i == 0 { 0 } else { ends[i - 1] + 1 };
-                &bytes[start..ends[i]]
-            }
+            Rows::Json(lines) => lines.row(i),
             Rows::Utf8(a) => or_empty(a.is_valid(i), a.value(i)),
             Rows::LargeUtf8(a) => or_empty(a.is_valid(i), a.value(i)),
             Rows::Utf8View(a) => or_empty(a.is_valid(i), a.value(i)),
@@ -147,11 +147,11 @@ pub enum Format {
     Csv,
     /// The bytes of the single column `value`.
     Raw,
-    /// One Avro record per message, single-object encoded (see [`crate::avro`]).
+    /// One Avro record per message, single-object encoded (see [`avro`]).
     Avro,
     /// One Avro record per message in the Confluent wire format, written
     /// with the schema the registry knows by `schema_id` (see
-    /// [`crate::avro`]).
+    /// [`avro`]).
     AvroConfluent {
         /// The registry's id of the schema derived from the columns.
         schema_id: u32,
@@ -184,10 +184,10 @@ impl Format {
     /// Checks that rows with `schema` can be written in this format.
     pub fn check(&self, schema: &SchemaRef) -> Result<()> {
         if matches!(self, Self::Avro | Self::AvroConfluent { .. }) {
-            crate::avro::schema_json(schema)?;
+            avro::schema_json(schema)?;
         }
         if matches!(self, Self::ProtobufConfluent { .. }) {
-            crate::protobuf::proto_schema(schema)?;
+            protobuf::proto_schema(schema)?;
         }
         if *self == Self::Raw {
             let ok = schema.fields().len() == 1
@@ -236,7 +236,7 @@ impl Format {
     /// One encoded message per row of `batch`.
     pub fn encode(&self, batch: &RecordBatch) -> Result<Encoded> {
         Ok(Encoded(match self {
-            Self::Json => encode_json(batch)?,
+            Self::Json => Rows::Json(JsonLines::encode(batch)?),
             Self::Csv => Rows::Each(
                 (0..batch.num_rows())
                     .map(|i| {
@@ -253,13 +253,12 @@ impl Format {
                     })
                     .collect::<Result<_>>()?,
             ),
-            Self::Avro => Rows::Each(crate::avro::encode(batch, FingerprintStrategy::Rabin)?),
-            Self::AvroConfluent { schema_id } => Rows::Each(crate::avro::encode(
-                batch,
-                FingerprintStrategy::Id(*schema_id),
-            )?),
+            Self::Avro => Rows::Each(avro::encode(batch, FingerprintStrategy::Rabin)?),
+            Self::AvroConfluent { schema_id } => {
+                Rows::Each(avro::encode(batch, FingerprintStrategy::Id(*schema_id))?)
+            }
             Self::ProtobufConfluent { schema_id } => {
-                Rows::Each(crate::protobuf::encode(batch, *schema_id)?)
+                Rows::Each(protobuf::encode(batch, *schema_id)?)
             }
             Self::Raw => {
                 let col = batch.column(0);
@@ -328,24 +327,6 @@ pub(crate) fn key_indices(list: &str, schema: &SchemaRef, kind: &str) -> Result<
 /// what a value holds with `'value.fields-include' = 'EXCEPT_KEY'`.
 pub(crate) fn except_key(count: usize, key_fields: &[usize]) -> Vec<usize> {
     (0..count).filter(|i| !key_fields.contains(i)).collect()
-}
-
-fn encode_json(batch: &RecordBatch) -> Result<Rows> {
-    let mut bytes = Vec::with_capacity(batch.num_rows() * 32);
-    {
-        let mut w = LineDelimitedWriter::new(&mut bytes);
-        w.write(batch)?;
-        w.finish()?;
-    }
-    let ends: Vec<usize> = memchr::memchr_iter(b'\n', &bytes).collect();
-    if ends.len() != batch.num_rows() {
-        return Err(SluiceError::Internal(format!(
-            "JSON encoder produced {} lines for {} rows",
-            ends.len(),
-            batch.num_rows()
-        )));
-    }
-    Ok(Rows::Lines { bytes, ends })
 }
 
 #[cfg(test)]

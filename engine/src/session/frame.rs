@@ -16,19 +16,17 @@ use datafusion::dataframe::DataFrame;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::{ident, Expr};
 
+use super::Session;
 use crate::error::{Result, SluiceError};
-use crate::launch::{QuerySettings, SinkChoice};
+use crate::launch::SinkChoice;
 use crate::options::Options;
 use crate::output_mode::OutputMode;
 use crate::planner::{self, IncrementalPlan};
-use crate::query::StreamingQuery;
 use crate::reference::BatchQuery;
-use crate::session::Session;
+use crate::settings::QuerySettings;
 use crate::sink::{MemorySink, Sink};
-use crate::statement_set::StatementSet;
 use crate::table::as_stream_table;
 use crate::task::TaskId;
-use crate::trigger::Trigger;
 use crate::watermark::WatermarkSpec;
 use crate::window::Window;
 
@@ -154,7 +152,7 @@ impl StreamFrame {
                     ..scan
                 })))
             })
-            .map_err(planner::unwrap_external)?
+            .map_err(SluiceError::from)?
             .data;
         if found == 0 {
             return Err(SluiceError::plan(format!(
@@ -265,6 +263,9 @@ impl StreamFrame {
     }
 }
 
+query_settings_builder!(DataStreamWriter);
+connector_options_builder!(DataStreamWriter);
+
 /// Builds and starts a query (Spark's `DataStreamWriter`).
 #[derive(Debug, Clone)]
 pub struct DataStreamWriter {
@@ -279,23 +280,6 @@ impl DataStreamWriter {
     /// The sink connector: `"kafka"`, `"console"`, `"blackhole"`, ...
     pub fn format(mut self, connector: &str) -> Self {
         self.sink = SinkChoice::Connector(connector.to_string());
-        self
-    }
-
-    /// One sink option.
-    pub fn option(mut self, key: &str, value: impl Into<String>) -> Self {
-        self.options.set(key, value);
-        self
-    }
-
-    /// Several sink options.
-    pub fn options<K: AsRef<str>, V: Into<String>>(
-        mut self,
-        pairs: impl IntoIterator<Item = (K, V)>,
-    ) -> Self {
-        for (k, v) in pairs {
-            self.options.set(k.as_ref(), v);
-        }
         self
     }
 
@@ -316,63 +300,13 @@ impl DataStreamWriter {
         self
     }
 
-    /// Where the query records its progress; required by sinks whose output
-    /// outlives the process (Kafka, files).
-    pub fn checkpoint_location(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.settings.checkpoint = Some(dir.into());
-        self
-    }
-
-    /// When epochs run.
-    pub fn trigger(mut self, trigger: Trigger) -> Self {
-        self.settings.trigger = trigger;
-        self
-    }
-
-    /// How often operator state is written whole: every `epochs` state
-    /// files, the others being deltas of one epoch's changes (default 10;
-    /// 1 writes a snapshot every epoch). Restoring reads the last snapshot
-    /// and at most `epochs - 1` deltas.
-    pub fn state_snapshot_interval(mut self, epochs: u64) -> Self {
-        self.settings.state_snapshot_interval = epochs.max(1);
-        self
-    }
-
-    /// How many snapshots (each with its deltas) stay in the checkpoint
-    /// (default 2); older state files are deleted once a newer snapshot is
-    /// committed.
-    pub fn state_retained_snapshots(mut self, snapshots: usize) -> Self {
-        self.settings.state_retained_snapshots = snapshots.max(1);
-        self
-    }
-
-    /// Every query-wide setting at once, replacing those set before (the
-    /// SQL `SET`s arrive this way).
-    pub fn settings(mut self, settings: QuerySettings) -> Self {
-        self.settings = settings;
-        self
-    }
-
-    /// The query's stable identity, whatever its checkpoint location
-    /// (SQL: `SET 'pipeline.name'`; see [`QuerySettings::pipeline_name`]).
-    pub fn pipeline_name(mut self, name: &str) -> Self {
-        self.settings.pipeline_name = Some(name.to_string());
-        self
-    }
-
-    /// The query's name (progress, logs, metrics).
-    pub fn query_name(mut self, name: &str) -> Self {
-        self.settings.name = Some(name.to_string());
-        self
-    }
-
     /// The same statement over `frame` (its sink, options and settings
     /// kept).
     pub(crate) fn with_frame(self, frame: StreamFrame) -> Self {
         Self { frame, ..self }
     }
 
-    fn plan(&self) -> Result<IncrementalPlan> {
+    pub(super) fn plan(&self) -> Result<IncrementalPlan> {
         self.plan_with_keys("", None)
     }
 
@@ -391,24 +325,6 @@ impl DataStreamWriter {
             key_prefix,
             task,
         )
-    }
-
-    /// The incremental plan, without starting anything.
-    pub fn explain(&self) -> Result<String> {
-        self.explain_in(&self.settings)
-    }
-
-    /// The incremental plan as it runs with the query-wide `settings` (a
-    /// statement set's): divided into tasks, its sub-topologies when its
-    /// GROUP BY goes through a repartition step.
-    pub(crate) fn explain_in(&self, settings: &QuerySettings) -> Result<String> {
-        let plan = self.plan()?;
-        let mut out = self.explain_plan(&plan);
-        out.push_str(&crate::task::explain(settings));
-        if settings.tasks == crate::Tasks::PerPartition && crate::repartition::needed(&plan) {
-            out.push_str(&crate::repartition::explain(self.clone(), &plan, settings)?);
-        }
-        Ok(out)
     }
 
     /// `plan`, planned from this writer, described with its sink.
@@ -445,16 +361,5 @@ impl DataStreamWriter {
             checkpoint,
             plan: self.plan_with_keys(key_prefix, None)?,
         })
-    }
-
-    /// Plans the query, opens its checkpoint and sink, and starts its epoch
-    /// loop on the current tokio runtime. Mistakes in the query or options
-    /// are reported here, before anything runs.
-    pub async fn start(mut self) -> Result<StreamingQuery> {
-        let settings = std::mem::take(&mut self.settings);
-        StatementSet::with_settings(&self.frame.session, settings)
-            .add_insert(self)
-            .start()
-            .await
     }
 }

@@ -1,0 +1,122 @@
+//! How a query divides into tasks (`'tasks' = 'per-partition'`): how many
+//! tasks its inputs make, whether a GROUP BY is already partitioned by its
+//! key, and what EXPLAIN says of it.
+
+use datafusion::common::Column;
+use datafusion::logical_expr::{Expr, LogicalPlan};
+
+use super::IncrementalPlan;
+use crate::error::{Result, SluiceError};
+use crate::settings::QuerySettings;
+use crate::task::Tasks;
+
+/// What EXPLAIN says of how `settings` divide the query: nothing for one
+/// task.
+pub(crate) fn explain(settings: &QuerySettings) -> String {
+    match (settings.tasks, settings.task_group) {
+        (Tasks::One, _) => String::new(),
+        (Tasks::PerPartition, false) => {
+            "tasks: one per partition of the inputs (counted at start), each committing alone, \
+             all in this process\n"
+                .into()
+        }
+        (Tasks::PerPartition, true) => {
+            "tasks: one per partition of the inputs (counted at start), each committing alone, \
+             shared with the other processes of the query through its Kafka group \
+             ('tasks.group')\n"
+                .into()
+        }
+    }
+}
+
+/// How many tasks `plans` (planned undivided) divide into under
+/// `'tasks' = 'per-partition'`: their inputs' common partition count.
+/// Refuses, naming the statement and the reason, a query whose answer
+/// would change if divided, and inputs that cannot be divided or differ in
+/// partition count.
+pub(crate) async fn count(plans: &[IncrementalPlan]) -> Result<u32> {
+    let refuse = |why: String| {
+        SluiceError::config(format!(
+            "'tasks' = 'per-partition' cannot divide this query: {why}. Run it as one task \
+             (SET 'tasks' = '1')"
+        ))
+    };
+    for (index, plan) in plans.iter().enumerate() {
+        let which = if plans.len() == 1 {
+            "the query".to_string()
+        } else {
+            format!("statement {index}")
+        };
+        if plan.join.is_some() || !plan.stages.is_empty() {
+            return Err(refuse(format!(
+                "{which} joins streams or stacks stateful operators, which tasks cannot \
+                 divide yet"
+            )));
+        }
+    }
+    let mut counts = Vec::new();
+    for input in plans.iter().flat_map(|p| &p.inputs) {
+        match input.source.partition_count().await? {
+            Some(n) => counts.push((n, &input.description)),
+            None => {
+                return Err(refuse(format!(
+                    "{} cannot be divided by partition (only Kafka streams can)",
+                    input.description
+                )))
+            }
+        }
+    }
+    let Some(&(first, _)) = counts.first() else {
+        return Err(refuse("it reads no stream".into()));
+    };
+    if let Some((n, which)) = counts.iter().find(|(n, _)| *n != first) {
+        return Err(refuse(format!(
+            "its inputs have different partition counts ({first} for {}, {n} for {which}), and \
+             task i reads partition i of every input",
+            counts[0].1
+        )));
+    }
+    if first == 0 {
+        return Err(refuse("its input has no partitions".into()));
+    }
+    Ok(first)
+}
+
+/// Whether one of the GROUP BY keys of `aggregate` is an input's `_key`
+/// or `_partition`, passed through projections, filters and aliases
+/// unchanged.
+pub(crate) fn keyed_by_partition(aggregate: &LogicalPlan) -> bool {
+    let LogicalPlan::Aggregate(a) = aggregate else {
+        return false;
+    };
+    a.group_expr.iter().any(|e| match e {
+        Expr::Column(c) => from_partitioning_column(&a.input, c),
+        _ => false,
+    })
+}
+
+/// Whether `column` of `plan`'s output is a scanned stream's `_key` or
+/// `_partition` column, unchanged.
+fn from_partitioning_column(plan: &LogicalPlan, column: &Column) -> bool {
+    let Ok(index) = plan.schema().index_of_column(column) else {
+        return false;
+    };
+    match plan {
+        LogicalPlan::TableScan(_) => {
+            matches!(
+                plan.schema().field(index).name().as_str(),
+                "_key" | "_partition"
+            )
+        }
+        LogicalPlan::Projection(p) => match p.expr[index].clone().unalias() {
+            Expr::Column(c) => from_partitioning_column(&p.input, &c),
+            _ => false,
+        },
+        LogicalPlan::Filter(_) | LogicalPlan::SubqueryAlias(_) => {
+            let input = plan.inputs()[0];
+            let (qualifier, field) = input.schema().qualified_field(index);
+            from_partitioning_column(input, &Column::from((qualifier, field)))
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,107 @@
+//! JSON rows: a batch to one line per row (arrow-json's line-delimited
+//! writer), and message values, one object each, to a batch (arrow-json's
+//! vectorised decoder). Every JSON path of the crate goes through here: the
+//! JSON format itself, the Protobuf encoder (rows to JSON to messages) and
+//! Debezium change events.
+
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::json::{LineDelimitedWriter, ReaderBuilder};
+use datafusion::arrow::record_batch::RecordBatch;
+use sluice_engine::{Result, SluiceError};
+
+/// A batch's rows as JSON objects back to back in one buffer, row `i`
+/// ended by the newline at `ends[i]`. JSON escapes newlines inside
+/// strings, so the line breaks are exactly the row boundaries.
+#[derive(Debug)]
+pub(crate) struct JsonLines {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl JsonLines {
+    /// Every row of `batch`, one object each.
+    pub(crate) fn encode(batch: &RecordBatch) -> Result<Self> {
+        let mut bytes = Vec::with_capacity(batch.num_rows() * 32);
+        {
+            let mut w = LineDelimitedWriter::new(&mut bytes);
+            w.write(batch)?;
+            w.finish()?;
+        }
+        let ends: Vec<usize> = memchr::memchr_iter(b'\n', &bytes).collect();
+        if ends.len() != batch.num_rows() {
+            return Err(SluiceError::Internal(format!(
+                "JSON encoder produced {} lines for {} rows",
+                ends.len(),
+                batch.num_rows()
+            )));
+        }
+        Ok(Self { bytes, ends })
+    }
+
+    /// The number of rows.
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Row `i`'s object, without its newline.
+    pub(crate) fn row(&self, i: usize) -> &[u8] {
+        let start = if i == 0 { 0 } else { self.ends[i - 1] + 1 };
+        &self.bytes[start..self.ends[i]]
+    }
+
+    /// Every row, in order.
+    pub(crate) fn rows(&self) -> impl Iterator<Item = &[u8]> {
+        (0..self.len()).map(|i| self.row(i))
+    }
+}
+
+/// Decodes JSON message values, one object each, into one batch of
+/// `schema` (arrow-json's vectorised decoder): the Kafka source's fast
+/// path, public so that `benches/micro.rs` can measure it alone. Every
+/// message must be exactly one object of `schema`: one that holds none
+/// (blank), more than one, or something else is an error, and the source
+/// then decodes record by record to name (or skip) the bad one.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use sluice_engine::arrow::datatypes::{DataType, Field, Schema};
+/// let schema = Arc::new(Schema::new(vec![Field::new("price", DataType::Int64, true)]));
+/// let values: [&[u8]; 2] = [br#"{"price": 7}"#, br#"{"price": 9}"#];
+/// let batch = sluice_kafka::decode_json(&schema, values)?;
+/// assert_eq!(batch.num_rows(), 2);
+/// let two_in_one: [&[u8]; 2] = [br#"{"price": 7}{"price": 8}"#, br#"{"price": 9}"#];
+/// assert!(sluice_kafka::decode_json(&schema, two_in_one).is_err());
+/// # Ok::<(), sluice_engine::SluiceError>(())
+/// ```
+pub fn decode_json<'a>(
+    schema: &SchemaRef,
+    values: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<RecordBatch> {
+    let values = values.into_iter();
+    let mut decoder = ReaderBuilder::new(Arc::clone(schema))
+        .with_batch_size(values.size_hint().0.max(1))
+        .build_decoder()?;
+    for value in values {
+        // One message, one value: the decoder stops early once its batch
+        // is full, so a message of two values would push the last
+        // message's row out unseen, and a message of half a value would
+        // merge with the next.
+        let before = decoder.len();
+        let read = decoder.decode(value)? + decoder.decode(b"\n")?;
+        if read != value.len() + 1 || decoder.has_partial_record() || decoder.len() != before + 1 {
+            let values = decoder.len() - before;
+            return Err(ArrowError::JsonError(if values == 0 {
+                "the message holds no JSON value".into()
+            } else {
+                format!("the message holds {values} or more JSON values, not one")
+            })
+            .into());
+        }
+    }
+    Ok(decoder
+        .flush()?
+        .unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(schema))))
+}
