@@ -173,12 +173,11 @@ impl Metrics {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        let mut out = Exposition::default();
-        out.query_families(&queries);
-        out.task_families(&queries);
-        out.epoch_durations(&queries);
-        out.process_families();
-        out.0
+        Scrape {
+            queries: &queries,
+            out: String::new(),
+        }
+        .write()
     }
 
     /// Serves [`render`](Self::render) at `http://addr/metrics` from a
@@ -240,114 +239,160 @@ impl Metrics {
     }
 }
 
-/// The text exposition being written: one family after another.
-#[derive(Default)]
-struct Exposition(String);
+/// A family with one value per query: its name, type, help, and the
+/// query's value.
+type PerQuery = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&QueryMetrics) -> Option<f64>,
+);
 
-impl Exposition {
+/// Every family with one value per query, in the order scraped.
+const PER_QUERY: &[PerQuery] = &[
+    (
+        "sluice_query_starts_total",
+        "counter",
+        "Times the query started (1 + restarts and recoveries in this process).",
+        |q| Some(q.starts as f64),
+    ),
+    (
+        "sluice_epochs_committed_total",
+        "counter",
+        "Epochs committed.",
+        |q| Some(q.epochs as f64),
+    ),
+    (
+        "sluice_input_rows_total",
+        "counter",
+        "Rows read by the query's sources.",
+        |q| Some(q.input_rows as f64),
+    ),
+    (
+        "sluice_output_rows_total",
+        "counter",
+        "Rows written to the sink.",
+        |q| Some(q.output_rows as f64),
+    ),
+    (
+        "sluice_late_rows_total",
+        "counter",
+        "Rows dropped for arriving behind the watermark.",
+        |q| Some(q.late_rows as f64),
+    ),
+    (
+        "sluice_recoveries_total",
+        "counter",
+        "In-process recoveries after an external system (a broker) failed an epoch.",
+        |q| Some(q.sum(|t| t.recoveries) as f64),
+    ),
+    (
+        "sluice_skipped_records_total",
+        "counter",
+        "Malformed input records dropped ('format.on-error' = 'skip').",
+        |q| Some(q.skipped_records as f64),
+    ),
+    (
+        "sluice_lost_records_total",
+        "counter",
+        "Input records deleted before they were read and skipped ('fail-on-data-loss' = 'false').",
+        |q| Some(q.lost_records as f64),
+    ),
+    (
+        "sluice_dead_lettered_records_total",
+        "counter",
+        "Malformed input records written to the dead-letter topic.",
+        |q| Some(q.dead_lettered_records as f64),
+    ),
+    (
+        "sluice_state_rows",
+        "gauge",
+        "Rows held in operator state.",
+        |q| Some(q.sum(|t| t.state_rows) as f64),
+    ),
+    (
+        "sluice_state_bytes",
+        "gauge",
+        "Bytes held in operator state.",
+        |q| Some(q.sum(|t| t.state_bytes) as f64),
+    ),
+    (
+        "sluice_watermark_seconds",
+        "gauge",
+        "The query's event-time watermark, seconds since the Unix epoch.",
+        QueryMetrics::watermark,
+    ),
+];
+
+/// A gauge with one value per task of a divided query: its name, help,
+/// and the task's value.
+type PerTask = (&'static str, &'static str, fn(&TaskGauges) -> f64);
+
+/// Every family with one value per task of a divided query.
+const PER_TASK: &[PerTask] = &[
+    (
+        "sluice_task_epoch",
+        "A task's last committed epoch (queries divided into tasks).",
+        |t| t.epoch as f64,
+    ),
+    (
+        "sluice_task_state_rows",
+        "Rows held in a task's operator state (queries divided into tasks).",
+        |t| t.state_rows as f64,
+    ),
+];
+
+/// One scrape in the Prometheus text exposition format, written family
+/// after family from the queries' metrics as they were.
+struct Scrape<'a> {
+    queries: &'a BTreeMap<String, QueryMetrics>,
+    out: String,
+}
+
+impl Scrape<'_> {
     /// One family: its help and type, then a line per labelled value.
     fn family(&mut self, name: &str, kind: &str, help: &str, rows: Vec<(String, f64)>) {
-        let _ = writeln!(self.0, "# HELP {name} {help}");
-        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
         for (labels, value) in rows {
-            let _ = writeln!(self.0, "{name}{labels} {value}");
+            let _ = writeln!(self.out, "{name}{labels} {value}");
         }
     }
 
-    /// The families with a value per query, and the sources' lag.
-    fn query_families(&mut self, queries: &BTreeMap<String, QueryMetrics>) {
-        self.family(
-            "sluice_query_starts_total",
-            "counter",
-            "Times the query started (1 + restarts and recoveries in this process).",
-            per_query(queries, &|q| Some(q.starts as f64)),
-        );
-        self.family(
-            "sluice_epochs_committed_total",
-            "counter",
-            "Epochs committed.",
-            per_query(queries, &|q| Some(q.epochs as f64)),
-        );
-        self.family(
-            "sluice_input_rows_total",
-            "counter",
-            "Rows read by the query's sources.",
-            per_query(queries, &|q| Some(q.input_rows as f64)),
-        );
-        self.family(
-            "sluice_output_rows_total",
-            "counter",
-            "Rows written to the sink.",
-            per_query(queries, &|q| Some(q.output_rows as f64)),
-        );
-        self.family(
-            "sluice_late_rows_total",
-            "counter",
-            "Rows dropped for arriving behind the watermark.",
-            per_query(queries, &|q| Some(q.late_rows as f64)),
-        );
-        self.family(
-            "sluice_recoveries_total",
-            "counter",
-            "In-process recoveries after an external system (a broker) failed an epoch.",
-            per_query(queries, &|q| Some(q.sum(|t| t.recoveries) as f64)),
-        );
-        self.family(
-            "sluice_skipped_records_total",
-            "counter",
-            "Malformed input records dropped ('format.on-error' = 'skip').",
-            per_query(queries, &|q| Some(q.skipped_records as f64)),
-        );
-        self.family(
-            "sluice_lost_records_total",
-            "counter",
-            "Input records deleted before they were read and skipped ('fail-on-data-loss' = 'false').",
-            per_query(queries, &|q| Some(q.lost_records as f64)),
-        );
-        self.family(
-            "sluice_dead_lettered_records_total",
-            "counter",
-            "Malformed input records written to the dead-letter topic.",
-            per_query(queries, &|q| Some(q.dead_lettered_records as f64)),
-        );
-        self.family(
-            "sluice_state_rows",
-            "gauge",
-            "Rows held in operator state.",
-            per_query(queries, &|q| Some(q.sum(|t| t.state_rows) as f64)),
-        );
-        self.family(
-            "sluice_state_bytes",
-            "gauge",
-            "Bytes held in operator state.",
-            per_query(queries, &|q| Some(q.sum(|t| t.state_bytes) as f64)),
-        );
-        self.family(
-            "sluice_watermark_seconds",
-            "gauge",
-            "The query's event-time watermark, seconds since the Unix epoch.",
-            per_query(queries, &|q| q.watermark()),
-        );
+    /// `f` of each query, labelled with the query's name.
+    fn per_query(&self, f: impl Fn(&QueryMetrics) -> Option<f64>) -> Vec<(String, f64)> {
+        self.queries
+            .iter()
+            .filter_map(|(name, q)| Some((format!("{{query=\"{}\"}}", escape(name)), f(q)?)))
+            .collect()
+    }
+
+    /// Every family, in order.
+    fn write(mut self) -> String {
+        for &(name, kind, help, of) in PER_QUERY {
+            let rows = self.per_query(of);
+            self.family(name, kind, help, rows);
+        }
         let now = chrono::Utc::now().timestamp_millis() as f64 / 1e3;
+        let rows = self.per_query(|q| q.watermark().map(|w| now - w));
         self.family(
             "sluice_watermark_lag_seconds",
             "gauge",
             "Wall-clock time minus the watermark.",
-            per_query(queries, &|q| q.watermark().map(|w| now - w)),
+            rows,
         );
-        let lag: Vec<(String, f64)> = queries
+        let queries = self.queries;
+        let lag = queries
             .iter()
             .flat_map(|(name, q)| {
                 q.lag.iter().map(move |((source, partition), lag)| {
-                    (
-                        format!(
-                            "{{query=\"{}\",source=\"{}\",partition=\"{}\"}}",
-                            escape(name),
-                            escape(source),
-                            escape(partition)
-                        ),
-                        *lag as f64,
-                    )
+                    let labels = format!(
+                        "{{query=\"{}\",source=\"{}\",partition=\"{}\"}}",
+                        escape(name),
+                        escape(source),
+                        escape(partition)
+                    );
+                    (labels, *lag as f64)
                 })
             })
             .collect();
@@ -357,28 +402,41 @@ impl Exposition {
             "Records available beyond the last planned epoch, per source partition.",
             lag,
         );
-    }
-
-    /// The families with a value per task of a divided query.
-    fn task_families(&mut self, queries: &BTreeMap<String, QueryMetrics>) {
+        for &(name, help, of) in PER_TASK {
+            let rows = queries
+                .iter()
+                .flat_map(|(query, q)| {
+                    q.tasks.iter().filter_map(move |(task, t)| {
+                        let labels =
+                            format!("{{query=\"{}\",task=\"{}\"}}", escape(query), (*task)?);
+                        Some((labels, of(t)))
+                    })
+                })
+                .collect();
+            self.family(name, "gauge", help, rows);
+        }
+        self.epoch_durations();
+        let (cpu, rss) = process_usage();
+        let unlabelled = |v: Option<f64>| v.map(|v| (String::new(), v)).into_iter().collect();
         self.family(
-            "sluice_task_epoch",
-            "gauge",
-            "A task's last committed epoch (queries divided into tasks).",
-            per_task(queries, &|t| t.epoch as f64),
+            "process_cpu_seconds_total",
+            "counter",
+            "CPU time of the process.",
+            unlabelled(cpu),
         );
         self.family(
-            "sluice_task_state_rows",
+            "process_resident_memory_bytes",
             "gauge",
-            "Rows held in a task's operator state (queries divided into tasks).",
-            per_task(queries, &|t| t.state_rows as f64),
+            "Resident memory of the process.",
+            unlabelled(rss),
         );
+        self.out
     }
 
     /// Each query's epoch durations per phase, a histogram.
-    fn epoch_durations(&mut self, queries: &BTreeMap<String, QueryMetrics>) {
+    fn epoch_durations(&mut self) {
         let mut histogram = Vec::new();
-        for (name, q) in queries {
+        for (name, q) in self.queries {
             for (phase, h) in &q.phases {
                 let labels = format!("query=\"{}\",phase=\"{phase}\"", escape(name));
                 for (bound, count) in BUCKETS.iter().zip(&h.buckets) {
@@ -396,52 +454,10 @@ impl Exposition {
             histogram,
         );
     }
-
-    /// The process's CPU time and memory.
-    fn process_families(&mut self) {
-        let (cpu, rss) = process_usage();
-        self.family(
-            "process_cpu_seconds_total",
-            "counter",
-            "CPU time of the process.",
-            cpu.map(|c| (String::new(), c)).into_iter().collect(),
-        );
-        self.family(
-            "process_resident_memory_bytes",
-            "gauge",
-            "Resident memory of the process.",
-            rss.map(|r| (String::new(), r)).into_iter().collect(),
-        );
-    }
 }
 
-/// `f` of each query, labelled with the query's name.
-fn per_query(
-    queries: &BTreeMap<String, QueryMetrics>,
-    f: &dyn Fn(&QueryMetrics) -> Option<f64>,
-) -> Vec<(String, f64)> {
-    queries
-        .iter()
-        .filter_map(|(name, q)| Some((format!("{{query=\"{}\"}}", escape(name)), f(q)?)))
-        .collect()
-}
-
-/// `f` of each task of each divided query, labelled with both.
-fn per_task(
-    queries: &BTreeMap<String, QueryMetrics>,
-    f: &dyn Fn(&TaskGauges) -> f64,
-) -> Vec<(String, f64)> {
-    queries
-        .iter()
-        .flat_map(|(name, q)| {
-            q.tasks.iter().filter_map(move |(task, t)| {
-                let labels = format!("{{query=\"{}\",task=\"{}\"}}", escape(name), (*task)?);
-                Some((labels, f(t)))
-            })
-        })
-        .collect()
-}
-
+/// A label value as the text format writes it: backslash, quote and
+/// newline escaped.
 fn escape(value: &str) -> String {
     value
         .replace('\\', "\\\\")
@@ -477,6 +493,48 @@ mod tests {
     use super::*;
     use std::net::TcpStream;
     use std::time::Instant;
+
+    /// Every family is written, each once, label values escaped.
+    #[test]
+    fn a_query_s_progress_is_scraped_in_every_family() {
+        let metrics = Metrics::default();
+        let name = "orders \"eu\"";
+        metrics.on_query_started(&QueryStartedEvent {
+            id: "id".into(),
+            run_id: "run".into(),
+            name: name.into(),
+        });
+        let progress = QueryProgress {
+            name: name.into(),
+            epoch: 3,
+            num_input_rows: 40,
+            watermark: Some("2026-01-01T00:00:00Z".into()),
+            ..QueryProgress::default()
+        };
+        metrics.on_query_progress(&progress);
+        metrics.on_query_progress(&progress);
+        let text = metrics.render();
+        let q = r#"query="orders \"eu\"""#;
+        for line in [
+            format!("sluice_epochs_committed_total{{{q}}} 2"),
+            format!("sluice_query_starts_total{{{q}}} 1"),
+            format!("sluice_input_rows_total{{{q}}} 80"),
+            format!("sluice_watermark_seconds{{{q}}} 1767225600"),
+            format!("sluice_epoch_duration_seconds_count{{{q},phase=\"commit\"}} 2"),
+            format!("sluice_epoch_duration_seconds_bucket{{{q},phase=\"commit\",le=\"+Inf\"}} 2"),
+            "# TYPE sluice_epochs_committed_total counter".to_string(),
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(&line)),
+                "no line starts with {line}:\n{text}"
+            );
+        }
+        assert_eq!(
+            PER_QUERY.len() + PER_TASK.len() + 5,
+            text.lines().filter(|l| l.starts_with("# TYPE")).count(),
+            "{text}"
+        );
+    }
 
     /// A client that connects and says nothing holds up no other scrape.
     #[test]

@@ -55,7 +55,7 @@ pub struct SourceProgress {
 }
 
 /// Progress of one committed epoch.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct QueryProgress {
     /// The task whose epoch this is, for a query divided into tasks
     /// (`'tasks' = 'per-partition'`: the partition it reads); each task

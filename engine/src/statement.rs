@@ -122,10 +122,7 @@ impl Statement {
             .collect();
         let ctx = &self.plan.state;
         if let Some(op) = &mut self.operator {
-            op.process(ctx).await?;
-            return op
-                .advance_watermark(ctx, self.plan.watermarks.current())
-                .await;
+            return op.process(ctx, self.plan.watermarks.current()).await;
         }
         let physical = ctx.create_physical_plan(&self.plan.logical).await?;
         let ahead = ahead.filter(|_| self.plan.upsert.is_none());

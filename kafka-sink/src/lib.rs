@@ -40,19 +40,16 @@
 //! # Ok(()) }
 //! ```
 
-mod at_least_once;
 pub mod broker;
 mod client;
 mod connector;
 mod format;
 mod group;
 mod position;
-mod produce;
-mod progress_topic;
 mod registry;
 mod running;
+mod sink;
 mod source;
-mod transactional_sink;
 mod verify;
 
 /// Whether a Kafka pass-through pipelines its epochs (`SLUICE_KAFKA_PIPELINE=1`
@@ -68,13 +65,14 @@ pub(crate) fn pipelined() -> bool {
 }
 
 pub use client::ClientOptions;
-pub use connector::{task_identity, KafkaConnector, UpsertKafkaConnector};
+pub use connector::{KafkaConnector, UpsertKafkaConnector};
 pub use format::avro::{schema_json as avro_schema, AvroConfluentDecoder};
 pub use format::json::decode_json;
 pub use format::protobuf::{proto_schema, ProtobufConfluentDecoder};
 pub use format::{Encoded, Format, Message, Messages};
-pub use progress_topic::{default_topic as default_progress_topic, last_committed};
 pub use running::{partition_ends, task_owners};
+pub use sink::config::task_identity;
+pub use sink::progress_topic::{default_topic as default_progress_topic, last_committed};
 pub use verify::{verify, Verdict};
 
 /// The librdkafka this build links and its compiled-in features (TLS, SASL,

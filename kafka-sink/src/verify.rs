@@ -28,11 +28,10 @@ use std::fmt;
 use sluice_engine::{BatchQuery, Checkpoint, OutputMode, Result, SluiceError};
 
 use crate::broker::ReadRecord;
-use crate::connector::{sink_settings, Delivery};
 use crate::format::Format;
-use crate::produce::{Message, SinkConfig, EPOCH_HEADER, QUERY_ID_HEADER};
-use crate::progress_topic::read_last;
-use crate::transactional_sink::Transactions;
+use crate::sink::config::{sink_settings, Delivery, Transactions};
+use crate::sink::progress_topic::read_last;
+use crate::sink::{Message, SinkConfig, EPOCH_HEADER, QUERY_ID_HEADER};
 
 /// How many differences a report shows.
 const SHOWN: usize = 10;
@@ -228,7 +227,7 @@ impl Target {
     }
 
     /// The query's last progress record, if it committed any.
-    async fn read_progress(&self) -> Result<Option<crate::progress_topic::ProgressRecord>> {
+    async fn read_progress(&self) -> Result<Option<crate::sink::progress_topic::ProgressRecord>> {
         let (config, topic) = (self.config.clone(), self.progress_topic.clone());
         let id = self.query_id.clone();
         let wait = config.client.timeout();

@@ -246,37 +246,9 @@ impl SqlRunner<'_> {
             return Ok((options, positions));
         }
         loop {
-            let key_tok = p.next_token();
-            let mut key = match &key_tok.token {
-                Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
-                Token::Word(w) => w.value.clone(),
-                other => {
-                    return Err(self.err(
-                        text,
-                        Pos::from(&key_tok),
-                        format!("expected an option name such as 'topic', found '{other}'"),
-                    ))
-                }
-            };
-            while p.consume_token(&Token::Period) {
-                let part = p.next_token();
-                match &part.token {
-                    Token::Word(w) => {
-                        key.push('.');
-                        key.push_str(&w.value);
-                    }
-                    other => {
-                        return Err(self.err(
-                            text,
-                            Pos::from(&part),
-                            format!("expected a name after '.', found '{other}'"),
-                        ))
-                    }
-                }
-            }
+            let (key_tok, key) = self.key(p, text, "an option name such as 'topic'")?;
             p.expect_token(&Token::Eq).map_err(|e| pe(self, e))?;
             let value_tok = p.next_token();
-            let key = key.to_ascii_lowercase();
             let value = value_of(&value_tok.token, &format!("option '{key}'"))
                 .map_err(|message| self.err(text, Pos::from(&value_tok), message))?;
             if options.get(&key).is_some() {

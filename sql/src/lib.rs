@@ -200,6 +200,46 @@ impl<'a> SqlRunner<'a> {
         }
     }
 
+    /// An option's or setting's name (`what` in the error): quoted, or
+    /// words joined by dots (`'format.on-error'`, `trigger.interval`),
+    /// in lower case, with its first token.
+    fn key(
+        &self,
+        p: &mut Parser<'_>,
+        text: &str,
+        what: &str,
+    ) -> Result<(TokenWithSpan, String), SqlError> {
+        let key_tok = p.next_token();
+        let mut key = match &key_tok.token {
+            Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
+            Token::Word(w) => w.value.clone(),
+            other => {
+                return Err(self.err(
+                    text,
+                    Pos::from(&key_tok),
+                    format!("expected {what}, found '{other}'"),
+                ))
+            }
+        };
+        while p.consume_token(&Token::Period) {
+            let part = p.next_token();
+            match &part.token {
+                Token::Word(w) => {
+                    key.push('.');
+                    key.push_str(&w.value);
+                }
+                other => {
+                    return Err(self.err(
+                        text,
+                        Pos::from(&part),
+                        format!("expected a name after '.', found '{other}'"),
+                    ))
+                }
+            }
+        }
+        Ok((key_tok, key.to_ascii_lowercase()))
+    }
+
     fn parser_error(&self, text: &str, e: &ParserError) -> SqlError {
         let message = e.to_string();
         let (line, column) = parser_location(&message).unwrap_or((1, 1));

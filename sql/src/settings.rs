@@ -2,7 +2,7 @@
 
 use crate::{Pos, SqlError, SqlRunner, StatementOutcome};
 use datafusion::sql::sqlparser::keywords::Keyword;
-use datafusion::sql::sqlparser::parser::{Parser, ParserError};
+use datafusion::sql::sqlparser::parser::Parser;
 use datafusion::sql::sqlparser::tokenizer::Token;
 use sluice_engine::{unknown_setting, Options, OutputMode, QuerySettings, Setting, SluiceError};
 
@@ -44,24 +44,7 @@ impl SqlRunner<'_> {
         p: &mut Parser<'_>,
         text: &str,
     ) -> Result<StatementOutcome, SqlError> {
-        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
-        let key_tok = p.next_token();
-        let mut key = match &key_tok.token {
-            Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => s.clone(),
-            Token::Word(w) => w.value.clone(),
-            other => {
-                return Err(self.err(
-                    text,
-                    Pos::from(&key_tok),
-                    format!("expected a setting name, found '{other}'"),
-                ))
-            }
-        };
-        while p.consume_token(&Token::Period) {
-            key.push('.');
-            key.push_str(&p.parse_identifier().map_err(|e| pe(self, e))?.value);
-        }
-        let key = key.to_ascii_lowercase();
+        let (key_tok, key) = self.key(p, text, "a setting name")?;
         if !(p.consume_token(&Token::Eq) || p.parse_keyword(Keyword::TO)) {
             let t = p.peek_token();
             return Err(self.err(

@@ -99,8 +99,7 @@ pub(crate) struct AggregateConfig {
 /// A running GROUP BY.
 ///
 /// Per epoch: [`process`](Operator::process) merges the epoch's partial
-/// states into `state`; [`advance_watermark`](Operator::advance_watermark)
-/// takes the closed windows out and emits. Per checkpoint: the state's
+/// states into `state`, then takes the closed windows out and emits. Per checkpoint: the state's
 /// changed and removed keys as a delta, or all of it as a snapshot.
 #[derive(Debug)]
 pub(crate) struct AggregateOperator {
@@ -108,9 +107,6 @@ pub(crate) struct AggregateOperator {
     /// Per key, the accumulators' partial state; `None` until the first
     /// epoch shows its schema. Flushed to the checkpoint at each stage.
     state: Option<KeyedState>,
-    /// What `process` found for `advance_watermark` to emit; only between
-    /// the two.
-    pending: Option<Processed>,
 }
 
 /// The aggregate as DataFusion planned it, taken apart.
@@ -119,8 +115,7 @@ struct Phases {
     partial: Arc<AggregateExec>,
 }
 
-/// One epoch's merge, between [`Operator::process`] and
-/// [`Operator::advance_watermark`].
+/// One epoch's merge, what [`Operator::process`] emits from.
 #[derive(Debug)]
 struct Processed {
     phases: Phases,
@@ -138,7 +133,6 @@ impl AggregateOperator {
         Self {
             config,
             state: None,
-            pending: None,
         }
     }
 
@@ -380,19 +374,8 @@ impl Operator for AggregateOperator {
         self.config.window.is_some()
     }
 
-    async fn process(&mut self, ctx: &SessionState) -> Result<()> {
-        self.pending = Some(self.merge(ctx).await?);
-        Ok(())
-    }
-
-    async fn advance_watermark(
-        &mut self,
-        ctx: &SessionState,
-        watermark: Option<i64>,
-    ) -> Result<EpochOutput> {
-        let processed = self.pending.take().ok_or_else(|| {
-            SluiceError::Internal("an aggregation's watermark moved before its input".into())
-        })?;
+    async fn process(&mut self, ctx: &SessionState, watermark: Option<i64>) -> Result<EpochOutput> {
+        let processed = self.merge(ctx).await?;
         self.emit(ctx, processed, watermark).await
     }
 
@@ -427,7 +410,6 @@ impl Operator for AggregateOperator {
             }
         }
         self.state = Some(state);
-        self.pending = None;
         Ok(())
     }
 

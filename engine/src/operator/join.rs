@@ -152,9 +152,9 @@ pub(crate) struct JoinConfig {
 
 /// A running stream–stream join.
 ///
-/// Per epoch: [`process`](BinaryOp::process) joins the epoch's rows with
-/// the buffers and appends them; [`advance_watermark`](BinaryOp::advance_watermark)
-/// evicts what the watermark rules out and emits. Per checkpoint: the
+/// Per epoch: [`process`](Operator::process) joins the epoch's rows with
+/// the buffers and appends them, then evicts what the watermark rules out
+/// and emits. Per checkpoint: the
 /// rows appended, the ids newly matched and the last eviction as a delta,
 /// or both buffers as a snapshot.
 #[derive(Debug)]
@@ -171,9 +171,6 @@ pub(crate) struct JoinOperator {
     time_columns: Option<(usize, usize)>,
     /// What changed since the last committed stage (see [`JoinDelta`]).
     changes: Changes,
-    /// The pairs `process` joined, for `advance_watermark` to emit; only
-    /// between the two.
-    joined: Option<Vec<RecordBatch>>,
 }
 
 /// A join's changes since its last committed stage.
@@ -204,7 +201,6 @@ impl JoinOperator {
             time_columns,
             config,
             changes: Changes::default(),
-            joined: None,
         })
     }
 
@@ -438,19 +434,8 @@ impl Operator for JoinOperator {
         self.config.bounds.is_some()
     }
 
-    async fn process(&mut self, ctx: &SessionState) -> Result<()> {
-        self.joined = Some(self.join_epoch(ctx).await?);
-        Ok(())
-    }
-
-    async fn advance_watermark(
-        &mut self,
-        ctx: &SessionState,
-        watermark: Option<i64>,
-    ) -> Result<EpochOutput> {
-        let joined = self.joined.take().ok_or_else(|| {
-            SluiceError::Internal("a join's watermark moved before its input".into())
-        })?;
+    async fn process(&mut self, ctx: &SessionState, watermark: Option<i64>) -> Result<EpochOutput> {
+        let joined = self.join_epoch(ctx).await?;
         Ok(EpochOutput {
             rows: self.emit(ctx, joined, watermark).await?,
             retracted: None,
@@ -481,7 +466,6 @@ impl Operator for JoinOperator {
     }
 
     async fn restore(&mut self, _ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
-        self.joined = None;
         match chain.next() {
             None => self.clear(),
             Some(snapshot) => self.restore_snapshot(&snapshot?)?,

@@ -1,10 +1,10 @@
 //! Stateful operators and the one lifecycle the epoch loop drives them by.
 //!
 //! ```text
-//!             ┌──────── one epoch ───────────────────────────────┐
-//! restore ──► process ──► advance_watermark ──► stage ──► after_commit ──► ...
-//! (recovery)  (input)     (close, evict, emit)  (state to   (the staged
-//!                                                the chain)  state is durable)
+//!             ┌──────── one epoch ───────────────────┐
+//! restore ──► process ──────────────► stage ──► after_commit ──► ...
+//! (recovery)  (input in; close,       (state to   (the staged
+//!              evict, emit)            the chain)  state is durable)
 //! ```
 //!
 //! - [`aggregate`]: GROUP BY, windowed aggregation and deduplication, through
@@ -16,8 +16,8 @@
 //!
 //! An operator reads its epoch's input from the scans of its plans, which
 //! the statement has put in scope (`table::EpochBatches::with_input`) for
-//! the duration of [`Operator::process`] and
-//! [`Operator::advance_watermark`]; what it emits is returned as a value.
+//! the duration of [`Operator::process`]; what it emits is returned as a
+//! value.
 
 use std::fmt::Debug;
 
@@ -37,8 +37,7 @@ pub(crate) mod pipeline;
 /// at epoch granularity).
 ///
 /// Per epoch the epoch loop calls, in order, [`process`](Self::process),
-/// [`advance_watermark`](Self::advance_watermark), then
-/// [`stage`](Self::stage) (and [`write_snapshot`](Self::write_snapshot)
+/// then [`stage`](Self::stage) (and [`write_snapshot`](Self::write_snapshot)
 /// when it asks for a snapshot), and once the epoch's commit is durable
 /// [`after_commit`](Self::after_commit). After a failure, recovery calls
 /// [`restore`](Self::restore) with the last committed chain instead, and
@@ -53,18 +52,10 @@ pub(crate) trait Operator: Send + Sync + Debug {
     fn drops_late(&self) -> bool;
 
     /// Takes the epoch's input (read through its plans' scans) into its
-    /// state. Emits nothing yet: what is final depends on the watermark.
-    async fn process(&mut self, ctx: &SessionState) -> Result<()>;
-
-    /// Moves to `watermark` (the query's, after this epoch's input):
-    /// closes windows and evicts what no later row can change, and returns
-    /// what the epoch emits. MUST be called once after each
-    /// [`process`](Self::process).
-    async fn advance_watermark(
-        &mut self,
-        ctx: &SessionState,
-        watermark: Option<i64>,
-    ) -> Result<EpochOutput>;
+    /// state, then moves to `watermark` (the query's, after this epoch's
+    /// input): closes windows and evicts what no later row can change, and
+    /// returns what the epoch emits.
+    async fn process(&mut self, ctx: &SessionState, watermark: Option<i64>) -> Result<EpochOutput>;
 
     /// What to write for this epoch's commit: with `snapshot_due`, a
     /// snapshot (unless there is no state yet); else what changed since

@@ -80,28 +80,14 @@ impl Operator for Pipeline {
         self.stages.iter().any(|s| s.operator.drops_late())
     }
 
-    async fn process(&mut self, ctx: &SessionState) -> Result<()> {
-        match self.stages.first_mut() {
-            Some(first) => first.operator.process(ctx).await,
-            None => Ok(()),
-        }
-    }
-
-    async fn advance_watermark(
-        &mut self,
-        ctx: &SessionState,
-        watermark: Option<i64>,
-    ) -> Result<EpochOutput> {
+    async fn process(&mut self, ctx: &SessionState, watermark: Option<i64>) -> Result<EpochOutput> {
         // What each operator emitted stays in scope until the last one is
         // done: the operator it feeds need not be the next one (Nexmark q5's
         // join reads two aggregations of the pipeline).
         let mut emitted = Vec::new();
         let mut last = EpochOutput::default();
-        for (i, stage) in self.stages.iter_mut().enumerate() {
-            if i > 0 {
-                stage.operator.process(ctx).await?;
-            }
-            let out = stage.operator.advance_watermark(ctx, watermark).await?;
+        for stage in self.stages.iter_mut() {
+            let out = stage.operator.process(ctx, watermark).await?;
             match &stage.link {
                 Some(link) => {
                     // Same columns; DataFusion's output may differ in field

@@ -61,19 +61,9 @@ use sluice_engine::{
     fail_point, CommittedEpoch, EpochCommit, EpochOutput, Handover, Result, Sink, SluiceError,
 };
 
-use crate::produce::{create_producer, flush_within, send, Groups, SinkConfig, SinkProducer};
-use crate::progress_topic::{self, ProgressRecord};
-
-/// How an exactly-once sink's transactions are made: what every Kafka sink
-/// of one query shares.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Transactions {
-    /// `<sink.transactional-id-prefix><query id>`: stable across restarts,
-    /// so a new instance fences the old one.
-    pub transactional_id: String,
-    pub progress_topic: String,
-    pub timeout: Duration,
-}
+use super::config::Transactions;
+use crate::sink::progress_topic::{self, ProgressRecord};
+use crate::sink::{create_producer, flush_within, send, Groups, SinkConfig, SinkProducer};
 
 /// Times an epoch is produced again after abortable errors before the query
 /// fails.

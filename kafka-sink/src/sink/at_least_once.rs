@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use rdkafka::producer::Producer;
 use sluice_engine::{EpochCommit, EpochOutput, Handover, Result, Sink, SluiceError};
 
-use crate::produce::{create_producer, flush, Groups, SinkConfig, SinkProducer};
+use crate::sink::{create_producer, flush, Groups, SinkConfig, SinkProducer};
 
 /// Cheap to move onto a blocking thread.
 pub(crate) struct AtLeastOnceSink(Arc<Inner>);

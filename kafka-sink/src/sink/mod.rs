@@ -1,5 +1,11 @@
-//! What both Kafka sinks share: their settings, the producer configuration,
-//! waiting for the topic, and producing an epoch's rows.
+//! The Kafka sinks, and what they share: their settings, the producer
+//! configuration, waiting for the topic, and producing an epoch's rows.
+//!
+//! - [`config`]: a sink's options, parsed into a [`SinkConfig`] and the
+//!   delivery it asks for;
+//! - [`transactional_sink`]: exactly-once, each epoch's output and its
+//!   progress record ([`progress_topic`]) in one Kafka transaction;
+//! - [`at_least_once`]: the idempotent producer alone.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -17,6 +23,12 @@ use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use sluice_engine::{columns, DeadLetter, EpochOutput, GroupOffsets, Result, SluiceError};
 
 use crate::client::{ClientOptions, Role};
+
+pub(crate) mod at_least_once;
+pub(crate) mod config;
+pub(crate) mod progress_topic;
+pub(crate) mod transactional_sink;
+
 use crate::format::{Encoded, Format, Messages};
 
 pub(crate) use crate::format::Message;

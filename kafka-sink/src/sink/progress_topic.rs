@@ -20,7 +20,7 @@ use rdkafka::message::Message;
 use serde::{Deserialize, Serialize};
 use sluice_engine::{EpochCommit, Result, SluiceError, SourceRange};
 
-use crate::produce::SinkConfig;
+use crate::sink::SinkConfig;
 
 /// A progress topic record: the epoch's [`EpochCommit`], the same record
 /// the checkpoint keeps as `commits/N`, under the query id the topic is
