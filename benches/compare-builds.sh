@@ -51,9 +51,9 @@ for line in sys.stdin:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") \
-            and m["target"]["name"] in names:
-        shutil.copy(m["executable"], f"{dest}/{m[\"target\"][\"name\"]}")
+    name = m.get("target", {}).get("name")
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and name in names:
+        shutil.copy(m["executable"], dest + "/" + name)
 ' "$OUT/bin/$side" "${BENCHES[@]}"
   for b in "${BENCHES[@]}"; do
     [ -x "$OUT/bin/$side/$b" ] || { tail -n 30 "$OUT/build-$side.err" >&2; exit 1; }

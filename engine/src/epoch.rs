@@ -92,6 +92,9 @@ pub(crate) struct EpochLoop {
     /// Keeps a temporary checkpoint directory alive for the query's life.
     pub temp_dir: Option<tempfile::TempDir>,
     pub trigger: Trigger,
+    /// Whether a query that is behind reads its next epoch while the
+    /// current one commits (`QuerySettings::read_ahead`).
+    pub read_ahead: bool,
     /// How long the query retries without committing an epoch before it
     /// fails (`QuerySettings::outage_limit`).
     pub outage_limit: Duration,

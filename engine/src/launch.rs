@@ -382,6 +382,7 @@ impl Launcher {
             checkpoint,
             temp_dir,
             trigger: settings.trigger,
+            read_ahead: settings.read_ahead,
             outage_limit: settings.outage_limit,
             listeners: listeners.clone(),
         };

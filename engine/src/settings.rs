@@ -69,6 +69,10 @@ pub struct QuerySettings {
     /// With tasks, how many run an epoch at once in this process (SQL:
     /// `tasks.threads`); `None` (the default): one per core.
     pub task_threads: Option<usize>,
+    /// Whether a query that is behind plans and reads its next epoch while
+    /// the current one commits (SQL: `epoch.read-ahead`; default true; see
+    /// docs/operations.md).
+    pub read_ahead: bool,
 }
 
 impl Default for QuerySettings {
@@ -323,6 +327,20 @@ pub const SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        name: "epoch.read-ahead",
+        aliases: &[],
+        values: "`'true'`: a query that is behind (its sources hold two more epochs as large \
+            as the last, or `available-now` has backlog left) plans and reads its next \
+            epoch while the current one commits, so the sources' fetching and decoding \
+            fill the wait on the broker; nothing of the next epoch is written before the \
+            commit. `'false'`: each epoch is planned after the previous commit",
+        default: "`'true'`",
+        kind: Kind::Query {
+            apply: set_read_ahead,
+            is_set: |s| !s.read_ahead,
+        },
+    },
+    Setting {
         name: "kafka.*",
         aliases: &[],
         values: "a Kafka client property for every `kafka` stream declared after it that does \
@@ -395,6 +413,7 @@ const DEFAULT: QuerySettings = QuerySettings {
     task_group: false,
     task_group_session_timeout: Duration::from_secs(10),
     task_threads: None,
+    read_ahead: true,
 };
 
 fn set_pipeline_name(s: &mut QuerySettings, value: &str) -> Result<()> {
@@ -450,17 +469,32 @@ fn set_task_threads(s: &mut QuerySettings, value: &str) -> Result<()> {
 }
 
 fn set_task_group(s: &mut QuerySettings, value: &str) -> Result<()> {
-    s.task_group = match value.trim().to_ascii_lowercase().as_str() {
-        "true" | "on" => true,
-        "false" | "off" => false,
-        _ => {
-            return Err(SluiceError::config(format!(
-                "'tasks.group' takes 'true' (the processes running this query share its tasks) \
-                 or 'false', found '{value}'"
-            )))
-        }
-    };
+    s.task_group = switch(value).ok_or_else(|| {
+        SluiceError::config(format!(
+            "'tasks.group' takes 'true' (the processes running this query share its tasks) \
+             or 'false', found '{value}'"
+        ))
+    })?;
     Ok(())
+}
+
+fn set_read_ahead(s: &mut QuerySettings, value: &str) -> Result<()> {
+    s.read_ahead = switch(value).ok_or_else(|| {
+        SluiceError::config(format!(
+            "'epoch.read-ahead' takes 'true' (a query that is behind reads its next epoch \
+             while the current one commits) or 'false', found '{value}'"
+        ))
+    })?;
+    Ok(())
+}
+
+/// `true`/`on` or `false`/`off`, in any case.
+fn switch(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" | "on" => Some(true),
+        "false" | "off" => Some(false),
+        _ => None,
+    }
 }
 
 fn set_task_group_session_timeout(s: &mut QuerySettings, value: &str) -> Result<()> {

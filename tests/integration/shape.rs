@@ -599,3 +599,59 @@ fn is_test_only(attrs: &[syn::Attribute]) -> bool {
         a.path().is_ident("cfg") && a.parse_args::<syn::Ident>().is_ok_and(|i| i == "test")
     })
 }
+
+/// Every source file `docs/architecture.md` names (a `…​.rs` in backticks,
+/// given whole or by its last parts, as `epoch/read.rs`) exists.
+#[test]
+fn every_file_the_architecture_page_names_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/architecture.md")).expect("the page");
+    let mut files = Vec::new();
+    for dir in [
+        "engine",
+        "kafka-sink",
+        "sql",
+        "nexmark",
+        "src",
+        "tests",
+        "benches",
+    ] {
+        collect_rs(&root.join(dir), &mut files);
+    }
+    let files: Vec<String> = files
+        .iter()
+        .filter_map(|f| f.strip_prefix(root).ok())
+        .map(|f| format!("/{}", f.display()))
+        .collect();
+    let named: BTreeSet<&str> = page
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|t| t.ends_with(".rs") && !t.contains(' '))
+        .collect();
+    assert!(named.len() > 20, "the page names its files: {named:?}");
+    let missing: Vec<&&str> = named
+        .iter()
+        .filter(|name| !files.iter().any(|f| f.ends_with(&format!("/{name}"))))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names files that do not exist: {missing:?}"
+    );
+}
+
+fn collect_rs(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if !path.ends_with("target") && !path.ends_with("fixtures") {
+                collect_rs(&path, out);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}

@@ -10,8 +10,8 @@
 //! is written meanwhile; its plan goes to `offsets/N+1` once N is
 //! committed, before N+1 computes, and if N fails the read is dropped.
 //! Caught up, the next epoch is planned after the commit, so that it takes
-//! what arrived during it. `SLUICE_PREFETCH=0` in the environment turns
-//! this off.
+//! what arrived during it. `SET 'epoch.read-ahead' = 'false'` turns this
+//! off.
 //!
 //! Pipelining: an input without a watermark that one scan reads is read
 //! lazily where its source can ([`crate::Source::read_lazily`]): the plan pulls
@@ -24,7 +24,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::EpochLoop;
@@ -115,16 +115,15 @@ impl EpochLoop {
 
     /// Whether the loop plans and reads the next epoch while the current
     /// one commits (see the module's notes): with epochs back to back or
-    /// `available-now`, unless `SLUICE_PREFETCH=0`. With a trigger
-    /// interval the next epoch is planned at its tick, not before.
+    /// `available-now`, unless `'epoch.read-ahead' = 'false'`. With a
+    /// trigger interval the next epoch is planned at its tick, not before.
     pub(super) fn prefetches(&self) -> bool {
-        static OFF: OnceLock<bool> = OnceLock::new();
-        let off =
-            *OFF.get_or_init(|| std::env::var("SLUICE_PREFETCH").is_ok_and(|v| v.trim() == "0"));
-        !off && matches!(
-            self.trigger,
-            Trigger::AvailableNow | Trigger::ProcessingTime(Duration::ZERO)
-        ) && !self.shared.stop_requested(self.slot)
+        self.read_ahead
+            && matches!(
+                self.trigger,
+                Trigger::AvailableNow | Trigger::ProcessingTime(Duration::ZERO)
+            )
+            && !self.shared.stop_requested(self.slot)
     }
 
     /// Whether to read the next epoch ahead, after an epoch of

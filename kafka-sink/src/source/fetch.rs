@@ -38,6 +38,8 @@ use rdkafka::error::KafkaError;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::{new_consumer, SourceInner};
+
 /// Messages taken from a queue per call.
 pub(super) const BATCH: usize = 4096;
 
@@ -561,6 +563,25 @@ pub(super) struct Record<'a> {
     pub tombstone: bool,
     pub offset: i64,
     pub timestamp_ms: Option<i64>,
+}
+
+impl SourceInner {
+    /// Makes the lanes stand at `starts`: kept when they do, else opened
+    /// there on a new consumer.
+    pub(super) fn lanes_at(&self, starts: &BTreeMap<i32, i64>) -> sluice_engine::Result<()> {
+        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        if lanes.as_ref().is_some_and(|l| l.at(starts)) {
+            return Ok(());
+        }
+        // The old consumer goes first: two would fetch the same partitions.
+        *lanes = None;
+        let consumer = new_consumer(&self.config)?;
+        *lanes = Some(
+            Lanes::open(consumer, &self.config.topic, starts)
+                .map_err(|e| self.unreachable("assigning partitions", e))?,
+        );
+        Ok(())
+    }
 }
 
 #[cfg(test)]

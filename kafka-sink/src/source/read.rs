@@ -8,8 +8,8 @@ use std::sync::Arc;
 use futures::StreamExt;
 use sluice_engine::{LazyPartition, Partitions, Result, SluiceError};
 
-use super::fetch::{Fetched, LaneError, Lanes, Taken};
-use super::{new_consumer, PlannedRanges, SourceInner};
+use super::fetch::{Fetched, LaneError, Taken};
+use super::{PlannedRanges, SourceInner};
 
 /// A read found a range starting where records are gone.
 struct OutOfRange;
@@ -18,23 +18,6 @@ struct OutOfRange;
 type Chunks = tokio::sync::mpsc::UnboundedSender<Result<Fetched>>;
 
 impl SourceInner {
-    /// Makes the lanes stand at `starts`: kept when they do, else opened
-    /// there on a new consumer.
-    pub(super) fn lanes_at(&self, starts: &BTreeMap<i32, i64>) -> Result<()> {
-        let mut lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
-        if lanes.as_ref().is_some_and(|l| l.at(starts)) {
-            return Ok(());
-        }
-        // The old consumer goes first: two would fetch the same partitions.
-        *lanes = None;
-        let consumer = new_consumer(&self.config)?;
-        *lanes = Some(
-            Lanes::open(consumer, &self.config.topic, starts)
-                .map_err(|e| self.unreachable("assigning partitions", e))?,
-        );
-        Ok(())
-    }
-
     /// With [`crate::pipelined`], the rows of `plan`'s ranges as streams,
     /// one per Kafka partition, when the lanes stand at its starts (the steady state; `None`
     /// otherwise, and for an upsert stream, which keeps each key's last
