@@ -57,6 +57,7 @@ use crate::progress::{
     StreamingQueryListener,
 };
 use crate::query::QueryShared;
+use crate::settings::Pipelining;
 use crate::sink::Sink;
 use crate::source::{Handover, Offset};
 use crate::state::chain::SnapshotPolicy;
@@ -95,6 +96,9 @@ pub(crate) struct EpochLoop {
     /// Whether a query that is behind reads its next epoch while the
     /// current one commits (`QuerySettings::read_ahead`).
     pub read_ahead: bool,
+    /// Whether an epoch's reading, computing and writing overlap
+    /// (`QuerySettings::pipelining`).
+    pub pipelining: Pipelining,
     /// How long the query retries without committing an epoch before it
     /// fails (`QuerySettings::outage_limit`).
     pub outage_limit: Duration,

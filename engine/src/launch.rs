@@ -383,6 +383,7 @@ impl Launcher {
             temp_dir,
             trigger: settings.trigger,
             read_ahead: settings.read_ahead,
+            pipelining: settings.pipelining,
             outage_limit: settings.outage_limit,
             listeners: listeners.clone(),
         };

@@ -95,7 +95,7 @@ pub use reference::BatchQuery;
 pub use session::frame::{DataStreamWriter, StreamFrame};
 pub use session::statement_set::StatementSet;
 pub use session::{DataStreamReader, Session};
-pub use settings::{unknown_setting, QuerySettings, Setting, SETTINGS};
+pub use settings::{unknown_setting, Pipelining, QuerySettings, Setting, SETTINGS};
 pub use sink::{CommittedEpoch, EpochOutput, FanOut, MemorySink, Sink};
 pub use source::{
     DeadLetter, GroupOffsets, Handover, LazyPartition, MemorySourceFactory, MemoryStream, Offset,

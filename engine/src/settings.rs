@@ -73,6 +73,40 @@ pub struct QuerySettings {
     /// the current one commits (SQL: `epoch.read-ahead`; default true; see
     /// docs/operations.md).
     pub read_ahead: bool,
+    /// Whether an epoch reads, computes and writes at once (SQL:
+    /// `epoch.pipeline`): see [`Pipelining`].
+    pub pipelining: Pipelining,
+}
+
+/// Whether an epoch's reading, computing and writing overlap: an input
+/// read lazily as the plan pulls it ([`Source::read_lazily`]), appended
+/// rows sent to the sink as they are computed ([`Sink::send_ahead`]).
+///
+/// [`Source::read_lazily`]: crate::Source::read_lazily
+/// [`Sink::send_ahead`]: crate::Sink::send_ahead
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Pipelining {
+    /// Where the source or sink says it costs nothing
+    /// (`pipelines_by_default`): the rate generator, not Kafka (the
+    /// default).
+    #[default]
+    Auto,
+    /// Every source and sink that can.
+    On,
+    /// None: each epoch is read whole, then computed, then written.
+    Off,
+}
+
+impl Pipelining {
+    /// Whether a source or sink that can pipeline, and does so by default
+    /// or not (`by_default`), pipelines.
+    pub(crate) fn applies(self, by_default: bool) -> bool {
+        match self {
+            Self::Auto => by_default,
+            Self::On => true,
+            Self::Off => false,
+        }
+    }
 }
 
 impl Default for QuerySettings {
@@ -341,6 +375,22 @@ pub const SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        name: "epoch.pipeline",
+        aliases: &[],
+        values: "whether an epoch reads, computes and writes at once: an input without a \
+            watermark that one scan reads is read as the plan pulls it, and a statement \
+            that appends rows without state sends them to the sink as they are computed, \
+            inside the epoch's transaction. `'auto'`: where the source or sink says it \
+            costs nothing (the `rate` generator; not Kafka, which lost to whole epochs in \
+            the suite: benches/README.md, *Pipelined epochs*); `'true'`: every source and \
+            sink that can (Kafka's too); `'false'`: none",
+        default: "`'auto'`",
+        kind: Kind::Query {
+            apply: set_pipelining,
+            is_set: |s| s.pipelining != Pipelining::Auto,
+        },
+    },
+    Setting {
         name: "kafka.*",
         aliases: &[],
         values: "a Kafka client property for every `kafka` stream declared after it that does \
@@ -414,6 +464,7 @@ const DEFAULT: QuerySettings = QuerySettings {
     task_group_session_timeout: Duration::from_secs(10),
     task_threads: None,
     read_ahead: true,
+    pipelining: Pipelining::Auto,
 };
 
 fn set_pipeline_name(s: &mut QuerySettings, value: &str) -> Result<()> {
@@ -475,6 +526,23 @@ fn set_task_group(s: &mut QuerySettings, value: &str) -> Result<()> {
              or 'false', found '{value}'"
         ))
     })?;
+    Ok(())
+}
+
+fn set_pipelining(s: &mut QuerySettings, value: &str) -> Result<()> {
+    s.pipelining = match value.trim().to_ascii_lowercase().as_str() {
+        "auto" => Pipelining::Auto,
+        other => match switch(other) {
+            Some(true) => Pipelining::On,
+            Some(false) => Pipelining::Off,
+            None => {
+                return Err(SluiceError::config(format!(
+                    "'epoch.pipeline' takes 'auto' (where it costs nothing), 'true' (every \
+                     source and sink that can) or 'false', found '{value}'"
+                )))
+            }
+        },
+    };
     Ok(())
 }
 

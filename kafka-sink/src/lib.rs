@@ -52,18 +52,6 @@ mod sink;
 mod source;
 mod verify;
 
-/// Whether a Kafka pass-through pipelines its epochs (`SLUICE_KAFKA_PIPELINE=1`
-/// in the environment; off by default): the source is read lazily in the
-/// steady state and the exactly-once sink sends appended rows ahead, so an
-/// epoch writes while it reads. It beat whole epochs on `raw` records with
-/// 1 s epochs in one run and lost to them in the whole suite, on JSON
-/// records (Nexmark q0) and on latency back to back (benches/README.md,
-/// *pipelined epochs tried as the default*), so it stays opt-in.
-pub(crate) fn pipelined() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SLUICE_KAFKA_PIPELINE").is_ok_and(|v| v.trim() == "1"))
-}
-
 pub use client::ClientOptions;
 pub use connector::{KafkaConnector, UpsertKafkaConnector};
 pub use format::avro::{schema_json as avro_schema, AvroConfluentDecoder};

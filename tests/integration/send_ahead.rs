@@ -71,6 +71,9 @@ struct Relay {
     /// Whether a batch waits for the sink to have been sent the one
     /// before it.
     gated: bool,
+    /// Whether it pipelines under `'epoch.pipeline' = 'auto'` (Kafka does
+    /// not).
+    by_default: bool,
 }
 
 fn epoch_of(offset: Option<&Offset>) -> u64 {
@@ -117,6 +120,10 @@ impl Source for Relay {
         Ok(Some(vec![batches.boxed()]))
     }
 
+    fn pipelines_by_default(&self) -> bool {
+        self.by_default
+    }
+
     fn take_rejected(&self) -> Rejected {
         std::mem::take(&mut *self.log.rejected.lock().unwrap())
     }
@@ -126,6 +133,10 @@ impl Source for Relay {
 impl Sink for Relay {
     fn sends_ahead(&self) -> bool {
         true
+    }
+
+    fn pipelines_by_default(&self) -> bool {
+        self.by_default
     }
 
     async fn send_ahead(&self, epoch: u64, statement: usize, rows: &RecordBatch) -> Result<()> {
@@ -172,6 +183,10 @@ impl Sink for Relay {
 }
 
 fn relay(gated: bool) -> (Arc<Log>, Session) {
+    relay_pipelining(gated, true)
+}
+
+fn relay_pipelining(gated: bool, by_default: bool) -> (Arc<Log>, Session) {
     let log = Arc::new(Log::default());
     let session = Session::new();
     session.register_connector(Arc::new(OneConnector {
@@ -179,6 +194,7 @@ fn relay(gated: bool) -> (Arc<Log>, Session) {
         inner: Arc::new(Relay {
             log: Arc::clone(&log),
             gated,
+            by_default,
         }),
     }));
     (log, session)
@@ -267,5 +283,51 @@ async fn a_statement_with_state_is_written_whole_after_it_computed() {
     for p in query.recent_progress() {
         assert_eq!(p.num_input_rows, BATCHES as u64 * 10, "{p:?}");
         assert_eq!(p.sources[0].skipped_records, REJECTED, "{p:?}");
+    }
+}
+
+/// `'epoch.pipeline'`: `'false'` reads every epoch whole and sends nothing
+/// ahead; `'auto'` pipelines only where the source and sink do by default
+/// (Kafka's do not); `'true'` wherever they can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_setting_decides_where_an_epoch_reads_and_writes_at_once() {
+    for (by_default, setting, pipelined) in [
+        (true, "false", false),
+        (false, "auto", false),
+        (false, "true", true),
+    ] {
+        let (log, session) = relay_pipelining(false, by_default);
+        let query = session
+            .read_stream()
+            .format("relay")
+            .load()
+            .unwrap()
+            .write_stream()
+            .format("relay")
+            .trigger(Trigger::AvailableNow)
+            .set("epoch.pipeline", setting)
+            .unwrap()
+            .start()
+            .await
+            .unwrap();
+        query.await_termination().await.unwrap();
+        let case = format!("by default {by_default}, 'epoch.pipeline' = '{setting}'");
+        // A lazy read logs each batch it yields; a whole read logs none.
+        let lazy_reads = log
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| e.starts_with("read "))
+            .count();
+        assert_eq!(lazy_reads > 0, pipelined, "{case}");
+        assert_eq!(log.ahead.lock().unwrap().is_empty(), !pipelined, "{case}");
+        // Either way every epoch's whole output reaches the write.
+        for epoch in 1..=EPOCHS {
+            let all: Vec<i64> = (0..BATCHES)
+                .flat_map(|b| ints(&[rows(epoch, b)], "id"))
+                .collect();
+            assert_eq!(log.written.lock().unwrap()[&epoch], all, "{case}");
+        }
     }
 }

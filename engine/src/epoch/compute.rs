@@ -41,7 +41,9 @@ impl EpochLoop {
         admitted: Vec<Vec<EpochInput>>,
     ) -> Result<Vec<EpochOutput>> {
         let mut outputs = Vec::with_capacity(self.statements.len());
-        let sink = self.sink.sends_ahead().then_some(self.sink.as_ref());
+        let sends_ahead =
+            self.sink.sends_ahead() && self.pipelining.applies(self.sink.pipelines_by_default());
+        let sink = sends_ahead.then_some(self.sink.as_ref());
         for (index, (statement, input)) in self.statements.iter_mut().zip(admitted).enumerate() {
             let ahead = sink.map(|sink| (sink, epoch, index));
             outputs.push(statement.compute(input, ahead).await?);

@@ -186,7 +186,10 @@ impl EpochLoop {
                 // plan runs; one with a watermark must be seen whole first,
                 // and one that several scans read must be kept for all.
                 let whole = statement.plan.watermarks.tracks(index) || input.scans > 1;
-                let lazy = match empty || whole {
+                let lazy = match empty
+                    || whole
+                    || !self.pipelining.applies(input.source.pipelines_by_default())
+                {
                     true => None,
                     false => input.source.read_lazily(range.start.as_ref(), &range.end)?,
                 };

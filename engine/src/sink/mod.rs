@@ -114,6 +114,14 @@ pub trait Sink: Send + Sync + Debug {
         false
     }
 
+    /// Whether the engine sends ahead to this sink (when it
+    /// [`sends_ahead`](Self::sends_ahead)) under `'epoch.pipeline' =
+    /// 'auto'`, the default; `'true'` sends ahead to every sink that can
+    /// take it, `'false'` to none. Default `true`.
+    fn pipelines_by_default(&self) -> bool {
+        true
+    }
+
     /// Sends `rows`, part of the output of the `statement`-th statement
     /// in epoch `epoch`, before the epoch's output is complete (only when
     /// [`Sink::sends_ahead`], and only for outputs of appended rows).

@@ -131,6 +131,14 @@ pub trait Source: Send + Sync + Debug {
         Ok(None)
     }
 
+    /// Whether the engine reads this source lazily (where it can) under
+    /// `'epoch.pipeline' = 'auto'`, the default; `'true'` reads every
+    /// source lazily that can be, `'false'` none. Default `true`: a source
+    /// whose lazy read costs nothing over a whole one.
+    fn pipelines_by_default(&self) -> bool {
+        true
+    }
+
     /// Where this source starts, resolved now, when it depends on the
     /// moment (Kafka's `latest`, `timestamp`): the engine records it in the
     /// checkpoint before the first epoch and passes it as the start of the

@@ -11,7 +11,7 @@
 //!          ─► commit            ── the decision point
 //! ```
 //!
-//! With `SLUICE_KAFKA_PIPELINE=1` (see [`crate::pipelined`]) an appending
+//! With `'epoch.pipeline' = 'true'` (the engine's `Pipelining`) an appending
 //! statement's output is sent ahead, batch by batch as the epoch computes it ([`Sink::send_ahead`]): the transaction begins at the
 //! first batch, and the epoch's write sends the rest, the progress record,
 //! and commits. Nothing of it is visible before the commit either way.
@@ -713,7 +713,13 @@ impl Sink for TransactionalSink {
     }
 
     fn sends_ahead(&self) -> bool {
-        crate::pipelined()
+        true
+    }
+
+    /// Side by side, sending ahead lost to whole epochs in the suite (see
+    /// `Pipelining`): only `'epoch.pipeline' = 'true'` asks for it.
+    fn pipelines_by_default(&self) -> bool {
+        false
     }
 
     async fn send_ahead(&self, epoch: u64, statement: usize, rows: &RecordBatch) -> Result<()> {

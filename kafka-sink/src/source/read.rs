@@ -18,7 +18,8 @@ struct OutOfRange;
 type Chunks = tokio::sync::mpsc::UnboundedSender<Result<Fetched>>;
 
 impl SourceInner {
-    /// With [`crate::pipelined`], the rows of `plan`'s ranges as streams,
+    /// The rows of `plan`'s ranges as streams (under `'epoch.pipeline' =
+    /// 'true'`: see `pipelines_by_default`),
     /// one per Kafka partition, when the lanes stand at its starts (the steady state; `None`
     /// otherwise, and for an upsert stream, which keeps each key's last
     /// record of the epoch). A thread takes the records from the lanes
@@ -45,7 +46,7 @@ impl SourceInner {
             let lanes = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
             lanes.as_ref().is_some_and(|l| l.at(&starts))
         };
-        if !crate::pipelined() || self.config.upsert || ends.is_empty() || !positioned {
+        if self.config.upsert || ends.is_empty() || !positioned {
             return Ok(None);
         }
         let mut senders = BTreeMap::new();
