@@ -224,6 +224,9 @@ impl EpochLoop {
         }
     }
 
+    /// Runs epochs from `recovered` on: each waits for its trigger, is
+    /// planned (or was, read ahead during the last commit), runs through
+    /// its phases ([`run_epoch`](Self::run_epoch)) and is reported.
     async fn run_epochs(&mut self, recovered: Recovered) -> Result<()> {
         let Recovered {
             mut epoch,
@@ -236,60 +239,35 @@ impl EpochLoop {
             }
         }
         let started_at = Instant::now();
-        let mut last_epoch_start = started_at;
+        let (mut last_epoch_start, mut last_commit) = (started_at, started_at);
         let mut next_tick = started_at;
         let mut prefetched: Option<Planned> = None;
-        let mut last_commit = started_at;
         loop {
-            if self.shared.stop_requested(self.slot) {
+            if self.shared.stop_requested(self.slot) || !self.wait_for_trigger(&mut next_tick).await
+            {
                 return Ok(());
             }
-            if let Trigger::ProcessingTime(interval) = self.trigger {
-                if !interval.is_zero() {
-                    self.shared
-                        .set_status(self.slot, "Waiting for next trigger", false, false);
-                    if !self.sleep_until(next_tick).await {
-                        return Ok(());
-                    }
-                    // Ticks stay on multiples of the interval; a long epoch
-                    // skips the ticks it overran.
-                    let now = Instant::now();
-                    while next_tick <= now {
-                        next_tick += interval;
-                    }
-                }
-            }
-            let permit = match &self.permits {
-                Some(permits) => Some(Arc::clone(permits).acquire_owned().await.map_err(|e| {
-                    SluiceError::Internal(format!("the tasks' epoch permits: {e}"))
-                })?),
-                None => None,
-            };
+            let permit = self.epoch_permit().await?;
             let planned = match prefetched.take() {
-                Some(ahead) => {
-                    self.write_plan(&ahead.record)?;
-                    ahead
+                Some(ahead) => self.write_plan(&ahead.record).map(|()| Some(ahead))?,
+                None => {
+                    self.plan_or_replay(epoch, &positions, replay.take())
+                        .await?
                 }
-                None => match self
-                    .plan_or_replay(epoch, &positions, replay.take())
-                    .await?
-                {
-                    Some(planned) => planned,
-                    None => {
-                        drop(permit);
-                        if self.no_data().await {
-                            continue;
-                        }
-                        return Ok(());
-                    }
-                },
             };
-            let Planned {
+            let Some(Planned {
                 record,
                 read,
                 started: epoch_start,
                 plan_ms,
-            } = planned;
+            }) = planned
+            else {
+                drop(permit);
+                if self.no_data().await {
+                    continue;
+                }
+                return Ok(());
+            };
             self.shared
                 .set_status(self.slot, &format!("Processing epoch {epoch}"), true, true);
             let mut next_positions = positions.clone();
@@ -307,26 +285,67 @@ impl EpochLoop {
             crate::memory::epoch_done();
             drop(permit);
             positions = next_positions;
-            tracing::info!(
-                target: "sluice::progress",
-                query = %progress.name,
-                task = ?progress.task,
-                epoch = progress.epoch,
-                input_rows = progress.num_input_rows,
-                output_rows = progress.num_output_rows,
-                total_ms = progress.duration_ms.total,
-                "epoch committed"
-            );
-            for l in &self.listeners {
-                l.on_query_progress(&progress);
-            }
-            self.shared.record_progress(self.slot, progress);
+            self.report(progress);
             last_epoch_start = epoch_start;
             epoch += 1;
             // A failed look ahead fails the epoch after the committed one,
             // which recovery re-plans.
             prefetched = next.transpose()?.flatten();
         }
+    }
+
+    /// With a trigger interval, waits for the next tick (ticks stay on
+    /// multiples of the interval; a long epoch skips the ticks it
+    /// overran). False when a stop came meanwhile.
+    async fn wait_for_trigger(&self, next_tick: &mut Instant) -> bool {
+        let Trigger::ProcessingTime(interval) = self.trigger else {
+            return true;
+        };
+        if interval.is_zero() {
+            return true;
+        }
+        self.shared
+            .set_status(self.slot, "Waiting for next trigger", false, false);
+        if !self.sleep_until(*next_tick).await {
+            return false;
+        }
+        let now = Instant::now();
+        while *next_tick <= now {
+            *next_tick += interval;
+        }
+        true
+    }
+
+    /// With tasks, the permit to run an epoch (`tasks.threads` at once),
+    /// held from planning to commit.
+    async fn epoch_permit(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>> {
+        match &self.permits {
+            Some(permits) => Arc::clone(permits)
+                .acquire_owned()
+                .await
+                .map(Some)
+                .map_err(|e| SluiceError::Internal(format!("the tasks' epoch permits: {e}"))),
+            None => Ok(None),
+        }
+    }
+
+    /// Tells the log, the listeners and the query's handle of a committed
+    /// epoch.
+    fn report(&self, progress: QueryProgress) {
+        tracing::info!(
+            target: "sluice::progress",
+            query = %progress.name,
+            task = ?progress.task,
+            epoch = progress.epoch,
+            input_rows = progress.num_input_rows,
+            output_rows = progress.num_output_rows,
+            total_ms = progress.duration_ms.total,
+            "epoch committed"
+        );
+        for l in &self.listeners {
+            l.on_query_progress(&progress);
+        }
+        self.shared.record_progress(self.slot, progress);
     }
 
     /// No source had new data: says so, and waits before the next plan
