@@ -15,32 +15,41 @@ use crate::sink::config::{sink_settings, Delivery, Transactions, DEFAULT_TRANSAC
 use crate::sink::transactional_sink::TransactionalSink;
 use crate::sink::SinkConfig;
 
+/// What both Kafka connectors are, written once: their name, a source and
+/// a sink each, the source reading a topic as a stream (`upsert`: each
+/// key's latest value).
+macro_rules! kafka_streams {
+    ($name:literal, $upsert:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn is_source(&self) -> bool {
+            true
+        }
+
+        fn is_sink(&self) -> bool {
+            true
+        }
+
+        fn source(&self, args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
+            crate::source::factory(
+                &args.stream,
+                args.options,
+                args.schema,
+                DEFAULT_CONNECT_TIMEOUT,
+                $upsert,
+            )
+        }
+    };
+}
+
 /// The `kafka` connector.
 #[derive(Debug, Default)]
 pub struct KafkaConnector;
 
 impl Connector for KafkaConnector {
-    fn name(&self) -> &str {
-        "kafka"
-    }
-
-    fn is_source(&self) -> bool {
-        true
-    }
-
-    fn is_sink(&self) -> bool {
-        true
-    }
-
-    fn source(&self, args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
-        crate::source::factory(
-            &args.stream,
-            args.options,
-            args.schema,
-            DEFAULT_CONNECT_TIMEOUT,
-            false,
-        )
-    }
+    kafka_streams!("kafka", false);
 
     fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
         self.sink_set(vec![args])
@@ -148,27 +157,7 @@ impl Connector for KafkaConnector {
 pub struct UpsertKafkaConnector;
 
 impl Connector for UpsertKafkaConnector {
-    fn name(&self) -> &str {
-        "upsert-kafka"
-    }
-
-    fn is_source(&self) -> bool {
-        true
-    }
-
-    fn is_sink(&self) -> bool {
-        true
-    }
-
-    fn source(&self, args: SourceArgs) -> Result<Arc<dyn SourceFactory>> {
-        crate::source::factory(
-            &args.stream,
-            args.options,
-            args.schema,
-            DEFAULT_CONNECT_TIMEOUT,
-            true,
-        )
-    }
+    kafka_streams!("upsert-kafka", true);
 
     fn sink(&self, args: SinkArgs) -> Result<Arc<dyn Sink>> {
         let keyed = args.options.get("key.fields").is_some()
