@@ -11,7 +11,8 @@
 # Each revision is checked out in a worktree under $OUT and its bench
 # binaries built there (release; one target directory for both, so the
 # second build compiles only what differs). Results: $OUT/compare.md, with
-# every bench's JSON line under $OUT/runs/.
+# every bench's JSON line under $OUT/runs/. Run again with the same OUT, it
+# reuses the binaries built there and only measures.
 #
 # Env: ROUNDS (default 3), R (rows/s offered, default 4 000 000), N (measured
 # epochs, default 10), K (GROUP BY keys, default 100 000), RECORDS (the
@@ -62,8 +63,11 @@ for line in sys.stdin:
   git worktree remove --force "$tree"
 }
 
-build a "$A_REV"
-build b "$B_REV"
+# Binaries already built under $OUT (a rerun with the same OUT) are reused.
+for side in a b; do
+  rev="$A_REV"; [ "$side" = b ] && rev="$B_REV"
+  [ -f "$OUT/bin/$side/rev" ] || build "$side" "$rev"
+done
 
 run() {
   local side="$1" bench="$2" round="$3" f="$OUT/runs/$2-$1-$3"
