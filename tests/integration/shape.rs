@@ -13,7 +13,10 @@
 //! siblings must then form no cycle. Test code (`#[cfg(test)]`) is left out:
 //! only what ships has to be layered.
 //!
-//! `docs/architecture.md` draws the layers this keeps.
+//! `docs/architecture.md` draws the layers this keeps; to redraw them,
+//! `SLUICE_PRINT_ARROWS=1 cargo test --test integration shape -- --nocapture`
+//! prints every arrow between a crate's top-level modules with the place
+//! that draws it.
 //!
 //! Length: no function or method that ships is longer than
 //! [`MAX_FUNCTION_LINES`], from `fn` to its closing brace; a longer one is
