@@ -1,6 +1,7 @@
 //! The Kafka source's options, parsed once into a [`SourceConfig`]: each
 //! key read and checked, the error naming it, unknown keys refused with
-//! the valid ones listed.
+//! the valid ones listed; the columns they give are planned in
+//! `columns.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,15 +9,12 @@ use std::time::Duration;
 
 use crate::client::ClientOptions;
 use crate::format::avro::{AvroConfluentDecoder, AvroDecoder};
-use crate::format::key_indices;
 use crate::format::protobuf::ProtobufConfluentDecoder;
-use crate::registry::{Part, Registry, RegistryOptions, REGISTRY_OPTIONS};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use sluice_engine::{
-    Options, Result, SluiceError, SourceFactory, CHANGELOG_SIGN, UPSERT_DELETED,
-    UPSERT_KEY_METADATA,
-};
+use crate::registry::{Part, RegistryOptions, REGISTRY_OPTIONS};
+use datafusion::arrow::datatypes::SchemaRef;
+use sluice_engine::{Options, Result, SluiceError, SourceFactory};
 
+use super::columns::{ColumnOptions, Columns, KeyColumns, SourceFormat};
 use super::KafkaSourceFactory;
 
 /// Options of a Kafka source stream.
@@ -66,8 +64,6 @@ const REFUSED: &[(&str, &str)] = &[
     ),
 ];
 
-const VIRTUAL: &[&str] = &["_key", "_topic", "_partition", "_offset", "_timestamp"];
-
 /// Where a query without a checkpoint starts reading.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum StartupMode {
@@ -88,17 +84,6 @@ pub(crate) enum OnError {
     Skip,
     /// Written to this topic in the epoch's transaction.
     DeadLetter(String),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SourceFormat {
-    Json,
-    Raw,
-    Avro,
-    AvroConfluent,
-    /// Debezium's change events: a changelog (see `debezium`).
-    DebeziumJson,
-    ProtobufConfluent,
 }
 
 #[derive(Debug, Clone)]
@@ -159,12 +144,12 @@ pub(crate) fn factory(
 ) -> Result<Arc<dyn SourceFactory>> {
     let options = SourceOptions::take(stream, &mut o, connect_timeout_default)?;
     o.finish("kafka", &[SOURCE_OPTIONS, REGISTRY_OPTIONS].concat())?;
-    let columns = Columns::plan(stream, &options, declared, upsert)?;
+    let columns = Columns::plan(stream, &options.columns, declared, upsert)?;
     Ok(Arc::new(KafkaSourceFactory(SourceConfig {
         stream: stream.to_string(),
         topic: options.topic,
         client: options.client,
-        format: options.format,
+        format: options.columns.format,
         startup: options.startup,
         max_records: options.max_records,
         max_bytes: options.max_bytes,
@@ -190,14 +175,8 @@ struct SourceOptions {
     topic: String,
     client: ClientOptions,
     group: Option<String>,
-    format: SourceFormat,
-    /// The value's schema registry, for the `-confluent` formats.
-    registry: Option<RegistryOptions>,
-    key_format: String,
-    /// The key's schema registry, for `'key.format' = 'avro-confluent'`.
-    key_registry: Option<RegistryOptions>,
-    key_fields: Option<String>,
-    except_key: bool,
+    /// What the options say of the columns: format, key, registries.
+    columns: ColumnOptions,
     startup: StartupMode,
     max_records: u64,
     max_bytes: u64,
@@ -269,12 +248,14 @@ impl SourceOptions {
             topic,
             client,
             group,
-            format,
-            registry,
-            key_format,
-            key_registry,
-            key_fields,
-            except_key,
+            columns: ColumnOptions {
+                format,
+                registry,
+                key_format,
+                key_registry,
+                key_fields,
+                except_key,
+            },
             startup,
             max_records,
             max_bytes,
@@ -463,366 +444,6 @@ fn take_on_error(stream: &str, o: &mut Options) -> Result<OnError> {
     Ok(on_error)
 }
 
-/// The columns a Kafka stream reads, where each comes from (value or
-/// key), and the decoders that read them.
-struct Columns {
-    declared: SchemaRef,
-    value_schema: SchemaRef,
-    value_part: SchemaRef,
-    key: Option<KeyColumns>,
-    avro: Option<AvroDecoder>,
-    confluent: Option<Arc<AvroConfluentDecoder>>,
-    protobuf: Option<Arc<ProtobufConfluentDecoder>>,
-    schema: SchemaRef,
-}
-
-impl Columns {
-    /// Plans the columns of a stream with `options` and `declared`
-    /// columns (none: the format's own), refusing what cannot be read.
-    fn plan(
-        stream: &str,
-        options: &SourceOptions,
-        declared: Option<SchemaRef>,
-        upsert: bool,
-    ) -> Result<Self> {
-        let format = options.format;
-        let key_fields = key_fields(stream, options, declared.as_ref(), upsert)?;
-        let declared = match (&key_fields, declared) {
-            (Some(keys), Some(d)) if upsert => Some(upsert_columns(&d, keys)),
-            (_, declared) => declared,
-        };
-        let (key, value_declared) = match (key_fields, &declared) {
-            (Some(fields), Some(declared)) => {
-                let key = KeyColumns::new(
-                    stream,
-                    fields,
-                    declared,
-                    &options.key_format,
-                    options.key_registry.clone(),
-                )?;
-                let count = declared.fields().len();
-                let rest = if options.except_key {
-                    crate::format::except_key(count, &key.fields)
-                } else {
-                    (0..count).collect()
-                };
-                (Some(key), Some(Arc::new(declared.project(&rest)?)))
-            }
-            _ => (None, declared.clone()),
-        };
-        let (confluent, protobuf) = registry_decoders(stream, options, &value_declared)?;
-        let value_part = match (&confluent, &protobuf, &value_declared) {
-            (Some(c), _, _) => c.schema(),
-            (_, Some(p), _) => p.schema(),
-            (None, None, Some(v)) => Arc::clone(v),
-            (None, None, None) => {
-                Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
-            }
-        };
-        let value_schema =
-            value_schema(stream, format, declared, key.is_some(), &value_part, upsert)?;
-        let schema = with_virtual_columns(stream, &value_schema)?;
-        let avro = match format {
-            SourceFormat::Avro => {
-                Some(AvroDecoder::new(Arc::clone(&value_part)).map_err(|e| in_stream(stream, e))?)
-            }
-            SourceFormat::Json
-            | SourceFormat::Raw
-            | SourceFormat::AvroConfluent
-            | SourceFormat::ProtobufConfluent
-            | SourceFormat::DebeziumJson => None,
-        };
-        let declared = match format {
-            SourceFormat::DebeziumJson => Arc::clone(&value_part),
-            _ if upsert => Arc::new(
-                value_schema.project(&(0..value_schema.fields().len() - 1).collect::<Vec<_>>())?,
-            ),
-            _ => Arc::clone(&value_schema),
-        };
-        Ok(Self {
-            declared,
-            value_schema,
-            value_part,
-            key,
-            avro,
-            confluent,
-            protobuf,
-            schema,
-        })
-    }
-}
-
-/// The positions of the declared columns the message key holds, when the
-/// stream reads them from the key: with EXCEPT_KEY and on an upsert
-/// stream; otherwise every column comes from the value (as in Flink, where
-/// the value's fields win).
-fn key_fields(
-    stream: &str,
-    options: &SourceOptions,
-    declared: Option<&SchemaRef>,
-    upsert: bool,
-) -> Result<Option<Vec<usize>>> {
-    let format = options.format;
-    if upsert && format == SourceFormat::DebeziumJson {
-        return Err(SluiceError::config(format!(
-            "stream '{stream}': connector 'upsert-kafka' reads each key's latest value; a \
-             Debezium topic is read with connector 'kafka'"
-        )));
-    }
-    if upsert && options.key_fields.is_none() {
-        return Err(SluiceError::config(format!(
-            "stream '{stream}': connector 'upsert-kafka' needs the columns its message keys \
-             hold, which identify a row: 'key.fields' = 'id' (comma-separated declared columns)"
-        )));
-    }
-    match (&options.key_fields, options.except_key || upsert) {
-        (None, true) => Err(SluiceError::config(format!(
-            "stream '{stream}': 'value.fields-include' = 'EXCEPT_KEY' needs the columns \
-             the key holds: 'key.fields' = 'id' (comma-separated declared columns)"
-        ))),
-        (Some(_), true) if format == SourceFormat::DebeziumJson => {
-            Err(SluiceError::config(format!(
-                "stream '{stream}': a Debezium change event holds whole rows; \
-                 'value.fields-include' = 'EXCEPT_KEY' does not apply"
-            )))
-        }
-        (Some(_), true) if format == SourceFormat::Raw => Err(SluiceError::config(format!(
-            "stream '{stream}': format 'raw' holds the whole value in one column; \
-             'value.fields-include' = 'EXCEPT_KEY' does not apply"
-        ))),
-        (Some(list), true) => {
-            let Some(declared) = declared else {
-                return Err(SluiceError::config(format!(
-                    "stream '{stream}': 'key.fields' names declared columns: declare them \
-                     (CREATE STREAM {stream} (id BIGINT, ...) WITH (...))"
-                )));
-            };
-            Ok(Some(
-                key_indices(list, declared, "declared").map_err(|e| in_stream(stream, e))?,
-            ))
-        }
-        (_, false) => Ok(None),
-    }
-}
-
-/// An upsert stream's declared columns: its key columns marked for the
-/// engine, its other columns nullable (they are null in a deletion).
-fn upsert_columns(declared: &Schema, keys: &[usize]) -> SchemaRef {
-    let fields: Vec<Field> = declared
-        .fields()
-        .iter()
-        .enumerate()
-        .map(|(i, f)| {
-            if keys.contains(&i) {
-                f.as_ref()
-                    .clone()
-                    .with_metadata([(UPSERT_KEY_METADATA.to_string(), "true".to_string())].into())
-            } else {
-                f.as_ref().clone().with_nullable(true)
-            }
-        })
-        .collect();
-    Arc::new(Schema::new(fields))
-}
-
-/// A `-confluent` format's value decoder: Avro's or Protobuf's.
-type RegistryDecoders = (
-    Option<Arc<AvroConfluentDecoder>>,
-    Option<Arc<ProtobufConfluentDecoder>>,
-);
-
-/// The value's decoder of a `-confluent` format, which reads each record
-/// by its schema id from the registry: Avro's or Protobuf's.
-fn registry_decoders(
-    stream: &str,
-    options: &SourceOptions,
-    value_declared: &Option<SchemaRef>,
-) -> Result<RegistryDecoders> {
-    let Some(registry) = options.registry.clone() else {
-        return Ok((None, None));
-    };
-    let registry = Registry::new(registry)?;
-    Ok(match options.format {
-        SourceFormat::ProtobufConfluent => (
-            None,
-            Some(Arc::new(
-                ProtobufConfluentDecoder::from_registry(registry, value_declared.clone())
-                    .map_err(|e| in_stream(stream, e))?,
-            )),
-        ),
-        _ => (
-            Some(Arc::new(
-                AvroConfluentDecoder::from_registry(registry, value_declared.clone())
-                    .map_err(|e| in_stream(stream, e))?,
-            )),
-            None,
-        ),
-    })
-}
-
-/// The rows decoding gives: the declared columns (or the format's own),
-/// and for a changelog its sign, for an upsert stream its deletion marker.
-fn value_schema(
-    stream: &str,
-    format: SourceFormat,
-    declared: Option<SchemaRef>,
-    keyed: bool,
-    value_part: &SchemaRef,
-    upsert: bool,
-) -> Result<SchemaRef> {
-    Ok(match (format, declared) {
-        (_, Some(declared)) if upsert => followed_by(
-            &declared,
-            [Field::new(UPSERT_DELETED, DataType::Boolean, false)],
-        ),
-        (_, Some(declared)) if keyed => declared,
-        (SourceFormat::AvroConfluent | SourceFormat::ProtobufConfluent, _) => {
-            Arc::clone(value_part)
-        }
-        (SourceFormat::Raw, None) => {
-            Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
-        }
-        (SourceFormat::Raw, Some(s)) => {
-            let ok = s.fields().len() == 1 && s.field(0).data_type() == &DataType::Utf8;
-            if !ok {
-                return Err(SluiceError::config(format!(
-                    "stream '{stream}': format 'raw' gives one VARCHAR column; declare \
-                     (value VARCHAR) or leave the columns out"
-                )));
-            }
-            s
-        }
-        (SourceFormat::DebeziumJson, Some(s)) => {
-            if s.field_with_name(CHANGELOG_SIGN).is_ok() {
-                return Err(SluiceError::config(format!(
-                    "stream '{stream}': column '{CHANGELOG_SIGN}' is Sluice's own; rename it"
-                )));
-            }
-            followed_by(&s, [Field::new(CHANGELOG_SIGN, DataType::Int64, false)])
-        }
-        (SourceFormat::Json | SourceFormat::Avro, Some(s)) => s,
-        (SourceFormat::Json | SourceFormat::Avro | SourceFormat::DebeziumJson, None) => {
-            return Err(SluiceError::config(format!(
-                "stream '{stream}': a Kafka stream in a format other than 'raw' needs its \
-                 columns declared: CREATE STREAM {stream} (id BIGINT, ...) WITH (...)"
-            )))
-        }
-    })
-}
-
-/// `value_schema` followed by the virtual columns of every Kafka stream,
-/// which no declared column may be named as.
-fn with_virtual_columns(stream: &str, value_schema: &SchemaRef) -> Result<SchemaRef> {
-    if let Some(f) = value_schema
-        .fields()
-        .iter()
-        .find(|f| VIRTUAL.contains(&f.name().as_str()))
-    {
-        return Err(SluiceError::config(format!(
-            "stream '{stream}': column '{}' clashes with a virtual column of Kafka streams ({})",
-            f.name(),
-            VIRTUAL.join(", ")
-        )));
-    }
-    Ok(followed_by(
-        value_schema,
-        [
-            Field::new("_key", DataType::Utf8, true),
-            Field::new("_topic", DataType::Utf8, false),
-            Field::new("_partition", DataType::Int32, false),
-            Field::new("_offset", DataType::Int64, false),
-            Field::new(
-                "_timestamp",
-                DataType::Timestamp(TimeUnit::Nanosecond, None),
-                true,
-            ),
-        ],
-    ))
-}
-
-/// The declared columns a stream reads from the message key
-/// (`'key.fields'` with `'value.fields-include' = 'EXCEPT_KEY'`), and how.
-#[derive(Debug, Clone)]
-pub(crate) struct KeyColumns {
-    /// Their positions among the declared columns.
-    pub fields: Vec<usize>,
-    /// Their names and types.
-    pub schema: SchemaRef,
-    pub format: KeyFormat,
-}
-
-/// `'key.format'`.
-#[derive(Debug, Clone)]
-pub(crate) enum KeyFormat {
-    /// A JSON object holding the key fields.
-    Json,
-    /// The key's bytes as the one key field, a VARCHAR.
-    Raw,
-    /// Avro in the Confluent wire format, schemas from the registry
-    /// (subject `<topic>-key`).
-    AvroConfluent(Arc<AvroConfluentDecoder>),
-}
-
-impl KeyColumns {
-    fn new(
-        stream: &str,
-        fields: Vec<usize>,
-        declared: &SchemaRef,
-        format: &str,
-        registry: Option<RegistryOptions>,
-    ) -> Result<Self> {
-        let schema = Arc::new(declared.project(&fields)?);
-        let format = match (format, registry) {
-            ("raw", _) => {
-                let text = schema.fields().len() == 1
-                    && matches!(
-                        schema.field(0).data_type(),
-                        DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8
-                    );
-                if !text {
-                    return Err(SluiceError::config(format!(
-                        "stream '{stream}': 'key.format' = 'raw' reads the key's bytes as one \
-                         VARCHAR column; 'key.fields' names {}",
-                        sluice_engine::columns(&schema)
-                    )));
-                }
-                KeyFormat::Raw
-            }
-            ("avro-confluent", Some(registry)) => KeyFormat::AvroConfluent(Arc::new(
-                AvroConfluentDecoder::from_registry(
-                    Registry::new(registry)?,
-                    Some(Arc::clone(&schema)),
-                )
-                .map_err(|e| in_stream(stream, e))?,
-            )),
-            _ => KeyFormat::Json,
-        };
-        Ok(Self {
-            fields,
-            schema,
-            format,
-        })
-    }
-}
-
-/// `schema`'s columns, then `more`.
-fn followed_by(schema: &Schema, more: impl IntoIterator<Item = Field>) -> SchemaRef {
-    let fields = schema.fields().iter().map(|f| f.as_ref().clone());
-    Arc::new(Schema::new(fields.chain(more).collect::<Vec<_>>()))
-}
-
-/// `e` with the stream named in front, when it is about the stream's
-/// options or columns (an unreachable registry names itself).
-fn in_stream(stream: &str, e: SluiceError) -> SluiceError {
-    match e {
-        SluiceError::Config { message } => {
-            SluiceError::config(format!("stream '{stream}': {message}"))
-        }
-        SluiceError::Plan(message) => SluiceError::config(format!("stream '{stream}': {message}")),
-        other => other,
-    }
-}
-
 /// `partition:0,offset:42;partition:1,offset:300` (Flink's syntax).
 fn specific_offsets(stream: &str, list: &str) -> Result<BTreeMap<i32, i64>> {
     let bad = |part: &str| {
@@ -887,6 +508,7 @@ fn parse_bytes(text: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
 
     fn options(pairs: &[(&str, &str)]) -> Options {
         let mut o = Options::new();

@@ -16,7 +16,8 @@ use datafusion::arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::concat_batches;
 use sluice_engine::{DeadLetter, Partitions, Result, SluiceError};
 
-use super::config::{KeyColumns, KeyFormat, OnError, SourceFormat};
+use super::columns::{KeyColumns, KeyFormat, SourceFormat};
+use super::config::OnError;
 use super::fetch::{Fetched, Record, Taken};
 use super::{debezium, SourceInner};
 use crate::format::json::decode_json;

@@ -37,6 +37,7 @@ use sluice_engine::{
     SourceFactory, TaskAssigner, TaskId,
 };
 
+mod columns;
 mod config;
 mod debezium;
 mod decode;
