@@ -308,29 +308,33 @@ pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
         .map(|(_, c)| c)
 }
 
-/// Parses `'1 second'`, `'500 ms'`, `'2s'`, `'1.5 minutes'` or `'0'`.
+/// Parses `'1 second'`, `'500 ms'`, `'2s'`, `'1.5 minutes'`, `'1h 30m'` or
+/// `'0'`: humantime's durations, in any case, with SQL's spellings of
+/// milliseconds (`millisecond(s)`, `milli`) and a bare zero.
 pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
-    let t = text.trim().to_ascii_lowercase();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let value: f64 = num
-        .parse()
-        .map_err(|_| "expected a duration such as '1 second', '500 ms' or '0'".to_string())?;
-    let seconds_per_unit = match unit.trim() {
-        "" if value == 0.0 => 0.0,
-        "ms" | "milli" | "millis" | "millisecond" | "milliseconds" => 0.001,
-        "s" | "sec" | "secs" | "second" | "seconds" => 1.0,
-        "m" | "min" | "mins" | "minute" | "minutes" => 60.0,
-        "h" | "hour" | "hours" => 3600.0,
-        other => {
-            return Err(format!(
-                "unknown time unit '{other}': use ms, second(s), minute(s) or hour(s)"
-            ))
+    let text = text.trim().to_ascii_lowercase();
+    if text.parse::<f64>() == Ok(0.0) {
+        return Ok(Duration::ZERO);
+    }
+    // Lower case first, as SQL's units are (`INTERVAL '1' MINUTE`); so `m`
+    // is a minute and never humantime's month.
+    let mut spelled = String::with_capacity(text.len());
+    let mut word = String::new();
+    for c in text.chars().chain(std::iter::once(' ')) {
+        if c.is_ascii_alphabetic() {
+            word.push(c);
+            continue;
         }
-    };
-    Duration::try_from_secs_f64(value * seconds_per_unit).map_err(|e| e.to_string())
+        spelled.push_str(match word.as_str() {
+            "milli" | "millisecond" | "milliseconds" => "ms",
+            other => other,
+        });
+        word.clear();
+        spelled.push(c);
+    }
+    humantime::parse_duration(spelled.trim()).map_err(|e| {
+        format!("{e}: expected a duration such as '1 second', '500 ms', '1.5 minutes' or '0'")
+    })
 }
 
 #[cfg(test)]
@@ -365,6 +369,19 @@ mod tests {
         assert_eq!(parse_duration("500 ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
-        assert!(parse_duration("2 fortnights").is_err());
+        assert_eq!(parse_duration("1.5 Minutes"), Ok(Duration::from_secs(90)));
+        assert_eq!(
+            parse_duration("10 MILLISECONDS"),
+            Ok(Duration::from_millis(10))
+        );
+        assert_eq!(parse_duration("3 milli"), Ok(Duration::from_millis(3)));
+        assert_eq!(parse_duration("1h 30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2 hours"), Ok(Duration::from_secs(7200)));
+        let err = parse_duration("2 fortnights").unwrap_err();
+        assert!(err.contains("unknown time unit \"fortnights\""), "{err}");
+        assert!(
+            parse_duration("5").is_err(),
+            "a number without a unit is not a duration"
+        );
     }
 }

@@ -12,7 +12,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::{collect_partitioned, execute_stream};
 use futures::StreamExt;
@@ -22,6 +21,7 @@ use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
 use crate::operator::join::{JoinConfig, JoinOperator};
 use crate::operator::pipeline::{Pipeline, PipelineStage};
 use crate::operator::Operator;
+use crate::options::columns;
 use crate::planner::{IncrementalPlan, StageConfig};
 use crate::sink::{EpochOutput, Sink};
 use crate::state::chain::{Chain, SnapshotPolicy};
@@ -266,20 +266,12 @@ fn fingerprint(plan: &IncrementalPlan, index: usize, statements: usize) -> Strin
         other => format!("aggregate {}", other.display()),
     };
     let join = |j: &JoinConfig| {
-        let columns = |schema: SchemaRef| {
-            schema
-                .fields()
-                .iter()
-                .map(|f| format!("{} {}", f.name(), f.data_type()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         format!(
             "{} join {} of ({}) with ({})",
             j.join_type,
             j.join.display(),
-            columns(j.left_in.schema_ref()),
-            columns(j.right_in.schema_ref())
+            columns(&j.left_in.schema_ref()),
+            columns(&j.right_in.schema_ref())
         )
     };
     let mut operators: Vec<String> = plan

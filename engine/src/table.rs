@@ -12,11 +12,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
 use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::catalog::{Session as DfSession, TableProvider};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::DataFusionError;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::{Expr, TableType};
+use datafusion::logical_expr::{Expr, LogicalPlan, TableScan, TableType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::ExecutionPlan;
@@ -343,6 +345,36 @@ impl TableProvider for EpochBatches {
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
         self.scan_batches(projection)
     }
+}
+
+/// Rewrites the scans of stream tables in `plan`, bottom up: `replace` gets
+/// each stream table with its provider (whose address identifies the stream:
+/// a DataFrame's streams may share a name) and returns the table to scan
+/// instead, or `None` to leave the scan as it is.
+pub(crate) fn replace_stream_scans(
+    plan: LogicalPlan,
+    mut replace: impl FnMut(
+        &StreamTable,
+        &Arc<dyn TableProvider>,
+    ) -> Result<Option<Arc<dyn TableProvider>>>,
+) -> Result<LogicalPlan> {
+    let replaced = plan.transform_up(|node| {
+        let LogicalPlan::TableScan(scan) = node else {
+            return Ok(Transformed::no(node));
+        };
+        let provider = source_as_provider(&scan.source)?;
+        let Some(table) = as_stream_table(&provider) else {
+            return Ok(Transformed::no(LogicalPlan::TableScan(scan)));
+        };
+        match replace(table, &provider).map_err(|e| DataFusionError::External(Box::new(e)))? {
+            Some(instead) => Ok(Transformed::yes(LogicalPlan::TableScan(TableScan {
+                source: provider_as_source(instead),
+                ..scan
+            }))),
+            None => Ok(Transformed::no(LogicalPlan::TableScan(scan))),
+        }
+    })?;
+    Ok(replaced.data)
 }
 
 /// Lets `Any`-based downcasts reach the concrete type from `dyn TableProvider`.

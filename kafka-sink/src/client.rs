@@ -28,6 +28,22 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, ClientContext};
 use sluice_engine::{is_sensitive, register_secret, Options, Result, SluiceError, REDACTED};
 
+/// Options of every Kafka stream, read or written: where the topic is, how
+/// its records are encoded, and the client's own properties.
+pub(crate) const STREAM_OPTIONS: &[&str] = &[
+    "topic",
+    "bootstrap.servers",
+    "properties.bootstrap.servers",
+    "format",
+    "key.format",
+    "key.fields",
+    "value.fields-include",
+    "connect.timeout",
+    "dead-letter.topic",
+    "kafka.*",
+    "properties.*",
+];
+
 /// How long to wait for the brokers unless `connect.timeout` says otherwise.
 pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 

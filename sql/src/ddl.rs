@@ -10,11 +10,19 @@ use crate::event_time::parse_watermark;
 use crate::substitute::value_of;
 use crate::{normalize, Pos, SqlError, SqlRunner, StatementOutcome};
 use datafusion::arrow::datatypes::{Field, Schema};
-use datafusion::sql::sqlparser::ast::ColumnOption;
+use datafusion::sql::sqlparser::ast::{ColumnDef, ColumnOption};
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::Token;
-use sluice_engine::{Options, SluiceError, StreamDefinition};
+use sluice_engine::{Options, SluiceError, StreamDefinition, WatermarkSpec};
+
+/// What a `CREATE` declares before `WITH`.
+struct Declared {
+    name: String,
+    name_pos: Pos,
+    columns: Vec<(ColumnDef, Pos)>,
+    watermark: Option<(WatermarkSpec, Pos)>,
+}
 
 impl SqlRunner<'_> {
     pub(crate) async fn create_stream(
@@ -23,36 +31,16 @@ impl SqlRunner<'_> {
         text: &str,
     ) -> Result<StatementOutcome, SqlError> {
         let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
-        let name_tok = p.peek_token();
-        let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
-        let mut columns = Vec::new();
-        let mut watermark = None;
-        let mut watermark_pos = Pos::from(&name_tok);
-        if p.consume_token(&Token::LParen) {
-            loop {
-                let t = p.peek_token();
-                if matches!(&t.token, Token::Word(w) if w.value.eq_ignore_ascii_case("WATERMARK")) {
-                    p.next_token();
-                    if watermark.is_some() {
-                        return Err(self.err(
-                            text,
-                            Pos::from(&t),
-                            "a stream has one WATERMARK; remove this one",
-                        ));
-                    }
-                    watermark = Some(parse_watermark(p).map_err(|e| self.problem(text, e))?);
-                    watermark_pos = Pos::from(&t);
-                } else {
-                    let col = p.parse_column_def().map_err(|e| pe(self, e))?;
-                    columns.push((col, Pos::from(&t)));
-                }
-                if p.consume_token(&Token::Comma) {
-                    continue;
-                }
-                p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
-                break;
-            }
-        }
+        let Declared {
+            name,
+            name_pos,
+            columns,
+            watermark,
+        } = self.declaration(p, text, true)?;
+        let (watermark, watermark_pos) = match watermark {
+            Some((w, at)) => (Some(w), at),
+            None => (None, name_pos),
+        };
         let with_tok = p.peek_token();
         p.expect_keyword(Keyword::WITH).map_err(|e| pe(self, e))?;
         let (mut options, positions) = self.options(p, text)?;
@@ -90,13 +78,62 @@ impl SqlRunner<'_> {
                 .unwrap_or(if e.to_string().contains("WATERMARK FOR") {
                     watermark_pos
                 } else {
-                    Pos::from(&name_tok)
+                    name_pos
                 });
             self.engine_error(text, at, e)
         })?;
         self.option_positions
             .insert(name.clone(), (text.to_string(), positions));
         Ok(StatementOutcome::Created { stream: name })
+    }
+
+    /// `name [(column, ..., [WATERMARK FOR ...])]`: what a `CREATE` declares
+    /// before its options. Only a stream declares a watermark: where
+    /// `watermark_allowed` is false, `WATERMARK` is a column's name.
+    fn declaration(
+        &self,
+        p: &mut Parser<'_>,
+        text: &str,
+        watermark_allowed: bool,
+    ) -> Result<Declared, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        let name_pos = Pos::from(&p.peek_token());
+        let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+        let mut columns = Vec::new();
+        let mut watermark = None;
+        if p.consume_token(&Token::LParen) {
+            loop {
+                let t = p.peek_token();
+                let is_watermark =
+                    matches!(&t.token, Token::Word(w) if w.value.eq_ignore_ascii_case("WATERMARK"));
+                if watermark_allowed && is_watermark {
+                    p.next_token();
+                    if watermark.is_some() {
+                        return Err(self.err(
+                            text,
+                            Pos::from(&t),
+                            "a stream has one WATERMARK; remove this one",
+                        ));
+                    }
+                    let spec = parse_watermark(p).map_err(|e| self.problem(text, e))?;
+                    watermark = Some((spec, Pos::from(&t)));
+                } else {
+                    let col = p.parse_column_def().map_err(|e| pe(self, e))?;
+                    columns.push((col, Pos::from(&t)));
+                }
+                if p.consume_token(&Token::Comma) {
+                    continue;
+                }
+                p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
+                break;
+            }
+        }
+        Ok(Declared {
+            name,
+            name_pos,
+            columns,
+            watermark,
+        })
     }
 
     /// `CREATE TABLE name [(columns)] WITH (path = '...', format = '...')`:
@@ -108,22 +145,12 @@ impl SqlRunner<'_> {
         text: &str,
     ) -> Result<StatementOutcome, SqlError> {
         let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
-        let name_tok = p.peek_token();
-        let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
-        let mut columns = Vec::new();
-        if p.consume_token(&Token::LParen) {
-            loop {
-                let t = p.peek_token();
-                columns.push((
-                    p.parse_column_def().map_err(|e| pe(self, e))?,
-                    Pos::from(&t),
-                ));
-                if !p.consume_token(&Token::Comma) {
-                    p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
-                    break;
-                }
-            }
-        }
+        let Declared {
+            name,
+            name_pos,
+            columns,
+            ..
+        } = self.declaration(p, text, false)?;
         let with_tok = p.peek_token();
         p.expect_keyword(Keyword::WITH).map_err(|e| pe(self, e))?;
         let (mut options, positions) = self.options(p, text)?;
@@ -196,7 +223,7 @@ impl SqlRunner<'_> {
         {
             return Err(self.err(
                 text,
-                Pos::from(&name_tok),
+                name_pos,
                 format!("'{name}' already exists; DROP it or pick another name"),
             ));
         }

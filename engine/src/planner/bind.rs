@@ -3,15 +3,13 @@
 
 use std::sync::Arc;
 
-use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
 use datafusion::catalog::TableProvider;
-use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::logical_expr::{LogicalPlan, TableScan};
+use datafusion::logical_expr::LogicalPlan;
 
 use super::Input;
 use crate::connector::ConnectorRegistry;
-use crate::error::{Result, SluiceError};
-use crate::table::as_stream_table;
+use crate::error::Result;
+use crate::table::replace_stream_scans;
 use crate::task::TaskId;
 
 /// `plan` with each stream scan bound to a fresh source (for `task` only,
@@ -29,52 +27,32 @@ pub(super) fn bind_inputs(
     // The stream tables bound so far (by identity: a DataFrame's streams may
     // share a name) and their inputs.
     let mut bound_tables: Vec<(*const (), usize)> = Vec::new();
-    let bound = plan
-        .clone()
-        .transform_up(|node| {
-            let LogicalPlan::TableScan(scan) = node else {
-                return Ok(Transformed::no(node));
-            };
-            let provider = source_as_provider(&scan.source)?;
-            let Some(table) = as_stream_table(&provider) else {
-                return Ok(Transformed::no(LogicalPlan::TableScan(scan)));
-            };
-            // A stream scanned again reads the same input: one read per
-            // epoch, and every path sees the same rows (and the same late
-            // ones), whatever arrives between two reads.
-            let identity = Arc::as_ptr(&provider) as *const ();
-            if let Some(&(_, i)) = bound_tables.iter().find(|(t, _)| *t == identity) {
-                let input = &mut inputs[i];
-                input.scans += 1;
-                return Ok(Transformed::yes(LogicalPlan::TableScan(TableScan {
-                    source: provider_as_source(Arc::clone(&input.table) as Arc<dyn TableProvider>),
-                    ..scan
-                })));
-            }
-            let factory = table
-                .factory(registry, default_partitions)
-                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-            let source = match task {
-                Some(task) => factory.create_task(task),
-                None => factory.create(),
-            }
-            .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-            let instance = table.for_query();
-            bound_tables.push((identity, inputs.len()));
-            inputs.push(Input {
-                key: format!("{key_prefix}{}:{}", inputs.len(), table.definition().name),
-                table: Arc::clone(&instance),
-                source,
-                description: format!("{} ← {}", table.definition().name, factory.describe()),
-                identity: factory.identity(),
-                scans: 1,
-            });
-            Ok(Transformed::yes(LogicalPlan::TableScan(TableScan {
-                source: provider_as_source(instance),
-                ..scan
-            })))
-        })
-        .map_err(SluiceError::from)?
-        .data;
+    let bound = replace_stream_scans(plan.clone(), |table, provider| {
+        // A stream scanned again reads the same input: one read per epoch,
+        // and every path sees the same rows (and the same late ones),
+        // whatever arrives between two reads.
+        let identity = Arc::as_ptr(provider) as *const ();
+        if let Some(&(_, i)) = bound_tables.iter().find(|(t, _)| *t == identity) {
+            let input = &mut inputs[i];
+            input.scans += 1;
+            return Ok(Some(Arc::clone(&input.table) as Arc<dyn TableProvider>));
+        }
+        let factory = table.factory(registry, default_partitions)?;
+        let source = match task {
+            Some(task) => factory.create_task(task)?,
+            None => factory.create()?,
+        };
+        let instance = table.for_query();
+        bound_tables.push((identity, inputs.len()));
+        inputs.push(Input {
+            key: format!("{key_prefix}{}:{}", inputs.len(), table.definition().name),
+            table: Arc::clone(&instance),
+            source,
+            description: format!("{} ← {}", table.definition().name, factory.describe()),
+            identity: factory.identity(),
+            scans: 1,
+        });
+        Ok(Some(instance))
+    })?;
     Ok((bound, inputs))
 }

@@ -5,11 +5,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use datafusion::catalog::default_table_source::{provider_as_source, source_as_provider};
 use datafusion::catalog::TableProvider;
-use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::JoinType;
-use datafusion::logical_expr::TableScan;
 
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::dataframe::DataFrame;
@@ -25,7 +22,7 @@ use crate::planner::{self, IncrementalPlan};
 use crate::reference::BatchQuery;
 use crate::settings::QuerySettings;
 use crate::sink::{MemorySink, Sink};
-use crate::table::as_stream_table;
+use crate::table::replace_stream_scans;
 use crate::task::TaskId;
 use crate::watermark::WatermarkSpec;
 use crate::window::Window;
@@ -131,29 +128,13 @@ impl StreamFrame {
         let spec = WatermarkSpec::new(column, delay);
         let (state, plan) = self.df.into_parts();
         let mut found = 0;
-        let plan = plan
-            .transform_up(|node| {
-                let LogicalPlan::TableScan(scan) = node else {
-                    return Ok(Transformed::no(node));
-                };
-                let provider = source_as_provider(&scan.source)?;
-                let Some(table) = as_stream_table(&provider) else {
-                    return Ok(Transformed::no(LogicalPlan::TableScan(scan)));
-                };
-                if table.schema().column_with_name(column).is_none() {
-                    return Ok(Transformed::no(LogicalPlan::TableScan(scan)));
-                }
-                found += 1;
-                let table = table
-                    .with_watermark(spec.clone())
-                    .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
-                Ok(Transformed::yes(LogicalPlan::TableScan(TableScan {
-                    source: provider_as_source(Arc::new(table)),
-                    ..scan
-                })))
-            })
-            .map_err(SluiceError::from)?
-            .data;
+        let plan = replace_stream_scans(plan, |table, _| {
+            if table.schema().column_with_name(column).is_none() {
+                return Ok(None);
+            }
+            found += 1;
+            Ok(Some(Arc::new(table.with_watermark(spec.clone())?)))
+        })?;
         if found == 0 {
             return Err(SluiceError::plan(format!(
                 "with_watermark('{column}'): none of the streams this frame reads has a column \

@@ -10,28 +10,17 @@ use datafusion::arrow::datatypes::SchemaRef;
 use sluice_engine::{Options, OutputMode, Result, SinkArgs, SluiceError};
 
 use super::SinkConfig;
-use crate::client::{ClientOptions, DEFAULT_CONNECT_TIMEOUT};
+use crate::client::{ClientOptions, DEFAULT_CONNECT_TIMEOUT, STREAM_OPTIONS};
 use crate::format::{key_indices, Format};
 use crate::registry::{Part, Registry, RegistryOptions, SchemaKind, REGISTRY_OPTIONS};
 
 pub(crate) const SINK_OPTIONS: &[&str] = &[
-    "topic",
-    "bootstrap.servers",
-    "properties.bootstrap.servers",
-    "format",
-    "key.format",
-    "key.fields",
-    "value.fields-include",
     "topic.partitions",
     "sink.delivery",
-    "connect.timeout",
     "transaction.timeout",
     "progress.topic",
     "sink.transactional-id-prefix",
     "sink.epoch-headers",
-    "dead-letter.topic",
-    "kafka.*",
-    "properties.*",
 ];
 
 /// Producer properties the sinks set themselves, and why.
@@ -165,7 +154,10 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let epoch_headers = o
         .take_choice("sink.epoch-headers", &["true", "false"])?
         .is_some_and(|v| v == "true");
-    o.finish("kafka", &[SINK_OPTIONS, REGISTRY_OPTIONS].concat())?;
+    o.finish(
+        "kafka",
+        &[STREAM_OPTIONS, SINK_OPTIONS, REGISTRY_OPTIONS].concat(),
+    )?;
     Ok(SinkSettings {
         config: SinkConfig {
             topic,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::client::ClientOptions;
+use crate::client::{ClientOptions, STREAM_OPTIONS};
 use crate::format::avro::{AvroConfluentDecoder, AvroDecoder};
 use crate::format::protobuf::ProtobufConfluentDecoder;
 use crate::registry::{Part, RegistryOptions, REGISTRY_OPTIONS};
@@ -17,28 +17,18 @@ use sluice_engine::{Options, Result, SluiceError, SourceFactory};
 use super::columns::{ColumnOptions, Columns, KeyColumns, SourceFormat};
 use super::KafkaSourceFactory;
 
-/// Options of a Kafka source stream.
+/// Options only a Kafka source reads, besides the `STREAM_OPTIONS` every
+/// stream has.
 pub(crate) const SOURCE_OPTIONS: &[&str] = &[
-    "topic",
-    "bootstrap.servers",
-    "properties.bootstrap.servers",
-    "format",
-    "key.format",
-    "key.fields",
-    "value.fields-include",
     "scan.startup.mode",
     "scan.startup.timestamp-millis",
     "scan.startup.specific-offsets",
     "max-records-per-epoch",
     "max-bytes-per-epoch",
     "format.on-error",
-    "dead-letter.topic",
     "group.id",
     "fail-on-data-loss",
     "purge-committed",
-    "connect.timeout",
-    "kafka.*",
-    "properties.*",
 ];
 
 /// Consumer properties the source sets itself, and why.
@@ -143,7 +133,10 @@ pub(crate) fn factory(
     upsert: bool,
 ) -> Result<Arc<dyn SourceFactory>> {
     let options = SourceOptions::take(stream, &mut o, connect_timeout_default)?;
-    o.finish("kafka", &[SOURCE_OPTIONS, REGISTRY_OPTIONS].concat())?;
+    o.finish(
+        "kafka",
+        &[STREAM_OPTIONS, SOURCE_OPTIONS, REGISTRY_OPTIONS].concat(),
+    )?;
     let columns = Columns::plan(stream, &options.columns, declared, upsert)?;
     Ok(Arc::new(KafkaSourceFactory(SourceConfig {
         stream: stream.to_string(),

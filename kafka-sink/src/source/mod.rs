@@ -140,6 +140,12 @@ struct PlannedRanges {
     ranges: BTreeMap<i32, (i64, i64)>,
 }
 
+impl PlannedRanges {
+    fn to_offset(&self) -> Result<Offset> {
+        serde_json::to_value(self).map_err(|e| SluiceError::Internal(e.to_string()))
+    }
+}
+
 fn parse(offset: &Offset) -> Result<PlannedRanges> {
     serde_json::from_value(offset.clone())
         .map_err(|e| SluiceError::Internal(format!("kafka source offset {offset}: {e}")))
@@ -258,6 +264,20 @@ impl SourceInner {
     }
 }
 
+impl KafkaSource {
+    /// Where the startup mode begins each partition, asked of the broker off
+    /// the async runtime.
+    async fn startup_positions(&self) -> Result<BTreeMap<i32, i64>> {
+        let inner = Arc::clone(&self.0);
+        tokio::task::spawn_blocking(move || {
+            let marks = inner.watermarks()?;
+            inner.startup_positions(&marks)
+        })
+        .await
+        .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))?
+    }
+}
+
 #[async_trait]
 impl Source for KafkaSource {
     async fn latest_offset(&self, start: Option<&Offset>) -> Result<Option<Offset>> {
@@ -299,17 +319,9 @@ impl Source for KafkaSource {
         if self.0.config.startup == StartupMode::Earliest {
             return Ok(None);
         }
-        let inner = Arc::clone(&self.0);
-        let starts = tokio::task::spawn_blocking(move || {
-            let marks = inner.watermarks()?;
-            inner.startup_positions(&marks)
-        })
-        .await
-        .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))??;
+        let starts = self.startup_positions().await?;
         let ranges = starts.into_iter().map(|(p, pos)| (p, (pos, pos))).collect();
-        serde_json::to_value(PlannedRanges { ranges })
-            .map(Some)
-            .map_err(|e| SluiceError::Internal(e.to_string()))
+        PlannedRanges { ranges }.to_offset().map(Some)
     }
 
     async fn since_start(&self, end: &Offset) -> Result<Option<Offset>> {
@@ -318,21 +330,13 @@ impl Source for KafkaSource {
             return Ok(None);
         }
         let end = parse(end)?;
-        let inner = Arc::clone(&self.0);
-        let starts = tokio::task::spawn_blocking(move || {
-            let marks = inner.watermarks()?;
-            inner.startup_positions(&marks)
-        })
-        .await
-        .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))??;
+        let starts = self.startup_positions().await?;
         let ranges = end
             .ranges
             .into_iter()
             .map(|(p, (_, to))| (p, (starts.get(&p).copied().unwrap_or(0).min(to), to)))
             .collect();
-        serde_json::to_value(PlannedRanges { ranges })
-            .map(Some)
-            .map_err(|e| SluiceError::Internal(e.to_string()))
+        PlannedRanges { ranges }.to_offset().map(Some)
     }
 
     fn lag(&self) -> BTreeMap<String, i64> {
