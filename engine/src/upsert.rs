@@ -7,22 +7,29 @@
 //! null). It gives at most one row per key per epoch, the last.
 //!
 //! A query over it keeps the keys and their values as they are, and is a
-//! stateless copy of the table: [`plan`] carries the marker through its
+//! stateless view of the table: [`plan`] carries the marker through its
 //! projections, the output is in update mode keyed by the key columns,
 //! and each epoch's rows [`split`] into the values to upsert and the keys
-//! to delete, which an upsert sink (Kafka: a tombstone) deletes. Filters,
-//! aggregations and joins over an upsert stream would need each key's
-//! previous value (Flink's ChangelogNormalize) and are refused.
+//! to delete, which an upsert sink (Kafka: a tombstone) deletes.
+//!
+//! A filter keeps the table a table without any state: a key's new value
+//! that fails it deletes the key downstream, since its previous value may
+//! have passed (a compacted reader sees the last value per key where the
+//! filter holds; a key that never passed gets a tombstone it did not need,
+//! which a compacted topic drops). Aggregations and joins over an upsert
+//! stream need each key's previous value (Flink's ChangelogNormalize) and
+//! are refused.
 
 use std::sync::Arc;
 
 use datafusion::arrow::array::{AsArray, BooleanArray};
-use datafusion::arrow::compute::{filter_record_batch, not};
+use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::Column;
-use datafusion::logical_expr::{Expr, LogicalPlan, Projection};
+use datafusion::functions::core::expr_fn::coalesce;
+use datafusion::logical_expr::{lit, not, Expr, Filter, LogicalPlan, Projection};
 
 use crate::error::{Result, SluiceError};
 use crate::sink::EpochOutput;
@@ -61,17 +68,17 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
         SluiceError::plan(format!(
             "this query cannot run: it {what} an upsert stream (connector 'upsert-kafka'), \
              whose rows are each key's latest value; that needs each key's previous value, \
-             which Sluice does not keep yet. Select its columns (keeping the key columns) to \
-             copy the table, or read the topic with connector 'kafka'"
+             which Sluice does not keep yet. Select and filter its columns (keeping the key \
+             columns) to copy the table, or read the topic with connector 'kafka'"
         ))
     };
     let mut problem = None;
     plan.apply(|p| {
         let what = match p {
             LogicalPlan::Projection(_)
+            | LogicalPlan::Filter(_)
             | LogicalPlan::SubqueryAlias(_)
             | LogicalPlan::TableScan(_) => None,
-            LogicalPlan::Filter(_) => Some("filters"),
             LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some("aggregates"),
             LogicalPlan::Join(_) => Some("joins"),
             _ => Some("transforms"),
@@ -85,10 +92,14 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
     if let Some(problem) = problem {
         return Err(problem);
     }
-    // Each projection passes the marker on.
+    // Each projection passes the marker on; each filter marks what it
+    // would drop.
     let carried = plan
         .clone()
         .transform_up(|p| {
+            if let LogicalPlan::Filter(filter) = &p {
+                return Ok(Transformed::yes(deleting(filter)?));
+            }
             let LogicalPlan::Projection(projection) = &p else {
                 return Ok(Transformed::no(p));
             };
@@ -147,6 +158,30 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
     )))
 }
 
+/// A filter over an upsert stream as the projection that passes every row
+/// and marks those it would drop as their key's deletion.
+fn deleting(filter: &Filter) -> datafusion::error::Result<LogicalPlan> {
+    let input = filter.input.schema();
+    let exprs = input
+        .iter()
+        .map(|(qualifier, field)| {
+            let column = Expr::Column(Column::new(qualifier.cloned(), field.name()));
+            if field.name() != DELETED {
+                return column;
+            }
+            // A predicate that is null drops the row, as WHERE does.
+            let fails = not(coalesce(vec![filter.predicate.clone(), lit(false)]));
+            column
+                .or(fails)
+                .alias_qualified(qualifier.cloned(), DELETED)
+        })
+        .collect();
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        exprs,
+        Arc::clone(&filter.input),
+    )?))
+}
+
 /// The names of the upsert streams' key columns in the plan's scans.
 fn key_names(plan: &LogicalPlan) -> Vec<String> {
     let mut names = Vec::new();
@@ -187,7 +222,7 @@ pub(crate) fn split(batches: Vec<RecordBatch>, output: &UpsertOutput) -> Result<
             })?;
         let gone: BooleanArray = marker.iter().map(|m| Some(m.unwrap_or(false))).collect();
         let values = batch.project(&rest)?;
-        let kept = filter_record_batch(&values, &not(&gone)?)?;
+        let kept = filter_record_batch(&values, &datafusion::arrow::compute::not(&gone)?)?;
         if kept.num_rows() > 0 {
             rows.push(RecordBatch::try_new(
                 Arc::clone(&output.schema),

@@ -5,10 +5,11 @@
 //! The aggregation below emits, per changed group, its previous row signed
 //! −1 and its new row signed +1 in a last column [`SIGN`] ([`signed`]); a
 //! group whose row did not change emits nothing. The aggregation above is
-//! rewritten at planning ([`over_changelog`]) so that each of its functions
-//! is a sum of signed values, which takes an old row back by adding its
-//! negation. Nexmark q4 (the average per category of each auction's
-//! highest bid) runs this way.
+//! rewritten at planning ([`over_changelog`]): `count`, `sum` and `avg`
+//! become sums of signed values, which take an old row back by adding its
+//! negation, and every other function keeps each group's values as a
+//! multiset (`multiset`). Nexmark q4 (the average per category of each
+//! auction's highest bid) runs this way.
 
 use std::sync::Arc;
 
@@ -26,6 +27,7 @@ use datafusion::logical_expr::{
 };
 use foldhash::{HashMap, HashMapExt};
 
+use super::multiset::over_changes;
 use crate::error::{Result, SluiceError};
 use crate::state::row_converter;
 
@@ -88,8 +90,8 @@ fn check_changelog_readers(
         return Err(SluiceError::plan(
             "this query cannot run: it reads a changelog stream (format 'debezium-json') \
              without aggregating it, and a change's row is not a new row (an update takes \
-             its old row back, a delete removes it). Aggregate it with count, sum or avg \
-             (GROUP BY), which follow every change",
+             its old row back, a delete removes it). Aggregate it (GROUP BY), which \
+             follows every change",
         ));
     }
     match plan {
@@ -190,15 +192,15 @@ pub(crate) fn signed(old: &[RecordBatch], new: &[RecordBatch]) -> Result<Vec<Rec
 }
 
 /// The aggregation `agg` over a changelog (`input`, whose last column is
-/// [`SIGN`]), with the same output: each function becomes sums of signed
-/// values, which take a row back by adding its negation —
-/// `count(*)` is `sum(sign)`, `count(x)` sums the signs of non-null `x`,
-/// `sum(x)` is `sum(x * sign)` (NULL when `count(x)` is 0), and `avg(x)` is
-/// `sum(x * sign) / count(x)`. A group whose rows were all taken back is
-/// dropped, so update mode retracts it (and the operator drops its state,
-/// see [`LIVE`]). Functions that cannot take a value
-/// back from their state (min, max, ...) are refused, as in Flink, whose
-/// retracting min/max keep every value instead.
+/// [`SIGN`]), with the same output. `count`, `sum` and `avg` of numbers
+/// become sums of signed values, which take a row back by adding its
+/// negation — `count(*)` is `sum(sign)`, `count(x)` sums the signs of
+/// non-null `x`, `sum(x)` is `sum(x * sign)` (NULL when `count(x)` is 0),
+/// and `avg(x)` is `sum(x * sign) / count(x)`. Every other function (and
+/// these with DISTINCT, FILTER or ORDER BY) keeps each group's values as a
+/// multiset ([`over_changes`]), as Flink's retracting min/max do. A group
+/// whose rows were all taken back is dropped, so update mode retracts it
+/// (and the operator drops its state, see [`LIVE`]).
 pub(crate) fn over_changelog(agg: &Aggregate, input: LogicalPlan) -> Result<LogicalPlan> {
     let sign = || Expr::Column(Column::from_name(SIGN));
     let part = |name: &str| Expr::Column(Column::from_name(name));
@@ -208,50 +210,56 @@ pub(crate) fn over_changelog(agg: &Aggregate, input: LogicalPlan) -> Result<Logi
     let mut sums = Vec::new();
     let mut values = Vec::new();
     for (i, e) in agg.aggr_expr.iter().enumerate() {
-        let refuse = || {
-            SluiceError::plan(format!(
-                "this query cannot run on a stream: it computes {e} over rows that change \
-                 (an aggregation without an event-time window, or a changelog stream such as \
-                 format 'debezium-json'). Over such rows only count, sum and avg (without \
-                 DISTINCT or FILTER) can take an old value back; for an inner aggregation, \
-                 group it by a TUMBLE or HOP window over a watermarked column (its rows are \
-                 then final), or write it to a stream"
-            ))
-        };
         let Expr::AggregateFunction(f) = e.clone().unalias_nested().data else {
-            return Err(refuse());
+            return Err(SluiceError::plan(format!(
+                "this query cannot run on a stream: it aggregates {e} over rows that change \
+                 (an aggregation without an event-time window, or a changelog stream such as \
+                 format 'debezium-json'), which is not an aggregate function call"
+            )));
         };
         let name = f.func.name().to_ascii_lowercase();
         let p = &f.params;
-        if p.distinct || p.filter.is_some() || !p.order_by.is_empty() || p.args.len() != 1 {
-            return Err(refuse());
+        let (_, field) = agg.schema.qualified_field(agg.group_expr.len() + i);
+        let invertible = matches!(name.as_str(), "count" | "sum" | "avg" | "mean")
+            && !p.distinct
+            && p.filter.is_none()
+            && p.order_by.is_empty()
+            && p.args.len() == 1
+            && (name == "count" || {
+                let x_type = p.args[0].get_type(input.schema())?;
+                x_type.is_integer() || x_type.is_floating()
+            });
+        if !invertible {
+            // Every other function keeps each group's values (see `multiset`).
+            let counted = match &p.filter {
+                Some(filter) => when(*filter.clone(), sign()).otherwise(lit(0i64))?,
+                None => sign(),
+            };
+            let part_name = format!("__sluice_multiset{i}");
+            sums.push(over_changes(&f, counted).alias(&part_name));
+            values.push(cast(part(&part_name), field.data_type().clone()));
+            continue;
         }
         let x = p.args[0].clone();
         let count = format!("__sluice_count{i}");
         sums.push(sum(when(x.clone().is_null(), lit(0i64)).otherwise(sign())?).alias(&count));
-        let value = match name.as_str() {
-            "count" => part(&count),
-            "sum" | "avg" | "mean" => {
-                let x_type = x.get_type(input.schema())?;
-                let signed = if x_type.is_integer() {
-                    cast(x, DataType::Int64) * sign()
-                } else if x_type.is_floating() {
-                    cast(x, DataType::Float64) * cast(sign(), DataType::Float64)
-                } else {
-                    return Err(refuse());
-                };
-                let total = format!("__sluice_sum{i}");
-                sums.push(sum(signed).alias(&total));
-                let value = if name == "sum" {
-                    part(&total)
-                } else {
-                    cast(part(&total), DataType::Float64) / cast(part(&count), DataType::Float64)
-                };
-                null_when_empty(&count, value)?
-            }
-            _ => return Err(refuse()),
+        let value = if name == "count" {
+            part(&count)
+        } else {
+            let signed = if x.get_type(input.schema())?.is_integer() {
+                cast(x, DataType::Int64) * sign()
+            } else {
+                cast(x, DataType::Float64) * cast(sign(), DataType::Float64)
+            };
+            let total = format!("__sluice_sum{i}");
+            sums.push(sum(signed).alias(&total));
+            let value = if name == "sum" {
+                part(&total)
+            } else {
+                cast(part(&total), DataType::Float64) / cast(part(&count), DataType::Float64)
+            };
+            null_when_empty(&count, value)?
         };
-        let (_, field) = agg.schema.qualified_field(agg.group_expr.len() + i);
         values.push(cast(value, field.data_type().clone()));
     }
     sums.push(sum(sign()).alias(LIVE));

@@ -12,7 +12,9 @@
 //! - [`join`]: stream–stream joins, interval-bounded or not;
 //! - [`pipeline`]: several of those in one query, innermost first, each
 //!   feeding the one above it;
-//! - [`changelog`]: how an aggregation whose rows change feeds another.
+//! - [`changelog`]: how an aggregation whose rows change feeds another;
+//!   [`multiset`]: the functions that cannot take a value back (`min`,
+//!   `max`, ...), over such rows.
 //!
 //! An operator reads its epoch's input from the scans of its plans, which
 //! the statement has put in scope (`table::EpochBatches::with_input`) for
@@ -31,6 +33,7 @@ use crate::state::chain::{ChainReader, Staged};
 pub(crate) mod aggregate;
 pub(crate) mod changelog;
 pub(crate) mod join;
+pub(crate) mod multiset;
 pub(crate) mod pipeline;
 
 /// A running stateful operator (Arroyo's and Flink's operator lifecycle,
