@@ -165,6 +165,13 @@ impl BatchQuery {
                 );
             }
         }
+        if self.plan.rank.is_some() {
+            return Some(
+                "a Top-N ranks rows with equal ORDER BY values in the order they arrived, \
+                 which a batch query cannot tell; verify does not check Top-N queries yet"
+                    .into(),
+            );
+        }
         if let Some(j) = &self.plan.join {
             if j.join_type != JoinType::Inner {
                 return Some(

@@ -20,6 +20,7 @@ use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
 use crate::operator::join::{JoinConfig, JoinOperator};
 use crate::operator::pipeline::{Pipeline, PipelineStage};
+use crate::operator::rank::RankOperator;
 use crate::operator::Operator;
 use crate::options::columns;
 use crate::planner::{IncrementalPlan, StageConfig};
@@ -284,6 +285,14 @@ fn fingerprint(plan: &IncrementalPlan, index: usize, statements: usize) -> Strin
         .collect();
     operators.extend(plan.aggregate.as_ref().map(aggregate));
     operators.extend(plan.join.as_ref().map(join));
+    operators.extend(plan.rank.as_ref().map(|r| {
+        format!(
+            "top {} of ({}) ranked by {:?}",
+            r.limit,
+            columns(r.input.schema().as_arrow()),
+            r.order
+        )
+    }));
     lines.extend(
         operators
             .into_iter()
@@ -296,10 +305,12 @@ fn fingerprint(plan: &IncrementalPlan, index: usize, statements: usize) -> Strin
 /// The stateful operator of a planned query, if it has one: the outermost
 /// one, with the stages under it as one [`Pipeline`].
 fn build_operator(plan: &mut IncrementalPlan) -> Result<Option<Box<dyn Operator>>> {
-    let root: Box<dyn Operator> = match (plan.aggregate.take(), plan.join.take()) {
-        (Some(a), _) => Box::new(AggregateOperator::new(a)),
-        (None, Some(j)) => Box::new(JoinOperator::new(j)?),
-        (None, None) => return Ok(None),
+    let root: Box<dyn Operator> = match (plan.aggregate.take(), plan.join.take(), plan.rank.take())
+    {
+        (Some(a), _, _) => Box::new(AggregateOperator::new(a)),
+        (None, Some(j), _) => Box::new(JoinOperator::new(j)?),
+        (None, None, Some(r)) => Box::new(RankOperator::new(r)),
+        (None, None, None) => return Ok(None),
     };
     if plan.stages.is_empty() {
         return Ok(Some(root));

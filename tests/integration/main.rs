@@ -21,6 +21,7 @@ mod secure;
 mod send_ahead;
 mod shape;
 mod tasks;
+mod top_n;
 mod util;
 mod verify;
 mod windows;

@@ -71,21 +71,21 @@ fn judge(epochs: &[Vec<Row>]) -> (Vec<Row>, u64, Option<i64>) {
     (kept, late, mark)
 }
 
-struct Run {
+pub(crate) struct Run {
     /// Every epoch's output rows, in order; none of them null.
-    batches: Vec<RecordBatch>,
+    pub batches: Vec<RecordBatch>,
     /// Per epoch, its rows and the keys it retracted.
-    epochs: Vec<(Vec<RecordBatch>, Option<RecordBatch>)>,
-    late_rows: u64,
-    state_rows: u64,
+    pub epochs: Vec<(Vec<RecordBatch>, Option<RecordBatch>)>,
+    pub late_rows: u64,
+    pub state_rows: u64,
     /// State files in the checkpoint at the end that are deltas.
-    deltas: usize,
+    pub deltas: usize,
 }
 
 /// Runs `query` (built over the session's memory stream `events`) one
 /// epoch of `epochs` at a time, each an available-now run of its own that
 /// restarts from the checkpoint: every epoch restores the pipeline's state.
-async fn run(
+pub(crate) async fn run(
     epochs: &[Vec<Row>],
     mode: OutputMode,
     query: impl Fn(&dyn Fn() -> StreamFrame) -> StreamFrame,

@@ -10,6 +10,8 @@
 //! - [`aggregate`]: GROUP BY, windowed aggregation and deduplication, through
 //!   DataFusion's accumulators, over a [`KeyedState`](crate::KeyedState);
 //! - [`join`]: stream–stream joins, interval-bounded or not;
+//! - [`rank`]: Top-N and deduplication (`ROW_NUMBER() OVER (...)` bounded
+//!   by `rn <= N`);
 //! - [`pipeline`]: several of those in one query, innermost first, each
 //!   feeding the one above it;
 //! - [`changelog`]: how an aggregation whose rows change feeds another;
@@ -35,6 +37,7 @@ pub(crate) mod changelog;
 pub(crate) mod join;
 pub(crate) mod multiset;
 pub(crate) mod pipeline;
+pub(crate) mod rank;
 
 /// A running stateful operator (Arroyo's and Flink's operator lifecycle,
 /// at epoch granularity).

@@ -7,6 +7,7 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::JoinType;
 use datafusion::logical_expr::{Expr, Join, LogicalPlan};
 
+use super::rank::{top_ns, window_problem};
 use crate::error::{Result, SluiceError};
 use crate::output_mode::OutputMode;
 use crate::table::as_stream_table;
@@ -55,6 +56,8 @@ pub(super) fn reads_stream(plan: &LogicalPlan) -> bool {
 enum Root {
     Aggregate,
     Join,
+    /// A Top-N (see `rank`).
+    Rank,
 }
 
 /// What [`check_incremental`] found.
@@ -70,13 +73,27 @@ pub(super) struct Checked {
 /// returns the output mode (the one asked for, else the one derived).
 pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Checked> {
     let watermarked = watermarked_columns(plan)?;
-    let mut shape = Shape::default();
+    let mut shape = Shape {
+        ranks: top_ns(plan)?
+            .into_iter()
+            .map(|(window, _)| window)
+            .collect(),
+        ..Shape::default()
+    };
     for node in streaming_nodes(plan) {
         if let Some(problem) = shape.visit(node, &watermarked) {
             return Err(SluiceError::plan(format!(
                 "this query cannot run on a stream: it {problem}"
             )));
         }
+    }
+    if shape.stateful > 1 && !shape.ranks.is_empty() {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: it combines a Top-N (ROW_NUMBER() OVER ... \
+             with WHERE rn <= N) with another stateful operator (an aggregation, a join, \
+             DISTINCT), which Sluice does not run yet; write the other operator's output to a \
+             stream and rank that",
+        ));
     }
     let mode = output_mode(plan, &shape, &watermarked, mode)?;
     Ok(Checked {
@@ -115,6 +132,10 @@ struct Shape {
     window: Option<WindowKey>,
     /// The query deduplicates (`SELECT DISTINCT`, `drop_duplicates`).
     dedup: bool,
+    /// The `Window` nodes of the query's Top-Ns (see `rank::top_ns`).
+    ranks: Vec<LogicalPlan>,
+    /// How many stateful nodes the query has.
+    stateful: usize,
 }
 
 impl Shape {
@@ -140,6 +161,7 @@ impl Shape {
                 })
             }
             LogicalPlan::Aggregate(agg) => {
+                self.stateful += 1;
                 if self.root.is_none() {
                     self.root = Some(Root::Aggregate);
                     self.window = event_time_key(agg, watermarked);
@@ -155,6 +177,7 @@ impl Shape {
             // the distinct columns, which emits each key once (see
             // `aggregate`).
             LogicalPlan::Distinct(_) => {
+                self.stateful += 1;
                 if self.root.is_none() {
                     self.root = Some(Root::Aggregate);
                     self.dedup = true;
@@ -163,6 +186,7 @@ impl Shape {
             }
             LogicalPlan::Join(j) => match (reads_stream(&j.left), reads_stream(&j.right)) {
                 (true, true) => {
+                    self.stateful += 1;
                     self.root.get_or_insert(Root::Join);
                     None
                 }
@@ -178,9 +202,16 @@ impl Shape {
                  remove it"
                     .to_string(),
             ),
+            LogicalPlan::Window(_) if self.ranks.contains(node) => {
+                self.stateful += 1;
+                self.root.get_or_insert(Root::Rank);
+                window_problem(node)
+            }
             LogicalPlan::Window(_) => Some(
-                "uses an OVER (...) window function, which needs state across epochs; use a \
-                 GROUP BY over TUMBLE/HOP windows instead once available"
+                "uses an OVER (...) window function other than a Top-N, which Sluice does not \
+                 run yet; a Top-N or a deduplication bounds a ROW_NUMBER() OVER (PARTITION BY \
+                 ... ORDER BY ...) in the query around it (WHERE rn <= 10, or rn = 1), and an \
+                 aggregation over time runs as a GROUP BY over a TUMBLE, HOP or SESSION window"
                     .to_string(),
             ),
             other => Some(format!(
@@ -225,6 +256,17 @@ fn output_mode(
     watermarked: &[String],
     mode: Option<OutputMode>,
 ) -> Result<OutputMode> {
+    if shape.root == Some(Root::Rank) {
+        // A better row replaces a ranked one: the output changes.
+        return match mode {
+            None | Some(OutputMode::Update) => Ok(OutputMode::Update),
+            Some(m) => Err(SluiceError::plan(format!(
+                "output mode '{m}' does not fit a Top-N, whose ranked rows are replaced as \
+                 better ones arrive: use 'update' (each partition's changed ranks, keyed by \
+                 the partition and the rank)"
+            ))),
+        };
+    }
     if shape.root == Some(Root::Join) {
         // A joined pair never changes once emitted.
         return match mode {

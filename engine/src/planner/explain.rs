@@ -57,6 +57,19 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
         explain_join(&mut out, &header, j);
         return out;
     }
+    if let Some(r) = &plan.rank {
+        out.push_str(&format!(
+            "{header}\n  top-n: the first {} row(s) of each partition ({} PARTITION BY \
+             column(s)) in ORDER BY order, state keyed by (partition, rank): at most {} row(s) \
+             per partition\n",
+            r.limit, r.partitions, r.limit
+        ));
+        out.push_str("rows ranked (per epoch): partition values, order values, row:\n");
+        indent(&mut out, &r.input);
+        out.push_str("after the Top-N (per epoch, over the changed ranks):\n");
+        indent(&mut out, &r.tail);
+        return out;
+    }
     match &plan.aggregate {
         None => {
             out.push_str("stateful operators: none\n");

@@ -8,8 +8,9 @@
 //!
 //! Stateless parts (projection, filter, scalar functions, UDFs, unnest,
 //! union of streams) run as DataFusion plans over each epoch's batches.
-//! The stateful operators (aggregation, stream–stream join) are cut out of
-//! the plan: the outermost one becomes the query's `aggregate` or `join`,
+//! The stateful operators (aggregation, stream–stream join, Top-N) are cut
+//! out of the plan: the outermost one becomes the query's `aggregate`,
+//! `join` or `rank`,
 //! and any under it become stages that feed it (see `split`).
 //! What cannot run incrementally is rejected here, before anything runs,
 //! with what would work instead.
@@ -17,6 +18,7 @@
 //! - [`check`]: what can run on a stream, and the output mode;
 //! - [`bind`]: each stream scan bound to the query's own source;
 //! - [`split`]: the plan cut at its stateful operators;
+//! - [`rank`]: Top-N queries found (`split` cuts them out);
 //! - [`explain`]: the incremental plan as text.
 
 use std::sync::Arc;
@@ -31,6 +33,7 @@ use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::AggregateConfig;
 use crate::operator::join::JoinConfig;
+use crate::operator::rank::RankConfig;
 use crate::output_mode::OutputMode;
 use crate::source::Source;
 use crate::table::{EpochBatches, StreamTable};
@@ -40,12 +43,13 @@ use crate::watermark::WatermarkTracker;
 mod bind;
 mod check;
 mod explain;
+mod rank;
 mod split;
 mod tasks;
 
 use check::{check_incremental, Checked};
 pub(crate) use explain::explain;
-use split::{group_key_columns, split_aggregate, split_join, split_stages};
+use split::{group_key_columns, split_aggregate, split_join, split_rank, split_stages};
 pub(crate) use tasks::{count as count_tasks, explain as explain_tasks, keyed_by_partition};
 
 /// One stream scan of a running query.
@@ -82,6 +86,8 @@ pub(crate) struct IncrementalPlan {
     pub aggregate: Option<AggregateConfig>,
     /// The interval join, when the query has one; `logical` is then unused.
     pub join: Option<JoinConfig>,
+    /// The Top-N, when the query has one; `logical` is then unused.
+    pub rank: Option<RankConfig>,
     /// The stateful operators under the one above (`aggregate` or `join`),
     /// innermost first, when the query has several: each feeds what it
     /// emits to the operator above it.
@@ -203,14 +209,19 @@ pub(crate) fn plan_query(
     let unsplit = logical.clone();
     let (logical, stages) = split_stages(logical, &watermarked)?;
     let unsplit = (!stages.is_empty()).then_some(unsplit);
+    let (rank, rank_key) = match split_rank(&logical)? {
+        Some((rank, key)) => (Some(rank), Some(key)),
+        None => (None, None),
+    };
     let mut aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
     let join = match aggregate {
         Some(_) => None,
         None => split_join(&logical, &watermarked)?,
     };
-    let key_columns: Vec<String> = match &upsert {
-        Some(u) => u.key_columns.clone(),
-        None => aggregate
+    let key_columns: Vec<String> = match (&upsert, rank_key) {
+        (Some(u), _) => u.key_columns.clone(),
+        (None, Some(key)) => key,
+        (None, None) => aggregate
             .as_ref()
             .map(group_key_columns)
             .unwrap_or_default(),
@@ -233,6 +244,7 @@ pub(crate) fn plan_query(
         mode,
         aggregate,
         join,
+        rank,
         stages,
         unsplit,
         state,

@@ -1,11 +1,12 @@
 //! Cutting a plan at its stateful operators: each becomes an operator's
-//! config (an aggregation's, a join's), with the stateless segments under
+//! config (an aggregation's, a join's, a Top-N's), with the stateless segments under
 //! it run per epoch inside it and the segment after it (its tail) reading
 //! what it emits. With several stateful operators, the inner ones become
 //! stages feeding the outer one ([`split_stages`]).
 
 use std::sync::Arc;
 
+use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::default_table_source::provider_as_source;
 use datafusion::catalog::TableProvider;
@@ -14,11 +15,13 @@ use datafusion::common::{DFSchema, JoinType};
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
 
 use super::check::{reads_stream, streaming_nodes, STAGE_OUTPUT};
+use super::rank::{top_ns, trace, window_problem};
 use super::{Stage, StageConfig};
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::AggregateConfig;
 use crate::operator::changelog::{counts_live_rows, over_changelog, SIGN};
 use crate::operator::join::{is_time_column, left_state_fields, time_bounds, JoinConfig};
+use crate::operator::rank::RankConfig;
 use crate::output_mode::OutputMode;
 use crate::table::EpochBatches;
 use crate::window::event_time_key;
@@ -388,4 +391,103 @@ pub(super) fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<O
         join_type: join.join_type,
         bounds,
     }))
+}
+
+/// The table name the query after a Top-N reads its ranked rows under.
+const RANK_OUTPUT: &str = "__sluice_rank";
+
+/// The Top-N of `plan` (there is at most one), cut out: the operator's
+/// config, and the output columns that are its key (the PARTITION BY
+/// columns and the rank; the PARTITION BY columns alone for `rn = 1`).
+pub(super) fn split_rank(plan: &LogicalPlan) -> Result<Option<(RankConfig, Vec<String>)>> {
+    let Some((window, limit)) = top_ns(plan)?.into_iter().next() else {
+        return Ok(None);
+    };
+    if let Some(problem) = window_problem(&window) {
+        return Err(SluiceError::plan(format!(
+            "this query cannot run on a stream: it {problem}"
+        )));
+    }
+    let LogicalPlan::Window(w) = &window else {
+        return Err(SluiceError::Internal("a Top-N's window vanished".into()));
+    };
+    let [Expr::WindowFunction(f)] = w.window_expr.as_slice() else {
+        return Err(SluiceError::Internal("a Top-N's function vanished".into()));
+    };
+    let params = &f.params;
+    // The rows to rank: partition values, order values, the input row.
+    let mut exprs: Vec<Expr> = params
+        .partition_by
+        .iter()
+        .enumerate()
+        .map(|(i, e)| e.clone().alias(format!("__sluice_p{i}")))
+        .collect();
+    exprs.extend(
+        params
+            .order_by
+            .iter()
+            .enumerate()
+            .map(|(i, s)| s.expr.clone().alias(format!("__sluice_o{i}"))),
+    );
+    exprs.extend(w.input.schema().columns().into_iter().map(Expr::Column));
+    let input = datafusion::logical_expr::LogicalPlanBuilder::from((*w.input).clone())
+        .project(exprs)?
+        .build()?;
+    let order = params
+        .order_by
+        .iter()
+        .map(|s| SortOptions {
+            descending: !s.asc,
+            nulls_first: s.nulls_first,
+        })
+        .collect();
+    // The output's key: the partition columns passed through, and the rank
+    // unless only the first row is kept.
+    let rank_index = w.schema.fields().len() - 1;
+    let mut key: Vec<usize> = Vec::new();
+    for e in &params.partition_by {
+        let column = match e {
+            Expr::Column(c) => w.input.schema().maybe_index_of_column(c),
+            _ => None,
+        };
+        let Some(i) = column else {
+            return Err(SluiceError::plan(format!(
+                "this query cannot run on a stream: its Top-N partitions by {e}, which is not \
+                 a column; compute it in a subquery and partition by that column (the \
+                 partition columns are the output's key)"
+            )));
+        };
+        key.push(i);
+    }
+    if limit > 1 {
+        key.push(rank_index);
+    }
+    let output_key: Vec<String> = plan
+        .schema()
+        .fields()
+        .iter()
+        .filter(|field| {
+            trace(plan, field.name()).is_some_and(|(node, i)| node == window && key.contains(&i))
+        })
+        .map(|field| field.name().clone())
+        .collect();
+    if output_key.len() != key.len() {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: its output leaves out the Top-N's PARTITION BY \
+             columns or its row number; select them (unrenamed), as they are the output's key \
+             in update mode (the row number may be left out with rn = 1)",
+        ));
+    }
+    let (tail, output) = cut_at(plan, &window, RANK_OUTPUT)?;
+    Ok(Some((
+        RankConfig {
+            input,
+            partitions: params.partition_by.len(),
+            order,
+            limit,
+            tail,
+            output,
+        },
+        output_key,
+    )))
 }

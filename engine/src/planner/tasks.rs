@@ -47,6 +47,11 @@ pub(crate) async fn count(plans: &[IncrementalPlan]) -> Result<u32> {
         } else {
             format!("statement {index}")
         };
+        if plan.rank.is_some() {
+            return Err(refuse(format!(
+                "{which} ranks rows (a Top-N), which tasks cannot divide yet"
+            )));
+        }
         if plan.join.is_some() || !plan.stages.is_empty() {
             return Err(refuse(format!(
                 "{which} joins streams or stacks stateful operators, which tasks cannot \

@@ -1,0 +1,181 @@
+//! Top-N and deduplication (`ROW_NUMBER() OVER (PARTITION BY … ORDER BY …)`
+//! bounded by `rn <= N`), over random epochs with ties and late rows, each
+//! epoch a run of its own that restores the state: the output folded by
+//! its key (partition, rank) equals, after every epoch, the top rows a
+//! plain loop keeps, and at the end DataFusion's batch answer.
+
+use std::collections::BTreeMap;
+
+use sluice::arrow::array::RecordBatch;
+use sluice::datafusion::functions_window::expr_fn::row_number;
+use sluice::datafusion::logical_expr::ExprFunctionExt;
+use sluice::datafusion::prelude::*;
+use sluice::{OutputMode, StreamFrame};
+
+use crate::pipelines::{input, run};
+use crate::util::{block_on, ints, property, timed_batch, Lcg, TimedRow as Row};
+
+const TOP: u64 = 3;
+
+/// A row's score: few values, so that ties are common.
+fn score(k: i64) -> i64 {
+    (k * 7) % 5
+}
+
+/// Per `v`, the `TOP` rows of highest score, ties to the earlier row.
+fn top_rows(events: &dyn Fn() -> StreamFrame) -> StreamFrame {
+    events()
+        .with_column("score", (col("k") * lit(7i64)) % lit(5i64))
+        .unwrap()
+        .select(vec![
+            col("v"),
+            col("k"),
+            col("score"),
+            row_number()
+                .partition_by(vec![col("v")])
+                .order_by(vec![col("score").sort(false, true)])
+                .build()
+                .unwrap()
+                .alias("rn"),
+        ])
+        .unwrap()
+        .filter(col("rn").lt_eq(lit(TOP)))
+        .unwrap()
+}
+
+/// (v, rn) → k: what a plain loop keeps of `rows` (in arrival order).
+fn oracle(rows: &[Row]) -> BTreeMap<(i64, i64), i64> {
+    let mut per_v: BTreeMap<i64, Vec<(i64, usize, i64)>> = BTreeMap::new();
+    for (arrival, r) in rows.iter().enumerate() {
+        per_v
+            .entry(r.1)
+            .or_default()
+            .push((-score(r.0), arrival, r.0));
+    }
+    let mut out = BTreeMap::new();
+    for (v, mut ranked) in per_v {
+        ranked.sort();
+        for (i, (_, _, k)) in ranked.into_iter().take(TOP as usize).enumerate() {
+            out.insert((v, i as i64 + 1), k);
+        }
+    }
+    out
+}
+
+/// DataFusion's batch answer over every row: (v, score) of each kept row,
+/// which ties cannot change (which row of a tie is kept can differ).
+async fn batch_answer(rows: &[Row]) -> Vec<(i64, i64)> {
+    let ctx = SessionContext::new();
+    ctx.register_batch("events", timed_batch(rows)).unwrap();
+    let sql = format!(
+        "SELECT v, score FROM (SELECT v, (k * 7) % 5 AS score, ROW_NUMBER() OVER \
+         (PARTITION BY v ORDER BY (k * 7) % 5 DESC) AS rn FROM events) WHERE rn <= {TOP}"
+    );
+    let batches = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+    let mut answer: Vec<(i64, i64)> = ints(&batches, "v")
+        .into_iter()
+        .zip(ints(&batches, "score"))
+        .collect();
+    answer.sort();
+    answer
+}
+
+fn fold(folded: &mut BTreeMap<(i64, i64), i64>, rows: &[RecordBatch]) {
+    let (v, rn, k) = (ints(rows, "v"), ints(rows, "rn"), ints(rows, "k"));
+    for i in 0..v.len() {
+        folded.insert((v[i], rn[i]), k[i]);
+    }
+}
+
+#[test]
+fn a_top_n_equals_the_loops_after_every_epoch_across_restarts() {
+    property(4, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let epochs = input(&mut rng, 16);
+            let run = run(&epochs, OutputMode::Update, top_rows).await;
+            let mut folded = BTreeMap::new();
+            let mut seen: Vec<Row> = Vec::new();
+            for (e, (rows, retracted)) in run.epochs.iter().enumerate() {
+                // An append-only input only adds rows: no rank empties.
+                assert!(retracted.is_none(), "seed {seed}: epoch {e} retracted");
+                fold(&mut folded, rows);
+                seen.extend(&epochs[e]);
+                assert_eq!(folded, oracle(&seen), "seed {seed}, epoch {e}");
+            }
+            // At most TOP rows per partition stay in state.
+            assert_eq!(run.state_rows as usize, folded.len(), "seed {seed}");
+            let all: Vec<Row> = epochs.concat();
+            let mut ours: Vec<(i64, i64)> =
+                folded.iter().map(|((v, _), k)| (*v, score(*k))).collect();
+            ours.sort();
+            assert_eq!(ours, batch_answer(&all).await, "seed {seed}");
+        })
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_top_n_cannot_do_yet_is_refused_at_planning_with_why() {
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sql/data/events");
+    let stream = format!(
+        "CREATE STREAM events (k BIGINT, v BIGINT, ts TIMESTAMP) \
+           WITH (connector = 'files', path = '{data}', format = 'json');\n\
+         CREATE STREAM out WITH (connector = 'console');\n"
+    );
+    let ranked =
+        "SELECT k, v, ROW_NUMBER() OVER (PARTITION BY k ORDER BY v DESC) AS rn FROM events";
+    for (query, problem) in [
+        (
+            "SELECT k, sum(v) OVER (PARTITION BY k ORDER BY ts) AS running FROM events".to_string(),
+            "uses an OVER (...) window function other than a Top-N",
+        ),
+        (
+            format!("SELECT k, v, rn FROM ({ranked}) WHERE rn <= 3 AND v > 1"),
+            "bounds a row number together with other conditions",
+        ),
+        (
+            "SELECT k, v, r FROM (SELECT k, v, RANK() OVER (PARTITION BY k ORDER BY v) AS r \
+             FROM events) WHERE r <= 3"
+                .to_string(),
+            "a Top-N ranks with ROW_NUMBER()",
+        ),
+        (
+            "SELECT k, v, rn FROM (SELECT k, v, ROW_NUMBER() OVER (PARTITION BY k) AS rn \
+             FROM events) WHERE rn <= 3"
+                .to_string(),
+            "without an ORDER BY",
+        ),
+        (
+            format!("SELECT k, v FROM ({ranked}) WHERE rn <= 3"),
+            "leaves out the Top-N's PARTITION BY columns or its row number",
+        ),
+        (
+            "SELECT k, n, rn FROM (SELECT k, n, ROW_NUMBER() OVER (PARTITION BY k ORDER BY n) \
+             AS rn FROM (SELECT k, count(*) AS n FROM events GROUP BY k)) WHERE rn <= 3"
+                .to_string(),
+            "combines a Top-N",
+        ),
+    ] {
+        let sql = format!("{stream}INSERT INTO out {query};\n");
+        let error = match sluice::Session::new().sql(&sql).await {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{query} was accepted"),
+        };
+        assert!(error.contains(problem), "{query}: {error}");
+    }
+    let append = format!(
+        "{stream}SET 'output.mode' = 'append';\nINSERT INTO out SELECT k, v, rn FROM ({ranked}) \
+         WHERE rn <= 3;\n"
+    );
+    let error = sluice::Session::new()
+        .sql(&append)
+        .await
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        error
+            .as_deref()
+            .is_some_and(|e| e.contains("output mode 'append' does not fit a Top-N")),
+        "{error:?}"
+    );
+}
