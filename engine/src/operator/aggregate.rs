@@ -382,9 +382,7 @@ impl Operator for AggregateOperator {
     fn stage(&mut self, snapshot_due: bool) -> Result<Staged> {
         match &self.state {
             None => Ok(Staged::Nothing),
-            Some(_) if snapshot_due => Ok(Staged::Snapshot),
-            Some(state) if state.has_changes() => Ok(Staged::Delta(state.pending_delta()?)),
-            Some(_) => Ok(Staged::Unchanged),
+            Some(state) => state.stage(snapshot_due),
         }
     }
 
@@ -403,12 +401,7 @@ impl Operator for AggregateOperator {
             phases.partial.schema(),
             phases.partial.group_expr().expr().len(),
         )?;
-        if let Some(snapshot) = chain.next() {
-            state.restore(snapshot?)?;
-            for delta in chain {
-                state.apply_delta(&delta?)?;
-            }
-        }
+        state.restore_chain(chain)?;
         self.state = Some(state);
         Ok(())
     }

@@ -26,7 +26,9 @@
 use std::fmt::Debug;
 
 use async_trait::async_trait;
+use datafusion::arrow::compute::SortOptions;
 use datafusion::execution::SessionState;
+use datafusion::logical_expr::SortExpr as Sort;
 
 use crate::error::Result;
 use crate::sink::EpochOutput;
@@ -38,6 +40,14 @@ pub(crate) mod join;
 pub(crate) mod multiset;
 pub(crate) mod pipeline;
 pub(crate) mod rank;
+
+/// The arrow sort order of a logical `ORDER BY` item.
+pub(crate) fn sort_options(sort: &Sort) -> SortOptions {
+    SortOptions {
+        descending: !sort.asc,
+        nulls_first: sort.nulls_first,
+    }
+}
 
 /// A running stateful operator (Arroyo's and Flink's operator lifecycle,
 /// at epoch granularity).

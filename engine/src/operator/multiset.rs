@@ -38,6 +38,8 @@ use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{PhysicalExpr, PhysicalSortExpr};
 use foldhash::{HashMap, HashMapExt};
 
+use super::sort_options;
+
 /// `f` as a function over rows that change, called with `f`'s arguments,
 /// its `ORDER BY` expressions, then `sign` (see the module's text). Its
 /// value is `f` over the rows whose count is positive, each as many times.
@@ -47,14 +49,7 @@ use foldhash::{HashMap, HashMapExt};
 /// ```
 pub(crate) fn over_changes(f: &AggregateFunction, sign: Expr) -> Expr {
     let p = &f.params;
-    let order: Vec<SortOptions> = p
-        .order_by
-        .iter()
-        .map(|s| SortOptions {
-            descending: !s.asc,
-            nulls_first: s.nulls_first,
-        })
-        .collect();
+    let order: Vec<SortOptions> = p.order_by.iter().map(sort_options).collect();
     let mut args = p.args.clone();
     args.extend(p.order_by.iter().map(|s| s.expr.clone()));
     args.push(sign);

@@ -6,11 +6,15 @@
 //! ([`KeyedState`]): `(p…, rn) → (order values…, row…)`. Per epoch, for
 //! each partition the epoch's rows touch, the stored rows and the new ones
 //! are ranked together; the rows whose rank changed are the partition's new
-//! `(p…, rn)` entries, and are emitted in update mode keyed by the
-//! partition and the rank. Over an append-only input a partition's row
-//! count only grows, so every rank once filled stays filled and nothing is
-//! retracted; rows pushed past `N` are forgotten, so the state holds at most
-//! `N` rows per partition.
+//! `(p…, rn)` entries, and those within `N` are emitted in update mode,
+//! keyed by the partition and the rank.
+//!
+//! Over an append-only input a partition only grows, so every rank once
+//! filled stays filled and nothing is retracted; rows pushed past `N` are
+//! forgotten, so the state holds at most `N` rows per partition. Over a
+//! changelog (an aggregation's changing rows, see `changelog`) a row taken
+//! back leaves its partition and the rows after it move up, so every row is
+//! kept; a rank left empty is retracted (its key deleted downstream).
 //!
 //! Ties in the ORDER BY keep the rows already ranked ahead of new ones, and
 //! new rows in their arrival order, as Flink does.
@@ -19,15 +23,18 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::array::{
-    ArrayRef, AsArray, RecordBatch, UInt32Array, UInt64Array, UInt8Array,
+    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt32Array, UInt64Array, UInt8Array,
 };
-use datafusion::arrow::compute::{concat_batches, lexsort_to_indices, take, SortColumn};
-use datafusion::arrow::compute::{take_record_batch, SortOptions};
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
+use datafusion::arrow::compute::{
+    concat_batches, filter_record_batch, lexsort_to_indices, take, take_record_batch, SortColumn,
+    SortOptions,
+};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
+use datafusion::arrow::row::Rows;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::collect;
-use foldhash::{HashSet, HashSetExt};
+use foldhash::{HashMap, HashMapExt};
 
 use super::Operator;
 use crate::error::{Result, SluiceError};
@@ -49,6 +56,12 @@ pub(crate) struct RankConfig {
     pub order: Vec<SortOptions>,
     /// The highest rank kept (`rn <= limit`).
     pub limit: u64,
+    /// The column of `input` that signs its rows (+1 added, −1 taken back),
+    /// when the input is a changelog.
+    pub sign: Option<usize>,
+    /// The output columns that are its key: what a rank left empty is
+    /// retracted as.
+    pub key_columns: Vec<String>,
     /// The rest of the query, reading `output`: the window's input row and
     /// its rank.
     pub tail: LogicalPlan,
@@ -63,6 +76,18 @@ pub(crate) struct RankOperator {
     /// Created from the input plan's physical schema at the first epoch or
     /// restore.
     state: Option<KeyedState>,
+    /// Over a changelog, how many rows each partition holds (by its
+    /// arrow-row encoding), to read them all back; rebuilt from the state
+    /// at restore.
+    sizes: HashMap<Box<[u8]>, u64>,
+}
+
+/// What an epoch changed in the ranked rows, as rows of the state.
+struct Ranked {
+    /// The rows at a rank they did not hold before.
+    changed: RecordBatch,
+    /// The stored rows at ranks now empty.
+    emptied: RecordBatch,
 }
 
 impl RankOperator {
@@ -70,6 +95,7 @@ impl RankOperator {
         Self {
             config,
             state: None,
+            sizes: HashMap::new(),
         }
     }
 
@@ -104,122 +130,154 @@ impl RankOperator {
         Ok(concat_batches(&schema, &batches)?)
     }
 
-    /// Ranks the epoch's `rows` with the stored rows of their partitions;
-    /// stores and returns the rows whose rank changed, as `(p…, rn, o…,
-    /// row…)`.
-    fn rank(&mut self, rows: &RecordBatch) -> Result<RecordBatch> {
-        let (k, limit) = (self.config.partitions, self.config.limit);
+    /// Ranks the epoch's `rows` with the stored rows of their partitions,
+    /// and stores the result.
+    fn rank(&mut self, rows: &RecordBatch) -> Result<Ranked> {
+        let (k, limit, sign) = (self.config.partitions, self.config.limit, self.config.sign);
         let order = self.config.order.clone();
+        let partition_of = |batch: &RecordBatch| -> Result<Rows> {
+            let converter =
+                row_converter(batch.schema().fields()[..k].iter().map(|f| f.data_type()))?;
+            Ok(converter.convert_columns(&batch.columns()[..k])?)
+        };
+        // The ranks to read back: 1..=limit, or over a changelog all of them.
+        let touched = partition_of(rows)?;
+        let mut probe: Vec<(u32, u64)> = Vec::new();
+        let mut seen = HashMap::new();
+        for i in 0..rows.num_rows() {
+            let p = touched.row(i);
+            if seen.insert(p.data(), ()).is_none() {
+                let bound = match sign {
+                    None => limit,
+                    Some(_) => self.sizes.get(p.as_ref()).copied().unwrap_or(0),
+                };
+                probe.extend((1..=bound).map(|r| (i as u32, r)));
+            }
+        }
         let state = self.state_for(&rows.schema())?;
         let state_schema = Arc::clone(state.all().schema_ref());
-        let stored = state.lookup(&[probe(rows, k, limit, &state_schema)?])?;
-        // Stored and new rows side by side, as `input`'s columns, with
-        // where each came from (0 stored, 1 new) and its rank or arrival.
-        let stored_columns: Vec<usize> = (0..stored.num_columns()).filter(|&c| c != k).collect();
-        let candidates = concat_batches(
-            &rows.schema(),
-            &[
-                RecordBatch::try_new(
-                    rows.schema(),
-                    stored.project(&stored_columns)?.columns().to_vec(),
-                )?,
-                rows.clone(),
-            ],
-        )?;
-        let from_state = stored.num_rows();
-        let source: ArrayRef = Arc::new(UInt8Array::from_iter_values(
-            (0..candidates.num_rows()).map(|i| u8::from(i >= from_state)),
-        ));
-        let sequence: ArrayRef = Arc::new(UInt64Array::from_iter_values(
-            stored
-                .column(k)
-                .as_primitive::<UInt64Type>()
-                .values()
-                .iter()
-                .copied()
-                .chain(0..rows.num_rows() as u64),
-        ));
-        let mut sort: Vec<SortColumn> = (0..k)
-            .map(|c| SortColumn {
-                values: Arc::clone(candidates.column(c)),
-                options: None,
-            })
-            .collect();
-        sort.extend(order.iter().enumerate().map(|(i, options)| SortColumn {
-            values: Arc::clone(candidates.column(k + i)),
-            options: Some(*options),
-        }));
-        sort.extend([source.clone(), sequence.clone()].map(|values| SortColumn {
-            values,
-            options: None,
-        }));
-        let sorted = lexsort_to_indices(&sort, None)?;
-        // Walk each partition's rows in rank order.
-        let partition = row_converter(
-            candidates.schema().fields()[..k]
-                .iter()
-                .map(|f| f.data_type()),
-        )?
-        .convert_columns(&candidates.columns()[..k])?;
-        let (source, sequence) = (
-            source.as_primitive::<datafusion::arrow::datatypes::UInt8Type>(),
-            sequence.as_primitive::<UInt64Type>(),
-        );
+        let stored = state.lookup(&[probe_batch(rows, k, &probe, &state_schema)?])?;
+        let candidates = Candidates::new(&stored, rows, k)?;
+        let partition = partition_of(&candidates.rows)?;
+        let live = candidates.live(sign, k, k + order.len())?;
+        let ranked = candidates.ranked(&live, &partition, k, &order)?;
+        // Partitions' sizes after the epoch, and what changed.
+        let mut sizes: HashMap<&[u8], u64> = HashMap::new();
         let (mut changed, mut ranks) = (Vec::new(), Vec::new());
-        let mut rank = 0u64;
-        for (n, i) in sorted.values().iter().map(|&i| i as usize).enumerate() {
-            let first = n == 0 || partition.row(i) != partition.row(sorted.value(n - 1) as usize);
-            rank = if first { 1 } else { rank + 1 };
-            // A stored row that keeps its rank is already out there.
-            if rank <= limit && !(source.value(i) == 0 && sequence.value(i) == rank) {
+        for (i, rank) in ranked {
+            sizes.insert(partition.row(i).data(), rank);
+            if (rank <= limit || sign.is_some()) && !candidates.holds(i, rank) {
                 changed.push(i as u32);
                 ranks.push(rank);
             }
         }
-        let changed = take_record_batch(&candidates, &UInt32Array::from(changed))?;
+        let old_ranks = stored.column(k).as_primitive::<UInt64Type>();
+        let emptied: BooleanArray = (0..stored.num_rows())
+            .map(|i| {
+                let now = sizes.get(partition.row(i).data()).copied().unwrap_or(0);
+                Some(old_ranks.value(i) > now)
+            })
+            .collect();
+        let emptied = filter_record_batch(&stored, &emptied)?;
+        let changed = take_record_batch(&candidates.rows, &UInt32Array::from(changed))?;
         let mut columns = changed.columns()[..k].to_vec();
         columns.push(Arc::new(UInt64Array::from(ranks)));
         columns.extend(changed.columns()[k..].iter().cloned());
         let changed = RecordBatch::try_new(state_schema, columns)?;
+        state.remove_keys(&emptied)?;
         state.upsert(std::slice::from_ref(&changed))?;
-        Ok(changed)
+        if sign.is_some() {
+            for i in 0..rows.num_rows() {
+                let p = touched.row(i);
+                match sizes.get(p.data()) {
+                    Some(&n) => self.sizes.insert(p.data().into(), n),
+                    None => self.sizes.remove(p.data()),
+                };
+            }
+        }
+        Ok(Ranked { changed, emptied })
     }
 
-    /// The window's output for `changed` rows (the input row, then its
-    /// rank) through the tail.
-    async fn emit(&self, ctx: &SessionState, changed: &RecordBatch) -> Result<Vec<RecordBatch>> {
+    /// The query's output for `ranked` rows of the state (their input row,
+    /// then their rank): the window's rows through the tail, which keeps
+    /// the ranks within the limit.
+    async fn through_tail(
+        &self,
+        ctx: &SessionState,
+        ranked: &RecordBatch,
+    ) -> Result<Vec<RecordBatch>> {
+        if ranked.num_rows() == 0 {
+            return Ok(Vec::new());
+        }
         let k = self.config.partitions;
         let row_starts = k + 1 + self.config.order.len();
-        let mut columns = changed.columns()[row_starts..].to_vec();
-        columns.push(Arc::clone(changed.column(k)));
+        let mut columns = ranked.columns()[row_starts..].to_vec();
+        columns.push(Arc::clone(ranked.column(k)));
         let window_rows = RecordBatch::try_new(self.config.output.schema_ref(), columns)?;
         let _input = self.config.output.with_input(vec![vec![window_rows]]);
         let tail = ctx.create_physical_plan(&self.config.tail).await?;
         let out = collect(tail, ctx.task_ctx()).await?;
         Ok(out.into_iter().filter(|b| b.num_rows() > 0).collect())
     }
-}
 
-/// The state keys `(p, 1..=limit)` of each partition `rows` touch.
-fn probe(rows: &RecordBatch, k: usize, limit: u64, state: &SchemaRef) -> Result<RecordBatch> {
-    let partition = row_converter(rows.schema().fields()[..k].iter().map(|f| f.data_type()))?
-        .convert_columns(&rows.columns()[..k])?;
-    let mut seen = HashSet::new();
-    let (mut at, mut rank) = (Vec::new(), Vec::new());
-    for i in 0..rows.num_rows() {
-        if seen.insert(partition.row(i).as_ref().to_vec()) {
-            for r in 1..=limit {
-                at.push(i as u32);
-                rank.push(r);
-            }
+    /// The output keys of `rows` (the query's output rows).
+    fn keys(&self, rows: &[RecordBatch]) -> Result<Option<RecordBatch>> {
+        let keys = rows
+            .iter()
+            .map(|b| {
+                let columns = self
+                    .config
+                    .key_columns
+                    .iter()
+                    .map(|c| b.schema().index_of(c))
+                    .collect::<std::result::Result<Vec<_>, _>>()?;
+                Ok(b.project(&columns)?)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        match keys.first() {
+            None => Ok(None),
+            Some(first) => Ok(Some(concat_batches(&first.schema(), &keys)?)),
         }
     }
-    let at = UInt32Array::from(at);
+
+    /// Over a changelog, each partition's size from the stored ranks.
+    fn count_sizes(&mut self) -> Result<()> {
+        self.sizes.clear();
+        let (Some(state), Some(_)) = (&self.state, self.config.sign) else {
+            return Ok(());
+        };
+        let k = self.config.partitions;
+        let all = state.all();
+        let partition = row_converter(all.schema().fields()[..k].iter().map(|f| f.data_type()))?
+            .convert_columns(&all.columns()[..k])?;
+        let ranks = all.column(k).as_primitive::<UInt64Type>();
+        for i in 0..all.num_rows() {
+            let size = self
+                .sizes
+                .entry(partition.row(i).data().into())
+                .or_default();
+            *size = (*size).max(ranks.value(i));
+        }
+        Ok(())
+    }
+}
+
+/// The state keys `(p, rn)` to read back: `probe` holds, per key, the row
+/// of `rows` whose partition it is and the rank.
+fn probe_batch(
+    rows: &RecordBatch,
+    k: usize,
+    probe: &[(u32, u64)],
+    state: &SchemaRef,
+) -> Result<RecordBatch> {
+    let at = UInt32Array::from_iter_values(probe.iter().map(|(i, _)| *i));
     let mut columns = rows.columns()[..k]
         .iter()
         .map(|c| Ok(take(c.as_ref(), &at, None)?))
         .collect::<Result<Vec<ArrayRef>>>()?;
-    columns.push(Arc::new(UInt64Array::from(rank)));
+    columns.push(Arc::new(UInt64Array::from_iter_values(
+        probe.iter().map(|(_, r)| *r),
+    )));
     let fields: Vec<Field> = state.fields()[..=k]
         .iter()
         .map(|f| f.as_ref().clone())
@@ -228,6 +286,126 @@ fn probe(rows: &RecordBatch, k: usize, limit: u64, state: &SchemaRef) -> Result<
         Arc::new(Schema::new(fields)),
         columns,
     )?)
+}
+
+/// The stored rows of the touched partitions and the epoch's rows, side by
+/// side as the input's columns (stored first).
+struct Candidates {
+    rows: RecordBatch,
+    /// How many of `rows` come from the state.
+    stored: usize,
+    /// Per row, the tie-break after the ORDER BY: a stored row's rank, a
+    /// new row's arrival.
+    sequence: UInt64Array,
+}
+
+impl Candidates {
+    fn new(stored: &RecordBatch, rows: &RecordBatch, k: usize) -> Result<Self> {
+        let columns: Vec<usize> = (0..stored.num_columns()).filter(|&c| c != k).collect();
+        let stored_rows =
+            RecordBatch::try_new(rows.schema(), stored.project(&columns)?.columns().to_vec())?;
+        let sequence = UInt64Array::from_iter_values(
+            stored
+                .column(k)
+                .as_primitive::<UInt64Type>()
+                .values()
+                .iter()
+                .copied()
+                .chain(0..rows.num_rows() as u64),
+        );
+        Ok(Self {
+            rows: concat_batches(&rows.schema(), [&stored_rows, rows])?,
+            stored: stored.num_rows(),
+            sequence,
+        })
+    }
+
+    /// Whether row `i` is a stored row that held `rank` already.
+    fn holds(&self, i: usize, rank: u64) -> bool {
+        i < self.stored && self.sequence.value(i) == rank
+    }
+
+    /// The rows in their partitions after the epoch: the stored ones and
+    /// the new ones, less, for each row taken back (−1 in column `sign`), one
+    /// equal row (equal in the `k` partition columns and the row's columns
+    /// from `values_from`, the sign aside).
+    fn live(&self, sign: Option<usize>, k: usize, values_from: usize) -> Result<Vec<u32>> {
+        let n = self.rows.num_rows();
+        let Some(sign) = sign else {
+            return Ok((0..n as u32).collect());
+        };
+        let signs = self
+            .rows
+            .column(sign)
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| SluiceError::Internal("a Top-N's sign column is not Int64".into()))?;
+        let identity: Vec<ArrayRef> = (0..self.rows.num_columns())
+            .filter(|&c| (c < k || c >= values_from) && c != sign)
+            .map(|c| Arc::clone(self.rows.column(c)))
+            .collect();
+        let converter = row_converter(identity.iter().map(|c| c.data_type()))?;
+        let identity = converter.convert_columns(&identity)?;
+        let added = |i: usize| i < self.stored || signs.value(i) > 0;
+        let mut alive: Vec<bool> = (0..n).map(added).collect();
+        let mut equal: HashMap<&[u8], Vec<usize>> = HashMap::new();
+        for i in (0..n).filter(|&i| added(i)) {
+            equal.entry(identity.row(i).data()).or_default().push(i);
+        }
+        for i in (self.stored..n).filter(|&i| signs.value(i) < 0) {
+            if let Some(j) = equal.get_mut(identity.row(i).data()).and_then(Vec::pop) {
+                alive[j] = false;
+            }
+        }
+        Ok((0..n as u32).filter(|&i| alive[i as usize]).collect())
+    }
+
+    /// The `live` rows in rank order, each with its rank in its partition
+    /// (`partition`: the rows' partitions, encoded; `order` the ORDER BY of
+    /// the columns after the `k` partition columns).
+    fn ranked(
+        &self,
+        live: &[u32],
+        partition: &Rows,
+        k: usize,
+        order: &[SortOptions],
+    ) -> Result<Vec<(usize, u64)>> {
+        let live = UInt32Array::from(live.to_vec());
+        let column = |c: &dyn Array| -> Result<ArrayRef> { Ok(take(c, &live, None)?) };
+        let mut sort = Vec::with_capacity(k + order.len() + 2);
+        for c in 0..k {
+            sort.push(SortColumn {
+                values: column(self.rows.column(c))?,
+                options: None,
+            });
+        }
+        for (i, options) in order.iter().enumerate() {
+            sort.push(SortColumn {
+                values: column(self.rows.column(k + i))?,
+                options: Some(*options),
+            });
+        }
+        let source = UInt8Array::from_iter_values(
+            (0..self.rows.num_rows()).map(|i| u8::from(i >= self.stored)),
+        );
+        for tie_break in [&source as &dyn Array, &self.sequence] {
+            sort.push(SortColumn {
+                values: column(tie_break)?,
+                options: None,
+            });
+        }
+        let sorted = lexsort_to_indices(&sort, None)?;
+        let mut out = Vec::with_capacity(sorted.len());
+        let mut rank = 0u64;
+        let mut previous: Option<usize> = None;
+        for &at in sorted.values() {
+            let i = live.value(at as usize) as usize;
+            let same = previous.is_some_and(|p| partition.row(p) == partition.row(i));
+            rank = if same { rank + 1 } else { 1 };
+            out.push((i, rank));
+            previous = Some(i);
+        }
+        Ok(out)
+    }
 }
 
 #[async_trait]
@@ -249,19 +427,18 @@ impl Operator for RankOperator {
         if rows.num_rows() == 0 {
             return Ok(EpochOutput::default());
         }
-        let changed = self.rank(&rows)?;
+        let Ranked { changed, emptied } = self.rank(&rows)?;
+        let gone = self.through_tail(ctx, &emptied).await?;
         Ok(EpochOutput {
-            rows: self.emit(ctx, &changed).await?,
-            retracted: None,
+            rows: self.through_tail(ctx, &changed).await?,
+            retracted: self.keys(&gone)?,
         })
     }
 
     fn stage(&mut self, snapshot_due: bool) -> Result<Staged> {
         match &self.state {
             None => Ok(Staged::Nothing),
-            Some(_) if snapshot_due => Ok(Staged::Snapshot),
-            Some(state) if state.has_changes() => Ok(Staged::Delta(state.pending_delta()?)),
-            Some(_) => Ok(Staged::Unchanged),
+            Some(state) => state.stage(snapshot_due),
         }
     }
 
@@ -276,13 +453,8 @@ impl Operator for RankOperator {
         let schema = ctx.create_physical_plan(&self.config.input).await?.schema();
         self.state = None;
         let state = self.state_for(&schema)?;
-        if let Some(snapshot) = chain.next() {
-            state.restore(snapshot?)?;
-            for delta in chain {
-                state.apply_delta(&delta?)?;
-            }
-        }
-        Ok(())
+        state.restore_chain(chain)?;
+        self.count_sizes()
     }
 
     fn after_commit(&mut self) {

@@ -87,12 +87,11 @@ pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) ->
             )));
         }
     }
-    if shape.stateful > 1 && !shape.ranks.is_empty() {
+    if !shape.ranks.is_empty() && shape.root != Some(Root::Rank) {
         return Err(SluiceError::plan(
-            "this query cannot run on a stream: it combines a Top-N (ROW_NUMBER() OVER ... \
-             with WHERE rn <= N) with another stateful operator (an aggregation, a join, \
-             DISTINCT), which Sluice does not run yet; write the other operator's output to a \
-             stream and rank that",
+            "this query cannot run on a stream: a Top-N (ROW_NUMBER() OVER ... with WHERE rn \
+             <= N) feeds another stateful operator (an aggregation, a join, DISTINCT), which \
+             Sluice does not run yet; write the Top-N to a stream and read that",
         ));
     }
     let mode = output_mode(plan, &shape, &watermarked, mode)?;
@@ -134,8 +133,6 @@ struct Shape {
     dedup: bool,
     /// The `Window` nodes of the query's Top-Ns (see `rank::top_ns`).
     ranks: Vec<LogicalPlan>,
-    /// How many stateful nodes the query has.
-    stateful: usize,
 }
 
 impl Shape {
@@ -161,7 +158,6 @@ impl Shape {
                 })
             }
             LogicalPlan::Aggregate(agg) => {
-                self.stateful += 1;
                 if self.root.is_none() {
                     self.root = Some(Root::Aggregate);
                     self.window = event_time_key(agg, watermarked);
@@ -177,7 +173,6 @@ impl Shape {
             // the distinct columns, which emits each key once (see
             // `aggregate`).
             LogicalPlan::Distinct(_) => {
-                self.stateful += 1;
                 if self.root.is_none() {
                     self.root = Some(Root::Aggregate);
                     self.dedup = true;
@@ -186,7 +181,6 @@ impl Shape {
             }
             LogicalPlan::Join(j) => match (reads_stream(&j.left), reads_stream(&j.right)) {
                 (true, true) => {
-                    self.stateful += 1;
                     self.root.get_or_insert(Root::Join);
                     None
                 }
@@ -203,7 +197,6 @@ impl Shape {
                     .to_string(),
             ),
             LogicalPlan::Window(_) if self.ranks.contains(node) => {
-                self.stateful += 1;
                 self.root.get_or_insert(Root::Rank);
                 window_problem(node)
             }

@@ -60,9 +60,15 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
     if let Some(r) = &plan.rank {
         out.push_str(&format!(
             "{header}\n  top-n: the first {} row(s) of each partition ({} PARTITION BY \
-             column(s)) in ORDER BY order, state keyed by (partition, rank): at most {} row(s) \
-             per partition\n",
-            r.limit, r.partitions, r.limit
+             column(s)) in ORDER BY order, state keyed by (partition, rank): {}\n",
+            r.limit,
+            r.partitions,
+            match r.sign {
+                None => format!("at most {} row(s) per partition", r.limit),
+                Some(_) => "every row of each partition (its input is a changelog: a rank \
+                            left empty is retracted)"
+                    .to_string(),
+            }
         ));
         out.push_str("rows ranked (per epoch): partition values, order values, row:\n");
         indent(&mut out, &r.input);

@@ -6,13 +6,12 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::compute::SortOptions;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::default_table_source::provider_as_source;
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::{DFSchema, JoinType};
-use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, Window};
 
 use super::check::{reads_stream, streaming_nodes, STAGE_OUTPUT};
 use super::rank::{top_ns, trace, window_problem};
@@ -22,15 +21,17 @@ use crate::operator::aggregate::AggregateConfig;
 use crate::operator::changelog::{counts_live_rows, over_changelog, SIGN};
 use crate::operator::join::{is_time_column, left_state_fields, time_bounds, JoinConfig};
 use crate::operator::rank::RankConfig;
+use crate::operator::sort_options;
 use crate::output_mode::OutputMode;
 use crate::table::EpochBatches;
 use crate::window::event_time_key;
 
 /// Whether `node` keeps state across epochs: an aggregation (GROUP BY,
-/// DISTINCT) or a join of two streams.
+/// DISTINCT), a join of two streams or a Top-N.
 fn is_stateful(node: &LogicalPlan) -> bool {
     match node {
-        LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => true,
+        // A window that passed `check` is a Top-N's.
+        LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) | LogicalPlan::Window(_) => true,
         LogicalPlan::Join(j) => reads_stream(&j.left) && reads_stream(&j.right),
         _ => false,
     }
@@ -93,6 +94,13 @@ pub(super) fn split_stages(
         // replaced by its rewrite over the scan.
         let name = format!("{STAGE_OUTPUT}{}", stages.len());
         let (config, link, from, to) = match inner {
+            LogicalPlan::Window(_) => {
+                return Err(SluiceError::plan(
+                    "this query cannot run on a stream: a Top-N (ROW_NUMBER() OVER ... with \
+                     WHERE rn <= N) feeds another stateful operator, which Sluice does not run \
+                     yet; write the Top-N to a stream and read that",
+                ))
+            }
             LogicalPlan::Join(_) => {
                 let join = split_join(&child, watermarked)?
                     .ok_or_else(|| SluiceError::Internal("a stage's join vanished".into()))?;
@@ -107,24 +115,30 @@ pub(super) fn split_stages(
                     let (scan, link) = batches_scan(&name, child.schema(), &[])?;
                     (StageConfig::Aggregate(Box::new(agg)), link, child, scan)
                 } else {
-                    // Its rows change every epoch: only an aggregation can
-                    // take an old row back.
-                    let LogicalPlan::Aggregate(above) = &parent else {
-                        return Err(SluiceError::plan(
-                            "this query cannot run on a stream: it feeds an aggregation \
-                             without an event-time window into a join. Its rows change every \
-                             epoch, and a join cannot take a row it has matched back; group \
-                             the aggregation by a TUMBLE or HOP window over a watermarked \
-                             column (its rows are then final when emitted), or write it to a \
-                             stream",
-                        ));
-                    };
+                    // Its rows change every epoch: only an aggregation or a
+                    // Top-N can take an old row back.
                     let mut agg = split_aggregate(&child, OutputMode::Update, false, watermarked)?
                         .ok_or_else(vanished)?;
                     agg.changelog = true;
                     let sign = Field::new(SIGN, DataType::Int64, false);
                     let (scan, link) = batches_scan(&name, child.schema(), &[sign])?;
-                    let rewritten = over_changelog(above, scan)?;
+                    let rewritten = match &parent {
+                        LogicalPlan::Aggregate(above) => over_changelog(above, scan)?,
+                        LogicalPlan::Window(w) => LogicalPlan::Window(Window::try_new(
+                            w.window_expr.clone(),
+                            Arc::new(scan),
+                        )?),
+                        _ => {
+                            return Err(SluiceError::plan(
+                                "this query cannot run on a stream: it feeds an aggregation \
+                                 without an event-time window into a join. Its rows change \
+                                 every epoch, and a join cannot take a row it has matched back; \
+                                 group the aggregation by a TUMBLE or HOP window over a \
+                                 watermarked column (its rows are then final when emitted), or \
+                                 write it to a stream",
+                            ))
+                        }
+                    };
                     (
                         StageConfig::Aggregate(Box::new(agg)),
                         link,
@@ -433,14 +447,7 @@ pub(super) fn split_rank(plan: &LogicalPlan) -> Result<Option<(RankConfig, Vec<S
     let input = datafusion::logical_expr::LogicalPlanBuilder::from((*w.input).clone())
         .project(exprs)?
         .build()?;
-    let order = params
-        .order_by
-        .iter()
-        .map(|s| SortOptions {
-            descending: !s.asc,
-            nulls_first: s.nulls_first,
-        })
-        .collect();
+    let order = params.order_by.iter().map(sort_options).collect();
     // The output's key: the partition columns passed through, and the rank
     // unless only the first row is kept.
     let rank_index = w.schema.fields().len() - 1;
@@ -479,12 +486,35 @@ pub(super) fn split_rank(plan: &LogicalPlan) -> Result<Option<(RankConfig, Vec<S
         ));
     }
     let (tail, output) = cut_at(plan, &window, RANK_OUTPUT)?;
+    let mut filter_count = 0;
+    tail.apply(|n| {
+        if matches!(n, LogicalPlan::Filter(_)) {
+            filter_count += 1;
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    if filter_count > 1 {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: it filters a Top-N's rows after ranking them \
+             (besides the bound on the row number), which would leave a rank's earlier row \
+             downstream when its new row fails the filter; filter the rows before ranking \
+             them, in the subquery",
+        ));
+    }
+    // Over an aggregation's changelog, the rows' signs.
+    let sign = input
+        .schema()
+        .fields()
+        .iter()
+        .position(|f| f.name() == SIGN);
     Ok(Some((
         RankConfig {
             input,
             partitions: params.partition_by.len(),
             order,
             limit,
+            sign,
+            key_columns: output_key.clone(),
             tail,
             output,
         },

@@ -36,6 +36,7 @@ use hashbrown::HashTable;
 mod keys;
 mod locate;
 
+use super::chain::{ChainReader, Staged};
 use super::codec::{
     read_ipc, read_ipc_owned, split_two_parts, two_parts_with, write_ipc, write_ipc_slices,
 };
@@ -386,6 +387,32 @@ impl KeyedState {
     ) -> Result<RecordBatch> {
         let mask = mask(&self.rows)?;
         self.remove(&mask)
+    }
+
+    /// What an operator whose state is this store writes for an epoch's
+    /// commit (see `Operator::stage`): a snapshot when due, else what
+    /// changed since the last commit.
+    pub(crate) fn stage(&self, snapshot_due: bool) -> Result<Staged> {
+        Ok(if snapshot_due {
+            Staged::Snapshot
+        } else if self.has_changes() {
+            Staged::Delta(self.pending_delta()?)
+        } else {
+            Staged::Unchanged
+        })
+    }
+
+    /// Replaces the state with a committed chain: a snapshot and the deltas
+    /// after it; an empty chain leaves the state as it is (empty, for a
+    /// store just made).
+    pub(crate) fn restore_chain(&mut self, chain: ChainReader<'_>) -> Result<()> {
+        if let Some(snapshot) = chain.next() {
+            self.restore(snapshot?)?;
+            for delta in chain {
+                self.apply_delta(&delta?)?;
+            }
+        }
+        Ok(())
     }
 
     /// Whether anything changed since the last flush.
