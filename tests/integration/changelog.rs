@@ -111,7 +111,7 @@ fn send(bootstrap: &str, topic: &str, events: &[Option<String>]) {
 }
 
 /// Sends `(key, value)` records (no value: a tombstone), in order.
-fn send_keyed(bootstrap: &str, topic: &str, records: &[(String, Option<String>)]) {
+pub(crate) fn send_keyed(bootstrap: &str, topic: &str, records: &[(String, Option<String>)]) {
     use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
     let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
@@ -131,7 +131,7 @@ fn send_keyed(bootstrap: &str, topic: &str, records: &[(String, Option<String>)]
 
 /// A topic as a compacted reader sees it: the last value of each key
 /// (both as JSON), tombstones removing it.
-async fn compacted(bootstrap: &str, topic: &str) -> BTreeMap<String, Value> {
+pub(crate) async fn compacted(bootstrap: &str, topic: &str) -> BTreeMap<String, Value> {
     let mut last = BTreeMap::new();
     for r in read(bootstrap, topic).await {
         let key = String::from_utf8(r.key.unwrap()).unwrap();

@@ -274,3 +274,128 @@ async fn what_a_top_n_cannot_do_yet_is_refused_at_planning_with_why() {
         "{error:?}"
     );
 }
+
+/// Per parity of `v`, the three values of most records while below
+/// `KAFKA_CAP` records, ties to the lower value, as the crash test's query
+/// ranks them; (parity, rn) → (v, n).
+const KAFKA_CAP: i64 = 25;
+
+fn hot_values(values: &[i64]) -> BTreeMap<(i64, i64), (i64, i64)> {
+    let mut counts: BTreeMap<i64, i64> = BTreeMap::new();
+    for v in values {
+        *counts.entry(*v).or_default() += 1;
+    }
+    let mut per_parity: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+    for (v, n) in counts.into_iter().filter(|(_, n)| *n < KAFKA_CAP) {
+        per_parity.entry(v % 2).or_default().push((-n, v));
+    }
+    let mut out = BTreeMap::new();
+    for (parity, mut ranked) in per_parity {
+        ranked.sort();
+        for (i, (n, v)) in ranked.into_iter().take(3).enumerate() {
+            out.insert((parity, i as i64 + 1), (v, -n));
+        }
+    }
+    out
+}
+
+/// The Top-N's output topic as a compacted reader sees it.
+async fn ranks_of(bootstrap: &str, topic: &str) -> BTreeMap<(i64, i64), (i64, i64)> {
+    crate::changelog::compacted(bootstrap, topic)
+        .await
+        .into_iter()
+        .map(|(key, v)| {
+            let key: serde_json::Value = serde_json::from_str(&key).unwrap();
+            let int = |j: &serde_json::Value, name: &str| j[name].as_i64().unwrap();
+            (
+                (int(&key, "parity"), int(&key, "rn")),
+                (int(&v, "v"), int(&v, "n")),
+            )
+        })
+        .collect()
+}
+
+/// A Top-N over an aggregation without a window, reading Kafka and writing
+/// an upsert topic, killed with SIGKILL at random moments: the compacted
+/// output, ranks retracted included, ends equal to the answer over every
+/// record, each change applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_top_n_over_an_aggregation_is_exact_through_kill_9() {
+    use crate::util::{broker, crash_seed, Run};
+    use sluice::broker::{create_topic, fresh_topic};
+    use std::time::Duration;
+    let bootstrap = broker().await;
+    let (input, output) = (fresh_topic("top-kill"), fresh_topic("top-kill-out"));
+    create_topic(&bootstrap, &input, 2).await.unwrap();
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    let mut rng = Lcg(crash_seed("kill -9", || 0x70b));
+    let values: Vec<i64> = (0..20_000).map(|_| rng.next(1_000) as i64).collect();
+    let records: Vec<(String, Option<String>)> = values
+        .iter()
+        .enumerate()
+        .map(|(k, v)| (k.to_string(), Some(format!("{{\"k\": {k}, \"v\": {v}}}"))))
+        .collect();
+    {
+        let (b, t) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || crate::changelog::send_keyed(&b, &t, &records))
+            .await
+            .unwrap();
+    }
+    let want = hot_values(&values);
+    let dir = tempfile::tempdir().unwrap();
+    let sql = dir.path().join("top.sql");
+    std::fs::write(
+        &sql,
+        format!(
+            "SET 'checkpoint.location' = '{cp}';\n\
+             SET 'trigger.interval' = '50 ms';\n\
+             CREATE STREAM events (k BIGINT, v BIGINT) WITH (connector = 'kafka', \
+               topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+               'max-records-per-epoch' = '100');\n\
+             CREATE STREAM hot WITH (connector = 'kafka', topic = '{output}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             INSERT INTO hot SELECT parity, rn, v, n FROM (SELECT parity, v, n, \
+               ROW_NUMBER() OVER (PARTITION BY parity ORDER BY n DESC, v) AS rn \
+               FROM (SELECT v % 2 AS parity, v, count(*) AS n FROM events GROUP BY v % 2, v) \
+               WHERE n < {KAFKA_CAP}) WHERE rn <= 3;\n",
+            cp = dir.path().join("cp").display()
+        ),
+    )
+    .unwrap();
+    let command = || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("run").arg(&sql).stdout(std::process::Stdio::null());
+        cmd
+    };
+    // Epochs of 100 records, each at least the 50 ms trigger: the work
+    // takes over 10 s, longer than the kills leave the runs.
+    for _ in 0..5 {
+        let mut run = Run::new(command());
+        std::thread::sleep(Duration::from_millis(800 + rng.next(2_000)));
+        assert!(run.running(), "the run ended: {}", run.stderr());
+        run.kill_9();
+    }
+    assert_ne!(
+        ranks_of(&bootstrap, &output).await,
+        want,
+        "the kills landed after the work was done: give the runs more records"
+    );
+    let mut last = Run::new(command());
+    let deadline = std::time::Instant::now() + Duration::from_secs(240);
+    while ranks_of(&bootstrap, &output).await != want {
+        assert!(last.running(), "the last run ended: {}", last.stderr());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the output did not reach the answer within 240 s: {:?} != {want:?}\n{}",
+            ranks_of(&bootstrap, &output).await,
+            last.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // A record counted twice would move some value off its rank for good.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    last.terminate();
+    let status = last.wait(Duration::from_secs(60));
+    assert!(status.success(), "the last run failed: {}", last.stderr());
+    assert_eq!(ranks_of(&bootstrap, &output).await, want);
+}
