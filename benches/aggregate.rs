@@ -13,6 +13,14 @@
 //! (`examples/seed.sql`: `GROUP BY value % 4 AS bucket` with `count(*)`,
 //! `sum(value)`, `max(timestamp)`) into the Kafka topic T, exactly once.
 //!
+//! With `--query Q` it keeps rows per key `k = value % K` instead of
+//! aggregating them (update mode, blackhole): `first` keeps each key's
+//! first row (`drop_duplicates(["k"])`, the append-only form), `top1`
+//! the same through a Top-N (`ROW_NUMBER() OVER (PARTITION BY k ORDER BY
+//! timestamp) = 1`, Flink's deduplication), `top10` each key's ten rows of
+//! highest `value` (`ROW_NUMBER() ... ORDER BY value DESC <= 10`). The
+//! report adds the state's bytes per key.
+//!
 //! The last line of stdout is a JSON object; `benches/run-aggregate.sh`
 //! runs this side by side with Spark.
 
@@ -21,6 +29,8 @@ mod common;
 use std::time::Instant;
 
 use sluice::datafusion::functions_aggregate::expr_fn::{count, max, sum};
+use sluice::datafusion::functions_window::expr_fn::row_number;
+use sluice::datafusion::logical_expr::ExprFunctionExt;
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, OutputMode};
 
@@ -31,8 +41,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let session = common::session(a.partitions);
     let seed = common::flag("--seed-topic");
     let keys = if seed.is_some() { 4 } else { a.keys as i64 };
+    let kept = common::flag("--query");
     let frame = || -> sluice::Result<sluice::StreamFrame> {
         let rate = common::rate(&session, &a)?;
+        if let Some(query) = &kept {
+            return keep_rows(rate, query, keys);
+        }
         if seed.is_some() {
             return rate.aggregate(
                 vec![(col("value") % lit(4i64)).alias("bucket")],
@@ -91,10 +105,46 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
              GROUP BY value % {keys}"
         )
     };
-    let df = common::sorted(common::datafusion_alone(&a, rows.max(1), &sql).await?);
-    report["datafusion_alone_median_rows_per_s"] = common::percentile(&df, 0.5).into();
+    if kept.is_none() {
+        let df = common::sorted(common::datafusion_alone(&a, rows.max(1), &sql).await?);
+        report["datafusion_alone_median_rows_per_s"] = common::percentile(&df, 0.5).into();
+    }
     report["keys"] = keys.into();
-    report["pipeline"] = if seed.is_some() { "seed" } else { "group-by" }.into();
+    report["state_bytes_per_key"] =
+        (report["median_state_bytes"].as_f64().unwrap_or(0.0) / keys as f64).into();
+    report["pipeline"] = match (&seed, &kept) {
+        (Some(_), _) => "seed".to_string(),
+        (None, Some(query)) => query.clone(),
+        (None, None) => "group-by".to_string(),
+    }
+    .into();
     println!("{report}");
     Ok(())
+}
+
+/// `--query`'s rows kept per key `k = value % keys` (see the module's text).
+fn keep_rows(
+    rate: sluice::StreamFrame,
+    query: &str,
+    keys: i64,
+) -> sluice::Result<sluice::StreamFrame> {
+    let keyed = rate.with_column("k", col("value") % lit(keys))?;
+    let (order, limit) = match query {
+        "first" => return keyed.drop_duplicates(&["k"]),
+        "top1" => (col("timestamp").sort(true, false), 1u64),
+        "top10" => (col("value").sort(false, true), 10),
+        other => {
+            return Err(sluice::SluiceError::config(format!(
+                "--query {other}: expected first, top1 or top10"
+            )))
+        }
+    };
+    let rn = row_number()
+        .partition_by(vec![col("k")])
+        .order_by(vec![order])
+        .build()?
+        .alias("rn");
+    keyed
+        .select(vec![col("k"), col("value"), col("timestamp"), rn])?
+        .filter(col("rn").lt_eq(lit(limit)))
 }

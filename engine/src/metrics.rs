@@ -2,6 +2,13 @@
 //! counters, gauges and phase histograms from progress events, and a small
 //! HTTP endpoint serving them in the Prometheus text format.
 //!
+//! The text is written here, from two tables of families (`PER_QUERY`,
+//! `PER_TASK`), rather than by `prometheus-client`: that crate keeps live
+//! metric objects where these values are read from the last progress
+//! event at each scrape, and it writes a histogram bucket's `le` label
+//! before the family's labels, which would change every bucket line
+//! dashboards and tests already read (`{query="q",phase="commit",le="+Inf"}`).
+//!
 //! ```no_run
 //! # async fn demo() -> sluice_engine::Result<()> {
 //! use std::sync::Arc;
