@@ -246,9 +246,8 @@ async fn what_a_top_n_cannot_do_yet_is_refused_at_planning_with_why() {
             "feeds another stateful operator",
         ),
         (
-            // A filter after the ranking, merged with the bound by the optimizer.
             format!("SELECT k, v, rn FROM (SELECT * FROM ({ranked}) WHERE rn <= 3) WHERE v > 2"),
-            "bounds a row number together with other conditions",
+            "filters a Top-N's rows after ranking them",
         ),
     ] {
         let sql = format!("{stream}INSERT INTO out {query};\n");

@@ -39,8 +39,9 @@ pub const SIGN: &str = "__sluice_sign";
 
 /// Rewrites each aggregation over a changelog source (a stream whose rows
 /// carry [`SIGN`]) with [`over_changelog`], so that it counts, sums and
-/// averages what the changes leave; refuses a changelog read any other
-/// way (its rows would be taken as inserts, and deletes as rows).
+/// averages what the changes leave (a Top-N reads the signs as they are,
+/// see `rank`); refuses a changelog read any other way (its rows would be
+/// taken as inserts, and deletes as rows).
 pub(crate) fn read_changelogs(plan: LogicalPlan) -> Result<LogicalPlan> {
     use datafusion::common::tree_node::Transformed;
     let is_changelog = |p: &LogicalPlan| matches!(p, LogicalPlan::TableScan(s) if s.source.schema().field_with_name(SIGN).is_ok());
@@ -79,8 +80,8 @@ pub(crate) fn read_changelogs(plan: LogicalPlan) -> Result<LogicalPlan> {
         .data)
 }
 
-/// Refuses a changelog scan that no aggregation reads, or that a join
-/// reads (a join cannot take a matched row back).
+/// Refuses a changelog scan that no aggregation or Top-N reads, or that a
+/// join reads (a join cannot take a matched row back).
 fn check_changelog_readers(
     plan: &LogicalPlan,
     aggregated: bool,
@@ -90,8 +91,8 @@ fn check_changelog_readers(
         return Err(SluiceError::plan(
             "this query cannot run: it reads a changelog stream (format 'debezium-json') \
              without aggregating it, and a change's row is not a new row (an update takes \
-             its old row back, a delete removes it). Aggregate it (GROUP BY), which \
-             follows every change",
+             its old row back, a delete removes it). Aggregate it (GROUP BY) or rank it \
+             (a Top-N), which follow every change",
         ));
     }
     match plan {
@@ -100,6 +101,19 @@ fn check_changelog_readers(
                 "this query cannot run: it joins a changelog stream (format 'debezium-json'); \
                  a join cannot take back a row it has matched. Aggregate the stream instead",
             ))
+        }
+        // A Top-N (the only window `check` lets through) takes its rows
+        // back as an aggregation does, given their signs.
+        LogicalPlan::Window(w) if plan.exists(|p| Ok(is_changelog(p))).unwrap_or(false) => {
+            if w.input.schema().field_with_unqualified_name(SIGN).is_err() {
+                return Err(SluiceError::plan(
+                    "this query cannot run: it ranks a changelog stream (format \
+                     'debezium-json') through a subquery that leaves out the changes' signs; \
+                     rank the stream itself (SELECT ... FROM (SELECT *, ROW_NUMBER() OVER \
+                     (...) AS rn FROM stream) WHERE rn <= 3)",
+                ));
+            }
+            check_changelog_readers(&w.input, true, is_changelog)
         }
         LogicalPlan::Aggregate(_) => plan
             .inputs()

@@ -59,6 +59,8 @@ pub(crate) struct RankConfig {
     /// The column of `input` that signs its rows (+1 added, −1 taken back),
     /// when the input is a changelog.
     pub sign: Option<usize>,
+    /// The columns of `input` that identify the row a change takes back.
+    pub identity: Vec<usize>,
     /// The output columns that are its key: what a rank left empty is
     /// retracted as.
     pub key_columns: Vec<String>,
@@ -135,6 +137,7 @@ impl RankOperator {
     fn rank(&mut self, rows: &RecordBatch) -> Result<Ranked> {
         let (k, limit, sign) = (self.config.partitions, self.config.limit, self.config.sign);
         let order = self.config.order.clone();
+        let identity = self.config.identity.clone();
         let partition_of = |batch: &RecordBatch| -> Result<Rows> {
             let converter =
                 row_converter(batch.schema().fields()[..k].iter().map(|f| f.data_type()))?;
@@ -159,7 +162,7 @@ impl RankOperator {
         let stored = state.lookup(&[probe_batch(rows, k, &probe, &state_schema)?])?;
         let candidates = Candidates::new(&stored, rows, k)?;
         let partition = partition_of(&candidates.rows)?;
-        let live = candidates.live(sign, k, k + order.len())?;
+        let live = candidates.live(sign, &identity)?;
         let ranked = candidates.ranked(&live, &partition, k, &order)?;
         // Partitions' sizes after the epoch, and what changed.
         let mut sizes: HashMap<&[u8], u64> = HashMap::new();
@@ -262,6 +265,14 @@ impl RankOperator {
     }
 }
 
+/// Row `i` of `batch`, for messages.
+fn row_text(batch: &RecordBatch, i: usize) -> String {
+    let row = batch.slice(i, 1);
+    datafusion::arrow::util::pretty::pretty_format_batches(&[row])
+        .map(|t| t.to_string())
+        .unwrap_or_else(|e| e.to_string())
+}
+
 /// The state keys `(p, rn)` to read back: `probe` holds, per key, the row
 /// of `rows` whose partition it is and the rank.
 fn probe_batch(
@@ -327,9 +338,8 @@ impl Candidates {
 
     /// The rows in their partitions after the epoch: the stored ones and
     /// the new ones, less, for each row taken back (−1 in column `sign`), one
-    /// equal row (equal in the `k` partition columns and the row's columns
-    /// from `values_from`, the sign aside).
-    fn live(&self, sign: Option<usize>, k: usize, values_from: usize) -> Result<Vec<u32>> {
+    /// equal row (equal in the `identity` columns).
+    fn live(&self, sign: Option<usize>, identity: &[usize]) -> Result<Vec<u32>> {
         let n = self.rows.num_rows();
         let Some(sign) = sign else {
             return Ok((0..n as u32).collect());
@@ -339,9 +349,9 @@ impl Candidates {
             .column(sign)
             .as_primitive_opt::<Int64Type>()
             .ok_or_else(|| SluiceError::Internal("a Top-N's sign column is not Int64".into()))?;
-        let identity: Vec<ArrayRef> = (0..self.rows.num_columns())
-            .filter(|&c| (c < k || c >= values_from) && c != sign)
-            .map(|c| Arc::clone(self.rows.column(c)))
+        let identity: Vec<ArrayRef> = identity
+            .iter()
+            .map(|&c| Arc::clone(self.rows.column(c)))
             .collect();
         let converter = row_converter(identity.iter().map(|c| c.data_type()))?;
         let identity = converter.convert_columns(&identity)?;
@@ -352,9 +362,17 @@ impl Candidates {
             equal.entry(identity.row(i).data()).or_default().push(i);
         }
         for i in (self.stored..n).filter(|&i| signs.value(i) < 0) {
-            if let Some(j) = equal.get_mut(identity.row(i).data()).and_then(Vec::pop) {
-                alive[j] = false;
-            }
+            let Some(j) = equal.get_mut(identity.row(i).data()).and_then(Vec::pop) else {
+                // Its input took back a row it never gave: ranking on
+                // would be silently wrong.
+                return Err(SluiceError::Internal(format!(
+                    "a Top-N's input took back a row it does not hold (a change event whose \
+                     'before' row differs from the row inserted: the row's Kafka columns such \
+                     as _offset ranked with it, or a table changed before the stream's start):\n{}",
+                    row_text(&self.rows, i)
+                )));
+            };
+            alive[j] = false;
         }
         Ok((0..n as u32).filter(|&i| alive[i as usize]).collect())
     }

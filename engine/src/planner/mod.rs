@@ -209,7 +209,12 @@ pub(crate) fn plan_query(
     let unsplit = logical.clone();
     let (logical, stages) = split_stages(logical, &watermarked)?;
     let unsplit = (!stages.is_empty()).then_some(unsplit);
-    let (rank, rank_key) = match split_rank(&logical)? {
+    // A Top-N over a changelog source reads the rows' signs, which nothing
+    // above it uses: the optimizer would prune them, so it is cut from the
+    // plan as bound (each epoch's plan is optimized when it runs). Over
+    // stages, their scans carry the signs in.
+    let rank_plan = if stages.is_empty() { &bound } else { &logical };
+    let (rank, rank_key) = match split_rank(rank_plan)? {
         Some((rank, key)) => (Some(rank), Some(key)),
         None => (None, None),
     };

@@ -501,15 +501,28 @@ pub(super) fn split_rank(plan: &LogicalPlan) -> Result<Option<(RankConfig, Vec<S
              them, in the subquery",
         ));
     }
-    // Over an aggregation's changelog, the rows' signs.
+    // Over a changelog, the rows' signs, and what identifies the row a
+    // change takes back: its partition and order values and the columns
+    // the query reads after ranking (not a Kafka source's _offset, which
+    // differs between a row's insert and its delete).
     let sign = input
         .schema()
         .fields()
         .iter()
         .position(|f| f.name() == SIGN);
+    let mut read = std::collections::HashSet::new();
+    names_read_above(plan, &window, &mut read);
+    let values = params.partition_by.len() + params.order_by.len();
+    let identity = (0..input.schema().fields().len())
+        .filter(|&i| {
+            let name = input.schema().field(i).name();
+            i < values || (name != SIGN && read.contains(name))
+        })
+        .collect();
     Ok(Some((
         RankConfig {
             input,
+            identity,
             partitions: params.partition_by.len(),
             order,
             limit,
@@ -520,4 +533,22 @@ pub(super) fn split_rank(plan: &LogicalPlan) -> Result<Option<(RankConfig, Vec<S
         },
         output_key,
     )))
+}
+
+/// The names of the columns that the nodes of `plan` above `node` read.
+fn names_read_above(
+    plan: &LogicalPlan,
+    node: &LogicalPlan,
+    names: &mut std::collections::HashSet<String>,
+) {
+    if plan == node || !plan.exists(|n| Ok(n == node)).unwrap_or(false) {
+        return;
+    }
+    let _ = plan.apply_expressions(|e| {
+        names.extend(e.column_refs().into_iter().map(|c| c.name.clone()));
+        Ok(TreeNodeRecursion::Continue)
+    });
+    for child in plan.inputs() {
+        names_read_above(child, node, names);
+    }
 }
