@@ -12,6 +12,11 @@ With --rows-per-batch B every micro-batch holds B rows (Spark's
 rate-micro-batch source), however long the last one took: epochs of a
 fixed size, which Sluice's rate source gives with rows_per_batch.
 
+With --query first it keeps each key's first row instead
+(dropDuplicates(["k"]) on k = value % K, append mode): streaming
+deduplication, the one row-keeping query Spark streams (it refuses
+ROW_NUMBER() over a stream, so it has no Top-N).
+
 With --seed-topic it runs the seed pipeline instead (examples/seed.sql:
 GROUP BY value % 4 AS bucket with count(*), sum(value), max(timestamp)),
 into that Kafka topic keyed by bucket (Spark's Kafka sink: at-least-once).
@@ -122,6 +127,8 @@ def parse_args():
                    help="Spark's state store: the default HDFS-backed one (every key on the "
                         "JVM heap), RocksDB (for millions of keys), or RocksDB with "
                         "changelog checkpointing")
+    p.add_argument("--query", choices=("group-by", "first"), default="group-by",
+                   help="first: dropDuplicates on value %% K instead of the GROUP BY")
     p.add_argument("--seed-topic", default=None,
                    help="run the seed pipeline instead (examples/seed.sql: GROUP BY value %% 4 "
                         "with count, sum and max) into this Kafka topic, update mode")
@@ -202,6 +209,9 @@ def main():
                 .option("kafka.bootstrap.servers", args.bootstrap)
                 .option("topic", args.seed_topic)
             )
+        elif args.query == "first":
+            out = src.withColumn("k", col("value") % args.keys).dropDuplicates(["k"])
+            writer = out.writeStream.outputMode("append").format("noop")
         else:
             out = (
                 src.groupBy((col("value") % args.keys).alias("k"))
@@ -284,7 +294,7 @@ def main():
             "rows_per_second_target": args.rows_per_second,
             "rows_per_batch": args.rows_per_batch,
             "keys": 4 if args.seed_topic else args.keys,
-            "pipeline": "seed" if args.seed_topic else "group-by",
+            "pipeline": "seed" if args.seed_topic else args.query,
             "state_store_provider": provider,
             "changelog_checkpointing": changelog == "true",
             "warmup_epochs": args.warmup,

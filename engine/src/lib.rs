@@ -106,7 +106,7 @@ pub use table::{StreamDefinition, StreamTable};
 pub use task::{TaskAssigner, TaskId, Tasks};
 pub use trigger::Trigger;
 pub use upsert::{DELETED as UPSERT_DELETED, KEY_METADATA as UPSERT_KEY_METADATA};
-pub use watermark::WatermarkSpec;
+pub use watermark::{CurrentWatermark, WatermarkSpec};
 pub use window::Window;
 
 pub use datafusion;

@@ -165,6 +165,13 @@ impl BatchQuery {
                 );
             }
         }
+        if self.plan.current_watermark.is_some() {
+            return Some(
+                "CURRENT_WATERMARK depends on the epoch a row arrived in, which a batch query \
+                 cannot tell; verify does not check queries that call it"
+                    .into(),
+            );
+        }
         if self.plan.rank.is_some() {
             return Some(
                 "a Top-N ranks rows with equal ORDER BY values in the order they arrived, \

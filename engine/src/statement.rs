@@ -80,6 +80,9 @@ impl Statement {
         let watermarks = &mut self.plan.watermarks;
         let drops_late = self.operator.as_ref().is_some_and(|o| o.drops_late());
         let previous = watermarks.current();
+        if let Some(value) = &self.plan.current_watermark {
+            crate::watermark::current::set(value, previous);
+        }
         let mut late_rows = 0;
         let mut admitted = Vec::with_capacity(read.len());
         for (index, input) in read.into_iter().enumerate() {

@@ -18,6 +18,9 @@
 //! - Each input's watermark is stored with the epoch's commit (and the Kafka
 //!   progress record), so a replayed epoch sees exactly the watermark it saw
 //!   the first time and drops exactly the same rows.
+//! - `CURRENT_WATERMARK(ts)` ([`current`]) is the watermark epoch N's rows
+//!   are judged by, so `ts < CURRENT_WATERMARK(ts)` holds for exactly the
+//!   rows a stateful operator would drop as late.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,6 +33,9 @@ use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
 
 use crate::error::{Result, SluiceError};
 use crate::source::Partitions;
+
+pub(crate) mod current;
+pub use current::CurrentWatermark;
 
 /// A stream's declared event-time column and how late its rows may be.
 ///

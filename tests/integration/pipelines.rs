@@ -538,6 +538,50 @@ fn min_max_and_distinct_over_a_changing_aggregation_equal_the_loops_across_resta
     });
 }
 
+/// `CURRENT_WATERMARK(ts)` is the watermark an epoch's rows are judged by:
+/// a query keeping `ts < CURRENT_WATERMARK(ts)` gets exactly the rows a
+/// stateful operator drops as late, and its complement the others, each
+/// epoch a run of its own that restores the watermark.
+#[test]
+fn current_watermark_routes_exactly_the_late_rows_across_restarts() {
+    use sluice::CurrentWatermark;
+    property(4, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let epochs = input(&mut rng, 16);
+            let mark = || CurrentWatermark::call(col("ts"));
+            let late = run(&epochs, OutputMode::Append, |events| {
+                events().filter(col("ts").lt(mark())).unwrap()
+            })
+            .await;
+            let on_time = run(&epochs, OutputMode::Append, |events| {
+                events()
+                    .filter(col("ts").gt_eq(mark()).or(mark().is_null()))
+                    .unwrap()
+            })
+            .await;
+            let (kept, late_rows, _) = judge(&epochs);
+            let sorted = |mut ids: Vec<i64>| {
+                ids.sort();
+                ids
+            };
+            let kept_ids = sorted(kept.iter().map(|r| r.0).collect());
+            let late_ids: Vec<i64> = sorted(
+                epochs
+                    .iter()
+                    .flatten()
+                    .map(|r| r.0)
+                    .filter(|id| kept_ids.binary_search(id).is_err())
+                    .collect(),
+            );
+            assert!(late_rows > 0, "seed {seed}: the input has late rows");
+            assert_eq!(late_ids.len() as u64, late_rows, "seed {seed}");
+            assert_eq!(sorted(ints(&late.batches, "k")), late_ids, "seed {seed}");
+            assert_eq!(sorted(ints(&on_time.batches, "k")), kept_ids, "seed {seed}");
+        })
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aggregation_without_a_window_feeding_a_join_is_refused_with_why() {
     let input = MemoryStream::new(schema());

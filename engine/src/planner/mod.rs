@@ -21,6 +21,7 @@
 //! - [`rank`]: Top-N queries found (`split` cuts them out);
 //! - [`explain`]: the incremental plan as text.
 
+use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::SchemaRef;
@@ -104,6 +105,9 @@ pub(crate) struct IncrementalPlan {
     pub watermarks: WatermarkTracker,
     /// Reading an upsert stream: how its rows become upserts and deletes.
     pub upsert: Option<crate::upsert::UpsertOutput>,
+    /// The value of the query's `CURRENT_WATERMARK`, when it calls it (see
+    /// `watermark::current`).
+    pub current_watermark: Option<Arc<AtomicI64>>,
 }
 
 /// A stateful operator that feeds another one (see `split`).
@@ -186,6 +190,7 @@ pub(crate) fn plan_query(
             def.watermark.as_ref(),
         )
     }))?;
+    let (bound, current_watermark) = crate::watermark::current::for_query(bound)?;
     let bound = crate::operator::changelog::read_changelogs(bound)?;
     let (bound, upsert) = match crate::upsert::plan(&bound)? {
         Some((carried, output)) => (carried, Some(output)),
@@ -255,5 +260,6 @@ pub(crate) fn plan_query(
         state,
         watermarks,
         upsert,
+        current_watermark,
     })
 }
