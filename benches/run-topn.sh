@@ -3,8 +3,11 @@
 # Sluice's append-only form and against Spark, which streams only the
 # append-only form.
 #
-# Every run: rate source (R rows/s, 2 partitions, 1 s epochs), k = value % K,
-# blackhole / noop sink, state checkpointed every epoch.
+# Every run: rate source (2 partitions), epochs of B rows each (the rate
+# source's rows_per_batch; Spark's rate-micro-batch), k = value % K,
+# blackhole / noop sink, state checkpointed every epoch. Fixed-size epochs:
+# with R rows per second, an engine slower than R falls behind, and its
+# epochs grow until memory runs out (a Top-N over 4 M rows/s did, at 20 GB).
 #   sluice group-by  GROUP BY k: count(*), max(timestamp)  (the aggregation, for scale)
 #   sluice first     drop_duplicates(["k"])                (append-only deduplication)
 #   spark  first     dropDuplicates(["k"])                 (the same in Spark)
@@ -15,7 +18,8 @@
 # Metric: median over N measured epochs of input rows / epoch execution time;
 # the state's bytes per key (Sluice: the state store's size / K).
 #
-# Env: R (4000000), N (20), K (100000), WARMUP (5), ROUNDS (2),
+# Env: B (1000000), R (4000000, the rate the source's timestamps advance at),
+#      N (20), K (100000), WARMUP (5), ROUNDS (2),
 #      OUT (target/bench-results/topn-<time>). Writes $OUT/topn.md.
 set -euo pipefail
 
@@ -23,6 +27,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 R="${R:-4000000}"
+B="${B:-1000000}"
 N="${N:-20}"
 K="${K:-100000}"
 WARMUP="${WARMUP:-5}"
@@ -57,8 +62,8 @@ run_sluice() {
   local query="$1" i="$2" f="$OUT/sluice-$1-$2"
   local extra=()
   if [ "$query" != group-by ]; then extra=(--query "$query"); fi
-  log "round $i: sluice $query (R=$R N=$N K=$K)"
-  "$BENCH" --bench --rows-per-second "$R" --epochs "$N" --keys "$K" \
+  log "round $i: sluice $query (B=$B N=$N K=$K)"
+  "$BENCH" --bench --rows-per-second "$R" --rows-per-batch "$B" --epochs "$N" --keys "$K" \
       --warmup "$WARMUP" "${extra[@]}" >"$f.out" 2>"$f.err" \
     || { tail -n 30 "$f.err" >&2; log "sluice $query run $i failed"; exit 1; }
   last_json "$f.out" >"$f.json"
@@ -66,10 +71,10 @@ run_sluice() {
 
 run_spark() {
   local i="$1" f="$OUT/spark-first-$1"
-  log "round $i: spark first (R=$R N=$N K=$K)"
+  log "round $i: spark first (B=$B N=$N K=$K)"
   "$SPARK_PY" "$ROOT/benches/spark/aggregate.py" --query first \
-      --rows-per-second "$R" --epochs "$N" --warmup "$WARMUP" --keys "$K" \
-      >"$f.out" 2>"$f.err" \
+      --rows-per-second "$R" --rows-per-batch "$B" --epochs "$N" --warmup "$WARMUP" \
+      --keys "$K" >"$f.out" 2>"$f.err" \
     || { tail -n 30 "$f.err" >&2; log "spark run $i failed"; exit 1; }
   last_json "$f.out" >"$f.json"
 }
@@ -83,9 +88,9 @@ for i in $(seq 1 "$ROUNDS"); do
   run_sluice top10 "$i"
 done
 
-python3 - "$OUT" "$R" "$N" "$K" <<'PY' | tee "$OUT/topn.md"
+python3 - "$OUT" "$B" "$N" "$K" <<'PY' | tee "$OUT/topn.md"
 import glob, json, os, statistics, sys
-out, r, n, k = sys.argv[1:]
+out, b, n, k = sys.argv[1:]
 rows = [("sluice", "group-by"), ("sluice", "first"), ("spark", "first"),
         ("sluice", "top1"), ("sluice", "top10")]
 runs = {}
@@ -96,7 +101,7 @@ def med(engine, query, key):
     vals = [j.get(key) for j in runs[(engine, query)] if j.get(key) is not None]
     return statistics.median(vals) if vals else None
 first = med("sluice", "first", "median_rows_per_s")
-print(f"R={r} rows/s offered, N={n} measured epochs, K={k} keys; medians over "
+print(f"B={b} rows per epoch, N={n} measured epochs, K={k} keys; medians over "
       f"{len(runs[('sluice', 'first')])} alternating rounds\n")
 print("| engine | query | rows/s (median) | epoch ms (median) | p99 epoch ms | of Sluice's `first` | state bytes per key |")
 print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
