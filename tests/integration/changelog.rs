@@ -321,7 +321,7 @@ async fn changelog_streams_are_refused_where_a_change_is_not_a_row() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_by_over_debezium_changes_is_exact_through_kill_9() {
-    use crate::util::{crash_seed, Run};
+    use crate::util::{crash_seed, kill_9_five_times_then_finish};
     let bootstrap = broker().await;
     let (input, output) = (fresh_topic("cdc-kill"), fresh_topic("cdc-kill-totals"));
     create_topic(&bootstrap, &input, 2).await.unwrap();
@@ -364,36 +364,7 @@ async fn a_group_by_over_debezium_changes_is_exact_through_kill_9() {
     // each at least the 50 ms trigger: the work takes over 10 s, longer
     // than the kills can leave the runs (at most 14 s, starts included),
     // however fast an epoch computes.
-    for _ in 0..5 {
-        let mut run = Run::new(command());
-        std::thread::sleep(Duration::from_millis(800 + rng.next(2_000)));
-        assert!(run.running(), "the run ended: {}", run.stderr());
-        run.kill_9();
-    }
-    assert_ne!(
-        latest(&bootstrap, &output).await,
-        want,
-        "the kills landed after the work was done: give the runs more changes"
-    );
-    let mut last = Run::new(command());
-    let deadline = std::time::Instant::now() + Duration::from_secs(240);
-    while latest(&bootstrap, &output).await != want {
-        assert!(last.running(), "the last run ended: {}", last.stderr());
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the output did not reach the batch answer within 240 s: {:?} != {want:?}\n{}",
-            latest(&bootstrap, &output).await,
-            last.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    // A change counted twice (an epoch's changes applied again after a
-    // kill) would leave some group off the answer for good.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    last.terminate();
-    let status = last.wait(Duration::from_secs(60));
-    assert!(status.success(), "the last run failed: {}", last.stderr());
-    assert_eq!(latest(&bootstrap, &output).await, want);
+    kill_9_five_times_then_finish(command, &mut rng, &want, || latest(&bootstrap, &output)).await;
 }
 
 /// A topic keyed `{"id": id}` as a compacted reader sees it: id → value.

@@ -320,9 +320,8 @@ async fn ranks_of(bootstrap: &str, topic: &str) -> BTreeMap<(i64, i64), (i64, i6
 /// record, each change applied once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_top_n_over_an_aggregation_is_exact_through_kill_9() {
-    use crate::util::{broker, crash_seed, Run};
+    use crate::util::{broker, crash_seed, kill_9_five_times_then_finish};
     use sluice::broker::{create_topic, fresh_topic};
-    use std::time::Duration;
     let bootstrap = broker().await;
     let (input, output) = (fresh_topic("top-kill"), fresh_topic("top-kill-out"));
     create_topic(&bootstrap, &input, 2).await.unwrap();
@@ -368,33 +367,5 @@ async fn a_top_n_over_an_aggregation_is_exact_through_kill_9() {
     };
     // Epochs of 100 records, each at least the 50 ms trigger: the work
     // takes over 10 s, longer than the kills leave the runs.
-    for _ in 0..5 {
-        let mut run = Run::new(command());
-        std::thread::sleep(Duration::from_millis(800 + rng.next(2_000)));
-        assert!(run.running(), "the run ended: {}", run.stderr());
-        run.kill_9();
-    }
-    assert_ne!(
-        ranks_of(&bootstrap, &output).await,
-        want,
-        "the kills landed after the work was done: give the runs more records"
-    );
-    let mut last = Run::new(command());
-    let deadline = std::time::Instant::now() + Duration::from_secs(240);
-    while ranks_of(&bootstrap, &output).await != want {
-        assert!(last.running(), "the last run ended: {}", last.stderr());
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the output did not reach the answer within 240 s: {:?} != {want:?}\n{}",
-            ranks_of(&bootstrap, &output).await,
-            last.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    // A record counted twice would move some value off its rank for good.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    last.terminate();
-    let status = last.wait(Duration::from_secs(60));
-    assert!(status.success(), "the last run failed: {}", last.stderr());
-    assert_eq!(ranks_of(&bootstrap, &output).await, want);
+    kill_9_five_times_then_finish(command, &mut rng, &want, || ranks_of(&bootstrap, &output)).await;
 }

@@ -278,6 +278,56 @@ pub fn kafka_stream(bootstrap: &str, topic: &str, options: &[(&str, &str)]) -> s
         .expect("a Kafka stream")
 }
 
+/// Runs `command` and kills it with SIGKILL at five random moments
+/// (`rng`), each run resuming from the last committed epoch; checks that
+/// the kills landed before `output()` reached `want`, then runs it once more
+/// until it does (at most 240 s), two seconds longer (an input counted
+/// twice would move the output off `want` for good), and stops it with
+/// SIGTERM. The command's work must outlast the kills (at most 14 s, starts
+/// included).
+pub async fn kill_9_five_times_then_finish<T, F, Fut>(
+    command: impl Fn() -> Command,
+    rng: &mut Lcg,
+    want: &T,
+    output: F,
+) where
+    T: PartialEq + std::fmt::Debug,
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    for _ in 0..5 {
+        let mut run = Run::new(command());
+        std::thread::sleep(std::time::Duration::from_millis(800 + rng.next(2_000)));
+        assert!(run.running(), "the run ended: {}", run.stderr());
+        run.kill_9();
+    }
+    assert_ne!(
+        &output().await,
+        want,
+        "the kills landed after the work was done: give the runs more input"
+    );
+    let mut last = Run::new(command());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    loop {
+        let now = output().await;
+        if &now == want {
+            break;
+        }
+        assert!(last.running(), "the last run ended: {}", last.stderr());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the output did not reach the answer within 240 s: {now:?} != {want:?}\n{}",
+            last.stderr()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    last.terminate();
+    let status = last.wait(std::time::Duration::from_secs(60));
+    assert!(status.success(), "the last run failed: {}", last.stderr());
+    assert_eq!(&output().await, want);
+}
+
 /// A `sluice` process whose stderr is drained as it is written: a process
 /// blocked on a full pipe would look like a hang.
 pub struct Run {
