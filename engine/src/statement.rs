@@ -19,6 +19,7 @@ use futures::StreamExt;
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
 use crate::operator::join::{JoinConfig, JoinOperator};
+use crate::operator::normalize::NormalizeOperator;
 use crate::operator::pipeline::{Pipeline, PipelineStage};
 use crate::operator::rank::RankOperator;
 use crate::operator::Operator;
@@ -284,6 +285,11 @@ fn fingerprint(plan: &IncrementalPlan, index: usize, statements: usize) -> Strin
         .map(|s| match &s.config {
             StageConfig::Aggregate(a) => aggregate(a),
             StageConfig::Join(j) => join(j),
+            StageConfig::Normalize(n) => format!(
+                "each key's latest value of ({}), keyed by the first {}",
+                columns(&n.output),
+                n.keys
+            ),
         })
         .collect();
     operators.extend(plan.aggregate.as_ref().map(aggregate));
@@ -323,6 +329,7 @@ fn build_operator(plan: &mut IncrementalPlan) -> Result<Option<Box<dyn Operator>
         let operator: Box<dyn Operator> = match stage.config {
             StageConfig::Aggregate(a) => Box::new(AggregateOperator::new(*a)),
             StageConfig::Join(j) => Box::new(JoinOperator::new(*j)?),
+            StageConfig::Normalize(n) => Box::new(NormalizeOperator::new(*n)),
         };
         stages.push(PipelineStage::new(operator, Some(stage.link)));
     }

@@ -16,8 +16,9 @@
 //! that fails it deletes the key downstream, since its previous value may
 //! have passed (a compacted reader sees the last value per key where the
 //! filter holds; a key that never passed gets a tombstone it did not need,
-//! which a compacted topic drops). Aggregations and joins over an upsert
-//! stream need each key's previous value (Flink's ChangelogNormalize) and
+//! which a compacted topic drops). An aggregation or a Top-N over an upsert
+//! stream reads its changes instead, made by `operator::normalize` from
+//! each key's previous value (Flink's ChangelogNormalize); joins over one
 //! are refused.
 
 use std::sync::Arc;
@@ -54,7 +55,7 @@ pub(crate) struct UpsertOutput {
     pub key_columns: Vec<String>,
 }
 
-fn is_upsert_scan(plan: &LogicalPlan) -> bool {
+pub(crate) fn is_upsert_scan(plan: &LogicalPlan) -> bool {
     matches!(plan, LogicalPlan::TableScan(s) if s.source.schema().field_with_name(DELETED).is_ok())
 }
 
@@ -67,11 +68,14 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
     let refuse = |what: &str| {
         SluiceError::plan(format!(
             "this query cannot run: it {what} an upsert stream (connector 'upsert-kafka'), \
-             whose rows are each key's latest value; that needs each key's previous value, \
-             which Sluice does not keep yet. Select and filter its columns (keeping the key \
-             columns) to copy the table, or read the topic with connector 'kafka'"
+             whose rows are each key's latest value; Sluice copies, filters, aggregates \
+             (GROUP BY) and ranks (a Top-N) such a stream, and does not join one yet. Read \
+             the topic with connector 'kafka' to take its messages as plain rows"
         ))
     };
+    if plan.exists(|p| Ok(matches!(p, LogicalPlan::Join(_))))? {
+        return Err(refuse("joins"));
+    }
     let mut problem = None;
     plan.apply(|p| {
         let what = match p {
@@ -79,8 +83,6 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
             | LogicalPlan::Filter(_)
             | LogicalPlan::SubqueryAlias(_)
             | LogicalPlan::TableScan(_) => None,
-            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) => Some("aggregates"),
-            LogicalPlan::Join(_) => Some("joins"),
             _ => Some("transforms"),
         };
         if let Some(what) = what {

@@ -10,6 +10,8 @@
 //! - [`aggregate`]: GROUP BY, windowed aggregation and deduplication, through
 //!   DataFusion's accumulators, over a [`KeyedState`](crate::KeyedState);
 //! - [`join`]: stream–stream joins, interval-bounded or not;
+//! - [`normalize`]: an upsert stream's rows as a changelog (each key's
+//!   previous value kept), for an aggregation or a Top-N over it;
 //! - [`rank`]: Top-N and deduplication (`ROW_NUMBER() OVER (...)` bounded
 //!   by `rn <= N`);
 //! - [`pipeline`]: several of those in one query, innermost first, each
@@ -38,6 +40,7 @@ pub(crate) mod aggregate;
 pub(crate) mod changelog;
 pub(crate) mod join;
 pub(crate) mod multiset;
+pub(crate) mod normalize;
 pub(crate) mod pipeline;
 pub(crate) mod rank;
 

@@ -46,6 +46,15 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
                 explain_aggregate(&mut out, &header, a, OutputMode::Append)
             }
             StageConfig::Join(j) => explain_join(&mut out, &header, j),
+            StageConfig::Normalize(n) => {
+                out.push_str(&format!(
+                    "{header}\n  each key's latest value kept (keyed by the first {} column(s)), \
+                     each new value emitted as the previous one taken back and the new one \
+                     added\n",
+                    n.keys
+                ));
+                indent(&mut out, &n.input);
+            }
         }
     }
     let header = if n > 1 {

@@ -124,6 +124,8 @@ pub(crate) struct Stage {
 pub(crate) enum StageConfig {
     Aggregate(Box<AggregateConfig>),
     Join(Box<JoinConfig>),
+    /// An upsert stream's rows as a changelog (see `operator::normalize`).
+    Normalize(Box<crate::operator::normalize::NormalizeConfig>),
 }
 
 /// Optimizer rules that would take an aggregation apart in ways the
@@ -191,6 +193,7 @@ pub(crate) fn plan_query(
         )
     }))?;
     let (bound, current_watermark) = crate::watermark::current::for_query(bound)?;
+    let (bound, normalize) = split::normalize_upserts(bound)?;
     let bound = crate::operator::changelog::read_changelogs(bound)?;
     let (bound, upsert) = match crate::upsert::plan(&bound)? {
         Some((carried, output)) => (carried, Some(output)),
@@ -214,6 +217,7 @@ pub(crate) fn plan_query(
     let unsplit = logical.clone();
     let (logical, stages) = split_stages(logical, &watermarked)?;
     let unsplit = (!stages.is_empty()).then_some(unsplit);
+    let mut stages = stages;
     // A Top-N over a changelog source reads the rows' signs, which nothing
     // above it uses: the optimizer would prune them, so it is cut from the
     // plan as bound (each epoch's plan is optimized when it runs). Over
@@ -223,6 +227,8 @@ pub(crate) fn plan_query(
         Some((rank, key)) => (Some(rank), Some(key)),
         None => (None, None),
     };
+    // The upsert stream's changes come first, before every stage.
+    stages.splice(0..0, normalize);
     let mut aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
     let join = match aggregate {
         Some(_) => None,

@@ -20,10 +20,12 @@ use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::AggregateConfig;
 use crate::operator::changelog::{counts_live_rows, over_changelog, SIGN};
 use crate::operator::join::{is_time_column, left_state_fields, time_bounds, JoinConfig};
+use crate::operator::normalize::NormalizeConfig;
 use crate::operator::rank::RankConfig;
 use crate::operator::sort_options;
 use crate::output_mode::OutputMode;
 use crate::table::EpochBatches;
+use crate::upsert::{is_upsert_scan, DELETED, KEY_METADATA};
 use crate::window::event_time_key;
 
 /// Whether `node` keeps state across epochs: an aggregation (GROUP BY,
@@ -551,4 +553,100 @@ fn names_read_above(
     for child in plan.inputs() {
         names_read_above(child, node, names);
     }
+}
+
+/// The table name an aggregation or Top-N over an upsert stream reads the
+/// stream's changes under.
+const UPSERT_CHANGES: &str = "__sluice_upserts";
+
+/// For a query that aggregates or ranks an upsert stream (and joins none):
+/// the plan reading the stream's changes instead (signed rows, see
+/// `changelog`), and the stage that makes them from each key's previous
+/// value (`normalize`). Other plans come back as they are.
+pub(super) fn normalize_upserts(plan: LogicalPlan) -> Result<(LogicalPlan, Option<Stage>)> {
+    let stateful = plan.exists(|n| {
+        Ok(matches!(
+            n,
+            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) | LogicalPlan::Window(_)
+        ))
+    })?;
+    let joins = plan.exists(|n| Ok(matches!(n, LogicalPlan::Join(_))))?;
+    let mut scans = Vec::new();
+    plan.apply(|n| {
+        if is_upsert_scan(n) {
+            scans.push(n.clone());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    let [scan] = scans.as_slice() else {
+        return Ok((plan, None));
+    };
+    if !stateful || joins {
+        return Ok((plan, None));
+    }
+    // The stream's rows: its key columns, its values, the marker.
+    let schema = scan.schema();
+    let is_key = |f: &Field| f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true");
+    let columns: Vec<(usize, bool)> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| f.name() != DELETED)
+        .map(|(i, f)| (i, is_key(f)))
+        .collect();
+    let keys = columns.iter().filter(|(_, key)| *key).count();
+    if keys == 0 {
+        return Ok((plan, None));
+    }
+    let column = |i: usize| {
+        let (qualifier, field) = schema.qualified_field(i);
+        Expr::Column(datafusion::common::Column::new(
+            qualifier.cloned(),
+            field.name(),
+        ))
+    };
+    let ordered: Vec<Expr> = columns
+        .iter()
+        .filter(|(_, key)| *key)
+        .chain(columns.iter().filter(|(_, key)| !*key))
+        .map(|(i, _)| column(*i))
+        .collect();
+    let values = LogicalPlanBuilder::from(scan.clone())
+        .project(ordered.clone())?
+        .build()?;
+    let mut with_marker = ordered;
+    with_marker.push(column(
+        schema
+            .index_of_column_by_name(None, DELETED)
+            .ok_or_else(|| {
+                SluiceError::Internal("an upsert stream without its deletion marker".into())
+            })?,
+    ));
+    let input = LogicalPlanBuilder::from(scan.clone())
+        .project(with_marker)?
+        .build()?;
+    let sign = Field::new(SIGN, DataType::Int64, false);
+    let (changes, link) = batches_scan(UPSERT_CHANGES, values.schema(), &[sign])?;
+    // The nodes above the scan see other columns now (no marker, a sign,
+    // keys first): their schemas are derived again.
+    let plan = plan
+        .transform_up(|n| {
+            if &n == scan {
+                return Ok(Transformed::yes(changes.clone()));
+            }
+            Ok(Transformed::yes(n.recompute_schema()?))
+        })?
+        .data;
+    let config = NormalizeConfig {
+        input,
+        keys,
+        output: link.schema_ref(),
+    };
+    Ok((
+        plan,
+        Some(Stage {
+            config: StageConfig::Normalize(Box::new(config)),
+            link,
+        }),
+    ))
 }
