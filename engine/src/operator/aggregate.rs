@@ -58,7 +58,7 @@ use crate::error::{Result, SluiceError};
 use crate::output_mode::OutputMode;
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
-use crate::state::{row_converter, KeyedState, Located};
+use crate::state::{row_converter, KeyedState, Located, OneStore};
 use crate::table::EpochBatches;
 use crate::window::{merge_sessions, WindowKey};
 
@@ -380,17 +380,11 @@ impl Operator for AggregateOperator {
     }
 
     fn stage(&mut self, snapshot_due: bool) -> Result<Staged> {
-        match &self.state {
-            None => Ok(Staged::Nothing),
-            Some(state) => state.stage(snapshot_due),
-        }
+        self.state.stage(snapshot_due)
     }
 
     fn write_snapshot(&mut self, w: &mut dyn std::io::Write) -> Result<()> {
-        match &self.state {
-            Some(state) => state.snapshot_to(w),
-            None => Ok(()),
-        }
+        self.state.write_snapshot(w)
     }
 
     /// The schema is taken from DataFusion's plan, so it is known before
@@ -407,15 +401,11 @@ impl Operator for AggregateOperator {
     }
 
     fn after_commit(&mut self) {
-        if let Some(state) = &mut self.state {
-            state.clear_changes();
-        }
+        self.state.after_commit();
     }
 
     fn state_size(&self) -> (u64, u64) {
-        self.state
-            .as_ref()
-            .map_or((0, 0), |s| (s.num_rows(), s.num_bytes()))
+        self.state.size()
     }
 }
 

@@ -24,7 +24,7 @@ use super::Operator;
 use crate::error::{Result, SluiceError};
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
-use crate::state::{row_converter, KeyedState};
+use crate::state::{row_converter, KeyedState, OneStore};
 
 /// What does not change while the query runs.
 #[derive(Debug)]
@@ -138,17 +138,11 @@ impl Operator for NormalizeOperator {
     }
 
     fn stage(&mut self, snapshot_due: bool) -> Result<Staged> {
-        match &self.state {
-            None => Ok(Staged::Nothing),
-            Some(state) => state.stage(snapshot_due),
-        }
+        self.state.stage(snapshot_due)
     }
 
     fn write_snapshot(&mut self, w: &mut dyn std::io::Write) -> Result<()> {
-        match &self.state {
-            Some(state) => state.snapshot_to(w),
-            None => Ok(()),
-        }
+        self.state.write_snapshot(w)
     }
 
     async fn restore(&mut self, _ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
@@ -157,14 +151,10 @@ impl Operator for NormalizeOperator {
     }
 
     fn after_commit(&mut self) {
-        if let Some(state) = &mut self.state {
-            state.clear_changes();
-        }
+        self.state.after_commit();
     }
 
     fn state_size(&self) -> (u64, u64) {
-        self.state
-            .as_ref()
-            .map_or((0, 0), |s| (s.num_rows(), s.num_bytes()))
+        self.state.size()
     }
 }

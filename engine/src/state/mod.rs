@@ -25,4 +25,4 @@ pub(crate) mod remote;
 
 pub(crate) use columns::compact_views;
 pub use keyed::KeyedState;
-pub(crate) use keyed::{row_converter, Located};
+pub(crate) use keyed::{row_converter, Located, OneStore};

@@ -45,6 +45,47 @@ use crate::error::{Result, SluiceError};
 use keys::{keyed_by_word, KeyBytes, KeyRef, ProbeKeys, StoredKeys, StoredView, Words};
 pub(crate) use locate::Located;
 
+/// The lifecycle steps of an operator whose whole state is one store,
+/// made at its first epoch or restore (`None` before): what its
+/// `Operator::stage`, `write_snapshot`, `after_commit` and `state_size` do.
+pub(crate) trait OneStore {
+    /// Nothing without a store; else [`KeyedState::stage`].
+    fn stage(&self, snapshot_due: bool) -> Result<Staged>;
+    /// The store's snapshot, streamed into `w`.
+    fn write_snapshot(&self, w: &mut dyn std::io::Write) -> Result<()>;
+    /// The staged epoch committed: changes are counted anew.
+    fn after_commit(&mut self);
+    /// Rows and bytes held.
+    fn size(&self) -> (u64, u64);
+}
+
+impl OneStore for Option<KeyedState> {
+    fn stage(&self, snapshot_due: bool) -> Result<Staged> {
+        match self {
+            None => Ok(Staged::Nothing),
+            Some(state) => state.stage(snapshot_due),
+        }
+    }
+
+    fn write_snapshot(&self, w: &mut dyn std::io::Write) -> Result<()> {
+        match self {
+            Some(state) => state.snapshot_to(w),
+            None => Ok(()),
+        }
+    }
+
+    fn after_commit(&mut self) {
+        if let Some(state) = self {
+            state.clear_changes();
+        }
+    }
+
+    fn size(&self) -> (u64, u64) {
+        self.as_ref()
+            .map_or((0, 0), |s| (s.num_rows(), s.num_bytes()))
+    }
+}
+
 /// One operator's keyed state.
 ///
 /// Memory per key is the row itself, a 4-byte slot in a hash table of row
