@@ -34,7 +34,7 @@ use datafusion::arrow::row::Rows;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::collect;
-use foldhash::{HashMap, HashMapExt};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use super::Operator;
 use crate::error::{Result, SluiceError};
@@ -146,10 +146,10 @@ impl RankOperator {
         // The ranks to read back: 1..=limit, or over a changelog all of them.
         let touched = partition_of(rows)?;
         let mut probe: Vec<(u32, u64)> = Vec::new();
-        let mut seen = HashMap::new();
+        let mut seen = HashSet::new();
         for i in 0..rows.num_rows() {
             let p = touched.row(i);
-            if seen.insert(p.data(), ()).is_none() {
+            if seen.insert(p.data()) {
                 let bound = match sign {
                     None => limit,
                     Some(_) => self.sizes.get(p.as_ref()).copied().unwrap_or(0),
