@@ -90,8 +90,14 @@ fn changes(table: &mut Table, next_id: &mut i64, rng: &mut Lcg, n: usize) -> Vec
 /// Sends `events` (None: a tombstone) keyed by their row's id, as
 /// Debezium keys them.
 fn send(bootstrap: &str, topic: &str, events: &[Option<String>]) {
+    send_keyed(bootstrap, topic, &keyed(events));
+}
+
+/// `events` (None: a tombstone, keyed as the event before it) with their
+/// row's id as the key.
+fn keyed(events: &[Option<String>]) -> Vec<(String, Option<String>)> {
     let mut last_key = String::new();
-    let records: Vec<(String, Option<String>)> = events
+    events
         .iter()
         .map(|event| {
             if let Some(e) = event {
@@ -106,8 +112,7 @@ fn send(bootstrap: &str, topic: &str, events: &[Option<String>]) {
             }
             (last_key.clone(), event.clone())
         })
-        .collect();
-    send_keyed(bootstrap, topic, &records);
+        .collect()
 }
 
 /// Sends `(key, value)` records (no value: a tombstone), in order.
@@ -147,12 +152,6 @@ pub(crate) async fn compacted(bootstrap: &str, topic: &str) -> BTreeMap<String, 
     last
 }
 
-/// DataFusion's answer to `sql` over `table` as `items (id, category,
-/// amount)`, a row as JSON.
-async fn items_rows(table: &Table, sql: &str) -> Vec<Value> {
-    batch_rows(table, ["items", "id", "category", "amount"], sql).await
-}
-
 /// DataFusion's answer to `sql` over `table` as a table and its columns
 /// (`[table, key, text, number]`), a row as JSON.
 async fn batch_rows(table: &Table, [name, id, text, number]: [&str; 4], sql: &str) -> Vec<Value> {
@@ -187,7 +186,7 @@ async fn batch_rows(table: &Table, [name, id, text, number]: [&str; 4], sql: &st
 
 /// DataFusion's answer to [`QUERY`] over `table`: category → its row.
 async fn batch_answer(table: &Table) -> BTreeMap<String, Totals> {
-    items_rows(table, QUERY)
+    batch_rows(table, Changes::Debezium.columns(), QUERY)
         .await
         .iter()
         .map(|v| (v["category"].as_str().unwrap().to_string(), totals(v)))
@@ -207,29 +206,99 @@ async fn latest(bootstrap: &str, topic: &str) -> BTreeMap<String, Totals> {
         .collect()
 }
 
-/// Runs `query` over three rounds of random Debezium changes, each read by
-/// a new run of it from its checkpoint into an upsert topic, and checks
-/// after each that the topic as a compacted reader sees it (each key and
-/// value through `output`) equals DataFusion's answer over the table the
-/// changes leave (each row through `answer`).
-async fn cdc_rounds<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
+/// Where [`rounds`] gets its changes from.
+#[derive(Clone, Copy)]
+enum Changes {
+    /// A Debezium changelog of `items (id, category, amount)`: inserts,
+    /// updates that move rows between categories, deletes.
+    Debezium,
+    /// An upsert-kafka stream of `users (id, name, v)` keyed by `id`: new
+    /// values and deletes of 30 keys (a key often changes, or is deleted
+    /// and comes back, within one epoch).
+    Upsert,
+}
+
+impl Changes {
+    /// The input stream's declaration, and the sink's connector.
+    fn streams(self, input: &str, bootstrap: &str) -> (String, &'static str) {
+        match self {
+            Changes::Debezium => (
+                format!(
+                    "CREATE STREAM items (id BIGINT NOT NULL, category VARCHAR, amount BIGINT) \
+                     WITH (connector = 'kafka', topic = '{input}', \
+                     'bootstrap.servers' = '{bootstrap}', format = 'debezium-json');\n"
+                ),
+                "kafka",
+            ),
+            Changes::Upsert => (
+                format!(
+                    "CREATE STREAM users (id BIGINT NOT NULL, name VARCHAR, v BIGINT) \
+                     WITH (connector = 'upsert-kafka', topic = '{input}', \
+                     'bootstrap.servers' = '{bootstrap}', 'key.fields' = 'id');\n"
+                ),
+                "upsert-kafka",
+            ),
+        }
+    }
+
+    /// The table's name and columns, for the batch answer.
+    fn columns(self) -> [&'static str; 4] {
+        match self {
+            Changes::Debezium => ["items", "id", "category", "amount"],
+            Changes::Upsert => ["users", "id", "name", "v"],
+        }
+    }
+
+    /// One round's records, and `table` changed as they change it.
+    fn round(
+        self,
+        table: &mut Table,
+        next_id: &mut i64,
+        rng: &mut Lcg,
+    ) -> Vec<(String, Option<String>)> {
+        match self {
+            Changes::Debezium => keyed(&changes(table, next_id, rng, 60)),
+            Changes::Upsert => (0..120)
+                .map(|_| {
+                    let id = rng.next(30) as i64;
+                    let key = json!({ "id": id }).to_string();
+                    if rng.next(4) == 0 {
+                        table.remove(&id);
+                        return (key, None);
+                    }
+                    let (name, v) = (format!("n{}", rng.next(10)), rng.next(100) as i64);
+                    let row = json!({"id": id, "name": name, "v": v});
+                    table.insert(id, (name, v));
+                    (key, Some(row.to_string()))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Runs `query` over three rounds of random `changes`, each read by a new
+/// run of it from its checkpoint into a topic keyed by the query's key, and
+/// checks after each that the topic as a compacted reader sees it (each key
+/// and value through `output_of`) equals DataFusion's answer over the
+/// table the changes leave (each row through `answer_of`).
+async fn rounds<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
     seed: u64,
+    changes: Changes,
     query: &str,
     output_of: fn(&Value, &Value) -> (K, V),
     answer_of: fn(&Value) -> (K, V),
 ) {
     let bootstrap = broker().await;
-    let (input, output) = (fresh_topic("cdc"), fresh_topic("cdc-out"));
+    let (input, output) = (fresh_topic("changes"), fresh_topic("changes-out"));
     create_topic(&bootstrap, &input, 2).await.unwrap();
     create_topic(&bootstrap, &output, 1).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
+    let (stream, sink) = changes.streams(&input, &bootstrap);
     let sql = format!(
         "SET 'checkpoint.location' = '{cp}';\n\
          SET 'trigger' = 'available-now';\n\
-         CREATE STREAM items (id BIGINT NOT NULL, category VARCHAR, amount BIGINT) \
-           WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
-           format = 'debezium-json');\n\
-         CREATE STREAM out WITH (connector = 'kafka', topic = '{output}', \
+         {stream}\
+         CREATE STREAM out WITH (connector = '{sink}', topic = '{output}', \
            'bootstrap.servers' = '{bootstrap}');\n\
          INSERT INTO out {query};\n",
         cp = dir.path().join("cp").display()
@@ -237,9 +306,9 @@ async fn cdc_rounds<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
     let mut rng = Lcg(seed);
     let (mut table, mut next_id) = (Table::new(), 0);
     for round in 0..3 {
-        let events = changes(&mut table, &mut next_id, &mut rng, 60);
+        let records = changes.round(&mut table, &mut next_id, &mut rng);
         let (b, t) = (bootstrap.clone(), input.clone());
-        tokio::task::spawn_blocking(move || send(&b, &t, &events))
+        tokio::task::spawn_blocking(move || send_keyed(&b, &t, &records))
             .await
             .unwrap();
         let running = start_sql(&Session::new(), &sql).await;
@@ -249,7 +318,7 @@ async fn cdc_rounds<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
             .into_iter()
             .map(|(key, v)| output_of(&serde_json::from_str(&key).unwrap(), &v))
             .collect();
-        let want: BTreeMap<K, V> = items_rows(&table, query)
+        let want: BTreeMap<K, V> = batch_rows(&table, changes.columns(), query)
             .await
             .iter()
             .map(answer_of)
@@ -261,8 +330,9 @@ async fn cdc_rounds<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
 #[test]
 fn a_group_by_over_debezium_changes_equals_the_batch_answer_over_the_final_table() {
     property(3, |seed| {
-        block_on(cdc_rounds(
+        block_on(rounds(
             seed,
+            Changes::Debezium,
             QUERY,
             |key, v| (key["category"].as_str().unwrap().to_string(), totals(v)),
             |v| (v["category"].as_str().unwrap().to_string(), totals(v)),
@@ -291,7 +361,9 @@ fn a_top_n_over_debezium_changes_equals_the_batch_answer_over_the_final_table() 
         )
     }
     property(3, |seed| {
-        block_on(cdc_rounds(seed, TOP_TWO, rank, |v| rank(v, v)))
+        block_on(rounds(seed, Changes::Debezium, TOP_TWO, rank, |v| {
+            rank(v, v)
+        }))
     });
 }
 
@@ -374,21 +446,30 @@ async fn a_group_by_over_debezium_changes_is_exact_through_kill_9() {
     kill_9_five_times_then_finish(command, &mut rng, &want, || latest(&bootstrap, &output)).await;
 }
 
-/// A topic keyed `{"id": id}` as a compacted reader sees it: id → value.
-async fn table_of(bootstrap: &str, topic: &str) -> BTreeMap<i64, Value> {
-    compacted(bootstrap, topic)
-        .await
-        .into_iter()
-        .map(|(key, v)| {
-            let key: Value = serde_json::from_str(&key).unwrap();
-            (key["id"].as_i64().unwrap(), v)
-        })
-        .collect()
+/// A copy of an upsert stream's rows, keyed by id: id → (name, v).
+type Copied = (i64, (String, i64));
+
+fn copied(key: &Value, v: &Value) -> Copied {
+    (
+        key["id"].as_i64().unwrap(),
+        (
+            v["name"].as_str().unwrap().to_string(),
+            v["v"].as_i64().unwrap(),
+        ),
+    )
 }
 
 #[test]
 fn upsert_kafka_into_an_upsert_sink_is_the_latest_value_of_each_key() {
-    property(3, |seed| block_on(upsert_copy(seed, "", |_| true)));
+    property(3, |seed| {
+        block_on(rounds(
+            seed,
+            Changes::Upsert,
+            "SELECT id, name, v FROM users",
+            copied,
+            |v| copied(v, v),
+        ))
+    });
 }
 
 /// A filter over an upsert stream keeps the output a table: a compacted
@@ -397,135 +478,14 @@ fn upsert_kafka_into_an_upsert_sink_is_the_latest_value_of_each_key() {
 #[test]
 fn a_filtered_upsert_stream_is_the_latest_value_of_each_key_that_passes() {
     property(3, |seed| {
-        block_on(upsert_copy(seed, "WHERE v >= 40 AND name <> 'n7'", |row| {
-            row["v"].as_i64().unwrap() >= 40 && row["name"] != "n7"
-        }))
+        block_on(rounds(
+            seed,
+            Changes::Upsert,
+            "SELECT id, name, v FROM users WHERE v >= 40 AND name <> 'n7'",
+            copied,
+            |v| copied(v, v),
+        ))
     });
-}
-
-/// Copies an upsert stream of random upserts and deletes through
-/// `SELECT id, name, v FROM users {filter}` into an upsert-kafka sink, over
-/// three runs, and checks the compacted output after each against `keep`
-/// applied to each key's latest value.
-async fn upsert_copy(seed: u64, filter: &str, keep: fn(&Value) -> bool) {
-    let bootstrap = broker().await;
-    let (input, output) = (fresh_topic("upserts"), fresh_topic("upserts-copy"));
-    create_topic(&bootstrap, &input, 2).await.unwrap();
-    create_topic(&bootstrap, &output, 1).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let sql = format!(
-        "SET 'checkpoint.location' = '{cp}';\n\
-         SET 'trigger' = 'available-now';\n\
-         CREATE STREAM users (id BIGINT NOT NULL, name VARCHAR, v BIGINT) \
-           WITH (connector = 'upsert-kafka', topic = '{input}', \
-           'bootstrap.servers' = '{bootstrap}', 'key.fields' = 'id');\n\
-         CREATE STREAM copied WITH (connector = 'upsert-kafka', topic = '{output}', \
-           'bootstrap.servers' = '{bootstrap}');\n\
-         INSERT INTO copied SELECT id, name, v FROM users {filter};\n",
-        cp = dir.path().join("cp").display()
-    );
-    let mut rng = Lcg(seed);
-    let mut latest: BTreeMap<i64, Value> = BTreeMap::new();
-    // Three rounds of upserts and deletes over 30 keys (a key often
-    // changes, or is deleted and comes back, within one epoch), each read
-    // by a new run of the query.
-    for round in 0..3 {
-        let mut records = Vec::new();
-        for _ in 0..120 {
-            let id = rng.next(30) as i64;
-            if rng.next(4) == 0 {
-                records.push((json!({ "id": id }).to_string(), None));
-                latest.remove(&id);
-            } else {
-                let row =
-                    json!({"id": id, "name": format!("n{}", rng.next(10)), "v": rng.next(100)});
-                records.push((json!({ "id": id }).to_string(), Some(row.to_string())));
-                latest.insert(id, row);
-            }
-        }
-        let (b, t) = (bootstrap.clone(), input.clone());
-        tokio::task::spawn_blocking(move || send_keyed(&b, &t, &records))
-            .await
-            .unwrap();
-        let query = start_sql(&Session::new(), &sql).await;
-        query.await_termination().await.unwrap();
-        let want: BTreeMap<i64, Value> = latest
-            .iter()
-            .filter(|(_, row)| keep(row))
-            .map(|(id, row)| (*id, row.clone()))
-            .collect();
-        assert_eq!(
-            table_of(&bootstrap, &output).await,
-            want,
-            "seed {seed}, after round {round}"
-        );
-    }
-}
-
-/// Runs `query` over an upsert stream of random upserts and deletes over
-/// 30 keys, three runs from one checkpoint into an upsert topic, and checks
-/// after each that the topic as a compacted reader sees it (each key and
-/// value through `output_of`) equals DataFusion's answer over each key's
-/// latest value (each row through `answer_of`).
-async fn upsert_rounds<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
-    seed: u64,
-    query: &str,
-    output_of: fn(&Value, &Value) -> (K, V),
-    answer_of: fn(&Value) -> (K, V),
-) {
-    let bootstrap = broker().await;
-    let (input, output) = (fresh_topic("upserts-in"), fresh_topic("upserts-out"));
-    create_topic(&bootstrap, &input, 2).await.unwrap();
-    create_topic(&bootstrap, &output, 1).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let sql = format!(
-        "SET 'checkpoint.location' = '{cp}';\n\
-         SET 'trigger' = 'available-now';\n\
-         CREATE STREAM users (id BIGINT NOT NULL, name VARCHAR, v BIGINT) \
-           WITH (connector = 'upsert-kafka', topic = '{input}', \
-           'bootstrap.servers' = '{bootstrap}', 'key.fields' = 'id');\n\
-         CREATE STREAM out WITH (connector = 'upsert-kafka', topic = '{output}', \
-           'bootstrap.servers' = '{bootstrap}');\n\
-         INSERT INTO out {query};\n",
-        cp = dir.path().join("cp").display()
-    );
-    let mut rng = Lcg(seed);
-    let mut latest: Table = BTreeMap::new();
-    for round in 0..3 {
-        let mut records = Vec::new();
-        for _ in 0..120 {
-            let id = rng.next(30) as i64;
-            if rng.next(4) == 0 {
-                records.push((json!({ "id": id }).to_string(), None));
-                latest.remove(&id);
-            } else {
-                let (name, v) = (format!("n{}", rng.next(5)), rng.next(100) as i64);
-                let row = json!({"id": id, "name": name, "v": v});
-                records.push((json!({ "id": id }).to_string(), Some(row.to_string())));
-                latest.insert(id, (name, v));
-            }
-        }
-        let (b, t) = (bootstrap.clone(), input.clone());
-        tokio::task::spawn_blocking(move || send_keyed(&b, &t, &records))
-            .await
-            .unwrap();
-        start_sql(&Session::new(), &sql)
-            .await
-            .await_termination()
-            .await
-            .unwrap();
-        let actual: BTreeMap<K, V> = compacted(&bootstrap, &output)
-            .await
-            .into_iter()
-            .map(|(key, v)| output_of(&serde_json::from_str(&key).unwrap(), &v))
-            .collect();
-        let want: BTreeMap<K, V> = batch_rows(&latest, ["users", "id", "name", "v"], query)
-            .await
-            .iter()
-            .map(answer_of)
-            .collect();
-        assert_eq!(actual, want, "seed {seed}, after round {round}");
-    }
 }
 
 /// A GROUP BY over an upsert stream follows its keys' updates and deletes
@@ -541,8 +501,9 @@ fn an_aggregation_over_an_upsert_stream_equals_the_batch_answer_over_the_latest_
         )
     }
     property(3, |seed| {
-        block_on(upsert_rounds(
+        block_on(rounds(
             seed,
+            Changes::Upsert,
             "SELECT name, count(*) AS n, sum(v) AS total, max(v) AS top FROM users GROUP BY name",
             per_name,
             |v| per_name(v, v),
@@ -563,8 +524,9 @@ fn a_top_n_over_an_upsert_stream_equals_the_batch_answer_over_the_latest_values(
         )
     }
     property(3, |seed| {
-        block_on(upsert_rounds(
+        block_on(rounds(
             seed,
+            Changes::Upsert,
             "SELECT name, rn, id, v FROM (SELECT id, name, v, ROW_NUMBER() OVER \
              (PARTITION BY name ORDER BY v DESC, id) AS rn FROM users) WHERE rn <= 2",
             ranked,
