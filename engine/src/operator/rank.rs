@@ -30,7 +30,7 @@ use datafusion::arrow::compute::{
     SortOptions,
 };
 use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
-use datafusion::arrow::row::Rows;
+use datafusion::arrow::row::{Row, Rows};
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::collect;
@@ -161,14 +161,19 @@ impl RankOperator {
         let state_schema = Arc::clone(state.all().schema_ref());
         let stored = state.lookup(&[probe_batch(rows, k, &probe, &state_schema)?])?;
         let candidates = Candidates::new(&stored, rows, k)?;
-        let partition = partition_of(&candidates.rows)?;
+        // Each candidate's partition, encoded: the new rows' are `touched`.
+        let stored_partitions = partition_of(&stored)?;
+        let partition = |i: usize| match i.checked_sub(stored.num_rows()) {
+            None => stored_partitions.row(i),
+            Some(new) => touched.row(new),
+        };
         let live = candidates.live(sign, &identity)?;
         let ranked = candidates.ranked(&live, &partition, k, &order)?;
         // Partitions' sizes after the epoch, and what changed.
         let mut sizes: HashMap<&[u8], u64> = HashMap::new();
         let (mut changed, mut ranks) = (Vec::new(), Vec::new());
         for (i, rank) in ranked {
-            sizes.insert(partition.row(i).data(), rank);
+            sizes.insert(partition(i).data(), rank);
             if (rank <= limit || sign.is_some()) && !candidates.holds(i, rank) {
                 changed.push(i as u32);
                 ranks.push(rank);
@@ -177,7 +182,7 @@ impl RankOperator {
         let old_ranks = stored.column(k).as_primitive::<UInt64Type>();
         let emptied: BooleanArray = (0..stored.num_rows())
             .map(|i| {
-                let now = sizes.get(partition.row(i).data()).copied().unwrap_or(0);
+                let now = sizes.get(partition(i).data()).copied().unwrap_or(0);
                 Some(old_ranks.value(i) > now)
             })
             .collect();
@@ -378,12 +383,12 @@ impl Candidates {
     }
 
     /// The `live` rows in rank order, each with its rank in its partition
-    /// (`partition`: the rows' partitions, encoded; `order` the ORDER BY of
-    /// the columns after the `k` partition columns).
-    fn ranked(
+    /// (`partition`: a row's partition, encoded; `order` the ORDER BY of the
+    /// columns after the `k` partition columns).
+    fn ranked<'p>(
         &self,
         live: &[u32],
-        partition: &Rows,
+        partition: &dyn Fn(usize) -> Row<'p>,
         k: usize,
         order: &[SortOptions],
     ) -> Result<Vec<(usize, u64)>> {
@@ -417,7 +422,7 @@ impl Candidates {
         let mut previous: Option<usize> = None;
         for &at in sorted.values() {
             let i = live.value(at as usize) as usize;
-            let same = previous.is_some_and(|p| partition.row(p) == partition.row(i));
+            let same = previous.is_some_and(|p| partition(p) == partition(i));
             rank = if same { rank + 1 } else { 1 };
             out.push((i, rank));
             previous = Some(i);

@@ -215,9 +215,8 @@ pub(crate) fn plan_query(
         None => Arc::new(logical.schema().as_arrow().clone()),
     };
     let unsplit = logical.clone();
-    let (logical, stages) = split_stages(logical, &watermarked)?;
+    let (logical, mut stages) = split_stages(logical, &watermarked)?;
     let unsplit = (!stages.is_empty()).then_some(unsplit);
-    let mut stages = stages;
     // A Top-N over a changelog source reads the rows' signs, which nothing
     // above it uses: the optimizer would prune them, so it is cut from the
     // plan as bound (each epoch's plan is optimized when it runs). Over
