@@ -353,7 +353,34 @@ pub async fn create_topic(
     for r in results {
         r.map_err(|(t, e)| kafka_error(&format!("creating topic {t}"), bootstrap, e))?;
     }
-    Ok(())
+    // The controller has made it; a broker learns of it a moment later,
+    // and a client asking then is told the topic does not exist.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let known = admin
+            .inner()
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .ok()
+            .and_then(|m| {
+                m.topics().first().map(|t| {
+                    t.error().is_none()
+                        && t.partitions().len() == partitions as usize
+                        && t.partitions().iter().all(|p| p.leader() >= 0)
+                })
+            })
+            .unwrap_or(false);
+        if known {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(kafka_error(
+                &format!("creating topic {topic}"),
+                bootstrap,
+                "the topic was created but its partitions had no leader within 30s",
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// One record read back from a topic.

@@ -95,6 +95,8 @@ pub(crate) async fn run_group(launcher: Arc<Launcher>, group: TaskGroup) -> Resu
     let result = loop {
         let retry_at = retry.as_ref().map(|r| r.at);
         tokio::select! {
+            // A stop comes first: a process asked to stop takes no new task.
+            biased;
             _ = shared.query_stopped() => break Ok(()),
             changed = owned.changed() => {
                 if changed.is_err() {
@@ -120,20 +122,20 @@ pub(crate) async fn run_group(launcher: Arc<Launcher>, group: TaskGroup) -> Resu
                 if let Some(e) = failed {
                     break Err(e);
                 }
-                if let Err(e) =
-                    start_owned(&launcher, &group, &now, &mut running, &mut ended, &mut retry).await
-                {
-                    break Err(e);
+                match start_unless_stopped(&launcher, &group, &now, &mut running, &mut ended, &mut retry).await {
+                    Some(Err(e)) => break Err(e),
+                    Some(Ok(())) => {}
+                    None => break Ok(()),
                 }
             }
             _ = tokio::time::sleep_until(retry_at.unwrap_or_else(tokio::time::Instant::now)),
                 if retry_at.is_some() =>
             {
                 let now = owned.borrow().clone();
-                if let Err(e) =
-                    start_owned(&launcher, &group, &now, &mut running, &mut ended, &mut retry).await
-                {
-                    break Err(e);
+                match start_unless_stopped(&launcher, &group, &now, &mut running, &mut ended, &mut retry).await {
+                    Some(Err(e)) => break Err(e),
+                    Some(Ok(())) => {}
+                    None => break Ok(()),
                 }
             }
             Some(end) = ended.next(), if !ended.is_empty() => {
@@ -159,6 +161,26 @@ struct Retry {
     since: std::time::Instant,
     at: tokio::time::Instant,
     backoff: std::time::Duration,
+}
+
+/// [`start_owned`], given up if the query is asked to stop first (`None`).
+/// A task still starting has begun no transaction and committed nothing,
+/// so it is left as it is: its next owner fences its producer. Starting
+/// can wait long (another task's transaction open on the progress topic
+/// until its new owner fences it), and a stop must not wait behind that.
+async fn start_unless_stopped(
+    launcher: &Launcher,
+    group: &TaskGroup,
+    owned: &BTreeSet<u32>,
+    running: &mut BTreeSet<u32>,
+    ended: &mut FuturesUnordered<tokio::task::JoinHandle<(u32, Result<()>)>>,
+    retry: &mut Option<Retry>,
+) -> Option<Result<()>> {
+    tokio::select! {
+        biased;
+        _ = launcher.shared.query_stopped() => None,
+        started = start_owned(launcher, group, owned, running, ended, retry) => Some(started),
+    }
 }
 
 /// Starts the tasks of `owned` that do not run here yet, side by side
