@@ -18,8 +18,13 @@
 //! first row (`drop_duplicates(["k"])`, the append-only form), `top1`
 //! the same through a Top-N (`ROW_NUMBER() OVER (PARTITION BY k ORDER BY
 //! timestamp) = 1`, Flink's deduplication), `top10` each key's ten rows of
-//! highest `value` (`ROW_NUMBER() ... ORDER BY value DESC <= 10`). The
-//! report adds the state's bytes per key.
+//! highest `value` (`ROW_NUMBER() ... ORDER BY value DESC <= 10`),
+//! `join-changes` two aggregations whose rows change every epoch (per key
+//! the count, and the highest even value) full outer joined on the key,
+//! as a join of two CDC streams is, and `join-interval` the append-only
+//! form: the stream joined with itself on `value` within one second of
+//! event time (each row meets itself once). The report adds the state's
+//! bytes per key.
 //!
 //! The last line of stdout is a JSON object; `benches/run-aggregate.sh`
 //! runs this side by side with Spark.
@@ -44,6 +49,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kept = common::flag("--query");
     let frame = || -> sluice::Result<sluice::StreamFrame> {
         let rate = common::rate(&session, &a)?;
+        if let Some(query) = kept.as_deref().filter(|q| q.starts_with("join-")) {
+            return joined(rate, query, keys);
+        }
         if let Some(query) = &kept {
             return keep_rows(rate, query, keys);
         }
@@ -66,8 +74,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
     };
     let dir = checkpoint.path().to_path_buf();
+    let mode = match kept.as_deref() {
+        Some("join-interval") => OutputMode::Append,
+        _ => OutputMode::Update,
+    };
     let progress = common::run(&session, frame()?, &a, |w| {
-        let w = w.output_mode(OutputMode::Update).checkpoint_location(&dir);
+        let w = w.output_mode(mode).checkpoint_location(&dir);
         match &seed {
             Some(topic) => w.format("kafka").option("topic", topic).option(
                 "bootstrap.servers",
@@ -85,7 +97,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let query = frame()?
         .write_stream()
         .memory(&MemorySink::new())
-        .output_mode(OutputMode::Update)
+        .output_mode(mode)
         .checkpoint_location(&dir)
         .start()
         .await?;
@@ -122,6 +134,58 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// `--query join-…`: a join of two changing aggregations, or the rate
+/// stream interval-joined with itself (see the module's text).
+fn joined(
+    rate: sluice::StreamFrame,
+    query: &str,
+    keys: i64,
+) -> sluice::Result<sluice::StreamFrame> {
+    use sluice::datafusion::common::JoinType;
+    let k = || (col("value") % lit(keys)).alias("k");
+    match query {
+        "join-changes" => {
+            let counts = rate
+                .aggregate(vec![k()], vec![count(lit(1)).alias("n")])?
+                .alias("c")?;
+            let tops = rate
+                .filter((col("value") % lit(2i64)).eq(lit(0i64)))?
+                .aggregate(vec![k()], vec![max(col("value")).alias("top")])?
+                .alias("t")?;
+            counts
+                .join(tops, JoinType::Full, vec![col("c.k").eq(col("t.k"))])?
+                .select(vec![
+                    col("c.k").alias("ck"),
+                    col("c.n"),
+                    col("t.k").alias("tk"),
+                    col("t.top"),
+                ])
+        }
+        "join-interval" => {
+            let rate = rate.with_watermark("timestamp", std::time::Duration::from_secs(1))?;
+            let second = lit(
+                sluice::datafusion::common::ScalarValue::IntervalMonthDayNano(Some(
+                    sluice::arrow::datatypes::IntervalMonthDayNano::new(0, 0, 1_000_000_000),
+                )),
+            );
+            rate.clone()
+                .alias("a")?
+                .join(
+                    rate.alias("b")?,
+                    JoinType::Inner,
+                    vec![
+                        col("a.value").eq(col("b.value")),
+                        col("b.timestamp").between(col("a.timestamp"), col("a.timestamp") + second),
+                    ],
+                )?
+                .select(vec![col("a.value"), col("b.timestamp")])
+        }
+        other => Err(sluice::SluiceError::config(format!(
+            "--query {other}: expected join-changes or join-interval"
+        ))),
+    }
+}
+
 /// `--query`'s rows kept per key `k = value % keys` (see the module's text).
 fn keep_rows(
     rate: sluice::StreamFrame,
@@ -135,7 +199,7 @@ fn keep_rows(
         "top10" => (col("value").sort(false, true), 10),
         other => {
             return Err(sluice::SluiceError::config(format!(
-                "--query {other}: expected first, top1 or top10"
+                "--query {other}: expected first, top1, top10, join-changes or join-interval"
             )))
         }
     };

@@ -17,6 +17,16 @@ With --query first it keeps each key's first row instead
 deduplication, the one row-keeping query Spark streams (it refuses
 ROW_NUMBER() over a stream, so it has no Top-N).
 
+With --query join-interval it joins the stream with itself on value within
+one second of event time (a stream-stream interval join with a 1 s
+watermark, append mode): each row meets itself once. Spark reads the
+source once per side, so its numInputRows counts every row twice; the
+rates here are of source rows (numInputRows / 2), as Sluice's are (it
+reads a stream once and hands it to both sides). Spark cannot stream a
+join of two aggregations (it joins streams in append mode only, and an
+aggregation without a watermark emits in update mode), so the changelog
+join Sluice also measures has no Spark row.
+
 With --seed-topic it runs the seed pipeline instead (examples/seed.sql:
 GROUP BY value % 4 AS bucket with count(*), sum(value), max(timestamp)),
 into that Kafka topic keyed by bucket (Spark's Kafka sink: at-least-once).
@@ -127,8 +137,9 @@ def parse_args():
                    help="Spark's state store: the default HDFS-backed one (every key on the "
                         "JVM heap), RocksDB (for millions of keys), or RocksDB with "
                         "changelog checkpointing")
-    p.add_argument("--query", choices=("group-by", "first"), default="group-by",
-                   help="first: dropDuplicates on value %% K instead of the GROUP BY")
+    p.add_argument("--query", choices=("group-by", "first", "join-interval"), default="group-by",
+                   help="first: dropDuplicates on value %% K instead of the GROUP BY; "
+                        "join-interval: the stream interval-joined with itself")
     p.add_argument("--seed-topic", default=None,
                    help="run the seed pipeline instead (examples/seed.sql: GROUP BY value %% 4 "
                         "with count, sum and max) into this Kafka topic, update mode")
@@ -209,6 +220,17 @@ def main():
                 .option("kafka.bootstrap.servers", args.bootstrap)
                 .option("topic", args.seed_topic)
             )
+        elif args.query == "join-interval":
+            from pyspark.sql.functions import expr
+            s = src.withWatermark("timestamp", "1 second")
+            out = (
+                s.alias("a")
+                .join(s.alias("b"), expr(
+                    "a.value = b.value AND b.timestamp BETWEEN a.timestamp "
+                    "AND a.timestamp + interval 1 second"))
+                .select("a.value", "b.timestamp")
+            )
+            writer = out.writeStream.outputMode("append").format("noop")
         elif args.query == "first":
             out = src.withColumn("k", col("value") % args.keys).dropDuplicates(["k"])
             writer = out.writeStream.outputMode("append").format("noop")
@@ -256,6 +278,8 @@ def main():
             dm = d["durationMs"]
             te = dm["triggerExecution"]
             rows = d["numInputRows"]
+            if args.query == "join-interval":
+                rows = rows / 2  # each source row is read once per side
             rates.append(rows / (te / 1000.0) if te > 0 else float("inf"))
             ab = dm.get("addBatch", 0)
             add_rates.append(rows / (ab / 1000.0) if ab > 0 else float("inf"))

@@ -18,6 +18,7 @@ use futures::StreamExt;
 
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
+use crate::operator::changelog_join::ChangelogJoinOperator;
 use crate::operator::join::{JoinConfig, JoinOperator};
 use crate::operator::normalize::NormalizeOperator;
 use crate::operator::pipeline::{Pipeline, PipelineStage};
@@ -311,13 +312,22 @@ fn fingerprint(plan: &IncrementalPlan, index: usize, statements: usize) -> Strin
     lines.join("\n")
 }
 
+/// The operator that runs join `config`: an interval or unbounded inner
+/// join of rows that never change, or a join over changes.
+fn join_operator(config: JoinConfig) -> Result<Box<dyn Operator>> {
+    Ok(match config.changelog {
+        Some(_) => Box::new(ChangelogJoinOperator::new(config)?),
+        None => Box::new(JoinOperator::new(config)?),
+    })
+}
+
 /// The stateful operator of a planned query, if it has one: the outermost
 /// one, with the stages under it as one [`Pipeline`].
 fn build_operator(plan: &mut IncrementalPlan) -> Result<Option<Box<dyn Operator>>> {
     let root: Box<dyn Operator> = match (plan.aggregate.take(), plan.join.take(), plan.rank.take())
     {
         (Some(a), _, _) => Box::new(AggregateOperator::new(a)),
-        (None, Some(j), _) => Box::new(JoinOperator::new(j)?),
+        (None, Some(j), _) => join_operator(j)?,
         (None, None, Some(r)) => Box::new(RankOperator::new(r)),
         (None, None, None) => return Ok(None),
     };
@@ -328,7 +338,7 @@ fn build_operator(plan: &mut IncrementalPlan) -> Result<Option<Box<dyn Operator>
     for stage in plan.stages.drain(..) {
         let operator: Box<dyn Operator> = match stage.config {
             StageConfig::Aggregate(a) => Box::new(AggregateOperator::new(*a)),
-            StageConfig::Join(j) => Box::new(JoinOperator::new(*j)?),
+            StageConfig::Join(j) => join_operator(*j)?,
             StageConfig::Normalize(n) => Box::new(NormalizeOperator::new(*n)),
         };
         stages.push(PipelineStage::new(operator, Some(stage.link)));

@@ -16,10 +16,10 @@
 //! that fails it deletes the key downstream, since its previous value may
 //! have passed (a compacted reader sees the last value per key where the
 //! filter holds; a key that never passed gets a tombstone it did not need,
-//! which a compacted topic drops). An aggregation or a Top-N over an upsert
-//! stream reads its changes instead, made by `operator::normalize` from
-//! each key's previous value (Flink's ChangelogNormalize); joins over one
-//! are refused.
+//! which a compacted topic drops). An aggregation, a Top-N or a join with another
+//! stream over an upsert stream reads its changes instead, made by
+//! `operator::normalize` from each key's previous value (Flink's
+//! ChangelogNormalize); a join with a static table is refused.
 
 use std::sync::Arc;
 
@@ -69,8 +69,9 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
         SluiceError::plan(format!(
             "this query cannot run: it {what} an upsert stream (connector 'upsert-kafka'), \
              whose rows are each key's latest value; Sluice copies, filters, aggregates \
-             (GROUP BY) and ranks (a Top-N) such a stream, and does not join one yet. Read \
-             the topic with connector 'kafka' to take its messages as plain rows"
+             (GROUP BY), ranks (a Top-N) and joins with another stream such a stream, and \
+             does not join one with a static table yet. Read the topic with connector \
+             'kafka' to take its messages as plain rows"
         ))
     };
     if plan.exists(|p| Ok(matches!(p, LogicalPlan::Join(_))))? {

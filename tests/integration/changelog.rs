@@ -152,30 +152,32 @@ pub(crate) async fn compacted(bootstrap: &str, topic: &str) -> BTreeMap<String, 
     last
 }
 
-/// DataFusion's answer to `sql` over `table` as a table and its columns
-/// (`[table, key, text, number]`), a row as JSON.
-async fn batch_rows(table: &Table, [name, id, text, number]: [&str; 4], sql: &str) -> Vec<Value> {
+/// DataFusion's answer to `sql` over `tables`, each as a table with its
+/// columns (`[table, key, text, number]`), a row as JSON.
+async fn batch_rows(tables: &[Table], columns: &[[&str; 4]], sql: &str) -> Vec<Value> {
     use sluice::datafusion::prelude::SessionContext;
-    let schema = Arc::new(Schema::new(vec![
-        Field::new(id, DataType::Int64, false),
-        Field::new(text, DataType::Utf8, false),
-        Field::new(number, DataType::Int64, false),
-    ]));
-    let batch = RecordBatch::try_new(
-        Arc::clone(&schema),
-        vec![
-            Arc::new(Int64Array::from_iter_values(table.keys().copied())),
-            Arc::new(StringArray::from_iter_values(
-                table.values().map(|(c, _)| c.as_str()),
-            )),
-            Arc::new(Int64Array::from_iter_values(
-                table.values().map(|(_, a)| *a),
-            )),
-        ],
-    )
-    .unwrap();
     let ctx = SessionContext::new();
-    ctx.register_batch(name, batch).unwrap();
+    for (table, [name, id, text, number]) in tables.iter().zip(columns) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new(*id, DataType::Int64, false),
+            Field::new(*text, DataType::Utf8, false),
+            Field::new(*number, DataType::Int64, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![
+                Arc::new(Int64Array::from_iter_values(table.keys().copied())),
+                Arc::new(StringArray::from_iter_values(
+                    table.values().map(|(c, _)| c.as_str()),
+                )),
+                Arc::new(Int64Array::from_iter_values(
+                    table.values().map(|(_, a)| *a),
+                )),
+            ],
+        )
+        .unwrap();
+        ctx.register_batch(*name, batch).unwrap();
+    }
     let mut rows = Vec::new();
     for b in ctx.sql(sql).await.unwrap().collect().await.unwrap() {
         let json = sluice_kafka::Format::Json.encode(&b).unwrap();
@@ -186,11 +188,15 @@ async fn batch_rows(table: &Table, [name, id, text, number]: [&str; 4], sql: &st
 
 /// DataFusion's answer to [`QUERY`] over `table`: category → its row.
 async fn batch_answer(table: &Table) -> BTreeMap<String, Totals> {
-    batch_rows(table, Changes::Debezium.columns(), QUERY)
-        .await
-        .iter()
-        .map(|v| (v["category"].as_str().unwrap().to_string(), totals(v)))
-        .collect()
+    batch_rows(
+        std::slice::from_ref(table),
+        &Changes::Debezium.columns(),
+        QUERY,
+    )
+    .await
+    .iter()
+    .map(|v| (v["category"].as_str().unwrap().to_string(), totals(v)))
+    .collect()
 }
 
 /// The totals topic as a compacted reader sees it: category → its row.
@@ -216,64 +222,100 @@ enum Changes {
     /// values and deletes of 30 keys (a key often changes, or is deleted
     /// and comes back, within one epoch).
     Upsert,
+    /// Two such streams, `users` and `plans (id, name, v)`.
+    UpsertPair,
 }
 
 impl Changes {
-    /// The input stream's declaration, and the sink's connector.
-    fn streams(self, input: &str, bootstrap: &str) -> (String, &'static str) {
+    /// How many input streams.
+    fn inputs(self) -> usize {
+        match self {
+            Changes::UpsertPair => 2,
+            _ => 1,
+        }
+    }
+
+    /// The input streams' declarations, and the sink's connector.
+    fn streams(self, inputs: &[String], bootstrap: &str) -> (String, &'static str) {
+        let upsert = |name: &str, topic: &str| {
+            format!(
+                "CREATE STREAM {name} (id BIGINT NOT NULL, name VARCHAR, v BIGINT) \
+                 WITH (connector = 'upsert-kafka', topic = '{topic}', \
+                 'bootstrap.servers' = '{bootstrap}', 'key.fields' = 'id');\n"
+            )
+        };
         match self {
             Changes::Debezium => (
                 format!(
                     "CREATE STREAM items (id BIGINT NOT NULL, category VARCHAR, amount BIGINT) \
-                     WITH (connector = 'kafka', topic = '{input}', \
-                     'bootstrap.servers' = '{bootstrap}', format = 'debezium-json');\n"
+                     WITH (connector = 'kafka', topic = '{}', \
+                     'bootstrap.servers' = '{bootstrap}', format = 'debezium-json', \
+                     'key.fields' = 'id');\n",
+                    inputs[0]
                 ),
                 "kafka",
             ),
-            Changes::Upsert => (
-                format!(
-                    "CREATE STREAM users (id BIGINT NOT NULL, name VARCHAR, v BIGINT) \
-                     WITH (connector = 'upsert-kafka', topic = '{input}', \
-                     'bootstrap.servers' = '{bootstrap}', 'key.fields' = 'id');\n"
-                ),
+            Changes::Upsert => (upsert("users", &inputs[0]), "upsert-kafka"),
+            Changes::UpsertPair => (
+                upsert("users", &inputs[0]) + &upsert("plans", &inputs[1]),
                 "upsert-kafka",
             ),
         }
     }
 
-    /// The table's name and columns, for the batch answer.
-    fn columns(self) -> [&'static str; 4] {
+    /// The tables' names and columns, for the batch answer.
+    fn columns(self) -> Vec<[&'static str; 4]> {
         match self {
-            Changes::Debezium => ["items", "id", "category", "amount"],
-            Changes::Upsert => ["users", "id", "name", "v"],
+            Changes::Debezium => vec![["items", "id", "category", "amount"]],
+            Changes::Upsert => vec![["users", "id", "name", "v"]],
+            Changes::UpsertPair => vec![["users", "id", "name", "v"], ["plans", "id", "name", "v"]],
         }
     }
 
-    /// One round's records, and `table` changed as they change it.
+    /// One round's records per input, and `tables` changed as they change
+    /// them.
     fn round(
         self,
-        table: &mut Table,
+        tables: &mut [Table],
         next_id: &mut i64,
         rng: &mut Lcg,
-    ) -> Vec<(String, Option<String>)> {
+    ) -> Vec<Vec<(String, Option<String>)>> {
         match self {
-            Changes::Debezium => keyed(&changes(table, next_id, rng, 60)),
-            Changes::Upsert => (0..120)
-                .map(|_| {
-                    let id = rng.next(30) as i64;
-                    let key = json!({ "id": id }).to_string();
-                    if rng.next(4) == 0 {
-                        table.remove(&id);
-                        return (key, None);
-                    }
-                    let (name, v) = (format!("n{}", rng.next(10)), rng.next(100) as i64);
-                    let row = json!({"id": id, "name": name, "v": v});
-                    table.insert(id, (name, v));
-                    (key, Some(row.to_string()))
-                })
-                .collect(),
+            Changes::Debezium => vec![keyed(&changes(&mut tables[0], next_id, rng, 60))],
+            Changes::Upsert | Changes::UpsertPair => {
+                tables.iter_mut().map(|table| upserts(table, rng)).collect()
+            }
         }
     }
+}
+
+/// 120 random new values and deletes of 30 keys of an upsert stream, and
+/// `table` changed as they change it.
+fn upserts(table: &mut Table, rng: &mut Lcg) -> Vec<(String, Option<String>)> {
+    upserts_of(table, rng, 120, 30)
+}
+
+/// `n` random new values and deletes of `keys` keys of an upsert stream.
+fn upserts_of(
+    table: &mut Table,
+    rng: &mut Lcg,
+    n: usize,
+    keys: u64,
+) -> Vec<(String, Option<String>)> {
+    (0..n)
+        .map(|_| {
+            let id = rng.next(keys) as i64;
+            let key = json!({ "id": id }).to_string();
+            if rng.next(4) == 0 {
+                table.remove(&id);
+                return (key, None);
+            }
+            let (name, v) = (format!("n{}", rng.next(10)), rng.next(100) as i64);
+            let row = json!({"id": id, "name": name, "v": v});
+            table.insert(id, (name, v));
+            (key, Some(row.to_string()))
+        })
+        .collect()
 }
 
 /// Runs `query` over three rounds of random `changes`, each read by a new
@@ -289,11 +331,16 @@ async fn rounds<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
     answer_of: fn(&Value) -> (K, V),
 ) {
     let bootstrap = broker().await;
-    let (input, output) = (fresh_topic("changes"), fresh_topic("changes-out"));
-    create_topic(&bootstrap, &input, 2).await.unwrap();
+    let inputs: Vec<String> = (0..changes.inputs())
+        .map(|_| fresh_topic("changes"))
+        .collect();
+    let output = fresh_topic("changes-out");
+    for input in &inputs {
+        create_topic(&bootstrap, input, 2).await.unwrap();
+    }
     create_topic(&bootstrap, &output, 1).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (stream, sink) = changes.streams(&input, &bootstrap);
+    let (stream, sink) = changes.streams(&inputs, &bootstrap);
     let sql = format!(
         "SET 'checkpoint.location' = '{cp}';\n\
          SET 'trigger' = 'available-now';\n\
@@ -304,13 +351,15 @@ async fn rounds<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
         cp = dir.path().join("cp").display()
     );
     let mut rng = Lcg(seed);
-    let (mut table, mut next_id) = (Table::new(), 0);
+    let (mut tables, mut next_id) = (vec![Table::new(); inputs.len()], 0);
     for round in 0..3 {
-        let records = changes.round(&mut table, &mut next_id, &mut rng);
-        let (b, t) = (bootstrap.clone(), input.clone());
-        tokio::task::spawn_blocking(move || send_keyed(&b, &t, &records))
-            .await
-            .unwrap();
+        let records = changes.round(&mut tables, &mut next_id, &mut rng);
+        for (records, input) in records.into_iter().zip(&inputs) {
+            let (b, t) = (bootstrap.clone(), input.clone());
+            tokio::task::spawn_blocking(move || send_keyed(&b, &t, &records))
+                .await
+                .unwrap();
+        }
         let running = start_sql(&Session::new(), &sql).await;
         running.await_termination().await.unwrap();
         let actual: BTreeMap<K, V> = compacted(&bootstrap, &output)
@@ -318,7 +367,7 @@ async fn rounds<K: Ord + std::fmt::Debug, V: PartialEq + std::fmt::Debug>(
             .into_iter()
             .map(|(key, v)| output_of(&serde_json::from_str(&key).unwrap(), &v))
             .collect();
-        let want: BTreeMap<K, V> = batch_rows(&table, changes.columns(), query)
+        let want: BTreeMap<K, V> = batch_rows(&tables, &changes.columns(), query)
             .await
             .iter()
             .map(answer_of)
@@ -535,6 +584,115 @@ fn a_top_n_over_an_upsert_stream_equals_the_batch_answer_over_the_latest_values(
     });
 }
 
+/// A join's output row as (its key, the whole row), both as JSON objects
+/// without their null fields (an encoder may write them or leave them
+/// out).
+fn joined(key: &Value, v: &Value) -> (String, Value) {
+    let present = |j: &Value| -> Value {
+        let fields = j.as_object().cloned().unwrap_or_default();
+        Value::Object(fields.into_iter().filter(|(_, f)| !f.is_null()).collect())
+    };
+    (present(key).to_string(), present(v))
+}
+
+/// Each item beside its category's highest amount over 50 (an aggregation
+/// of the same changes), padded with nulls while its category has none:
+/// a left join of a Debezium changelog with a changing aggregation, keyed
+/// by the item's id (the stream's 'key.fields').
+#[test]
+fn a_left_join_of_debezium_changes_with_their_aggregation_equals_the_batch_answer() {
+    const JOINED: &str = "SELECT i.id, i.category, i.amount, c.top FROM items i LEFT JOIN \
+                          (SELECT category, max(amount) AS top FROM items WHERE amount > 50 \
+                          GROUP BY category) c ON i.category = c.category WHERE i.amount > 20";
+    property(3, |seed| {
+        block_on(rounds(seed, Changes::Debezium, JOINED, joined, |v| {
+            joined(&json!({ "id": v["id"] }), v)
+        }))
+    });
+}
+
+/// Two upsert streams full outer joined on a column that is neither's key:
+/// each pair of a user and a plan of one name, and the users and plans of
+/// no common name alone, keyed by both ids as keys change names, leave and
+/// come back.
+#[test]
+fn a_full_outer_join_of_two_upsert_streams_equals_the_batch_answer_over_the_latest_values() {
+    const JOINED: &str = "SELECT u.id AS uid, p.id AS pid, u.name AS uname, p.name AS pname, \
+                          u.v AS uv, p.v AS pv FROM users u FULL JOIN plans p ON u.name = p.name \
+                          AND p.v > 10";
+    property(3, |seed| {
+        block_on(rounds(seed, Changes::UpsertPair, JOINED, joined, |v| {
+            joined(&json!({ "uid": v["uid"], "pid": v["pid"] }), v)
+        }))
+    });
+}
+
+/// An upsert stream filtered and left joined with another on its key,
+/// through five kills with SIGKILL: the compacted output equals the batch
+/// answer over both streams' latest values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_filtered_upsert_stream_joined_with_another_is_exact_through_kill_9() {
+    use crate::util::{crash_seed, kill_9_five_times_then_finish};
+    const JOINED: &str = "SELECT u.id AS uid, u.name, u.v, p.id AS pid, p.v AS pv FROM users u \
+                          LEFT JOIN plans p ON u.id = p.id AND p.v > 10 WHERE u.v > 20";
+    let bootstrap = broker().await;
+    let inputs = [fresh_topic("upsert-kill"), fresh_topic("upsert-kill")];
+    let output = fresh_topic("upsert-kill-joined");
+    for t in inputs.iter().chain([&output]) {
+        create_topic(&bootstrap, t, 2).await.unwrap();
+    }
+    let mut rng = Lcg(crash_seed("kill -9", || 0x0b5e));
+    let mut tables = vec![Table::new(), Table::new()];
+    for (table, input) in tables.iter_mut().zip(&inputs) {
+        let records = upserts_of(table, &mut rng, 10_000, 400);
+        let (b, t) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || send_keyed(&b, &t, &records))
+            .await
+            .unwrap();
+    }
+    let columns = Changes::UpsertPair.columns();
+    let want: BTreeMap<String, Value> = batch_rows(&tables, &columns, JOINED)
+        .await
+        .iter()
+        .map(|v| joined(&json!({ "uid": v["uid"] }), v))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let sql = dir.path().join("joined.sql");
+    let (streams, _) = Changes::UpsertPair.streams(&inputs, &bootstrap);
+    // Epochs of 50 changes per input, each at least the 50 ms trigger:
+    // the work outlasts the kills however fast an epoch computes.
+    let streams = streams.replace(
+        "'key.fields' = 'id')",
+        "'key.fields' = 'id', 'max-records-per-epoch' = '50')",
+    );
+    std::fs::write(
+        &sql,
+        format!(
+            "SET 'checkpoint.location' = '{cp}';\n\
+             SET 'trigger.interval' = '50 ms';\n\
+             {streams}\
+             CREATE STREAM joined WITH (connector = 'upsert-kafka', topic = '{output}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             INSERT INTO joined {JOINED};\n",
+            cp = dir.path().join("cp").display()
+        ),
+    )
+    .unwrap();
+    let command = || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("run").arg(&sql).stdout(std::process::Stdio::null());
+        cmd
+    };
+    let output_now = || async {
+        compacted(&bootstrap, &output)
+            .await
+            .into_iter()
+            .map(|(key, v)| joined(&serde_json::from_str(&key).unwrap(), &v))
+            .collect::<BTreeMap<String, Value>>()
+    };
+    kill_9_five_times_then_finish(command, &mut rng, &want, output_now).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upsert_streams_are_refused_where_they_cannot_run_yet() {
     let bootstrap = broker().await;
@@ -552,8 +710,8 @@ async fn upsert_streams_are_refused_where_they_cannot_run_yet() {
     );
     for (query, problem) in [
         (
-            "SELECT u.id, u.v FROM users u JOIN users w ON u.id = w.v",
-            "it joins an upsert stream",
+            "SELECT u.v FROM users u JOIN users w ON u.id = w.v",
+            "and it leaves out w.id",
         ),
         (
             "SELECT name, v FROM users",

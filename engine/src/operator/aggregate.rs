@@ -48,7 +48,6 @@ use datafusion::logical_expr::{EmitTo, LogicalPlan};
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{collect, ExecutionPlan};
-use foldhash::HashSet;
 
 use async_trait::async_trait;
 
@@ -58,7 +57,7 @@ use crate::error::{Result, SluiceError};
 use crate::output_mode::OutputMode;
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
-use crate::state::{row_converter, KeyedState, Located, OneStore};
+use crate::state::{KeyedState, Located, OneStore};
 use crate::table::EpochBatches;
 use crate::window::{merge_sessions, WindowKey};
 
@@ -327,7 +326,7 @@ impl AggregateOperator {
         let retracted = match before {
             Some(states) => {
                 let before = self.emitted(ctx, &phases, vec![states]).await?;
-                retracted(&before, &rows, &self.config.retract_keys)?
+                changelog::retracted(&before, &rows, &self.config.retract_keys)?
             }
             None => None,
         };
@@ -513,47 +512,6 @@ fn state_columns(
         at += width;
     }
     Ok(out)
-}
-
-/// The keys (`keys`: the output's key columns) of rows `before` that are
-/// not among `rows`.
-fn retracted(
-    before: &[RecordBatch],
-    rows: &[RecordBatch],
-    keys: &[String],
-) -> Result<Option<RecordBatch>> {
-    let Some(first) = before.first() else {
-        return Ok(None);
-    };
-    let project = |b: &RecordBatch| -> Result<RecordBatch> {
-        let columns = keys
-            .iter()
-            .map(|k| b.schema().index_of(k))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(b.project(&columns)?)
-    };
-    let schema = project(first)?.schema();
-    let converter = row_converter(schema.fields().iter().map(|f| f.data_type()))?;
-    let encoded = rows
-        .iter()
-        .map(|b| Ok(converter.convert_columns(project(b)?.columns())?))
-        .collect::<Result<Vec<_>>>()?;
-    let emitted: HashSet<&[u8]> = encoded
-        .iter()
-        .flat_map(|r| r.iter().map(|r| r.data()))
-        .collect();
-    let mut gone = Vec::new();
-    for b in before {
-        let b = project(b)?;
-        let mask: BooleanArray = converter
-            .convert_columns(b.columns())?
-            .iter()
-            .map(|r| Some(!emitted.contains(r.data())))
-            .collect();
-        gone.push(filter_record_batch(&b, &mask)?);
-    }
-    let gone = concat_batches(&schema, &gone)?;
-    Ok((gone.num_rows() > 0).then_some(gone))
 }
 
 /// The aggregation nearest the input: DataFusion's `Partial` (or `Single`)

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{BooleanArray, Int64Array};
+use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -25,7 +26,7 @@ use datafusion::logical_expr::expr_fn::{cast, when};
 use datafusion::logical_expr::{
     lit, Aggregate, Expr, ExprSchemable, Filter, LogicalPlan, Projection,
 };
-use foldhash::{HashMap, HashMapExt};
+use foldhash::{HashMap, HashMapExt, HashSet};
 
 use super::multiset::over_changes;
 use crate::error::{Result, SluiceError};
@@ -42,13 +43,21 @@ pub const SIGN: &str = "__sluice_sign";
 /// averages what the changes leave (a Top-N reads the signs as they are,
 /// see `rank`); refuses a changelog read any other way (its rows would be
 /// taken as inserts, and deletes as rows).
-pub(crate) fn read_changelogs(plan: LogicalPlan) -> Result<LogicalPlan> {
+///
+/// `stream_join` tells a join of two streams (which takes changes in)
+/// from a stream's join with a static table (stateless: a change joined
+/// is a row).
+pub(crate) fn read_changelogs(
+    plan: LogicalPlan,
+    stream_join: &dyn Fn(&LogicalPlan) -> bool,
+) -> Result<LogicalPlan> {
     use datafusion::common::tree_node::Transformed;
     let is_changelog = |p: &LogicalPlan| matches!(p, LogicalPlan::TableScan(s) if s.source.schema().field_with_name(SIGN).is_ok());
     if !plan.exists(|p| Ok(is_changelog(p)))? {
         return Ok(plan);
     }
-    check_changelog_readers(&plan, false, &is_changelog)?;
+    let plan = carry_signs_to_joins(plan, stream_join)?;
+    check_changelog_readers(&plan, false, &is_changelog, stream_join)?;
     Ok(plan
         .transform_up(|p| {
             let LogicalPlan::Aggregate(agg) = &p else {
@@ -80,28 +89,70 @@ pub(crate) fn read_changelogs(plan: LogicalPlan) -> Result<LogicalPlan> {
         .data)
 }
 
-/// Refuses a changelog scan that no aggregation or Top-N reads, or that a
-/// join reads (a join cannot take a matched row back).
+/// `plan` with each projection between a changelog scan and a join that
+/// reads it passing the rows' sign on, so that the join takes the rows in
+/// as changes (`changelog_join`).
+fn carry_signs_to_joins(
+    plan: LogicalPlan,
+    stream_join: &dyn Fn(&LogicalPlan) -> bool,
+) -> Result<LogicalPlan> {
+    use datafusion::common::tree_node::Transformed;
+    let carry = |side: &LogicalPlan| {
+        side.clone().transform_up(|n| {
+            let LogicalPlan::Projection(p) = &n else {
+                return Ok(Transformed::yes(n.recompute_schema()?));
+            };
+            let input = p.input.schema();
+            if p.schema.field_with_unqualified_name(SIGN).is_ok() {
+                return Ok(Transformed::no(n));
+            }
+            let Ok((qualifier, field)) = input.qualified_field_with_unqualified_name(SIGN) else {
+                return Ok(Transformed::no(n));
+            };
+            let mut exprs = p.expr.clone();
+            exprs.push(Expr::Column(Column::new(qualifier.cloned(), field.name())));
+            Ok(Transformed::yes(LogicalPlan::Projection(
+                Projection::try_new(exprs, Arc::clone(&p.input))?,
+            )))
+        })
+    };
+    Ok(plan
+        .transform_down(|p| {
+            if !stream_join(&p) {
+                return Ok(Transformed::no(p));
+            }
+            let inputs = p
+                .inputs()
+                .into_iter()
+                .map(|side| Ok(carry(side)?.data))
+                .collect::<datafusion::error::Result<Vec<_>>>()?;
+            Ok(Transformed::yes(p.with_new_exprs(p.expressions(), inputs)?))
+        })
+        .map_err(SluiceError::from)?
+        .data)
+}
+
+/// Refuses a changelog scan that no aggregation, Top-N or join reads.
 fn check_changelog_readers(
     plan: &LogicalPlan,
     aggregated: bool,
     is_changelog: &dyn Fn(&LogicalPlan) -> bool,
+    stream_join: &dyn Fn(&LogicalPlan) -> bool,
 ) -> Result<()> {
     if is_changelog(plan) && !aggregated {
         return Err(SluiceError::plan(
             "this query cannot run: it reads a changelog stream (format 'debezium-json') \
              without aggregating it, and a change's row is not a new row (an update takes \
-             its old row back, a delete removes it). Aggregate it (GROUP BY) or rank it \
-             (a Top-N), which follow every change",
+             its old row back, a delete removes it). Aggregate it (GROUP BY), rank it \
+             (a Top-N) or join it with another stream, which follow every change",
         ));
     }
     match plan {
-        LogicalPlan::Join(_) if plan.exists(|p| Ok(is_changelog(p))).unwrap_or(false) => {
-            Err(SluiceError::plan(
-                "this query cannot run: it joins a changelog stream (format 'debezium-json'); \
-                 a join cannot take back a row it has matched. Aggregate the stream instead",
-            ))
-        }
+        // A join takes its inputs' rows in as changes (`changelog_join`).
+        LogicalPlan::Join(_) if stream_join(plan) => plan
+            .inputs()
+            .into_iter()
+            .try_for_each(|c| check_changelog_readers(c, true, is_changelog, stream_join)),
         // A Top-N (the only window `check` lets through) takes its rows
         // back as an aggregation does, given their signs.
         LogicalPlan::Window(w) if plan.exists(|p| Ok(is_changelog(p))).unwrap_or(false) => {
@@ -113,16 +164,16 @@ fn check_changelog_readers(
                      (...) AS rn FROM stream) WHERE rn <= 3)",
                 ));
             }
-            check_changelog_readers(&w.input, true, is_changelog)
+            check_changelog_readers(&w.input, true, is_changelog, stream_join)
         }
         LogicalPlan::Aggregate(_) => plan
             .inputs()
             .into_iter()
-            .try_for_each(|c| check_changelog_readers(c, true, is_changelog)),
+            .try_for_each(|c| check_changelog_readers(c, true, is_changelog, stream_join)),
         _ => plan
             .inputs()
             .into_iter()
-            .try_for_each(|c| check_changelog_readers(c, aggregated, is_changelog)),
+            .try_for_each(|c| check_changelog_readers(c, aggregated, is_changelog, stream_join)),
     }
 }
 
@@ -300,6 +351,47 @@ pub(crate) fn over_changelog(agg: &Aggregate, input: LogicalPlan) -> Result<Logi
         Arc::new(LogicalPlan::Filter(live)),
         Arc::clone(&agg.schema),
     )?))
+}
+
+/// The keys (`keys`: the output's key columns) of rows `before` that are
+/// not among `rows`.
+pub(crate) fn retracted(
+    before: &[RecordBatch],
+    rows: &[RecordBatch],
+    keys: &[String],
+) -> Result<Option<RecordBatch>> {
+    let Some(first) = before.first() else {
+        return Ok(None);
+    };
+    let project = |b: &RecordBatch| -> Result<RecordBatch> {
+        let columns = keys
+            .iter()
+            .map(|k| b.schema().index_of(k))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(b.project(&columns)?)
+    };
+    let schema = project(first)?.schema();
+    let converter = row_converter(schema.fields().iter().map(|f| f.data_type()))?;
+    let encoded = rows
+        .iter()
+        .map(|b| Ok(converter.convert_columns(project(b)?.columns())?))
+        .collect::<Result<Vec<_>>>()?;
+    let emitted: HashSet<&[u8]> = encoded
+        .iter()
+        .flat_map(|r| r.iter().map(|r| r.data()))
+        .collect();
+    let mut gone = Vec::new();
+    for b in before {
+        let b = project(b)?;
+        let mask: BooleanArray = converter
+            .convert_columns(b.columns())?
+            .iter()
+            .map(|r| Some(!emitted.contains(r.data())))
+            .collect();
+        gone.push(filter_record_batch(&b, &mask)?);
+    }
+    let gone = concat_batches(&schema, &gone)?;
+    Ok((gone.num_rows() > 0).then_some(gone))
 }
 
 #[cfg(test)]

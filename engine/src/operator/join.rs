@@ -148,6 +148,39 @@ pub(crate) struct JoinConfig {
     pub join_type: JoinType,
     /// `None`: an unbounded inner join, whose buffers keep every row.
     pub bounds: Option<TimeBounds>,
+    /// A join whose inputs change, or an outer join without a time bound:
+    /// run by `changelog_join` instead, its scans without the left's row
+    /// id and matched flag, and `join` of the query's type.
+    pub changelog: Option<ChangelogSides>,
+}
+
+/// What a join over changing inputs (`changelog_join`) needs beside
+/// [`JoinConfig`].
+#[derive(Debug)]
+pub(crate) struct ChangelogSides {
+    /// Per side (left, right), the position of [`SIGN`](super::changelog::SIGN) in its rows, when
+    /// the side is a changelog; a side without one only adds rows.
+    pub signs: [Option<usize>; 2],
+    /// Per side, the equi-join keys, over the side's columns.
+    pub keys: [Vec<Expr>; 2],
+    /// Per side, the columns that identify the row a change takes back:
+    /// those the query reads (not a Kafka source's `_offset`, which
+    /// differs between a row's insert and its delete).
+    pub identity: [Vec<usize>; 2],
+    /// Where the changes go.
+    pub emit: JoinEmit,
+}
+
+/// Where a join over changing inputs sends its changes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum JoinEmit {
+    /// To the operator above: the rows through the tail, without columns
+    /// named [`SIGN`](super::changelog::SIGN) (the sides' own), then their sign.
+    Signed,
+    /// To the query's output, in update mode keyed by these columns: the
+    /// rows added are upserts, and the keys of rows taken back that no
+    /// row added replaces are deleted.
+    Keyed(Vec<String>),
 }
 
 /// A running stream–stream join.

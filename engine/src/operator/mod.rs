@@ -10,6 +10,8 @@
 //! - [`aggregate`]: GROUP BY, windowed aggregation and deduplication, through
 //!   DataFusion's accumulators, over a [`KeyedState`](crate::KeyedState);
 //! - [`join`]: stream–stream joins, interval-bounded or not;
+//! - [`changelog_join`]: joins whose inputs change (aggregations, Debezium
+//!   and upsert streams) and outer joins without a time bound;
 //! - [`normalize`]: an upsert stream's rows as a changelog (each key's
 //!   previous value kept), for an aggregation or a Top-N over it;
 //! - [`rank`]: Top-N and deduplication (`ROW_NUMBER() OVER (...)` bounded
@@ -38,11 +40,20 @@ use crate::state::chain::{ChainReader, Staged};
 
 pub(crate) mod aggregate;
 pub(crate) mod changelog;
+pub(crate) mod changelog_join;
 pub(crate) mod join;
 pub(crate) mod multiset;
 pub(crate) mod normalize;
 pub(crate) mod pipeline;
 pub(crate) mod rank;
+
+/// Row `i` of `batch` as a table, for an error message.
+pub(crate) fn row_text(batch: &datafusion::arrow::record_batch::RecordBatch, i: usize) -> String {
+    let row = batch.slice(i, 1);
+    datafusion::arrow::util::pretty::pretty_format_batches(&[row])
+        .map(|t| t.to_string())
+        .unwrap_or_else(|e| e.to_string())
+}
 
 /// The arrow sort order of a logical `ORDER BY` item.
 pub(crate) fn sort_options(sort: &Sort) -> SortOptions {

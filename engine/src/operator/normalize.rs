@@ -1,10 +1,10 @@
 //! An upsert stream's rows as a changelog (Flink's ChangelogNormalize): the
 //! operator keeps each key's latest value, and turns each new value into
 //! the previous one taken back (−1) and the new one added (+1), and each
-//! deletion into the previous value taken back. An aggregation or a Top-N
-//! reads what it emits as it reads any changelog (see `changelog`), so a
-//! `GROUP BY` over a compacted topic follows its keys' updates and
-//! deletions.
+//! deletion into the previous value taken back. An aggregation, a Top-N
+//! or a join reads what it emits as it reads any changelog (see
+//! `changelog`), so a `GROUP BY` over a compacted topic follows its keys'
+//! updates and deletions.
 //!
 //! The state is one row per live key ([`KeyedState`], keyed by the upsert
 //! key), as the source's table holds.

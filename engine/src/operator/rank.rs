@@ -36,7 +36,7 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::collect;
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
-use super::Operator;
+use super::{row_text, Operator};
 use crate::error::{Result, SluiceError};
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
@@ -268,14 +268,6 @@ impl RankOperator {
         }
         Ok(())
     }
-}
-
-/// Row `i` of `batch`, for messages.
-fn row_text(batch: &RecordBatch, i: usize) -> String {
-    let row = batch.slice(i, 1);
-    datafusion::arrow::util::pretty::pretty_format_batches(&[row])
-        .map(|t| t.to_string())
-        .unwrap_or_else(|e| e.to_string())
 }
 
 /// The state keys `(p, rn)` to read back: `probe` holds, per key, the row

@@ -9,8 +9,11 @@ use datafusion::logical_expr::{Expr, Join, LogicalPlan};
 
 use super::rank::{top_ns, window_problem};
 use crate::error::{Result, SluiceError};
+use crate::operator::changelog::SIGN;
+use crate::operator::join::time_bounds;
 use crate::output_mode::OutputMode;
 use crate::table::as_stream_table;
+use crate::upsert::DELETED;
 use crate::window::{event_time_key, session_problem, WindowKey};
 
 /// The table name of the scan that replaces the `i`-th stage.
@@ -133,6 +136,47 @@ struct Shape {
     dedup: bool,
     /// The `Window` nodes of the query's Top-Ns (see `rank::top_ns`).
     ranks: Vec<LogicalPlan>,
+    /// The outermost operator is a join whose rows change (see
+    /// [`emits_changes`]).
+    join_changes: bool,
+}
+
+/// Whether a join of two streams emits rows it may take back: one of its
+/// inputs changes (it reads a Debezium or upsert stream, or an
+/// aggregation without an event-time window), or it is an outer join
+/// without a time bound, whose unmatched rows may find a partner at any
+/// time. Such a join runs as `operator::changelog_join`.
+pub(super) fn emits_changes(j: &Join, watermarked: &[String]) -> bool {
+    let changes = |side: &LogicalPlan| {
+        side.exists(|n| {
+            Ok(match n {
+                LogicalPlan::TableScan(s) => {
+                    let schema = s.source.schema();
+                    schema.field_with_name(SIGN).is_ok() || schema.field_with_name(DELETED).is_ok()
+                }
+                LogicalPlan::Aggregate(a) => event_time_key(a, watermarked).is_none(),
+                LogicalPlan::Join(inner) => {
+                    reads_stream(&inner.left)
+                        && reads_stream(&inner.right)
+                        && emits_changes(inner, watermarked)
+                }
+                _ => false,
+            })
+        })
+        .unwrap_or(false)
+    };
+    if changes(&j.left) || changes(&j.right) {
+        return true;
+    }
+    j.join_type != JoinType::Inner
+        && time_bounds(
+            j.filter.as_ref(),
+            &j.on,
+            j.left.schema(),
+            j.right.schema(),
+            watermarked,
+        )
+        .is_none()
 }
 
 impl Shape {
@@ -181,7 +225,10 @@ impl Shape {
             }
             LogicalPlan::Join(j) => match (reads_stream(&j.left), reads_stream(&j.right)) {
                 (true, true) => {
-                    self.root.get_or_insert(Root::Join);
+                    if self.root.is_none() {
+                        self.root = Some(Root::Join);
+                        self.join_changes = emits_changes(j, watermarked);
+                    }
                     None
                 }
                 (stream_left, _) => static_join_problem(j, stream_left),
@@ -257,6 +304,16 @@ fn output_mode(
                 "output mode '{m}' does not fit a Top-N, whose ranked rows are replaced as \
                  better ones arrive: use 'update' (each partition's changed ranks, keyed by \
                  the partition and the rank)"
+            ))),
+        };
+    }
+    if shape.root == Some(Root::Join) && shape.join_changes {
+        // A pair is taken back when a row of it is, or, in an outer join,
+        // when a row's first partner arrives.
+        return match mode {
+            None | Some(OutputMode::Update) => Ok(OutputMode::Update),
+            Some(m) => Err(SluiceError::plan(format!(
+                "output mode '{m}' does not fit this join, whose rows change (an input takes                  rows back, or an outer join's row padded with nulls is replaced when its                  partner arrives): use 'update' (keyed by the columns that identify its rows)"
             ))),
         };
     }

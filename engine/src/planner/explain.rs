@@ -6,7 +6,7 @@ use datafusion::logical_expr::LogicalPlan;
 use super::check::STAGE_OUTPUT;
 use super::{IncrementalPlan, StageConfig};
 use crate::operator::aggregate::AggregateConfig;
-use crate::operator::join::JoinConfig;
+use crate::operator::join::{JoinConfig, JoinEmit};
 use crate::output_mode::OutputMode;
 
 /// The incremental plan as text, for `EXPLAIN` and `sluice explain`.
@@ -114,8 +114,29 @@ fn explain_join(out: &mut String, header: &str, j: &JoinConfig) {
             std::time::Duration::from_nanos(ns.unsigned_abs())
         )
     };
-    match &j.bounds {
-        Some(b) => {
+    match (&j.bounds, &j.changelog) {
+        (_, Some(sides)) => {
+            let changes: Vec<&str> = [("left", sides.signs[0]), ("right", sides.signs[1])]
+                .into_iter()
+                .filter_map(|(name, sign)| sign.map(|_| name))
+                .collect();
+            out.push_str(&format!(
+                "{header}\n  join ({}) over changes{}: each side's live rows are kept by join \
+                 key; per epoch the keys it touches are joined before and after it, and what \
+                 differs is emitted, added or taken back{}\n",
+                j.join_type,
+                if changes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (the {} side(s) take rows back)", changes.join(" and "))
+                },
+                match &sides.emit {
+                    JoinEmit::Keyed(keys) => format!("; output keyed by [{}]", keys.join(", ")),
+                    JoinEmit::Signed => ", to the operator above".to_string(),
+                }
+            ))
+        }
+        (Some(b), None) => {
             let (lo, hi) = (&b.lower, &b.upper);
             let condition = if (&lo.left, &lo.right) == (&hi.left, &hi.right) {
                 format!(
@@ -147,7 +168,7 @@ fn explain_join(out: &mut String, header: &str, j: &JoinConfig) {
                 }
             ))
         }
-        None => out.push_str(&format!(
+        (None, None) => out.push_str(&format!(
             "{header}\n  join (Inner) without a time bound; each side's rows are kept for ever, \
              so the state grows with the input\n"
         )),

@@ -33,7 +33,7 @@ use datafusion::logical_expr::LogicalPlan;
 use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::AggregateConfig;
-use crate::operator::join::JoinConfig;
+use crate::operator::join::{JoinConfig, JoinEmit};
 use crate::operator::rank::RankConfig;
 use crate::output_mode::OutputMode;
 use crate::source::Source;
@@ -194,7 +194,8 @@ pub(crate) fn plan_query(
     }))?;
     let (bound, current_watermark) = crate::watermark::current::for_query(bound)?;
     let (bound, normalize) = split::normalize_upserts(bound)?;
-    let bound = crate::operator::changelog::read_changelogs(bound)?;
+    let stream_join = |p: &LogicalPlan| matches!(p, LogicalPlan::Join(j) if check::reads_stream(&j.left) && check::reads_stream(&j.right));
+    let bound = crate::operator::changelog::read_changelogs(bound, &stream_join)?;
     let (bound, upsert) = match crate::upsert::plan(&bound)? {
         Some((carried, output)) => (carried, Some(output)),
         None => (bound, None),
@@ -208,6 +209,16 @@ pub(crate) fn plan_query(
             ))
         }
         (Some(_), _) => OutputMode::Update,
+    };
+    // A join over changelogs reads its inputs' signs, which nothing above
+    // it uses: pruning unused columns would drop them.
+    let joins_changes = bound.exists(|p| {
+        Ok(matches!(p, LogicalPlan::Join(j) if stream_join(p) && check::emits_changes(j, &watermarked)))
+    })?;
+    let planning = if joins_changes {
+        without_rules(&planning, &[&["optimize_projections"]])
+    } else {
+        planning
     };
     let logical = planning.optimize(&bound)?;
     let output_schema = match &upsert {
@@ -231,15 +242,19 @@ pub(crate) fn plan_query(
     let mut aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
     let join = match aggregate {
         Some(_) => None,
-        None => split_join(&logical, &watermarked)?,
+        None => split_join(&logical, &logical, &watermarked, true)?,
     };
     let key_columns: Vec<String> = match (&upsert, rank_key) {
         (Some(u), _) => u.key_columns.clone(),
         (None, Some(key)) => key,
-        (None, None) => aggregate
-            .as_ref()
-            .map(group_key_columns)
-            .unwrap_or_default(),
+        (None, None) => match (&aggregate, join.as_ref().and_then(|j| j.changelog.as_ref())) {
+            (Some(a), _) => group_key_columns(a),
+            (None, Some(sides)) => match &sides.emit {
+                JoinEmit::Keyed(keys) => keys.clone(),
+                JoinEmit::Signed => Vec::new(),
+            },
+            (None, None) => Vec::new(),
+        },
     };
     if let Some(a) = &mut aggregate {
         // Only a filter after the aggregate (HAVING) drops a changed group.

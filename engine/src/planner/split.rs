@@ -10,16 +10,18 @@ use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::catalog::default_table_source::provider_as_source;
 use datafusion::catalog::TableProvider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{DFSchema, JoinType};
-use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, Window};
+use datafusion::common::{Column, DFSchema, JoinType};
+use datafusion::logical_expr::{Expr, Join, LogicalPlan, LogicalPlanBuilder, Window};
 
-use super::check::{reads_stream, streaming_nodes, STAGE_OUTPUT};
+use super::check::{emits_changes, reads_stream, streaming_nodes, STAGE_OUTPUT};
 use super::rank::{top_ns, trace, window_problem};
 use super::{Stage, StageConfig};
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::AggregateConfig;
 use crate::operator::changelog::{counts_live_rows, over_changelog, SIGN};
-use crate::operator::join::{is_time_column, left_state_fields, time_bounds, JoinConfig};
+use crate::operator::join::{
+    is_time_column, left_state_fields, time_bounds, ChangelogSides, JoinConfig, JoinEmit,
+};
 use crate::operator::normalize::NormalizeConfig;
 use crate::operator::rank::RankConfig;
 use crate::operator::sort_options;
@@ -95,7 +97,9 @@ pub(super) fn split_stages(
         // scan, except under a changelog, where the aggregation above is
         // replaced by its rewrite over the scan.
         let name = format!("{STAGE_OUTPUT}{}", stages.len());
-        let (config, link, from, to) = match inner {
+        // Whether the stage's rows change: then it emits them signed, and
+        // the operator above reads them as a changelog.
+        let (config, changes) = match inner {
             LogicalPlan::Window(_) => {
                 return Err(SluiceError::plan(
                     "this query cannot run on a stream: a Top-N (ROW_NUMBER() OVER ... with \
@@ -103,52 +107,35 @@ pub(super) fn split_stages(
                      yet; write the Top-N to a stream and read that",
                 ))
             }
-            LogicalPlan::Join(_) => {
-                let join = split_join(&child, watermarked)?
+            LogicalPlan::Join(j) => {
+                let changes = emits_changes(j, watermarked);
+                let join = split_join(&child, &plan, watermarked, false)?
                     .ok_or_else(|| SluiceError::Internal("a stage's join vanished".into()))?;
-                let (scan, link) = batches_scan(&name, child.schema(), &[])?;
-                (StageConfig::Join(Box::new(join)), link, child, scan)
+                (StageConfig::Join(Box::new(join)), changes)
             }
             _ => {
                 let vanished = || SluiceError::Internal("a stage's aggregate vanished".into());
                 let agg = split_aggregate(&child, OutputMode::Append, false, watermarked)?
                     .ok_or_else(vanished)?;
                 if agg.window.is_some() {
-                    let (scan, link) = batches_scan(&name, child.schema(), &[])?;
-                    (StageConfig::Aggregate(Box::new(agg)), link, child, scan)
+                    (StageConfig::Aggregate(Box::new(agg)), false)
                 } else {
-                    // Its rows change every epoch: only an aggregation or a
-                    // Top-N can take an old row back.
                     let mut agg = split_aggregate(&child, OutputMode::Update, false, watermarked)?
                         .ok_or_else(vanished)?;
                     agg.changelog = true;
-                    let sign = Field::new(SIGN, DataType::Int64, false);
-                    let (scan, link) = batches_scan(&name, child.schema(), &[sign])?;
-                    let rewritten = match &parent {
-                        LogicalPlan::Aggregate(above) => over_changelog(above, scan)?,
-                        LogicalPlan::Window(w) => LogicalPlan::Window(Window::try_new(
-                            w.window_expr.clone(),
-                            Arc::new(scan),
-                        )?),
-                        _ => {
-                            return Err(SluiceError::plan(
-                                "this query cannot run on a stream: it feeds an aggregation \
-                                 without an event-time window into a join. Its rows change \
-                                 every epoch, and a join cannot take a row it has matched back; \
-                                 group the aggregation by a TUMBLE or HOP window over a \
-                                 watermarked column (its rows are then final when emitted), or \
-                                 write it to a stream",
-                            ))
-                        }
-                    };
-                    (
-                        StageConfig::Aggregate(Box::new(agg)),
-                        link,
-                        parent,
-                        rewritten,
-                    )
+                    (StageConfig::Aggregate(Box::new(agg)), true)
                 }
             }
+        };
+        let (link, from, to) = if changes {
+            let keys = match &config {
+                StageConfig::Aggregate(agg) => stage_keys(agg),
+                _ => Vec::new(),
+            };
+            changelog_link(&name, &parent, &child, &keys)?
+        } else {
+            let (scan, link) = batches_scan(&name, child.schema(), &[])?;
+            (link, child, scan)
         };
         plan = plan
             .transform_up(|n| {
@@ -159,8 +146,91 @@ pub(super) fn split_stages(
                 })
             })?
             .data;
+        if matches!(parent, LogicalPlan::Join(_)) && changes {
+            // The join above reads a sign now, and lost its input's.
+            plan = plan
+                .transform_up(|n| Ok(Transformed::yes(n.recompute_schema()?)))?
+                .data;
+        }
         stages.push(Stage { config, link });
     }
+}
+
+/// How the rows of a stage that change (`child`'s, signed) reach `parent`,
+/// the operator above it: the stage's link, and the node to replace with
+/// what. An aggregation above is rewritten over the changes (see
+/// [`over_changelog`]), a Top-N ranks them with their signs, and a join
+/// takes them in as a changelog side.
+///
+/// `keys` are the positions of the columns that identify the stage's rows
+/// (an aggregation's group columns), marked so for a join above.
+fn changelog_link(
+    name: &str,
+    parent: &LogicalPlan,
+    child: &LogicalPlan,
+    keys: &[usize],
+) -> Result<(Arc<EpochBatches>, LogicalPlan, LogicalPlan)> {
+    let sign = Field::new(SIGN, DataType::Int64, false);
+    // A join's rows carry its inputs' signs, which the stage drops.
+    let schema = without_signs(child.schema(), keys)?;
+    let (scan, link) = batches_scan(name, &schema, &[sign])?;
+    let to = match parent {
+        LogicalPlan::Aggregate(above) => over_changelog(above, scan)?,
+        LogicalPlan::Window(w) => {
+            LogicalPlan::Window(Window::try_new(w.window_expr.clone(), Arc::new(scan))?)
+        }
+        LogicalPlan::Join(_) => {
+            let inputs = parent
+                .inputs()
+                .into_iter()
+                .map(|i| if i == child { scan.clone() } else { i.clone() })
+                .collect();
+            parent.with_new_exprs(parent.expressions(), inputs)?
+        }
+        _ => {
+            return Err(SluiceError::plan(
+                "this query cannot run on a stream: it deduplicates (DISTINCT) rows that \
+                 change, an aggregation's without an event-time window or a join's over \
+                 changing inputs; group them instead (GROUP BY every column)",
+            ))
+        }
+    };
+    Ok((link, parent.clone(), to))
+}
+
+/// The output columns of an aggregation stage that pass its group
+/// columns on unchanged.
+fn stage_keys(agg: &AggregateConfig) -> Vec<usize> {
+    let LogicalPlan::Aggregate(a) = &agg.aggregate else {
+        return Vec::new();
+    };
+    (0..agg.tail.schema().fields().len())
+        .filter(|&i| origin(&agg.tail, i, AGGREGATE_OUTPUT).is_some_and(|o| o < a.group_expr.len()))
+        .collect()
+}
+
+/// `schema` without its columns named [`SIGN`], the columns at `keys`
+/// marked as a key ([`KEY_METADATA`]).
+fn without_signs(schema: &DFSchema, keys: &[usize]) -> Result<DFSchema> {
+    let fields = schema
+        .iter()
+        .enumerate()
+        .filter(|(_, (_, f))| f.name() != SIGN)
+        .map(|(i, (q, f))| {
+            let f = if keys.contains(&i) {
+                let mut metadata = f.metadata().clone();
+                metadata.insert(KEY_METADATA.to_string(), "true".to_string());
+                Arc::new(f.as_ref().clone().with_metadata(metadata))
+            } else {
+                Arc::clone(f)
+            };
+            (q.cloned(), f)
+        })
+        .collect();
+    Ok(DFSchema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    )?)
 }
 
 /// The output columns that pass the group key through unchanged, if every
@@ -284,9 +354,11 @@ fn batches_scan(
             Some((qualifier, field)) => {
                 Expr::Column(column).alias_qualified(qualifier.cloned(), field.name())
             }
+            // Qualified by the scan: a join of two changelogs has a sign
+            // from each side.
             None => {
-                let name = column.name.clone();
-                Expr::Column(column).alias(name)
+                let field = column.name.clone();
+                Expr::Column(column).alias_qualified(Some(name), field)
             }
         })
         .collect();
@@ -317,7 +389,16 @@ fn cut_at(
 
 /// Splits `plan` at its `Join`: the two sides, the join over their
 /// buffers, and the tail after it.
-pub(super) fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<Option<JoinConfig>> {
+/// A join whose rows change ([`emits_changes`]) runs over changelogs; as
+/// the query's last operator (`root`) it writes its output keyed by the
+/// columns that identify a row, else it feeds its changes to the operator
+/// above. `query` is the whole query `plan` is part of.
+pub(super) fn split_join(
+    plan: &LogicalPlan,
+    query: &LogicalPlan,
+    watermarked: &[String],
+    root: bool,
+) -> Result<Option<JoinConfig>> {
     let mut found = None;
     plan.apply(|node| {
         if let LogicalPlan::Join(j) = node {
@@ -331,10 +412,14 @@ pub(super) fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<O
     let Some((node, join)) = found else {
         return Ok(None);
     };
+    if emits_changes(&join, watermarked) {
+        return changelog_join(plan, query, &node, &join, root).map(Some);
+    }
     if !matches!(join.join_type, JoinType::Inner | JoinType::Left) {
         return Err(SluiceError::plan(format!(
-            "this query cannot run on a stream: it uses a {} join; streams support inner and \
-             LEFT (outer) interval joins",
+            "this query cannot run on a stream: it uses a {} join with a time bound; \
+             interval joins are inner or LEFT (outer). Swap its sides for a LEFT join, or \
+             drop the time bound to run it as a regular join, which keeps every row",
             join.join_type
         )));
     }
@@ -395,7 +480,7 @@ pub(super) fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<O
             join.filter.clone(),
         )?
         .build()?;
-    let (tail, output) = cut_at(plan, &node, "__sluice_join")?;
+    let (tail, output) = cut_at(plan, &node, JOIN_OUTPUT)?;
     Ok(Some(JoinConfig {
         left: (*join.left).clone(),
         right: (*join.right).clone(),
@@ -406,7 +491,222 @@ pub(super) fn split_join(plan: &LogicalPlan, watermarked: &[String]) -> Result<O
         output,
         join_type: join.join_type,
         bounds,
+        changelog: None,
     }))
+}
+
+/// The join `node` of `plan` (`join`), whose rows change, as the config
+/// of a `changelog_join` operator.
+fn changelog_join(
+    plan: &LogicalPlan,
+    query: &LogicalPlan,
+    node: &LogicalPlan,
+    join: &Join,
+    root: bool,
+) -> Result<JoinConfig> {
+    use JoinType::*;
+    if join.on.is_empty() {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: its join's inputs change (or it is an outer \
+             join without a time bound), and it has no equality between them; a join over \
+             changes keeps each input's rows by the values its ON condition equates (ON \
+             a.k = b.k)",
+        ));
+    }
+    if matches!(join.join_type, LeftMark | RightMark) {
+        return Err(SluiceError::plan(format!(
+            "this query cannot run on a stream: it uses a {} join (a subquery in an OR or a \
+             SELECT list); write it as a join",
+            join.join_type
+        )));
+    }
+    let sign_of = |side: &LogicalPlan, name: &str| -> Result<Option<usize>> {
+        let at: Vec<usize> = side
+            .schema()
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.name() == SIGN)
+            .map(|(i, _)| i)
+            .collect();
+        match at.as_slice() {
+            [] if side.exists(|n| Ok(is_changelog_scan(n)))? => Err(SluiceError::plan(format!(
+                "this query cannot run: the {name} input of its join reads a changelog \
+                 through an operator that leaves out the changes' signs; join the stream, or a \
+                 selection and filter of it"
+            ))),
+            [] => Ok(None),
+            [i] => Ok(Some(*i)),
+            _ => Err(SluiceError::Internal(format!(
+                "the {name} input of a join carries several signs"
+            ))),
+        }
+    };
+    let signs = [sign_of(&join.left, "left")?, sign_of(&join.right, "right")?];
+    // What identifies the row a change takes back: the columns the query
+    // reads above the join's inputs.
+    let mut read = std::collections::HashSet::new();
+    names_read_above(query, &join.left, &mut read);
+    names_read_above(query, &join.right, &mut read);
+    let identity = [&join.left, &join.right].map(|side| {
+        side.schema()
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.name() != SIGN && read.contains(f.name()))
+            .map(|(i, _)| i)
+            .collect()
+    });
+    let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = join.on.iter().cloned().unzip();
+    let (left_scan, left_in) = batches_scan("__sluice_join_left", join.left.schema(), &[])?;
+    let (right_scan, right_in) = batches_scan("__sluice_join_right", join.right.schema(), &[])?;
+    let joined = LogicalPlanBuilder::from(left_scan)
+        .join_with_expr_keys(
+            right_scan,
+            join.join_type,
+            (left_keys.clone(), right_keys.clone()),
+            join.filter.clone(),
+        )?
+        .build()?;
+    let (tail, output) = cut_at(plan, node, JOIN_OUTPUT)?;
+    let emit = if root {
+        JoinEmit::Keyed(join_output_key(join, &tail)?)
+    } else {
+        JoinEmit::Signed
+    };
+    Ok(JoinConfig {
+        left: (*join.left).clone(),
+        right: (*join.right).clone(),
+        join: joined,
+        left_in,
+        right_in,
+        tail,
+        output,
+        join_type: join.join_type,
+        bounds: None,
+        changelog: Some(ChangelogSides {
+            signs,
+            keys: [left_keys, right_keys],
+            identity,
+            emit,
+        }),
+    })
+}
+
+/// The table name the query after a join reads its rows under.
+const JOIN_OUTPUT: &str = "__sluice_join";
+
+/// Whether `node` scans a changelog: a Debezium stream, or rows a stage
+/// signs.
+fn is_changelog_scan(node: &LogicalPlan) -> bool {
+    matches!(node, LogicalPlan::TableScan(s) if s.source.schema().field_with_name(SIGN).is_ok())
+}
+
+/// The output columns of a changing join that identify its rows, which
+/// its update-mode output is keyed by: each input's key (an aggregation's
+/// group columns, an upsert stream's key, a Debezium stream's
+/// 'key.fields'), less one the join condition equates with the other
+/// input's columns where the join keeps that input's rows.
+fn join_output_key(join: &Join, tail: &LogicalPlan) -> Result<Vec<String>> {
+    use JoinType::*;
+    let is_key = |f: &Field| f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true");
+    let keys_of = |schema: &DFSchema| -> Vec<Column> {
+        schema
+            .iter()
+            .filter(|(_, f)| is_key(f))
+            .map(|(q, f)| Column::new(q.cloned(), f.name()))
+            .collect()
+    };
+    let (left, right) = (keys_of(join.left.schema()), keys_of(join.right.schema()));
+    let keyless: Vec<&str> = [("left", &left), ("right", &right)]
+        .into_iter()
+        .filter(|(_, k)| k.is_empty())
+        .map(|(name, _)| name)
+        .collect();
+    let semi_left = matches!(join.join_type, LeftSemi | LeftAnti);
+    let semi_right = matches!(join.join_type, RightSemi | RightAnti);
+    let needs = |side: &str| match side {
+        "left" => !semi_right,
+        _ => !semi_left,
+    };
+    if let Some(side) = keyless.iter().find(|s| needs(s)) {
+        let bound = if join.join_type == Inner {
+            ""
+        } else {
+            ". An outer join of append-only streams can instead bound their event times both \
+             ways (AND r.ts BETWEEN l.ts AND l.ts + INTERVAL '1' HOUR, both with a WATERMARK): \
+             an interval join emits each unmatched row once, in append mode"
+        };
+        return Err(SluiceError::plan(format!(
+            "this query cannot run on a stream: its join's rows change, so its output is \
+             written in update mode, keyed by what identifies a row, but its {side} input has \
+             no key. An aggregation is keyed by its GROUP BY columns, an upsert-kafka stream by \
+             its 'key.fields', a Debezium stream by the 'key.fields' declared for it (the \
+             table's primary key); an append-only stream has none. Aggregate the join's output \
+             (GROUP BY), or join inputs that have keys{bound}"
+        )));
+    }
+    // Input columns the join condition equates with the other input's.
+    let equated = |c: &Column, right_side: bool| {
+        join.on.iter().any(|(l, r)| {
+            let (mine, other) = if right_side { (r, l) } else { (l, r) };
+            matches!((mine, other), (Expr::Column(m), Expr::Column(_)) if m == c)
+        })
+    };
+    let right_follows = right.iter().all(|c| equated(c, true));
+    let left_follows = left.iter().all(|c| equated(c, false));
+    let needed: Vec<Column> = match join.join_type {
+        LeftSemi | LeftAnti => left,
+        RightSemi | RightAnti => right,
+        Inner | Left if right_follows => left,
+        Inner | Right if left_follows => right,
+        _ => left.into_iter().chain(right).collect(),
+    };
+    let mut names = Vec::new();
+    let mut missing = Vec::new();
+    for c in &needed {
+        let at = join.schema.index_of_column(c)?;
+        let found =
+            (0..tail.schema().fields().len()).find(|&i| origin(tail, i, JOIN_OUTPUT) == Some(at));
+        match found {
+            Some(i) => names.push(tail.schema().field(i).name().clone()),
+            None => missing.push(c.flat_name()),
+        }
+    }
+    if !missing.is_empty() {
+        return Err(SluiceError::plan(format!(
+            "this query cannot run on a stream: its join's rows change, so its output is \
+             written in update mode, keyed by the columns that identify a row, and it leaves \
+             out {}; select them as they are",
+            missing.join(", ")
+        )));
+    }
+    Ok(names)
+}
+
+/// The column of a stateful operator's output (read through the scan
+/// named `scan`, see [`cut_at`]) that column `i` of `plan` passes on
+/// unchanged, if any.
+fn origin(plan: &LogicalPlan, i: usize, scan: &str) -> Option<usize> {
+    match plan {
+        LogicalPlan::Projection(p) => {
+            if let LogicalPlan::TableScan(s) = p.input.as_ref() {
+                if s.table_name.table() == scan {
+                    return Some(i);
+                }
+            }
+            let Expr::Column(c) = p.expr.get(i)?.clone().unalias_nested().data else {
+                return None;
+            };
+            let at = p.input.schema().index_of_column(&c).ok()?;
+            origin(&p.input, at, scan)
+        }
+        LogicalPlan::Filter(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::SubqueryAlias(_) => origin(plan.inputs()[0], i, scan),
+        _ => None,
+    }
 }
 
 /// The table name the query after a Top-N reads its ranked rows under.
@@ -557,33 +857,54 @@ fn names_read_above(
 
 /// The table name an aggregation or Top-N over an upsert stream reads the
 /// stream's changes under.
-const UPSERT_CHANGES: &str = "__sluice_upserts";
+const UPSERT_CHANGES: &str = "__sluice_stage_upserts";
 
-/// For a query that aggregates or ranks an upsert stream (and joins none):
-/// the plan reading the stream's changes instead (signed rows, see
-/// `changelog`), and the stage that makes them from each key's previous
+/// For a query that aggregates, ranks or joins upsert streams: the plan
+/// reading each stream's changes instead (signed rows, see `changelog`),
+/// and per stream the stage that makes them from each key's previous
 /// value (`normalize`). Other plans come back as they are.
-pub(super) fn normalize_upserts(plan: LogicalPlan) -> Result<(LogicalPlan, Option<Stage>)> {
+pub(super) fn normalize_upserts(plan: LogicalPlan) -> Result<(LogicalPlan, Vec<Stage>)> {
     let stateful = plan.exists(|n| {
-        Ok(matches!(
-            n,
-            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) | LogicalPlan::Window(_)
-        ))
+        Ok(match n {
+            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) | LogicalPlan::Window(_) => true,
+            LogicalPlan::Join(j) => reads_stream(&j.left) && reads_stream(&j.right),
+            _ => false,
+        })
     })?;
-    let joins = plan.exists(|n| Ok(matches!(n, LogicalPlan::Join(_))))?;
+    if !stateful {
+        return Ok((plan, Vec::new()));
+    }
     let mut scans = Vec::new();
     plan.apply(|n| {
-        if is_upsert_scan(n) {
+        if is_upsert_scan(n) && !scans.contains(n) {
             scans.push(n.clone());
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    let [scan] = scans.as_slice() else {
-        return Ok((plan, None));
-    };
-    if !stateful || joins {
-        return Ok((plan, None));
+    let mut plan = plan;
+    let mut stages = Vec::new();
+    for (i, scan) in scans.iter().enumerate() {
+        let Some((changes, stage)) = normalize(scan, &format!("{UPSERT_CHANGES}{i}"))? else {
+            continue;
+        };
+        // The nodes above the scan see other columns now (no marker, a
+        // sign, keys first): their schemas are derived again.
+        plan = plan
+            .transform_up(|n| {
+                if &n == scan {
+                    return Ok(Transformed::yes(changes.clone()));
+                }
+                Ok(Transformed::yes(n.recompute_schema()?))
+            })?
+            .data;
+        stages.push(stage);
     }
+    Ok((plan, stages))
+}
+
+/// The scan of an upsert stream's changes that replaces `scan`, and the
+/// stage that makes them; `None` for a stream without key columns.
+fn normalize(scan: &LogicalPlan, name: &str) -> Result<Option<(LogicalPlan, Stage)>> {
     // The stream's rows: its key columns, its values, the marker.
     let schema = scan.schema();
     let is_key = |f: &Field| f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true");
@@ -596,7 +917,7 @@ pub(super) fn normalize_upserts(plan: LogicalPlan) -> Result<(LogicalPlan, Optio
         .collect();
     let keys = columns.iter().filter(|(_, key)| *key).count();
     if keys == 0 {
-        return Ok((plan, None));
+        return Ok(None);
     }
     let column = |i: usize| {
         let (qualifier, field) = schema.qualified_field(i);
@@ -626,27 +947,17 @@ pub(super) fn normalize_upserts(plan: LogicalPlan) -> Result<(LogicalPlan, Optio
         .project(with_marker)?
         .build()?;
     let sign = Field::new(SIGN, DataType::Int64, false);
-    let (changes, link) = batches_scan(UPSERT_CHANGES, values.schema(), &[sign])?;
-    // The nodes above the scan see other columns now (no marker, a sign,
-    // keys first): their schemas are derived again.
-    let plan = plan
-        .transform_up(|n| {
-            if &n == scan {
-                return Ok(Transformed::yes(changes.clone()));
-            }
-            Ok(Transformed::yes(n.recompute_schema()?))
-        })?
-        .data;
+    let (changes, link) = batches_scan(name, values.schema(), &[sign])?;
     let config = NormalizeConfig {
         input,
         keys,
         output: link.schema_ref(),
     };
-    Ok((
-        plan,
-        Some(Stage {
+    Ok(Some((
+        changes,
+        Stage {
             config: StageConfig::Normalize(Box::new(config)),
             link,
-        }),
-    ))
+        },
+    )))
 }

@@ -66,6 +66,25 @@ impl Columns {
         let key_fields = key_fields(stream, options, declared.as_ref(), upsert)?;
         let declared = match (&key_fields, declared) {
             (Some(keys), Some(d)) if upsert => Some(upsert_columns(&d, keys)),
+            // A change event's key is its table's primary key, which
+            // identifies the rows a join over the changes emits.
+            (None, Some(d)) if format == SourceFormat::DebeziumJson => match &options.key_fields {
+                Some(list) => {
+                    let keys =
+                        key_indices(list, &d, "declared").map_err(|e| in_stream(stream, e))?;
+                    let fields: Vec<Field> = d
+                        .fields()
+                        .iter()
+                        .enumerate()
+                        .map(|(i, f)| match keys.contains(&i) {
+                            true => as_key(f),
+                            false => f.as_ref().clone(),
+                        })
+                        .collect();
+                    Some(Arc::new(Schema::new(fields)))
+                }
+                None => Some(d),
+            },
             (_, declared) => declared,
         };
         let (key, value_declared) = match (key_fields, &declared) {
@@ -182,6 +201,12 @@ fn key_fields(
     }
 }
 
+/// `f` marked as a key column for the engine.
+fn as_key(f: &Field) -> Field {
+    f.clone()
+        .with_metadata([(UPSERT_KEY_METADATA.to_string(), "true".to_string())].into())
+}
+
 /// An upsert stream's declared columns: its key columns marked for the
 /// engine, its other columns nullable (they are null in a deletion).
 fn upsert_columns(declared: &Schema, keys: &[usize]) -> SchemaRef {
@@ -191,9 +216,7 @@ fn upsert_columns(declared: &Schema, keys: &[usize]) -> SchemaRef {
         .enumerate()
         .map(|(i, f)| {
             if keys.contains(&i) {
-                f.as_ref()
-                    .clone()
-                    .with_metadata([(UPSERT_KEY_METADATA.to_string(), "true".to_string())].into())
+                as_key(f)
             } else {
                 f.as_ref().clone().with_nullable(true)
             }
