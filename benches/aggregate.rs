@@ -146,6 +146,7 @@ fn joined(
     match query {
         "join-changes" => {
             let counts = rate
+                .clone()
                 .aggregate(vec![k()], vec![count(lit(1)).alias("n")])?
                 .alias("c")?;
             let tops = rate
