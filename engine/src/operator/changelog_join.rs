@@ -46,11 +46,13 @@ use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, BinaryArray, Int64Array, RecordBatch, UInt64Array, UInt8Array,
 };
 use datafusion::arrow::compute::{concat_batches, filter_record_batch};
-use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
+use datafusion::arrow::datatypes::{
+    DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type, UInt8Type,
+};
 use datafusion::arrow::row::{RowConverter, Rows};
 use datafusion::execution::SessionState;
 use datafusion::physical_plan::collect;
-use foldhash::{HashMap, HashMapExt};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use super::changelog::{retracted, signed, SIGN};
 use super::join::{ChangelogSides, JoinConfig, JoinEmit};
@@ -70,8 +72,9 @@ pub(crate) struct ChangelogJoinOperator {
     sides: ChangelogSides,
     /// `(side, key, slot) → row`, made at the first epoch or restore.
     state: Option<KeyedState>,
-    /// How many slots each `(side, key)` fills; rebuilt at restore.
-    sizes: HashMap<(u8, Box<[u8]>), u64>,
+    /// How many slots each join key fills on each side; rebuilt at
+    /// restore.
+    sizes: HashMap<Box<[u8]>, [u64; 2]>,
     /// Per side, the order its columns are encoded in: the identity
     /// columns first, then the others but the sign.
     order: [Vec<usize>; 2],
@@ -94,11 +97,11 @@ struct SideChanges {
 
 /// A touched `(side, key)`: its rows before the epoch and after it
 /// (encoded), in slot order.
-struct Touched {
+struct Touched<'a> {
     side: u8,
-    key: Vec<u8>,
-    before: Vec<Vec<u8>>,
-    after: Vec<Vec<u8>>,
+    key: &'a [u8],
+    before: Vec<&'a [u8]>,
+    after: Vec<&'a [u8]>,
 }
 
 fn state_schema() -> SchemaRef {
@@ -190,28 +193,13 @@ impl ChangelogJoinOperator {
         })
     }
 
-    /// The touched `(side, key)`s with their rows before and after the
-    /// epoch's `changes` (left, right).
-    fn apply(&mut self, changes: &[SideChanges; 2]) -> Result<Vec<Touched>> {
-        // The touched keys, in the order first seen: both sides of each.
-        let mut order: Vec<&[u8]> = Vec::new();
-        let mut seen: HashMap<&[u8], ()> = HashMap::new();
-        for c in changes {
-            for k in c.keys.iter() {
-                if seen.insert(k.data(), ()).is_none() {
-                    order.push(k.data());
-                }
-            }
-        }
+    /// The stored rows of join keys `keys`, both sides, in slot order.
+    fn read_back(&mut self, keys: &[&[u8]]) -> Result<RecordBatch> {
         let mut probe = (Vec::new(), Vec::new(), Vec::new());
-        for key in &order {
+        for key in keys {
+            let sizes = self.sizes.get(*key).copied().unwrap_or_default();
             for side in 0..2u8 {
-                let size = self
-                    .sizes
-                    .get(&(side, Box::from(*key)))
-                    .copied()
-                    .unwrap_or(0);
-                for slot in 1..=size {
+                for slot in 1..=sizes[side as usize] {
                     probe.0.push(side);
                     probe.1.push(*key);
                     probe.2.push(slot);
@@ -227,54 +215,7 @@ impl ChangelogJoinOperator {
                 Arc::new(BinaryArray::new_null(probe.1.len())),
             ],
         )?;
-        let stored = self.state()?.lookup(&[probe])?;
-        let mut touched: HashMap<(u8, &[u8]), Touched> = HashMap::new();
-        for &key in &order {
-            for side in 0..2u8 {
-                touched.insert(
-                    (side, key),
-                    Touched {
-                        side,
-                        key: key.to_vec(),
-                        before: Vec::new(),
-                        after: Vec::new(),
-                    },
-                );
-            }
-        }
-        // Stored rows in slot order (the lookup keeps the probe's order).
-        let (s_side, s_key, s_row) = (
-            stored
-                .column(0)
-                .as_primitive::<datafusion::arrow::datatypes::UInt8Type>(),
-            stored.column(1).as_binary::<i32>(),
-            stored.column(3).as_binary::<i32>(),
-        );
-        for i in 0..stored.num_rows() {
-            if let Some(t) = touched.get_mut(&(s_side.value(i), s_key.value(i))) {
-                t.before.push(s_row.value(i).to_vec());
-            }
-        }
-        for t in touched.values_mut() {
-            t.after = t.before.clone();
-        }
-        for (side, c) in changes.iter().enumerate() {
-            for i in 0..c.batch.num_rows() {
-                let t = touched
-                    .get_mut(&(side as u8, c.keys.row(i).data()))
-                    .ok_or_else(|| SluiceError::Internal("a touched join key vanished".into()))?;
-                apply_change(t, c, i)?;
-            }
-        }
-        let mut out = Vec::with_capacity(touched.len());
-        for &key in &order {
-            for side in 0..2u8 {
-                if let Some(t) = touched.remove(&(side, key)) {
-                    out.push(t);
-                }
-            }
-        }
-        Ok(out)
+        self.state()?.lookup(&[probe])
     }
 
     /// `rows` (encoded rows of `side`) as a batch of the side's scan,
@@ -335,21 +276,30 @@ impl ChangelogJoinOperator {
             for (i, r) in t.after.iter().enumerate() {
                 if t.before.get(i) != Some(r) {
                     side.push(t.side);
-                    key.push(t.key.as_slice());
+                    key.push(t.key);
                     slot.push(i as u64 + 1);
-                    row.push(r.as_slice());
+                    row.push(*r);
                 }
             }
             for i in t.after.len()..t.before.len() {
                 gone_side.push(t.side);
-                gone_key.push(t.key.as_slice());
+                gone_key.push(t.key);
                 gone_slot.push(i as u64 + 1);
             }
-            let size_key = (t.side, Box::from(t.key.as_slice()));
-            if t.after.is_empty() {
-                self.sizes.remove(&size_key);
-            } else {
-                self.sizes.insert(size_key, t.after.len() as u64);
+            let n = t.after.len() as u64;
+            match self.sizes.get_mut(t.key) {
+                Some(sizes) => {
+                    sizes[t.side as usize] = n;
+                    if *sizes == [0, 0] {
+                        self.sizes.remove(t.key);
+                    }
+                }
+                None if n > 0 => {
+                    let mut sizes = [0, 0];
+                    sizes[t.side as usize] = n;
+                    self.sizes.insert(Box::from(t.key), sizes);
+                }
+                None => {}
             }
         }
         let batch = |side: Vec<u8>, key: Vec<&[u8]>, slot: Vec<u64>, row: Option<Vec<&[u8]>>| {
@@ -441,14 +391,83 @@ impl ChangelogJoinOperator {
     }
 }
 
+/// The join keys `changes` (left, right) touch, in the order first seen.
+fn touched_keys(changes: &[SideChanges; 2]) -> Vec<&[u8]> {
+    let mut order = Vec::new();
+    let mut seen: HashSet<&[u8]> = HashSet::new();
+    for c in changes {
+        for k in c.keys.iter() {
+            if seen.insert(k.data()) {
+                order.push(k.data());
+            }
+        }
+    }
+    order
+}
+
+/// The touched `(side, key)`s of `keys`, with their rows before the epoch
+/// (`stored`, see [`ChangelogJoinOperator::read_back`]) and after its
+/// `changes`.
+fn apply<'a>(
+    keys: &[&'a [u8]],
+    stored: &'a RecordBatch,
+    changes: &'a [SideChanges; 2],
+) -> Result<Vec<Touched<'a>>> {
+    let mut touched: HashMap<(u8, &[u8]), Touched<'a>> = HashMap::with_capacity(keys.len() * 2);
+    for &key in keys {
+        for side in 0..2u8 {
+            touched.insert(
+                (side, key),
+                Touched {
+                    side,
+                    key,
+                    before: Vec::new(),
+                    after: Vec::new(),
+                },
+            );
+        }
+    }
+    // Stored rows in slot order (the lookup keeps the probe's order).
+    let (s_side, s_key, s_row) = (
+        stored.column(0).as_primitive::<UInt8Type>(),
+        stored.column(1).as_binary::<i32>(),
+        stored.column(3).as_binary::<i32>(),
+    );
+    for i in 0..stored.num_rows() {
+        if let Some(t) = touched.get_mut(&(s_side.value(i), s_key.value(i))) {
+            t.before.push(s_row.value(i));
+        }
+    }
+    for t in touched.values_mut() {
+        t.after = t.before.clone();
+    }
+    for (side, c) in changes.iter().enumerate() {
+        for i in 0..c.batch.num_rows() {
+            let t = touched
+                .get_mut(&(side as u8, c.keys.row(i).data()))
+                .ok_or_else(|| SluiceError::Internal("a touched join key vanished".into()))?;
+            apply_change(t, c, i)?;
+        }
+    }
+    let mut out = Vec::with_capacity(touched.len());
+    for &key in keys {
+        for side in 0..2u8 {
+            if let Some(t) = touched.remove(&(side, key)) {
+                out.push(t);
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Applies row `i` of `c` (its side's change) to `t`, its key's rows: an
 /// added row takes the next slot, a row taken back frees the slot of one
 /// of equal identity (the last slot's row moves into it, so slots stay
 /// `1..=n`). A row's encoding starts with its identity's, which ends
 /// where it ends (arrow's row format is self-delimiting).
-fn apply_change(t: &mut Touched, c: &SideChanges, i: usize) -> Result<()> {
+fn apply_change<'a>(t: &mut Touched<'a>, c: &'a SideChanges, i: usize) -> Result<()> {
     if c.signs[i] > 0 {
-        t.after.push(c.rows.row(i).data().to_vec());
+        t.after.push(c.rows.row(i).data());
         return Ok(());
     }
     // The equal row if there is one, else one the query cannot tell from it.
@@ -456,7 +475,7 @@ fn apply_change(t: &mut Touched, c: &SideChanges, i: usize) -> Result<()> {
     let found = t
         .after
         .iter()
-        .rposition(|r| r.as_slice() == row.data())
+        .rposition(|r| *r == row.data())
         .or_else(|| t.after.iter().rposition(|r| r.starts_with(identity.data())));
     match found {
         Some(at) => {
@@ -494,12 +513,14 @@ impl Operator for ChangelogJoinOperator {
         if changes.iter().all(|c| c.batch.num_rows() == 0) {
             return Ok(EpochOutput::default());
         }
-        let touched = self.apply(&changes)?;
+        let keys = touched_keys(&changes);
+        let stored = self.read_back(&keys)?;
+        let touched = apply(&keys, &stored, &changes)?;
         let mut rows: [[Vec<&[u8]>; 2]; 2] = Default::default();
         for t in &touched {
             let side = t.side as usize;
-            rows[0][side].extend(t.before.iter().map(Vec::as_slice));
-            rows[1][side].extend(t.after.iter().map(Vec::as_slice));
+            rows[0][side].extend(&t.before);
+            rows[1][side].extend(&t.after);
         }
         let before = self
             .join(
@@ -535,16 +556,13 @@ impl Operator for ChangelogJoinOperator {
         let state = self.state()?;
         state.restore_chain(chain)?;
         let all = state.all();
-        let sides = all
-            .column(0)
-            .as_primitive::<datafusion::arrow::datatypes::UInt8Type>();
+        let sides = all.column(0).as_primitive::<UInt8Type>();
         let keys = all.column(1).as_binary::<i32>();
         let slots = all.column(2).as_primitive::<UInt64Type>();
-        let mut sizes = HashMap::new();
+        let mut sizes: HashMap<Box<[u8]>, [u64; 2]> = HashMap::new();
         for i in 0..all.num_rows() {
-            let size = sizes
-                .entry((sides.value(i), Box::from(keys.value(i))))
-                .or_insert(0);
+            let size =
+                &mut sizes.entry(Box::from(keys.value(i))).or_default()[sides.value(i) as usize];
             *size = slots.value(i).max(*size);
         }
         self.sizes = sizes;
