@@ -21,7 +21,8 @@
 # Metric: median over N measured epochs of input rows / epoch execution time;
 # the state's bytes per key (Sluice: the state store's size / K).
 #
-# Env: B (1000000), R (4000000, the rate the source's timestamps advance at),
+# Env: B (500000), R (500000, the rate the source's timestamps advance at: equal to B,
+#      each epoch spans one second of event time, as Spark's rate-micro-batch does),
 #      N (10), K (100000), WARMUP (3), ROUNDS (2),
 #      OUT (target/bench-results/joins-<time>). Writes $OUT/joins.md.
 set -euo pipefail
@@ -29,8 +30,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-R="${R:-4000000}"
-B="${B:-1000000}"
+R="${R:-500000}"
+B="${B:-500000}"
 N="${N:-10}"
 K="${K:-100000}"
 WARMUP="${WARMUP:-3}"
