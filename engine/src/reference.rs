@@ -131,7 +131,7 @@ impl BatchQuery {
     pub fn unsupported(&self) -> Option<String> {
         // A chain of stateful operators is one batch query when each of
         // its operators emits what a batch query would: not windows, which
-        // are emitted as the watermark closes them, nor a LEFT join's
+        // are emitted as the watermark closes them, nor an outer join's
         // unmatched rows, emitted as it passes them.
         let windowed = |a: &AggregateConfig| a.window.is_some() && a.mode != OutputMode::Complete;
         let changing = self
@@ -167,7 +167,7 @@ impl BatchQuery {
             if waits {
                 return Some(
                     "this query chains stateful operators, and one of them emits a window \
-                     (or a LEFT join's unmatched row) once the watermark passes it; one batch \
+                     (or an outer join's unmatched row) once the watermark passes it; one batch \
                      query cannot tell which rows that let through, so verify checks chains \
                      of inner joins and aggregations without a window"
                         .into(),
@@ -207,7 +207,7 @@ impl BatchQuery {
         if let Some(j) = &self.plan.join {
             if j.join_type != JoinType::Inner {
                 return Some(
-                    "a LEFT interval join emits an unmatched row when the watermark passes it, \
+                    "an outer interval join emits an unmatched row when the watermark passes it, \
                      which a batch join cannot tell; verify checks inner interval joins"
                         .into(),
                 );

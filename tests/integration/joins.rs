@@ -201,8 +201,8 @@ async fn batch_answer(kept: &[Vec<Row>; 2], join_type: JoinType, shape: Shape) -
     rows_of(&out)
 }
 
-struct Run {
-    rows: Vec<Joined>,
+struct Run<T = Joined> {
+    rows: Vec<T>,
     late_rows: u64,
     state_rows: u64,
 }
@@ -219,6 +219,26 @@ async fn run_streaming(
     rng: &mut Lcg,
     dir: &std::path::Path,
 ) -> Run {
+    let as_rows = (
+        output_columns(),
+        rows_of as fn(&[RecordBatch]) -> Vec<Joined>,
+    );
+    run_streaming_as(epochs, join_type, shape, step, rng, dir, as_rows).await
+}
+
+/// The columns a join test selects, and how it reads them back.
+type Selected<T> = (Vec<Expr>, fn(&[RecordBatch]) -> Vec<T>);
+
+/// [`run_streaming`], selecting `columns` and reading them with `rows`.
+async fn run_streaming_as<T: Ord>(
+    epochs: &[[Vec<Row>; 2]],
+    join_type: JoinType,
+    shape: Shape,
+    step: bool,
+    rng: &mut Lcg,
+    dir: &std::path::Path,
+    (columns, rows): Selected<T>,
+) -> Run<T> {
     let mut run = Run {
         rows: Vec::new(),
         late_rows: 0,
@@ -259,7 +279,7 @@ async fn run_streaming(
         let query = side(0, "l")
             .join(side(1, "r"), join_type, condition(shape))
             .unwrap()
-            .select(output_columns())
+            .select(columns.clone())
             .unwrap()
             .write_stream()
             .memory(&out)
@@ -289,7 +309,7 @@ async fn run_streaming(
         }
         query.stop().await.unwrap();
         for e in out.epochs() {
-            run.rows.extend(rows_of(&out.epoch_batches(e)));
+            run.rows.extend(rows(&out.epoch_batches(e)));
         }
     }
     run.rows.sort();
@@ -373,6 +393,112 @@ fn left_interval_join_emits_unmatched_rows_once_the_watermark_passes() {
             assert!(per_left.values().all(|n| *n == 1), "seed {seed}");
         })
     });
+}
+
+/// A row of a full outer join, either side's columns null when it had no
+/// partner: (l.k, l.v, l.ts, r.k, r.v, r.ts).
+type FullJoined = [Option<i64>; 6];
+
+fn full_columns() -> Vec<Expr> {
+    ["l.k", "l.v", "l.ts", "r.k", "r.v", "r.ts"]
+        .iter()
+        .enumerate()
+        .map(|(i, c)| col(*c).alias(format!("c{i}")))
+        .collect()
+}
+
+fn full_rows_of(batches: &[RecordBatch]) -> Vec<FullJoined> {
+    let mut out = Vec::new();
+    for b in batches {
+        let columns: Vec<Int64Array> = (0..6)
+            .map(|i| {
+                cast(
+                    b.column_by_name(&format!("c{i}")).unwrap(),
+                    &DataType::Int64,
+                )
+                .unwrap()
+                .as_primitive::<Int64Type>()
+                .clone()
+            })
+            .collect();
+        for r in 0..b.num_rows() {
+            out.push(std::array::from_fn(|i| {
+                (!columns[i].is_null(r)).then(|| columns[i].value(r))
+            }));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Right and full outer interval joins: every matched pair, and each row of
+/// a kept side that found no partner, padded with nulls, once the watermark
+/// rules a partner out (a left row once `l.ts - LO < watermark`, a right
+/// row once `r.ts + HI < watermark`), exactly once across restarts.
+#[test]
+fn right_and_full_interval_joins_emit_unmatched_rows_once_the_watermark_passes() {
+    property(3, |seed| {
+        let step = seed % 2 == 0;
+        for join_type in [JoinType::Right, JoinType::Full] {
+            block_on(right_or_full(seed, step, join_type));
+        }
+    });
+}
+
+/// One case of the test above: `join_type` over the input of `seed`.
+async fn right_or_full(seed: u64, step: bool, join_type: JoinType) {
+    let mut rng = Lcg(seed);
+    let epochs = input(&mut rng, 16, step);
+    let dir = tempfile::tempdir().unwrap();
+    let as_rows: Selected<FullJoined> = (full_columns(), full_rows_of);
+    let run = run_streaming_as(
+        &epochs,
+        join_type,
+        Shape::Interval,
+        step,
+        &mut rng,
+        dir.path(),
+        as_rows,
+    )
+    .await;
+    let (kept, late, watermark) = judge(&epochs);
+    assert_eq!(run.late_rows, late, "seed {seed}");
+    let watermark = watermark.unwrap();
+    let ctx = SessionContext::new();
+    let side = |i: usize, name: &str| {
+        ctx.read_batch(to_batch(&kept[i]))
+            .unwrap()
+            .alias(name)
+            .unwrap()
+    };
+    let batch = side(0, "l")
+        .join_on(side(1, "r"), join_type, condition(Shape::Interval))
+        .unwrap()
+        .select(full_columns())
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let expected: Vec<FullJoined> = full_rows_of(&batch)
+        .into_iter()
+        .filter(|j| match (j[2], j[5]) {
+            (Some(_), Some(_)) => true,
+            (Some(lts), None) => lts - LO_MS < watermark,
+            (None, Some(rts)) => rts + HI_MS < watermark,
+            (None, None) => false,
+        })
+        .collect();
+    assert!(
+        expected.iter().any(|j| j[2].is_none()),
+        "seed {seed}: some right rows are unmatched"
+    );
+    if join_type == JoinType::Full {
+        assert!(
+            expected.iter().any(|j| j[5].is_none()),
+            "seed {seed}: some left rows are unmatched"
+        );
+    }
+    assert_eq!(run.rows, expected, "seed {seed} ({join_type})");
 }
 
 #[test]
@@ -564,4 +690,118 @@ fn a_stream_joined_with_a_static_table_equals_the_batch_join() {
             assert_eq!(got, expected, "seed {seed}");
         })
     });
+}
+
+/// A full outer interval join of two Kafka streams, through five kills
+/// with SIGKILL: the committed output (read_committed) is every matched
+/// pair and every unmatched row of either side exactly once, as
+/// DataFusion's batch join gives it. Each stream's event times rise (no
+/// row is late), and a last pair far ahead moves the watermark past every
+/// other row, so every unmatched row is out by the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_outer_interval_join_is_exact_through_kill_9() {
+    use crate::changelog::send_keyed;
+    use crate::util::{broker, crash_seed, kill_9_five_times_then_finish};
+    use sluice::broker::{create_topic, fresh_topic};
+    // Each row's `v` is its own: the output names every row it holds.
+    const JOINED: &str = "SELECT l.k AS lk, l.v AS lv, r.k AS rk, r.v AS rv FROM l FULL JOIN r \
+                          ON l.k = r.k AND l.ts BETWEEN r.ts - INTERVAL '300' MILLISECOND \
+                          AND r.ts + INTERVAL '300' MILLISECOND";
+    let bootstrap = broker().await;
+    let inputs = [fresh_topic("full-kill"), fresh_topic("full-kill")];
+    let output = fresh_topic("full-kill-joined");
+    for t in inputs.iter().chain([&output]) {
+        create_topic(&bootstrap, t, 1).await.unwrap();
+    }
+    let mut rng = Lcg(crash_seed("kill -9", || 0xf011));
+    let start = 1_767_225_600_000i64; // 2026-01-01
+    let mut sides: [Vec<Row>; 2] = [Vec::new(), Vec::new()];
+    for (side, rows) in sides.iter_mut().enumerate() {
+        let mut ts = start;
+        for i in 0..12_000 {
+            ts += rng.next(20) as i64;
+            rows.push((rng.next(100) as i64, (side * 100_000 + i) as i64, ts));
+        }
+        rows.push((-1, -1, start + 3_600_000));
+    }
+    for (rows, topic) in sides.iter().zip(&inputs) {
+        let records: Vec<(String, Option<String>)> = rows
+            .iter()
+            .map(|(k, v, ts)| {
+                let ts = chrono_free_rfc3339(*ts);
+                (
+                    k.to_string(),
+                    Some(format!(r#"{{"k": {k}, "v": {v}, "ts": "{ts}"}}"#)),
+                )
+            })
+            .collect();
+        let (b, t) = (bootstrap.clone(), topic.clone());
+        tokio::task::spawn_blocking(move || send_keyed(&b, &t, &records))
+            .await
+            .unwrap();
+    }
+    // The batch answer, each row as the Kafka sink's JSON encodes it.
+    let ctx = SessionContext::new();
+    for (rows, name) in sides.iter().zip(["l", "r"]) {
+        ctx.register_batch(name, to_batch(rows)).unwrap();
+    }
+    let mut want = Vec::new();
+    for b in ctx.sql(JOINED).await.unwrap().collect().await.unwrap() {
+        let json = sluice_kafka::Format::Json.encode(&b).unwrap();
+        want.extend(json.rows().map(|r| String::from_utf8(r.to_vec()).unwrap()));
+    }
+    want.sort();
+    assert!(
+        want.iter()
+            .any(|r| r.contains(r#""lk":null"#) || !r.contains(r#""lk""#)),
+        "some right rows are unmatched"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let sql = dir.path().join("full.sql");
+    let stream = |name: &str, topic: &str| {
+        format!(
+            "CREATE STREAM {name} (k BIGINT, v BIGINT, ts TIMESTAMP, \
+               WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) \
+             WITH (connector = 'kafka', topic = '{topic}', 'bootstrap.servers' = '{bootstrap}', \
+               'max-records-per-epoch' = '50');\n"
+        )
+    };
+    std::fs::write(
+        &sql,
+        format!(
+            "SET 'checkpoint.location' = '{cp}';\n\
+             SET 'trigger.interval' = '50 ms';\n\
+             {l}{r}\
+             CREATE STREAM joined WITH (connector = 'kafka', topic = '{output}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             INSERT INTO joined {JOINED};\n",
+            cp = dir.path().join("cp").display(),
+            l = stream("l", &inputs[0]),
+            r = stream("r", &inputs[1]),
+        ),
+    )
+    .unwrap();
+    let command = || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("run").arg(&sql).stdout(std::process::Stdio::null());
+        cmd
+    };
+    let output_now = || async {
+        let mut rows: Vec<String> = crate::kafka::read(&bootstrap, &output)
+            .await
+            .into_iter()
+            .map(|r| String::from_utf8(r.value.unwrap()).unwrap())
+            .collect();
+        rows.sort();
+        rows
+    };
+    kill_9_five_times_then_finish(command, &mut rng, &want, output_now).await;
+}
+
+/// `ms` since the epoch as RFC 3339 UTC text with milliseconds.
+fn chrono_free_rfc3339(ms: i64) -> String {
+    use sluice::arrow::array::TimestampMillisecondArray;
+    let a = TimestampMillisecondArray::from(vec![ms]).with_timezone("UTC");
+    let text = sluice::arrow::util::display::array_value_to_string(&a, 0).unwrap();
+    text.replace("+00:00", "Z")
 }

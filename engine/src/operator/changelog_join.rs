@@ -62,7 +62,7 @@ use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
 use crate::state::{row_converter, KeyedState, OneStore};
 
-/// The side of a row in the state, `(side, key, slot) → row`.
+/// The sides' names, by their number in the state (`side` below).
 const SIDE_NAMES: [&str; 2] = ["left", "right"];
 
 /// The running operator (see the module's text).
@@ -104,6 +104,8 @@ struct Touched<'a> {
     after: Vec<&'a [u8]>,
 }
 
+/// The state: a row of a side (0 left, 1 right), under its join key
+/// (encoded) and its slot among the key's rows of that side.
 fn state_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("side", DataType::UInt8, false),

@@ -1,5 +1,6 @@
-//! Stream–stream joins: interval joins (inner and left outer, bounded by
-//! event time) and unbounded inner joins.
+//! Stream–stream joins of rows that never change: interval joins (inner,
+//! left, right and full outer, bounded by event time) and unbounded inner
+//! joins.
 //!
 //! ```sql
 //! SELECT b.auction, b.price, a.seller
@@ -19,14 +20,16 @@
 //!    `left.ts - right.ts` to `[lo, hi]`, and every future row of either
 //!    side has `ts ≥ W` (older rows are late and dropped), so a left row
 //!    with `ts - lo < W` and a right row with `ts + hi < W` can meet no
-//!    future partner. A left outer join emits its evicted left rows that
-//!    never matched, padded with nulls — once, when no match can come.
+//!    future partner. An outer join emits the evicted rows of its kept
+//!    sides that never matched, padded with nulls — once, when no match
+//!    can come.
 //!    The two halves of the bound may use other columns: with `b.ts
 //!    BETWEEN a.ts AND a.expires` an auction is kept until `a.expires < W`
 //!    (see [`TimeBounds`]).
 //!
-//! Left rows carry a row id and a matched flag, so matches found in any
-//! epoch are remembered across restarts. The buffers are the operator's
+//! Left rows carry a row id and a matched flag (and right rows too in a
+//! right or full outer join, their ids drawn from the same counter), so
+//! matches found in any epoch are remembered across restarts. The buffers are the operator's
 //! snapshot; between snapshots each epoch's checkpoint holds a delta — the
 //! rows appended to each side, the ids of left rows newly matched, and the
 //! expiries of the last eviction — so that an unbounded join's growing
@@ -38,8 +41,9 @@
 //!
 //! An inner join without a time bound (Flink's "regular join", Nexmark q3)
 //! runs the same steps without step 3: both buffers keep every row, so the
-//! state grows with the input, and no row is late. A left outer join needs
-//! the bound, since only eviction says that a left row stays unmatched.
+//! state grows with the input, and no row is late. An outer join without a
+//! bound runs as `changelog_join`, since only eviction says that a row
+//! stays unmatched.
 
 use std::sync::Arc;
 
@@ -277,6 +281,13 @@ impl JoinOperator {
         if let Some(m) = max_row_id(&delta.left) {
             self.next_row_id = self.next_row_id.max(m + 1);
         }
+        if let Some(m) = self
+            .right_flags()
+            .then(|| max_row_id(&delta.right))
+            .flatten()
+        {
+            self.next_row_id = self.next_row_id.max(m + 1);
+        }
         let all_right = concat_batches(&self.right.schema(), [&self.right, &delta.right])?;
         let matched: HashSet<u64> = delta.matched.into_iter().collect();
         self.append(&delta.left, all_right, &matched)?;
@@ -284,18 +295,28 @@ impl JoinOperator {
         Ok(())
     }
 
+    /// Whether right rows carry a row id and a matched flag: a right or
+    /// full outer join emits those that never matched.
+    fn right_flags(&self) -> bool {
+        matches!(self.config.join_type, JoinType::Right | JoinType::Full)
+    }
+
     /// The first of the buffers' steps of an epoch, which replaying a
     /// delta repeats: appends `new_left` (the right buffer is already
-    /// `all_right`) and marks the left rows `matched`.
+    /// `all_right`) and marks the rows `matched` (ids are unique across
+    /// both sides).
     fn append(
         &mut self,
         new_left: &RecordBatch,
-        all_right: RecordBatch,
+        mut all_right: RecordBatch,
         matched: &HashSet<u64>,
     ) -> Result<()> {
         let mut left = concat_batches(&self.left.schema(), [&self.left, new_left])?;
         if !matched.is_empty() {
             left = mark_matched(&left, matched)?;
+            if self.right_flags() {
+                all_right = mark_matched(&all_right, matched)?;
+            }
         }
         self.left = left;
         self.right = all_right;
@@ -303,14 +324,16 @@ impl JoinOperator {
     }
 
     /// The second: evicts at `limits` (left, right expiries), if any, and
-    /// compacts what stays. Returns the left rows evicted.
-    fn evict(&mut self, limits: Option<(i64, i64)>) -> Result<RecordBatch> {
+    /// compacts what stays. Returns the rows evicted, left and right.
+    fn evict(&mut self, limits: Option<(i64, i64)>) -> Result<(RecordBatch, RecordBatch)> {
         let mut gone = RecordBatch::new_empty(self.left.schema());
+        let mut gone_right = RecordBatch::new_empty(self.right.schema());
         if let (Some((l, r)), Some((left_ts, right_ts))) = (limits, self.time_columns) {
-            let left;
+            let (left, right);
             (gone, left) = split_before(&self.left, left_ts, l)?;
+            (gone_right, right) = split_before(&self.right, right_ts, r)?;
             self.left = left;
-            self.right = split_before(&self.right, right_ts, r)?.1;
+            self.right = right;
         }
         self.left = compact_views(std::mem::replace(
             &mut self.left,
@@ -320,7 +343,7 @@ impl JoinOperator {
             &mut self.right,
             RecordBatch::new_empty(self.config.right_in.schema_ref()),
         ))?;
-        Ok(gone)
+        Ok((gone, gone_right))
     }
 
     /// Empties the buffers (no state committed yet).
@@ -336,7 +359,11 @@ impl JoinOperator {
         let (left, right) = split_two_parts(bytes, "the join snapshot")?;
         self.left = read_ipc(left, &self.config.left_in.schema_ref())?;
         self.right = read_ipc(right, &self.config.right_in.schema_ref())?;
-        self.next_row_id = max_row_id(&self.left).map_or(0, |m| m + 1);
+        let right = self
+            .right_flags()
+            .then(|| max_row_id(&self.right))
+            .flatten();
+        self.next_row_id = max_row_id(&self.left).max(right).map_or(0, |m| m + 1);
         self.changes = Changes::default();
         Ok(())
     }
@@ -354,12 +381,15 @@ impl JoinOperator {
             }
         };
         let left_schema = self.config.left_in.schema_ref();
+        let right_schema = self.config.right_in.schema_ref();
         let new_left = run(&self.config.left).await?;
-        let new_left = self.with_row_ids(&new_left)?;
-        let new_right = concat_rebound(
-            &self.config.right_in.schema_ref(),
-            &run(&self.config.right).await?,
-        )?;
+        let new_left = self.with_row_ids(&new_left, &left_schema)?;
+        let new_right = run(&self.config.right).await?;
+        let new_right = if self.right_flags() {
+            self.with_row_ids(&new_right, &right_schema)?
+        } else {
+            concat_rebound(&right_schema, &new_right)?
+        };
 
         let all_right = concat_batches(&self.right.schema(), [&self.right, &new_right])?;
         let mut joined = Vec::new();
@@ -372,10 +402,16 @@ impl JoinOperator {
             joined.extend(run(&self.config.join).await?);
         }
         let left_width = left_schema.fields().len();
+        let mut id_columns = vec![left_width - 2];
+        if self.right_flags() {
+            id_columns.push(left_width + right_schema.fields().len() - 2);
+        }
         let mut matched = HashSet::new();
         for b in &joined {
-            let ids = b.column(left_width - 2).as_primitive::<UInt64Type>();
-            matched.extend(ids.values().iter().copied());
+            for &c in &id_columns {
+                let ids = b.column(c).as_primitive::<UInt64Type>();
+                matched.extend(ids.values().iter().copied());
+            }
         }
         if new_left.num_rows() > 0 {
             self.changes.left.push(new_left.clone());
@@ -389,8 +425,8 @@ impl JoinOperator {
     }
 
     /// Evicts at `watermark` and emits the epoch's `joined` pairs, and the
-    /// evicted left rows that never matched in a left outer join, through
-    /// the tail.
+    /// evicted rows that never matched of an outer join's kept sides
+    /// (padded with nulls), through the tail.
     async fn emit(
         &mut self,
         ctx: &SessionState,
@@ -404,28 +440,51 @@ impl JoinOperator {
         if limits.is_some() {
             self.changes.evicted = limits;
         }
-        let gone = self.evict(limits)?;
-        let left_width = self.config.left_in.schema_ref().fields().len();
-        let outer = if self.config.join_type == JoinType::Left && gone.num_rows() > 0 {
-            let unmatched = not(gone.column(left_width - 1).as_boolean())?;
-            Some(filter_record_batch(&gone, &unmatched)?)
-        } else {
-            None
+        let (gone_left, gone_right) = self.evict(limits)?;
+        let unmatched = |gone: &RecordBatch, kept: bool| -> Result<Option<RecordBatch>> {
+            if !kept || gone.num_rows() == 0 {
+                return Ok(None);
+            }
+            let flag = not(gone.column(gone.num_columns() - 1).as_boolean())?;
+            let rows = filter_record_batch(gone, &flag)?;
+            Ok((rows.num_rows() > 0).then_some(rows))
         };
+        let join_type = self.config.join_type;
+        let outer_left = unmatched(
+            &gone_left,
+            matches!(join_type, JoinType::Left | JoinType::Full),
+        )?;
+        let outer_right = unmatched(&gone_right, self.right_flags())?;
 
-        // Drop the bookkeeping columns; pad unmatched left rows with nulls.
+        // Drop the bookkeeping columns; pad unmatched rows with nulls.
+        let left_width = self.config.left_in.schema_ref().fields().len();
+        let right_data = self.config.right_in.schema_ref().fields().len()
+            - if self.right_flags() { 2 } else { 0 };
         let schema = &self.config.output.schema_ref();
+        let nulls = |fields: &[datafusion::arrow::datatypes::FieldRef], n: usize| {
+            fields
+                .iter()
+                .map(|f| new_null_array(f.data_type(), n))
+                .collect::<Vec<ArrayRef>>()
+        };
         let mut output = Vec::new();
         for b in &joined {
             let mut columns: Vec<ArrayRef> = b.columns()[..left_width - 2].to_vec();
-            columns.extend(b.columns()[left_width..].iter().cloned());
+            columns.extend(
+                b.columns()[left_width..left_width + right_data]
+                    .iter()
+                    .cloned(),
+            );
             output.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
         }
-        if let Some(o) = outer.filter(|o| o.num_rows() > 0) {
+        if let Some(o) = outer_left {
             let mut columns: Vec<ArrayRef> = o.columns()[..left_width - 2].to_vec();
-            for f in &schema.fields()[left_width - 2..] {
-                columns.push(new_null_array(f.data_type(), o.num_rows()));
-            }
+            columns.extend(nulls(&schema.fields()[left_width - 2..], o.num_rows()));
+            output.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
+        }
+        if let Some(o) = outer_right {
+            let mut columns = nulls(&schema.fields()[..left_width - 2], o.num_rows());
+            columns.extend(o.columns()[..right_data].iter().cloned());
             output.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
         }
         if output.is_empty() {
@@ -437,9 +496,10 @@ impl JoinOperator {
         Ok(out.into_iter().filter(|b| b.num_rows() > 0).collect())
     }
 
-    /// The epoch's left rows with fresh row ids and `matched = false`.
-    fn with_row_ids(&mut self, batches: &[RecordBatch]) -> Result<RecordBatch> {
-        let schema = self.config.left_in.schema_ref();
+    /// The epoch's rows of a side with row ids (fresh, unique across both
+    /// sides) and `matched = false`, as `schema`.
+    fn with_row_ids(&mut self, batches: &[RecordBatch], schema: &SchemaRef) -> Result<RecordBatch> {
+        let schema = Arc::clone(schema);
         let mut out = Vec::with_capacity(batches.len());
         for b in batches.iter().filter(|b| b.num_rows() > 0) {
             let n = b.num_rows() as u64;
@@ -522,9 +582,9 @@ impl Operator for JoinOperator {
     }
 }
 
-/// The highest row id among `left` rows (its next-to-last column).
-fn max_row_id(left: &RecordBatch) -> Option<u64> {
-    let ids = left.column(left.num_columns() - 2);
+/// The highest row id among a buffer's rows (its next-to-last column).
+fn max_row_id(rows: &RecordBatch) -> Option<u64> {
+    let ids = rows.column(rows.num_columns() - 2);
     datafusion::arrow::compute::max(ids.as_primitive::<UInt64Type>())
 }
 

@@ -161,10 +161,11 @@ fn explain_join(out: &mut String, header: &str, j: &JoinConfig) {
                 "{header}\n  interval join ({}), {condition}; each side's rows are kept until the \
                  watermark rules out a partner{}\n",
                 j.join_type,
-                if j.join_type == JoinType::Left {
-                    ", then unmatched left rows are emitted with nulls"
-                } else {
-                    ""
+                match j.join_type {
+                    JoinType::Left => ", then unmatched left rows are emitted with nulls",
+                    JoinType::Right => ", then unmatched right rows are emitted with nulls",
+                    JoinType::Full => ", then unmatched rows of both sides are emitted with nulls",
+                    _ => "",
                 }
             ))
         }

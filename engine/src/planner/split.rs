@@ -415,11 +415,14 @@ pub(super) fn split_join(
     if emits_changes(&join, watermarked) {
         return changelog_join(plan, query, &node, &join, root).map(Some);
     }
-    if !matches!(join.join_type, JoinType::Inner | JoinType::Left) {
+    if !matches!(
+        join.join_type,
+        JoinType::Inner | JoinType::Left | JoinType::Right | JoinType::Full
+    ) {
         return Err(SluiceError::plan(format!(
             "this query cannot run on a stream: it uses a {} join with a time bound; \
-             interval joins are inner or LEFT (outer). Swap its sides for a LEFT join, or \
-             drop the time bound to run it as a regular join, which keeps every row",
+             interval joins are inner, LEFT, RIGHT or FULL. Drop the time bound to run it as \
+             a join over changes, which keeps every row",
             join.join_type
         )));
     }
@@ -470,7 +473,14 @@ pub(super) fn split_join(
         join.left.schema(),
         &left_state_fields(),
     )?;
-    let (right_scan, right_in) = batches_scan("__sluice_join_right", join.right.schema(), &[])?;
+    // A right or full outer join's right rows are flagged as its left
+    // rows are, to emit those that never matched.
+    let right_fields = match join.join_type {
+        JoinType::Right | JoinType::Full => left_state_fields().to_vec(),
+        _ => Vec::new(),
+    };
+    let (right_scan, right_in) =
+        batches_scan("__sluice_join_right", join.right.schema(), &right_fields)?;
     let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = join.on.iter().cloned().unzip();
     let inner = LogicalPlanBuilder::from(left_scan)
         .join_with_expr_keys(
