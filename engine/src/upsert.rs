@@ -23,7 +23,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{AsArray, BooleanArray};
+use datafusion::arrow::array::{Array, AsArray, BooleanArray};
 use datafusion::arrow::compute::filter_record_batch;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -33,6 +33,7 @@ use datafusion::functions::core::expr_fn::coalesce;
 use datafusion::logical_expr::{lit, not, Expr, Filter, LogicalPlan, Projection};
 
 use crate::error::{Result, SluiceError};
+use crate::operator::changelog::SIGN;
 use crate::sink::EpochOutput;
 
 /// The column marking a row of an upsert stream as its key's deletion.
@@ -59,10 +60,66 @@ pub(crate) fn is_upsert_scan(plan: &LogicalPlan) -> bool {
     matches!(plan, LogicalPlan::TableScan(s) if s.source.schema().field_with_name(DELETED).is_ok())
 }
 
+/// Whether `plan` gives an upsert stream's rows: its scan, or a keyed
+/// changelog's changes read as upserts ([`changes_as_upserts`]).
+fn is_upsert_source(plan: &LogicalPlan) -> bool {
+    is_upsert_scan(plan) || is_changes_as_upserts(plan)
+}
+
+/// Whether `plan` is the projection [`changes_as_upserts`] puts over a
+/// changelog scan.
+pub(crate) fn is_changes_as_upserts(plan: &LogicalPlan) -> bool {
+    matches!(plan, LogicalPlan::Projection(p)
+        if p.schema.field_with_unqualified_name(DELETED).is_ok()
+            && matches!(p.input.as_ref(), LogicalPlan::TableScan(s)
+                if s.source.schema().field_with_name(SIGN).is_ok()))
+}
+
+/// A query that reads a changelog (a Debezium stream) whose key is
+/// declared ('key.fields', marked [`KEY_METADATA`]), and has no stateful
+/// operator: each changelog scan becomes its changes read as an upsert
+/// stream's rows — a row added is its key's new value, a row taken back
+/// its key's deletion — so that a copy or filter of it is a table keyed
+/// by its key, as one of an upsert stream is. The last change of a key in
+/// an epoch decides ([`split`]): an update's old row and new row leave the
+/// new one, a delete the deletion. Other plans come back as they are.
+pub(crate) fn changes_as_upserts(plan: LogicalPlan) -> Result<LogicalPlan> {
+    let keyed = |p: &LogicalPlan| {
+        matches!(p, LogicalPlan::TableScan(s) if {
+            let schema = s.source.schema();
+            schema.field_with_name(SIGN).is_ok()
+                && schema.fields().iter().any(|f| {
+                    f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true")
+                })
+        })
+    };
+    Ok(plan
+        .transform_up(|p| {
+            if !keyed(&p) {
+                return Ok(Transformed::no(p));
+            }
+            let schema = Arc::clone(p.schema());
+            let mut exprs: Vec<Expr> = schema
+                .iter()
+                .filter(|(_, f)| f.name() != SIGN)
+                .map(|(q, f)| Expr::Column(Column::new(q.cloned(), f.name())))
+                .collect();
+            let (q, sign) = schema.qualified_field_with_unqualified_name(SIGN)?;
+            exprs.push(
+                Expr::Column(Column::new(q.cloned(), sign.name()))
+                    .lt(lit(0i64))
+                    .alias(DELETED),
+            );
+            let projection = Projection::try_new(exprs, Arc::new(p))?;
+            Ok(Transformed::yes(LogicalPlan::Projection(projection)))
+        })?
+        .data)
+}
+
 /// For a plan reading an upsert stream: the plan with [`DELETED`] carried
 /// to its output, and how to write that output; `None` for other plans.
 pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutput)>> {
-    if !plan.exists(|p| Ok(is_upsert_scan(p)))? {
+    if !plan.exists(|p| Ok(is_upsert_source(p)))? {
         return Ok(None);
     }
     let refuse = |what: &str| {
@@ -79,6 +136,9 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
     }
     let mut problem = None;
     plan.apply(|p| {
+        if is_changes_as_upserts(p) {
+            return Ok(datafusion::common::tree_node::TreeNodeRecursion::Jump);
+        }
         let what = match p {
             LogicalPlan::Projection(_)
             | LogicalPlan::Filter(_)
@@ -190,7 +250,8 @@ fn key_names(plan: &LogicalPlan) -> Vec<String> {
     let mut names = Vec::new();
     let _ = plan.apply(|p| {
         if let LogicalPlan::TableScan(s) = p {
-            if is_upsert_scan(p) {
+            // An upsert stream, or a changelog read as one.
+            if is_upsert_scan(p) || s.source.schema().field_with_name(SIGN).is_ok() {
                 names.extend(
                     s.source
                         .schema()
@@ -209,39 +270,114 @@ fn key_names(plan: &LogicalPlan) -> Vec<String> {
 }
 
 /// An epoch's rows (with the marker) as the values to upsert and the keys
-/// to delete.
+/// to delete: of each key's rows the last decides, so a key deleted and
+/// given a value again in one epoch ends with the value, and one given a
+/// value and then deleted ends deleted (an upsert sink writes the values
+/// before the deletions).
 pub(crate) fn split(batches: Vec<RecordBatch>, output: &UpsertOutput) -> Result<EpochOutput> {
-    let mut rows = Vec::new();
-    let mut deleted = Vec::new();
+    let Some(first) = batches.first() else {
+        return Ok(EpochOutput::default());
+    };
+    let all = datafusion::arrow::compute::concat_batches(&first.schema(), &batches)?;
     let rest: Vec<usize> = (0..output.schema.fields().len() + 1)
         .filter(|&i| i != output.marker)
         .collect();
-    for batch in batches {
-        let marker = batch
-            .column(output.marker)
-            .as_boolean_opt()
-            .ok_or_else(|| {
-                SluiceError::Internal("an upsert stream's deletion marker is not boolean".into())
-            })?;
-        let gone: BooleanArray = marker.iter().map(|m| Some(m.unwrap_or(false))).collect();
-        let values = batch.project(&rest)?;
-        let kept = filter_record_batch(&values, &datafusion::arrow::compute::not(&gone)?)?;
-        if kept.num_rows() > 0 {
-            rows.push(RecordBatch::try_new(
-                Arc::clone(&output.schema),
-                kept.columns().to_vec(),
-            )?);
-        }
-        if gone.true_count() > 0 {
-            deleted.push(filter_record_batch(&values, &gone)?.project(&output.keys)?);
-        }
+    let values = all.project(&rest)?;
+    let keys = values.project(&output.keys)?;
+    let encoded =
+        crate::state::row_converter(keys.schema().fields().iter().map(|f| f.data_type()))?
+            .convert_columns(keys.columns())?;
+    let mut last: foldhash::HashMap<&[u8], usize> = foldhash::HashMap::default();
+    for (i, key) in encoded.iter().enumerate() {
+        last.insert(key.data(), i);
     }
-    let retracted = match deleted.first() {
-        None => None,
-        Some(first) => Some(datafusion::arrow::compute::concat_batches(
-            &first.schema(),
-            &deleted,
-        )?),
+    let marker = all.column(output.marker).as_boolean_opt().ok_or_else(|| {
+        SluiceError::Internal("an upsert stream's deletion marker is not boolean".into())
+    })?;
+    let is_last = |i: usize| last.get(encoded.row(i).data()) == Some(&i);
+    let deleted = |i: usize| marker.is_valid(i) && marker.value(i);
+    let kept: BooleanArray = (0..all.num_rows())
+        .map(|i| Some(is_last(i) && !deleted(i)))
+        .collect();
+    let gone: BooleanArray = (0..all.num_rows())
+        .map(|i| Some(is_last(i) && deleted(i)))
+        .collect();
+    let kept = filter_record_batch(&values, &kept)?;
+    let rows = match kept.num_rows() {
+        0 => Vec::new(),
+        _ => vec![RecordBatch::try_new(
+            Arc::clone(&output.schema),
+            kept.columns().to_vec(),
+        )?],
     };
+    let gone = filter_record_batch(&keys, &gone)?;
+    let retracted = (gone.num_rows() > 0).then_some(gone);
     Ok(EpochOutput { rows, retracted })
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+
+    /// Rows `(k, v, deleted)` in one batch each, as a plan over an upsert
+    /// stream gives them, split for the sink.
+    fn split_rows(rows: &[(&str, i64, bool)]) -> EpochOutput {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Utf8, false),
+            Field::new("v", DataType::Int64, true),
+            Field::new(DELETED, DataType::Boolean, false),
+        ]));
+        let batches = rows
+            .iter()
+            .map(|(k, v, deleted)| {
+                RecordBatch::try_new(
+                    Arc::clone(&schema),
+                    vec![
+                        Arc::new(StringArray::from(vec![*k])),
+                        Arc::new(Int64Array::from(vec![*v])),
+                        Arc::new(BooleanArray::from(vec![*deleted])),
+                    ],
+                )
+                .unwrap()
+            })
+            .collect();
+        let output = UpsertOutput {
+            marker: 2,
+            keys: vec![0],
+            schema: Arc::new(schema.project(&[0, 1]).unwrap()),
+            key_columns: vec!["k".into()],
+        };
+        split(batches, &output).unwrap()
+    }
+
+    fn keys(batch: Option<&RecordBatch>) -> Vec<String> {
+        batch
+            .map(|b| {
+                b.column(0)
+                    .as_string::<i32>()
+                    .iter()
+                    .map(|k| k.unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_last_row_of_a_key_in_an_epoch_decides() {
+        // Deleted, then given a value again: the value stays.
+        let out = split_rows(&[("a", 0, true), ("a", 2, false), ("b", 1, false)]);
+        assert_eq!(keys(out.rows.first()), ["a", "b"]);
+        assert!(out.retracted.is_none());
+        let values = out.rows[0]
+            .column(1)
+            .as_primitive::<datafusion::arrow::datatypes::Int64Type>();
+        assert_eq!(values.values().to_vec(), [2, 1]);
+        // Given a value, then deleted: deleted, the value not written.
+        let out = split_rows(&[("a", 2, false), ("b", 1, false), ("a", 0, true)]);
+        assert_eq!(keys(out.rows.first()), ["b"]);
+        assert_eq!(keys(out.retracted.as_ref()), ["a"]);
+    }
 }

@@ -584,6 +584,33 @@ fn a_top_n_over_an_upsert_stream_equals_the_batch_answer_over_the_latest_values(
     });
 }
 
+/// A Debezium stream declared with its table's key ('key.fields' = 'id'),
+/// filtered: the output is a table keyed by id, each row's latest version
+/// where the filter holds on it. An update that moves a row out of the
+/// filter deletes it downstream, and a delete does.
+#[test]
+fn a_filtered_debezium_stream_is_the_latest_row_of_each_key_that_passes() {
+    type Item = (i64, (String, i64));
+    fn item(key: &Value, v: &Value) -> Item {
+        (
+            key["id"].as_i64().unwrap(),
+            (
+                v["category"].as_str().unwrap().to_string(),
+                v["amount"].as_i64().unwrap(),
+            ),
+        )
+    }
+    property(3, |seed| {
+        block_on(rounds(
+            seed,
+            Changes::Debezium,
+            "SELECT id, category, upper(category) AS shout, amount FROM items WHERE amount > 20",
+            item,
+            |v| item(v, v),
+        ))
+    });
+}
+
 /// A join's output row as (its key, the whole row), both as JSON objects
 /// without their null fields (an encoder may write them or leave them
 /// out).

@@ -46,10 +46,12 @@ pub const SIGN: &str = "__sluice_sign";
 ///
 /// `stream_join` tells a join of two streams (which takes changes in)
 /// from a stream's join with a static table (stateless: a change joined
-/// is a row).
+/// is a row); `as_upserts` a changelog's changes read as an upsert
+/// stream's rows (`upsert::changes_as_upserts`), which reads them too.
 pub(crate) fn read_changelogs(
     plan: LogicalPlan,
     stream_join: &dyn Fn(&LogicalPlan) -> bool,
+    as_upserts: &dyn Fn(&LogicalPlan) -> bool,
 ) -> Result<LogicalPlan> {
     use datafusion::common::tree_node::Transformed;
     let is_changelog = |p: &LogicalPlan| matches!(p, LogicalPlan::TableScan(s) if s.source.schema().field_with_name(SIGN).is_ok());
@@ -57,7 +59,12 @@ pub(crate) fn read_changelogs(
         return Ok(plan);
     }
     let plan = carry_signs_to_joins(plan, stream_join)?;
-    check_changelog_readers(&plan, false, &is_changelog, stream_join)?;
+    let readers = Readers {
+        is_changelog: &is_changelog,
+        stream_join,
+        as_upserts,
+    };
+    check_changelog_readers(&plan, false, &readers)?;
     Ok(plan
         .transform_up(|p| {
             let LogicalPlan::Aggregate(agg) = &p else {
@@ -132,27 +139,37 @@ fn carry_signs_to_joins(
         .data)
 }
 
-/// Refuses a changelog scan that no aggregation, Top-N or join reads.
-fn check_changelog_readers(
-    plan: &LogicalPlan,
-    aggregated: bool,
-    is_changelog: &dyn Fn(&LogicalPlan) -> bool,
-    stream_join: &dyn Fn(&LogicalPlan) -> bool,
-) -> Result<()> {
+/// What tells the nodes of a plan that read a changelog (see
+/// [`read_changelogs`]).
+struct Readers<'a> {
+    is_changelog: &'a dyn Fn(&LogicalPlan) -> bool,
+    stream_join: &'a dyn Fn(&LogicalPlan) -> bool,
+    as_upserts: &'a dyn Fn(&LogicalPlan) -> bool,
+}
+
+/// Refuses a changelog scan that no aggregation, Top-N or join reads, nor
+/// reads as an upsert stream.
+fn check_changelog_readers(plan: &LogicalPlan, aggregated: bool, r: &Readers) -> Result<()> {
+    if (r.as_upserts)(plan) {
+        return Ok(());
+    }
+    let is_changelog = r.is_changelog;
     if is_changelog(plan) && !aggregated {
         return Err(SluiceError::plan(
             "this query cannot run: it reads a changelog stream (format 'debezium-json') \
              without aggregating it, and a change's row is not a new row (an update takes \
              its old row back, a delete removes it). Aggregate it (GROUP BY), rank it \
-             (a Top-N) or join it with another stream, which follow every change",
+             (a Top-N) or join it with another stream, which follow every change; or declare \
+             its table's primary key ('key.fields' = 'id') to copy or filter it as a table \
+             keyed by it",
         ));
     }
     match plan {
         // A join takes its inputs' rows in as changes (`changelog_join`).
-        LogicalPlan::Join(_) if stream_join(plan) => plan
+        LogicalPlan::Join(_) if (r.stream_join)(plan) => plan
             .inputs()
             .into_iter()
-            .try_for_each(|c| check_changelog_readers(c, true, is_changelog, stream_join)),
+            .try_for_each(|c| check_changelog_readers(c, true, r)),
         // A Top-N (the only window `check` lets through) takes its rows
         // back as an aggregation does, given their signs.
         LogicalPlan::Window(w) if plan.exists(|p| Ok(is_changelog(p))).unwrap_or(false) => {
@@ -164,16 +181,16 @@ fn check_changelog_readers(
                      (...) AS rn FROM stream) WHERE rn <= 3)",
                 ));
             }
-            check_changelog_readers(&w.input, true, is_changelog, stream_join)
+            check_changelog_readers(&w.input, true, r)
         }
         LogicalPlan::Aggregate(_) => plan
             .inputs()
             .into_iter()
-            .try_for_each(|c| check_changelog_readers(c, true, is_changelog, stream_join)),
+            .try_for_each(|c| check_changelog_readers(c, true, r)),
         _ => plan
             .inputs()
             .into_iter()
-            .try_for_each(|c| check_changelog_readers(c, aggregated, is_changelog, stream_join)),
+            .try_for_each(|c| check_changelog_readers(c, aggregated, r)),
     }
 }
 

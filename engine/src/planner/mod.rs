@@ -195,7 +195,18 @@ pub(crate) fn plan_query(
     let (bound, current_watermark) = crate::watermark::current::for_query(bound)?;
     let (bound, normalize) = split::normalize_upserts(bound)?;
     let stream_join = |p: &LogicalPlan| matches!(p, LogicalPlan::Join(j) if check::reads_stream(&j.left) && check::reads_stream(&j.right));
-    let bound = crate::operator::changelog::read_changelogs(bound, &stream_join)?;
+    // A keyed changelog that nothing aggregates, ranks or joins is copied
+    // or filtered as an upsert stream.
+    let bound = if split::has_stateful(&bound)? {
+        bound
+    } else {
+        crate::upsert::changes_as_upserts(bound)?
+    };
+    let bound = crate::operator::changelog::read_changelogs(
+        bound,
+        &stream_join,
+        &crate::upsert::is_changes_as_upserts,
+    )?;
     let (bound, upsert) = match crate::upsert::plan(&bound)? {
         Some((carried, output)) => (carried, Some(output)),
         None => (bound, None),

@@ -865,6 +865,18 @@ fn names_read_above(
     }
 }
 
+/// Whether `plan` has a stateful operator: an aggregation, a Top-N or a
+/// join of two streams.
+pub(super) fn has_stateful(plan: &LogicalPlan) -> Result<bool> {
+    Ok(plan.exists(|n| {
+        Ok(match n {
+            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) | LogicalPlan::Window(_) => true,
+            LogicalPlan::Join(j) => reads_stream(&j.left) && reads_stream(&j.right),
+            _ => false,
+        })
+    })?)
+}
+
 /// The table name an aggregation or Top-N over an upsert stream reads the
 /// stream's changes under.
 const UPSERT_CHANGES: &str = "__sluice_stage_upserts";
@@ -874,14 +886,7 @@ const UPSERT_CHANGES: &str = "__sluice_stage_upserts";
 /// and per stream the stage that makes them from each key's previous
 /// value (`normalize`). Other plans come back as they are.
 pub(super) fn normalize_upserts(plan: LogicalPlan) -> Result<(LogicalPlan, Vec<Stage>)> {
-    let stateful = plan.exists(|n| {
-        Ok(match n {
-            LogicalPlan::Aggregate(_) | LogicalPlan::Distinct(_) | LogicalPlan::Window(_) => true,
-            LogicalPlan::Join(j) => reads_stream(&j.left) && reads_stream(&j.right),
-            _ => false,
-        })
-    })?;
-    if !stateful {
+    if !has_stateful(&plan)? {
         return Ok((plan, Vec::new()));
     }
     let mut scans = Vec::new();
