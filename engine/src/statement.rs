@@ -21,6 +21,7 @@ use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
 use crate::operator::changelog_join::ChangelogJoinOperator;
 use crate::operator::join::{JoinConfig, JoinOperator};
 use crate::operator::normalize::NormalizeOperator;
+use crate::operator::over::OverOperator;
 use crate::operator::pipeline::{Pipeline, PipelineStage};
 use crate::operator::rank::RankOperator;
 use crate::operator::Operator;
@@ -295,6 +296,15 @@ fn fingerprint(plan: &IncrementalPlan, index: usize, statements: usize) -> Strin
         .collect();
     operators.extend(plan.aggregate.as_ref().map(aggregate));
     operators.extend(plan.join.as_ref().map(join));
+    operators.extend(plan.over.as_ref().map(|o| {
+        format!(
+            "over {} of ({}) reaching back {:?} rows, {:?} ns",
+            o.window.display(),
+            columns(o.input.schema().as_arrow()),
+            o.rows_back,
+            o.range_back
+        )
+    }));
     operators.extend(plan.rank.as_ref().map(|r| {
         format!(
             "top {} of ({}) ranked by {:?}",
@@ -324,12 +334,17 @@ fn join_operator(config: JoinConfig) -> Result<Box<dyn Operator>> {
 /// The stateful operator of a planned query, if it has one: the outermost
 /// one, with the stages under it as one [`Pipeline`].
 fn build_operator(plan: &mut IncrementalPlan) -> Result<Option<Box<dyn Operator>>> {
-    let root: Box<dyn Operator> = match (plan.aggregate.take(), plan.join.take(), plan.rank.take())
-    {
-        (Some(a), _, _) => Box::new(AggregateOperator::new(a)),
-        (None, Some(j), _) => join_operator(j)?,
-        (None, None, Some(r)) => Box::new(RankOperator::new(r)),
-        (None, None, None) => return Ok(None),
+    let root: Box<dyn Operator> = match (
+        plan.aggregate.take(),
+        plan.join.take(),
+        plan.rank.take(),
+        plan.over.take(),
+    ) {
+        (Some(a), _, _, _) => Box::new(AggregateOperator::new(a)),
+        (None, Some(j), _, _) => join_operator(j)?,
+        (None, None, Some(r), _) => Box::new(RankOperator::new(r)),
+        (None, None, None, Some(o)) => Box::new(OverOperator::new(o)),
+        (None, None, None, None) => return Ok(None),
     };
     if plan.stages.is_empty() {
         return Ok(Some(root));

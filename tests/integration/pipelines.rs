@@ -750,3 +750,119 @@ fn an_aggregation_over_a_join_with_a_changing_aggregation_equals_the_loops_acros
         })
     });
 }
+
+/// Per value `v`, ordered by event time: the sum of the row's `k` and the
+/// two before it (ROWS), and how many rows of the value fall within the
+/// last 1.5 s (RANGE).
+fn over_windows() -> Vec<Expr> {
+    use sluice::datafusion::functions_aggregate::count::count_udaf;
+    use sluice::datafusion::functions_aggregate::sum::sum_udaf;
+    use sluice::datafusion::logical_expr::expr::WindowFunction;
+    use sluice::datafusion::logical_expr::{
+        ExprFunctionExt, WindowFrame, WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition,
+    };
+    let over = |f, arg: Expr, frame: WindowFrame, name: &str| {
+        Expr::from(WindowFunction::new(
+            WindowFunctionDefinition::AggregateUDF(f),
+            vec![arg],
+        ))
+        .partition_by(vec![col("v")])
+        .order_by(vec![col("ts").sort(true, false)])
+        .window_frame(frame)
+        .build()
+        .unwrap()
+        .alias(name)
+    };
+    let rows = WindowFrame::new_bounds(
+        WindowFrameUnits::Rows,
+        WindowFrameBound::Preceding(ScalarValue::UInt64(Some(2))),
+        WindowFrameBound::CurrentRow,
+    );
+    let range = WindowFrame::new_bounds(
+        WindowFrameUnits::Range,
+        WindowFrameBound::Preceding(ScalarValue::IntervalMonthDayNano(Some(
+            IntervalMonthDayNano::new(0, 0, 1_500_000_000),
+        ))),
+        WindowFrameBound::CurrentRow,
+    );
+    vec![
+        col("k"),
+        col("v"),
+        col("ts"),
+        over(sum_udaf(), col("k"), rows, "last3"),
+        over(count_udaf(), col("k"), range, "recent"),
+    ]
+}
+
+/// (k, v, ts, last3, recent) of each output row, sorted.
+fn over_rows(batches: &[RecordBatch]) -> Vec<[i64; 5]> {
+    let columns = ["k", "v", "ts", "last3", "recent"];
+    let mut out = Vec::new();
+    for b in batches {
+        let values: Vec<Vec<i64>> = columns
+            .iter()
+            .map(|c| ints(std::slice::from_ref(b), c))
+            .collect();
+        out.extend((0..b.num_rows()).map(|i| std::array::from_fn(|c| values[c][i])));
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn over_aggregations_emit_each_row_once_the_watermark_passes_it_as_the_batch_window_gives() {
+    property(4, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            // Event times unique within a value, so that a ROWS frame does
+            // not depend on the order of ties.
+            let mut seen = std::collections::HashSet::new();
+            let epochs: Vec<Vec<Row>> = input(&mut rng, 24)
+                .into_iter()
+                .map(|rows| {
+                    rows.into_iter()
+                        .map(|(k, v, mut ts)| {
+                            while !seen.insert((v, ts)) {
+                                ts += 1;
+                            }
+                            (k, v, ts)
+                        })
+                        .collect()
+                })
+                .collect();
+            let run = run(&epochs, OutputMode::Append, |events| {
+                events().select(over_windows()).unwrap()
+            })
+            .await;
+            let (kept, late, watermark) = judge(&epochs);
+            assert!(late > 0, "seed {seed}: the input should have late rows");
+            assert_eq!(run.late_rows, late, "seed {seed}");
+            let watermark = watermark.unwrap();
+            // DataFusion's window over every row not late; a row is out
+            // once the watermark passed it.
+            let ctx = SessionContext::new();
+            let batch = ctx
+                .read_batch(to_batch(&kept))
+                .unwrap()
+                .select(over_windows())
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+            let expected: Vec<[i64; 5]> = over_rows(&batch)
+                .into_iter()
+                .filter(|r| r[2] < watermark)
+                .collect();
+            assert!(expected.len() > 10, "seed {seed}: few rows out");
+            assert_eq!(over_rows(&run.batches), expected, "seed {seed}");
+            // The state holds what the watermark has not passed and what
+            // later frames reach, not every row.
+            assert!(
+                (run.state_rows as usize) < kept.len(),
+                "seed {seed}: {} rows kept of {}",
+                run.state_rows,
+                kept.len()
+            );
+        })
+    });
+}

@@ -217,7 +217,7 @@ async fn what_a_top_n_cannot_do_yet_is_refused_at_planning_with_why() {
     for (query, problem) in [
         (
             "SELECT k, sum(v) OVER (PARTITION BY k ORDER BY ts) AS running FROM events".to_string(),
-            "uses an OVER (...) window function other than a Top-N",
+            "does not run from a bounded distance back to the current row",
         ),
         (
             format!("SELECT k, v, rn FROM ({ranked}) WHERE rn <= 3 AND v > 1"),

@@ -16,6 +16,8 @@
 //!   previous value kept), for an aggregation or a Top-N over it;
 //! - [`rank`]: Top-N and deduplication (`ROW_NUMBER() OVER (...)` bounded
 //!   by `rn <= N`);
+//! - [`over`]: OVER aggregations over event time, each row emitted once
+//!   the watermark passes it;
 //! - [`pipeline`]: several of those in one query, innermost first, each
 //!   feeding the one above it;
 //! - [`changelog`]: how an aggregation whose rows change feeds another;
@@ -44,6 +46,7 @@ pub(crate) mod changelog_join;
 pub(crate) mod join;
 pub(crate) mod multiset;
 pub(crate) mod normalize;
+pub(crate) mod over;
 pub(crate) mod pipeline;
 pub(crate) mod rank;
 

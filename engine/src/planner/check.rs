@@ -7,6 +7,7 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::JoinType;
 use datafusion::logical_expr::{Expr, Join, LogicalPlan};
 
+use super::over::over_reach;
 use super::rank::{top_ns, window_problem};
 use crate::error::{Result, SluiceError};
 use crate::operator::changelog::SIGN;
@@ -61,6 +62,8 @@ enum Root {
     Join,
     /// A Top-N (see `rank`).
     Rank,
+    /// An OVER aggregation (see `over`).
+    Over,
 }
 
 /// What [`check_incremental`] found.
@@ -247,13 +250,13 @@ impl Shape {
                 self.root.get_or_insert(Root::Rank);
                 window_problem(node)
             }
-            LogicalPlan::Window(_) => Some(
-                "uses an OVER (...) window function other than a Top-N, which Sluice does not \
-                 run yet; a Top-N or a deduplication bounds a ROW_NUMBER() OVER (PARTITION BY \
-                 ... ORDER BY ...) in the query around it (WHERE rn <= 10, or rn = 1), and an \
-                 aggregation over time runs as a GROUP BY over a TUMBLE, HOP or SESSION window"
-                    .to_string(),
-            ),
+            LogicalPlan::Window(w) => match over_reach(w, watermarked) {
+                Ok(_) => {
+                    self.root.get_or_insert(Root::Over);
+                    None
+                }
+                Err(problem) => Some(problem),
+            },
             other => Some(format!(
                 "uses {}, which cannot run incrementally",
                 other
@@ -304,6 +307,16 @@ fn output_mode(
                 "output mode '{m}' does not fit a Top-N, whose ranked rows are replaced as \
                  better ones arrive: use 'update' (each partition's changed ranks, keyed by \
                  the partition and the rank)"
+            ))),
+        };
+    }
+    if shape.root == Some(Root::Over) {
+        // Each row is emitted once, when the watermark passes it.
+        return match mode {
+            None | Some(OutputMode::Append) => Ok(OutputMode::Append),
+            Some(m) => Err(SluiceError::plan(format!(
+                "output mode '{m}' does not fit an OVER aggregation, which emits each row once, \
+                 when the watermark passes it: use 'append'"
             ))),
         };
     }

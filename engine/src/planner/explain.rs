@@ -66,6 +66,26 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
         explain_join(&mut out, &header, j);
         return out;
     }
+    if let Some(o) = &plan.over {
+        out.push_str(&format!(
+            "{header}\n  OVER aggregation over event time: a row is computed and emitted once \
+             the watermark passes it; kept: the rows not yet passed, and the emitted rows a \
+             later frame reaches{}{}\n",
+            o.rows_back
+                .map(|n| format!(" (the last {n} of each partition)"))
+                .unwrap_or_default(),
+            o.range_back
+                .map(|ns| format!(
+                    " (those within {:?} of the watermark)",
+                    std::time::Duration::from_nanos(ns.max(0) as u64)
+                ))
+                .unwrap_or_default(),
+        ));
+        out.push_str("window (per epoch, over the rows passed and those before them):\n");
+        indent(&mut out, &o.window);
+        out.push_str("after it:\n");
+        indent(&mut out, &o.tail);
+    }
     if let Some(r) = &plan.rank {
         out.push_str(&format!(
             "{header}\n  top-n: the first {} row(s) of each partition ({} PARTITION BY \

@@ -34,6 +34,7 @@ use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::AggregateConfig;
 use crate::operator::join::{JoinConfig, JoinEmit};
+use crate::operator::over::OverConfig;
 use crate::operator::rank::RankConfig;
 use crate::output_mode::OutputMode;
 use crate::source::Source;
@@ -44,13 +45,14 @@ use crate::watermark::WatermarkTracker;
 mod bind;
 mod check;
 mod explain;
+mod over;
 mod rank;
 mod split;
 mod tasks;
 
 use check::{check_incremental, Checked};
 pub(crate) use explain::explain;
-use split::{group_key_columns, split_aggregate, split_join, split_rank, split_stages};
+use split::{group_key_columns, split_aggregate, split_join, split_over, split_rank, split_stages};
 pub(crate) use tasks::{count as count_tasks, explain as explain_tasks, keyed_by_partition};
 
 /// One stream scan of a running query.
@@ -89,6 +91,9 @@ pub(crate) struct IncrementalPlan {
     pub join: Option<JoinConfig>,
     /// The Top-N, when the query has one; `logical` is then unused.
     pub rank: Option<RankConfig>,
+    /// The OVER aggregation, when the query has one; `logical` is then
+    /// unused.
+    pub over: Option<OverConfig>,
     /// The stateful operators under the one above (`aggregate` or `join`),
     /// innermost first, when the query has several: each feeds what it
     /// emits to the operator above it.
@@ -255,6 +260,10 @@ pub(crate) fn plan_query(
         Some(_) => None,
         None => split_join(&logical, &logical, &watermarked, true)?,
     };
+    let over = match (&rank, &aggregate, &join) {
+        (None, None, None) => split_over(&logical, &watermarked)?,
+        _ => None,
+    };
     let key_columns: Vec<String> = match (&upsert, rank_key) {
         (Some(u), _) => u.key_columns.clone(),
         (None, Some(key)) => key,
@@ -286,6 +295,7 @@ pub(crate) fn plan_query(
         aggregate,
         join,
         rank,
+        over,
         stages,
         unsplit,
         state,

@@ -14,6 +14,7 @@ use datafusion::common::{Column, DFSchema, JoinType};
 use datafusion::logical_expr::{Expr, Join, LogicalPlan, LogicalPlanBuilder, Window};
 
 use super::check::{emits_changes, reads_stream, streaming_nodes, STAGE_OUTPUT};
+use super::over::over_reach;
 use super::rank::{top_ns, trace, window_problem};
 use super::{Stage, StageConfig};
 use crate::error::{Result, SluiceError};
@@ -23,6 +24,7 @@ use crate::operator::join::{
     is_time_column, left_state_fields, time_bounds, ChangelogSides, JoinConfig, JoinEmit,
 };
 use crate::operator::normalize::NormalizeConfig;
+use crate::operator::over::OverConfig;
 use crate::operator::rank::RankConfig;
 use crate::operator::sort_options;
 use crate::output_mode::OutputMode;
@@ -103,8 +105,8 @@ pub(super) fn split_stages(
             LogicalPlan::Window(_) => {
                 return Err(SluiceError::plan(
                     "this query cannot run on a stream: a Top-N (ROW_NUMBER() OVER ... with \
-                     WHERE rn <= N) feeds another stateful operator, which Sluice does not run \
-                     yet; write the Top-N to a stream and read that",
+                     WHERE rn <= N) or an OVER aggregation feeds another stateful operator, \
+                     which Sluice does not run yet; write it to a stream and read that",
                 ))
             }
             LogicalPlan::Join(j) => {
@@ -718,6 +720,82 @@ fn origin(plan: &LogicalPlan, i: usize, scan: &str) -> Option<usize> {
         _ => None,
     }
 }
+
+/// The OVER aggregation of `plan` (not a Top-N's window), cut out: its
+/// input, the window over the rows the operator hands it, and the tail.
+pub(super) fn split_over(plan: &LogicalPlan, watermarked: &[String]) -> Result<Option<OverConfig>> {
+    let Some(node) = streaming_nodes(plan)
+        .into_iter()
+        .find(|n| matches!(n, LogicalPlan::Window(_)))
+        .cloned()
+    else {
+        return Ok(None);
+    };
+    let LogicalPlan::Window(w) = &node else {
+        return Ok(None);
+    };
+    let reach = over_reach(w, watermarked).map_err(|problem| {
+        SluiceError::plan(format!("this query cannot run on a stream: it {problem}"))
+    })?;
+    let input = w.input.schema();
+    if input.fields().iter().any(|f| f.name() == SIGN) {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: it computes an OVER window over rows that \
+             change (an aggregation without a window, a join over changes, a Debezium or \
+             upsert stream), which Sluice does not run yet; OVER windows read append-only \
+             rows",
+        ));
+    }
+    let column = |e: &Expr| match e {
+        Expr::Column(c) => Ok(input.index_of_column(c)?),
+        other => Err(SluiceError::Internal(format!(
+            "an OVER window's column is {other}"
+        ))),
+    };
+    let Some(Expr::WindowFunction(f)) = w
+        .window_expr
+        .first()
+        .map(|e| e.clone().unalias_nested().data)
+    else {
+        return Err(SluiceError::Internal("an OVER window vanished".into()));
+    };
+    let partitions = f
+        .params
+        .partition_by
+        .iter()
+        .map(column)
+        .collect::<Result<Vec<_>>>()?;
+    let time = match f.params.order_by.first() {
+        Some(o) => column(&o.expr)?,
+        None => {
+            return Err(SluiceError::Internal(
+                "an OVER window's order vanished".into(),
+            ))
+        }
+    };
+    let emit = Field::new(OVER_EMIT, DataType::Boolean, false);
+    let (scan, rows) = batches_scan(OVER_ROWS, input, &[emit])?;
+    let window = LogicalPlan::Window(Window::try_new(w.window_expr.clone(), Arc::new(scan))?);
+    let (tail, output) = cut_at(plan, &node, OVER_OUTPUT)?;
+    Ok(Some(OverConfig {
+        input: (*w.input).clone(),
+        window,
+        rows,
+        tail,
+        output,
+        partitions,
+        time,
+        rows_back: reach.rows,
+        range_back: reach.range_ns,
+    }))
+}
+
+/// The table name an OVER window reads the rows it computes under.
+const OVER_ROWS: &str = "__sluice_over_rows";
+/// The column that marks the rows an OVER window emits.
+const OVER_EMIT: &str = "__sluice_emit";
+/// The table name the query after an OVER window reads its rows under.
+const OVER_OUTPUT: &str = "__sluice_over";
 
 /// The table name the query after a Top-N reads its ranked rows under.
 const RANK_OUTPUT: &str = "__sluice_rank";

@@ -47,6 +47,11 @@ pub(crate) async fn count(plans: &[IncrementalPlan]) -> Result<u32> {
         } else {
             format!("statement {index}")
         };
+        if plan.over.is_some() {
+            return Err(refuse(format!(
+                "{which} computes an OVER aggregation, which tasks cannot divide yet"
+            )));
+        }
         if plan.rank.is_some() {
             return Err(refuse(format!(
                 "{which} ranks rows (a Top-N), which tasks cannot divide yet"
