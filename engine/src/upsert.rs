@@ -48,6 +48,9 @@ pub const KEY_METADATA: &str = "sluice.key";
 pub(crate) struct UpsertOutput {
     /// The position of [`DELETED`] in the plan's output.
     pub marker: usize,
+    /// The positions of the plan's output columns the sink gets: all but
+    /// the marker and a changelog's sign.
+    pub columns: Vec<usize>,
     /// The positions of the key columns in the output without the marker.
     pub keys: Vec<usize>,
     /// The output without the marker: what the sink gets.
@@ -99,9 +102,10 @@ pub(crate) fn changes_as_upserts(plan: LogicalPlan) -> Result<LogicalPlan> {
                 return Ok(Transformed::no(p));
             }
             let schema = Arc::clone(p.schema());
+            // The sign stays, for a `*` above to name; the output leaves it
+            // out.
             let mut exprs: Vec<Expr> = schema
                 .iter()
-                .filter(|(_, f)| f.name() != SIGN)
                 .map(|(q, f)| Expr::Column(Column::new(q.cloned(), f.name())))
                 .collect();
             let (q, sign) = schema.qualified_field_with_unqualified_name(SIGN)?;
@@ -186,7 +190,7 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
     let output = carried.schema().as_arrow().clone();
     let marker = output.index_of(DELETED)?;
     let rest: Vec<usize> = (0..output.fields().len())
-        .filter(|&i| i != marker)
+        .filter(|&i| i != marker && output.field(i).name() != SIGN)
         .collect();
     let schema = Arc::new(output.project(&rest)?);
     // The output columns that are the stream's key columns, passed through.
@@ -214,6 +218,7 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
         carried,
         UpsertOutput {
             marker,
+            columns: rest,
             keys,
             schema,
             key_columns,
@@ -279,10 +284,7 @@ pub(crate) fn split(batches: Vec<RecordBatch>, output: &UpsertOutput) -> Result<
         return Ok(EpochOutput::default());
     };
     let all = datafusion::arrow::compute::concat_batches(&first.schema(), &batches)?;
-    let rest: Vec<usize> = (0..output.schema.fields().len() + 1)
-        .filter(|&i| i != output.marker)
-        .collect();
-    let values = all.project(&rest)?;
+    let values = all.project(&output.columns)?;
     let keys = values.project(&output.keys)?;
     let encoded =
         crate::state::row_converter(keys.schema().fields().iter().map(|f| f.data_type()))?
@@ -346,6 +348,7 @@ mod tests {
             .collect();
         let output = UpsertOutput {
             marker: 2,
+            columns: vec![0, 1],
             keys: vec![0],
             schema: Arc::new(schema.project(&[0, 1]).unwrap()),
             key_columns: vec!["k".into()],
