@@ -341,8 +341,15 @@ impl ChangelogJoinOperator {
             added.push(filter_record_batch(&unsigned, &plus)?);
             taken.push(filter_record_batch(&unsigned, &minus)?);
         }
-        let added = self.through_tail(ctx, added).await?;
-        let taken = self.through_tail(ctx, taken).await?;
+        // The inputs' signs, which a `*` selects, are not the output's.
+        let unsigned = |batches: Vec<RecordBatch>| {
+            batches
+                .iter()
+                .map(without_signs)
+                .collect::<Result<Vec<_>>>()
+        };
+        let added = unsigned(self.through_tail(ctx, added).await?)?;
+        let taken = unsigned(self.through_tail(ctx, taken).await?)?;
         match &self.sides.emit {
             JoinEmit::Keyed(keys) => {
                 let retracted = retracted(&taken, &added, keys)?;
@@ -355,14 +362,14 @@ impl ChangelogJoinOperator {
                 let mut rows = Vec::with_capacity(added.len() + taken.len());
                 for (batches, sign) in [(added, 1i64), (taken, -1)] {
                     for b in batches {
-                        let keep: Vec<usize> = (0..b.num_columns())
-                            .filter(|&i| b.schema().field(i).name() != SIGN)
+                        let mut fields: Vec<Field> = b
+                            .schema()
+                            .fields()
+                            .iter()
+                            .map(|f| f.as_ref().clone())
                             .collect();
-                        let mut fields: Vec<Field> =
-                            keep.iter().map(|&i| b.schema().field(i).clone()).collect();
                         fields.push(Field::new(SIGN, DataType::Int64, false));
-                        let mut columns: Vec<ArrayRef> =
-                            keep.iter().map(|&i| Arc::clone(b.column(i))).collect();
+                        let mut columns = b.columns().to_vec();
                         columns.push(Arc::new(Int64Array::from(vec![sign; b.num_rows()])));
                         rows.push(RecordBatch::try_new(
                             Arc::new(Schema::new(fields)),
@@ -391,6 +398,14 @@ impl ChangelogJoinOperator {
         let out = collect(tail, ctx.task_ctx()).await?;
         Ok(out.into_iter().filter(|b| b.num_rows() > 0).collect())
     }
+}
+
+/// `batch` without its columns named [`SIGN`].
+fn without_signs(batch: &RecordBatch) -> Result<RecordBatch> {
+    let keep: Vec<usize> = (0..batch.num_columns())
+        .filter(|&i| batch.schema().field(i).name() != SIGN)
+        .collect();
+    Ok(batch.project(&keep)?)
 }
 
 /// The join keys `changes` (left, right) touch, in the order first seen.

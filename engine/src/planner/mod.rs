@@ -33,6 +33,7 @@ use datafusion::logical_expr::LogicalPlan;
 use crate::connector::ConnectorRegistry;
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::AggregateConfig;
+use crate::operator::changelog::SIGN;
 use crate::operator::join::{JoinConfig, JoinEmit};
 use crate::operator::over::OverConfig;
 use crate::operator::rank::RankConfig;
@@ -259,6 +260,17 @@ pub(crate) fn plan_query(
     let join = match aggregate {
         Some(_) => None,
         None => split_join(&logical, &logical, &watermarked, true)?,
+    };
+    // A join over changes leaves its inputs' signs (which a `*` selects)
+    // out of its output.
+    let changing_join = join.as_ref().is_some_and(|j| j.changelog.is_some());
+    let output_schema = if changing_join {
+        let kept: Vec<usize> = (0..output_schema.fields().len())
+            .filter(|&i| output_schema.field(i).name() != SIGN)
+            .collect();
+        Arc::new(output_schema.project(&kept)?)
+    } else {
+        output_schema
     };
     let over = match (&rank, &aggregate, &join) {
         (None, None, None) => split_over(&logical, &watermarked)?,

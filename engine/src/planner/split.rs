@@ -565,7 +565,7 @@ fn changelog_join(
             .fields()
             .iter()
             .enumerate()
-            .filter(|(_, f)| f.name() != SIGN && read.contains(f.name()))
+            .filter(|(_, f)| identifies_a_row(f.name()) && read.contains(f.name()))
             .map(|(i, _)| i)
             .collect()
     });
@@ -906,7 +906,7 @@ pub(super) fn split_rank(plan: &LogicalPlan) -> Result<Option<(RankConfig, Vec<S
     let identity = (0..input.schema().fields().len())
         .filter(|&i| {
             let name = input.schema().field(i).name();
-            i < values || (name != SIGN && read.contains(name))
+            i < values || (identifies_a_row(name) && read.contains(name))
         })
         .collect();
     Ok(Some((
@@ -923,6 +923,17 @@ pub(super) fn split_rank(plan: &LogicalPlan) -> Result<Option<(RankConfig, Vec<S
         },
         output_key,
     )))
+}
+
+/// Whether a column named `name` can tell the row a change takes back: not
+/// the sign, nor the Kafka columns that describe the change's message
+/// (its topic, partition, offset and timestamp differ between a row's
+/// insert and its delete).
+fn identifies_a_row(name: &str) -> bool {
+    !matches!(
+        name,
+        SIGN | "_topic" | "_partition" | "_offset" | "_timestamp"
+    )
 }
 
 /// The names of the columns that the nodes of `plan` above `node` read.
