@@ -206,9 +206,12 @@ async fn start_owned(
     let mut outage = None;
     for (task, started) in coming.into_iter().zip(started) {
         match started {
-            Ok(handle) => {
-                running.insert(task.index);
-                ended.push(handle);
+            Ok((epochs, recovered)) => {
+                let index = task.index;
+                running.insert(index);
+                ended.push(tokio::spawn(
+                    async move { (index, epochs.run(recovered).await) },
+                ));
             }
             Err(e) if e.is_transient() => {
                 let e = e.in_task(task);
@@ -252,22 +255,21 @@ async fn start_owned(
     Ok(())
 }
 
-/// Plans, opens and recovers `task`, and spawns its epoch loop.
+/// Plans, opens and recovers `task`, ready to run. Its epoch loop is
+/// spawned once every task starting with it has started (see
+/// [`start_owned`]), so a stop that gives the starts up leaves no loop
+/// running untracked.
 async fn start(
     launcher: &Launcher,
     group: &TaskGroup,
     task: TaskId,
-) -> Result<tokio::task::JoinHandle<(u32, Result<()>)>> {
+) -> Result<(EpochLoop, Recovered)> {
     tracing::info!(query = %launcher.name, %task, "task starts in this process");
     let slot = task.index as usize;
     launcher.shared.start_task(slot);
     let plan = (group.plan)(task)?;
     let checkpoint = launcher.task_checkpoint(task)?;
-    let (epochs, recovered) = launcher.open(slot, plan, checkpoint).await?;
-    let index = task.index;
-    Ok(tokio::spawn(
-        async move { (index, epochs.run(recovered).await) },
-    ))
+    launcher.open(slot, plan, checkpoint).await
 }
 
 /// Takes note of a task's end: a failure fails the query, except a task

@@ -158,6 +158,86 @@ fn without_rules(state: &SessionState, without: &[&[&str]]) -> SessionState {
         .build()
 }
 
+/// A query's plan reading its changelog and upsert inputs as their
+/// operators need them (see [`read_changes`]).
+struct Changes {
+    bound: LogicalPlan,
+    /// The stages that make each upsert stream's changes.
+    normalize: Vec<Stage>,
+    /// Reading upsert streams (or keyed changelogs) without state: how its
+    /// rows become upserts and deletes.
+    upsert: Option<crate::upsert::UpsertOutput>,
+    /// It joins inputs whose rows change.
+    joins_changes: bool,
+}
+
+/// `bound` reading its upsert streams' changes where an operator takes
+/// them (`split::normalize_upserts`), a keyed changelog that nothing
+/// aggregates, ranks or joins as an upsert stream, its changelogs' signs
+/// where a reader needs them (`changelog::read_changelogs`), and a
+/// stateless copy of upsert rows with their deletion marker
+/// (`upsert::plan`).
+fn read_changes(bound: LogicalPlan, watermarked: &[String]) -> Result<Changes> {
+    let (bound, normalize) = split::normalize_upserts(bound)?;
+    let stream_join = |p: &LogicalPlan| matches!(p, LogicalPlan::Join(j) if check::reads_stream(&j.left) && check::reads_stream(&j.right));
+    let bound = if split::has_stateful(&bound)? {
+        bound
+    } else {
+        crate::upsert::changes_as_upserts(bound)?
+    };
+    let bound = crate::operator::changelog::read_changelogs(
+        bound,
+        &stream_join,
+        &crate::upsert::is_changes_as_upserts,
+    )?;
+    let (bound, upsert) = match crate::upsert::plan(&bound)? {
+        Some((carried, output)) => (carried, Some(output)),
+        None => (bound, None),
+    };
+    let joins_changes = bound.exists(|p| {
+        Ok(matches!(p, LogicalPlan::Join(j) if stream_join(p) && check::emits_changes(j, watermarked)))
+    })?;
+    Ok(Changes {
+        bound,
+        normalize,
+        upsert,
+        joins_changes,
+    })
+}
+
+/// Whether `plan` scans rows that carry a change: a changelog's sign or an
+/// upsert stream's deletion marker.
+fn is_change_scan(plan: &LogicalPlan) -> bool {
+    matches!(plan, LogicalPlan::TableScan(s) if {
+        let schema = s.source.schema();
+        schema.field_with_name(SIGN).is_ok()
+            || schema.field_with_name(crate::upsert::DELETED).is_ok()
+    })
+}
+
+/// The output columns that are the query's key in update mode: an upsert
+/// copy's key, a Top-N's partition and rank, a GROUP BY's key, or a join
+/// over changes' inputs' keys.
+fn output_key(
+    upsert: Option<&crate::upsert::UpsertOutput>,
+    rank_key: Option<Vec<String>>,
+    aggregate: Option<&AggregateConfig>,
+    join: Option<&JoinConfig>,
+) -> Vec<String> {
+    match (upsert, rank_key) {
+        (Some(u), _) => u.key_columns.clone(),
+        (None, Some(key)) => key,
+        (None, None) => match (aggregate, join.and_then(|j| j.changelog.as_ref())) {
+            (Some(a), _) => group_key_columns(a),
+            (None, Some(sides)) => match &sides.emit {
+                JoinEmit::Keyed(keys) => keys.clone(),
+                JoinEmit::Signed => Vec::new(),
+            },
+            (None, None) => Vec::new(),
+        },
+    }
+}
+
 /// Checks that `plan` can run incrementally in `mode` (derived when
 /// `None`), and binds it (to `task`'s share of its inputs, when given);
 /// its inputs' keys start with `key_prefix`.
@@ -199,23 +279,26 @@ pub(crate) fn plan_query(
         )
     }))?;
     let (bound, current_watermark) = crate::watermark::current::for_query(bound)?;
-    let (bound, normalize) = split::normalize_upserts(bound)?;
-    let stream_join = |p: &LogicalPlan| matches!(p, LogicalPlan::Join(j) if check::reads_stream(&j.left) && check::reads_stream(&j.right));
-    // A keyed changelog that nothing aggregates, ranks or joins is copied
-    // or filtered as an upsert stream.
-    let bound = if split::has_stateful(&bound)? {
-        bound
-    } else {
-        crate::upsert::changes_as_upserts(bound)?
-    };
-    let bound = crate::operator::changelog::read_changelogs(
+    let Changes {
         bound,
-        &stream_join,
-        &crate::upsert::is_changes_as_upserts,
-    )?;
-    let (bound, upsert) = match crate::upsert::plan(&bound)? {
-        Some((carried, output)) => (carried, Some(output)),
-        None => (bound, None),
+        normalize,
+        upsert,
+        joins_changes,
+    } = read_changes(bound, &watermarked)?;
+    // Rows of one key must reach the operators and the sink in the order
+    // they were read (an update's old row before its new one): no
+    // round-robin repartition, which interleaves batches.
+    let state = if bound.exists(|p| Ok(is_change_scan(p)))? || !normalize.is_empty() {
+        let mut config = state.config().clone();
+        config
+            .options_mut()
+            .optimizer
+            .enable_round_robin_repartition = false;
+        SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .build()
+    } else {
+        state
     };
     let mode = match (&upsert, requested) {
         (None, _) => mode,
@@ -229,9 +312,6 @@ pub(crate) fn plan_query(
     };
     // A join over changelogs reads its inputs' signs, which nothing above
     // it uses: pruning unused columns would drop them.
-    let joins_changes = bound.exists(|p| {
-        Ok(matches!(p, LogicalPlan::Join(j) if stream_join(p) && check::emits_changes(j, &watermarked)))
-    })?;
     let planning = if joins_changes {
         without_rules(&planning, &[&["optimize_projections"]])
     } else {
@@ -276,18 +356,7 @@ pub(crate) fn plan_query(
         (None, None, None) => split_over(&logical, &watermarked)?,
         _ => None,
     };
-    let key_columns: Vec<String> = match (&upsert, rank_key) {
-        (Some(u), _) => u.key_columns.clone(),
-        (None, Some(key)) => key,
-        (None, None) => match (&aggregate, join.as_ref().and_then(|j| j.changelog.as_ref())) {
-            (Some(a), _) => group_key_columns(a),
-            (None, Some(sides)) => match &sides.emit {
-                JoinEmit::Keyed(keys) => keys.clone(),
-                JoinEmit::Signed => Vec::new(),
-            },
-            (None, None) => Vec::new(),
-        },
-    };
+    let key_columns = output_key(upsert.as_ref(), rank_key, aggregate.as_ref(), join.as_ref());
     if let Some(a) = &mut aggregate {
         // Only a filter after the aggregate (HAVING) drops a changed group.
         let filters = a

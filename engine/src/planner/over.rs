@@ -111,9 +111,17 @@ pub(super) fn over_reach(w: &Window, watermarked: &[String]) -> Result<Reach, St
     Ok(reach)
 }
 
-/// An interval literal's length in ns (months refused: not a fixed
-/// length). SQL gives it as text ('5 SECOND') until types are coerced.
+/// A day in ns.
+const DAY_NS: i64 = 86_400_000_000_000;
+
+/// An interval literal's length in ns: `None` for months (not a fixed
+/// length), for a length that does not fit, and for a negative one. SQL
+/// gives it as text ('5 SECOND') until types are coerced.
 fn interval_ns(v: &ScalarValue) -> Option<i64> {
+    interval_length(v).filter(|ns| *ns >= 0)
+}
+
+fn interval_length(v: &ScalarValue) -> Option<i64> {
     use datafusion::arrow::datatypes::{DataType, IntervalUnit};
     match v {
         ScalarValue::Utf8(Some(_))
@@ -124,15 +132,15 @@ fn interval_ns(v: &ScalarValue) -> Option<i64> {
                 .ok()?;
             interval_ns(&interval)
         }
-        ScalarValue::IntervalMonthDayNano(Some(i)) if i.months == 0 => {
-            Some(i.days as i64 * 86_400_000_000_000 + i.nanoseconds)
-        }
-        ScalarValue::IntervalDayTime(Some(i)) => {
-            Some(i.days as i64 * 86_400_000_000_000 + i.milliseconds as i64 * 1_000_000)
-        }
-        ScalarValue::DurationSecond(Some(s)) => Some(s * 1_000_000_000),
-        ScalarValue::DurationMillisecond(Some(s)) => Some(s * 1_000_000),
-        ScalarValue::DurationMicrosecond(Some(s)) => Some(s * 1_000),
+        ScalarValue::IntervalMonthDayNano(Some(i)) if i.months == 0 => (i.days as i64)
+            .checked_mul(DAY_NS)?
+            .checked_add(i.nanoseconds),
+        ScalarValue::IntervalDayTime(Some(i)) => (i.days as i64)
+            .checked_mul(DAY_NS)?
+            .checked_add((i.milliseconds as i64).checked_mul(1_000_000)?),
+        ScalarValue::DurationSecond(Some(s)) => s.checked_mul(1_000_000_000),
+        ScalarValue::DurationMillisecond(Some(s)) => s.checked_mul(1_000_000),
+        ScalarValue::DurationMicrosecond(Some(s)) => s.checked_mul(1_000),
         ScalarValue::DurationNanosecond(Some(s)) => Some(*s),
         _ => None,
     }

@@ -201,14 +201,25 @@ fn changelog_link(
 }
 
 /// The output columns of an aggregation stage that pass its group
-/// columns on unchanged.
+/// columns on unchanged, when all of them are (else none: a part of the
+/// key does not identify a row).
 fn stage_keys(agg: &AggregateConfig) -> Vec<usize> {
     let LogicalPlan::Aggregate(a) = &agg.aggregate else {
         return Vec::new();
     };
-    (0..agg.tail.schema().fields().len())
-        .filter(|&i| origin(&agg.tail, i, AGGREGATE_OUTPUT).is_some_and(|o| o < a.group_expr.len()))
-        .collect()
+    let groups = a.group_expr.len();
+    let passed: Vec<(usize, usize)> = (0..agg.tail.schema().fields().len())
+        .filter_map(|i| {
+            origin(&agg.tail, i, AGGREGATE_OUTPUT)
+                .filter(|o| *o < groups)
+                .map(|o| (i, o))
+        })
+        .collect();
+    let covered: std::collections::BTreeSet<usize> = passed.iter().map(|(_, o)| *o).collect();
+    if covered.len() < groups {
+        return Vec::new();
+    }
+    passed.into_iter().map(|(i, _)| i).collect()
 }
 
 /// `schema` without its columns named [`SIGN`], the columns at `keys`
@@ -621,15 +632,7 @@ fn is_changelog_scan(node: &LogicalPlan) -> bool {
 /// input's columns where the join keeps that input's rows.
 fn join_output_key(join: &Join, tail: &LogicalPlan) -> Result<Vec<String>> {
     use JoinType::*;
-    let is_key = |f: &Field| f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true");
-    let keys_of = |schema: &DFSchema| -> Vec<Column> {
-        schema
-            .iter()
-            .filter(|(_, f)| is_key(f))
-            .map(|(q, f)| Column::new(q.cloned(), f.name()))
-            .collect()
-    };
-    let (left, right) = (keys_of(join.left.schema()), keys_of(join.right.schema()));
+    let (left, right) = (side_key(&join.left), side_key(&join.right));
     let keyless: Vec<&str> = [("left", &left), ("right", &right)]
         .into_iter()
         .filter(|(_, k)| k.is_empty())
@@ -696,6 +699,42 @@ fn join_output_key(join: &Join, tail: &LogicalPlan) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// The columns of a join's input `side` that identify its rows: its
+/// scan's key (an aggregation stage's group columns, an upsert or
+/// Debezium stream's 'key.fields', marked [`KEY_METADATA`]) when the side
+/// passes every key column on and only selects, renames and filters the
+/// scan's rows (a union or a join inside would repeat a key); else none.
+fn side_key(side: &LogicalPlan) -> Vec<Column> {
+    let is_key = |f: &Field| f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true");
+    let mut scans = Vec::new();
+    let mut plain = true;
+    let _ = side.apply(|n| {
+        match n {
+            LogicalPlan::TableScan(s) => scans.push(s.source.schema()),
+            LogicalPlan::Projection(_) | LogicalPlan::Filter(_) | LogicalPlan::SubqueryAlias(_) => {
+            }
+            _ => plain = false,
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    let [scan] = scans.as_slice() else {
+        return Vec::new();
+    };
+    // A stage's scan names its columns by position: the key columns are
+    // counted, each passed on once.
+    let wanted = scan.fields().iter().filter(|f| is_key(f)).count();
+    let keys: Vec<Column> = side
+        .schema()
+        .iter()
+        .filter(|(_, f)| is_key(f))
+        .map(|(q, f)| Column::new(q.cloned(), f.name()))
+        .collect();
+    if !plain || wanted == 0 || keys.len() != wanted {
+        return Vec::new();
+    }
+    keys
+}
+
 /// The column of a stateful operator's output (read through the scan
 /// named `scan`, see [`cut_at`]) that column `i` of `plan` passes on
 /// unchanged, if any.
@@ -738,6 +777,20 @@ pub(super) fn split_over(plan: &LogicalPlan, watermarked: &[String]) -> Result<O
         SluiceError::plan(format!("this query cannot run on a stream: it {problem}"))
     })?;
     let input = w.input.schema();
+    // A stateful operator's rows may arrive behind the watermark (an
+    // interval join pairs a new row with a buffered one), which would
+    // change rows already emitted.
+    let over_stage = w.input.exists(|n| {
+        Ok(matches!(n, LogicalPlan::TableScan(s) if s.table_name.table().starts_with(STAGE_OUTPUT)))
+    })?;
+    if over_stage {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: it computes an OVER window over another \
+             stateful operator (an aggregation or a join), whose rows may arrive behind the \
+             watermark; write that operator's output to a stream and compute the OVER window \
+             over it",
+        ));
+    }
     if input.fields().iter().any(|f| f.name() == SIGN) {
         return Err(SluiceError::plan(
             "this query cannot run on a stream: it computes an OVER window over rows that \
