@@ -13,8 +13,10 @@
 //! watermark for `RANGE`. Per epoch the rows the watermark passed are
 //! computed by DataFusion's own window functions over them and the history
 //! (marked, so that only they are emitted), which gives each of them the
-//! frame a batch query over the whole stream would. Both are bounded by
-//! the watermark; the operator writes them whole each epoch.
+//! frame a batch query over the whole stream would. The pending rows and
+//! a RANGE frame's history are bounded by the watermark; a ROWS frame's
+//! history holds n rows of every partition seen. The operator writes them
+//! whole each epoch.
 
 use std::sync::Arc;
 
@@ -252,7 +254,7 @@ impl Operator for OverOperator {
         })
     }
 
-    /// Both parts are bounded by the watermark: written whole each epoch.
+    /// Written whole each epoch (see the module's text).
     fn stage(&mut self, _snapshot_due: bool) -> Result<Staged> {
         if self.pending.is_none() && self.history.is_none() {
             return Ok(Staged::Nothing);

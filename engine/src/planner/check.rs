@@ -157,7 +157,13 @@ pub(super) fn emits_changes(j: &Join, watermarked: &[String]) -> bool {
                     let schema = s.source.schema();
                     schema.field_with_name(SIGN).is_ok() || schema.field_with_name(DELETED).is_ok()
                 }
-                LogicalPlan::Aggregate(a) => event_time_key(a, watermarked).is_none(),
+                // A static table's aggregation is the table's business; a
+                // stream's without a window changes its rows (DISTINCT is
+                // one, planned as a stage that emits changes).
+                LogicalPlan::Aggregate(a) => {
+                    reads_stream(&a.input) && event_time_key(a, watermarked).is_none()
+                }
+                LogicalPlan::Distinct(d) => reads_stream(d.input()),
                 LogicalPlan::Join(inner) => {
                     reads_stream(&inner.left)
                         && reads_stream(&inner.right)

@@ -536,6 +536,13 @@ fn changelog_join(
              a.k = b.k)",
         ));
     }
+    if join.null_aware {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: it uses NOT IN over a subquery of a stream, \
+             where one NULL in the subquery would hide every row; write NOT EXISTS (SELECT 1 \
+             FROM ... WHERE ...) instead",
+        ));
+    }
     if matches!(join.join_type, LeftMark | RightMark) {
         return Err(SluiceError::plan(format!(
             "this query cannot run on a stream: it uses a {} join (a subquery in an OR or a \
@@ -583,14 +590,22 @@ fn changelog_join(
     let (left_keys, right_keys): (Vec<Expr>, Vec<Expr>) = join.on.iter().cloned().unzip();
     let (left_scan, left_in) = batches_scan("__sluice_join_left", join.left.schema(), &[])?;
     let (right_scan, right_in) = batches_scan("__sluice_join_right", join.right.schema(), &[])?;
-    let joined = LogicalPlanBuilder::from(left_scan)
+    let joined = match LogicalPlanBuilder::from(left_scan)
         .join_with_expr_keys(
             right_scan,
             join.join_type,
             (left_keys.clone(), right_keys.clone()),
             join.filter.clone(),
         )?
-        .build()?;
+        .build()?
+    {
+        // `IS NOT DISTINCT FROM` keys match NULL with NULL, as the query's.
+        LogicalPlan::Join(mut j) => {
+            j.null_equality = join.null_equality;
+            LogicalPlan::Join(j)
+        }
+        other => other,
+    };
     let (tail, output) = cut_at(plan, node, JOIN_OUTPUT)?;
     let emit = if root {
         JoinEmit::Keyed(join_output_key(join, &tail)?)
