@@ -27,9 +27,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::arrow::array::{Array, AsArray, BooleanArray, Int64Array, Scalar};
-use datafusion::arrow::compute::kernels::cmp::gt_eq;
-use datafusion::arrow::compute::{cast, filter_record_batch, max};
+use datafusion::arrow::compute::kernels::cmp::{gt_eq, lt};
+use datafusion::arrow::compute::{cast, filter_record_batch, max, not};
 use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
+use datafusion::arrow::record_batch::RecordBatch;
 
 use crate::error::{Result, SluiceError};
 use crate::source::Partitions;
@@ -217,6 +218,26 @@ impl WatermarkTracker {
 pub(crate) fn nanos(column: &Arc<dyn Array>) -> Result<Arc<dyn Array>> {
     let as_ns = cast(column, &DataType::Timestamp(TimeUnit::Nanosecond, None))?;
     Ok(cast(&as_ns, &DataType::Int64)?)
+}
+
+/// Splits `batch` into the rows whose time column is before `limit` (ns)
+/// and the rest.
+pub(crate) fn split_before(
+    batch: &RecordBatch,
+    column: usize,
+    limit: i64,
+) -> Result<(RecordBatch, RecordBatch)> {
+    let times = nanos(batch.column(column))?;
+    let before = lt(&times, &Scalar::new(Int64Array::from(vec![limit])))?;
+    let before = if before.null_count() > 0 {
+        datafusion::arrow::compute::prep_null_mask_filter(&before)
+    } else {
+        before
+    };
+    Ok((
+        filter_record_batch(batch, &before)?,
+        filter_record_batch(batch, &not(&before)?)?,
+    ))
 }
 
 /// Nanoseconds since the Unix epoch as RFC 3339, for progress reports.

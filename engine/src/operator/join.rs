@@ -48,10 +48,8 @@
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    new_null_array, Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, Scalar,
-    UInt64Array,
+    new_null_array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array,
 };
-use datafusion::arrow::compute::kernels::cmp::lt;
 use datafusion::arrow::compute::{concat_batches, filter_record_batch, not};
 use datafusion::arrow::datatypes::{DataType, Field, SchemaRef, UInt64Type};
 use datafusion::common::{Column, DFSchema, JoinType, ScalarValue};
@@ -69,7 +67,7 @@ use crate::state::chain::{delta_outgrows, ChainReader, Staged};
 use crate::state::codec::{ipc_bytes, read_ipc, split_two_parts, two_parts, JoinDelta};
 use crate::state::compact_views;
 use crate::table::EpochBatches;
-use crate::watermark::nanos;
+use crate::watermark::split_before;
 use crate::window::time_offset;
 
 /// Name of the row id column added to left rows.
@@ -613,26 +611,6 @@ fn mark_matched(batch: &RecordBatch, ids: &HashSet<u64>) -> Result<RecordBatch> 
     let mut columns = batch.columns().to_vec();
     columns[n - 1] = Arc::new(now);
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
-}
-
-/// Splits `batch` into the rows whose time column is before `limit` (ns)
-/// and the rest.
-fn split_before(
-    batch: &RecordBatch,
-    column: usize,
-    limit: i64,
-) -> Result<(RecordBatch, RecordBatch)> {
-    let times = nanos(batch.column(column))?;
-    let before = lt(&times, &Scalar::new(Int64Array::from(vec![limit])))?;
-    let before = if before.null_count() > 0 {
-        datafusion::arrow::compute::prep_null_mask_filter(&before)
-    } else {
-        before
-    };
-    Ok((
-        filter_record_batch(batch, &before)?,
-        filter_record_batch(batch, &not(&before)?)?,
-    ))
 }
 
 /// The left side's columns plus the row id and matched flag.

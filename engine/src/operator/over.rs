@@ -21,10 +21,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use datafusion::arrow::array::{Array, BooleanArray, Int64Array, RecordBatch, Scalar};
-use datafusion::arrow::compute::kernels::cmp::lt;
+use datafusion::arrow::array::{Array, BooleanArray, Int64Array, RecordBatch};
 use datafusion::arrow::compute::{
-    concat_batches, filter_record_batch, lexsort_to_indices, not, SortColumn,
+    concat_batches, filter_record_batch, lexsort_to_indices, SortColumn,
 };
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::execution::SessionState;
@@ -38,7 +37,7 @@ use crate::state::chain::{ChainReader, Staged};
 use crate::state::codec::{ipc_bytes, read_ipc, split_two_parts, two_parts};
 use crate::state::{compact_views, row_converter};
 use crate::table::EpochBatches;
-use crate::watermark::nanos;
+use crate::watermark::{nanos, split_before};
 
 /// What does not change while the query runs.
 #[derive(Debug)]
@@ -88,22 +87,6 @@ impl OverOperator {
         let rows = self.config.rows.schema_ref();
         let fields = &rows.fields()[..rows.fields().len() - 1];
         Arc::new(datafusion::arrow::datatypes::Schema::new(fields.to_vec()))
-    }
-
-    /// `batch`'s rows split at `limit` (ns) of the time column: before it,
-    /// and the rest.
-    fn split_at(&self, batch: &RecordBatch, limit: i64) -> Result<(RecordBatch, RecordBatch)> {
-        let times = nanos(batch.column(self.config.time))?;
-        let before = lt(&times, &Scalar::new(Int64Array::from(vec![limit])))?;
-        let before = if before.null_count() > 0 {
-            datafusion::arrow::compute::prep_null_mask_filter(&before)
-        } else {
-            before
-        };
-        Ok((
-            filter_record_batch(batch, &before)?,
-            filter_record_batch(batch, &not(&before)?)?,
-        ))
     }
 
     /// The window's values of `finals`, with `history` before them.
@@ -239,7 +222,7 @@ impl Operator for OverOperator {
             self.pending = Some(compact_views(pending)?);
             return Ok(EpochOutput::default());
         };
-        let (finals, pending) = self.split_at(&pending, watermark)?;
+        let (finals, pending) = split_before(&pending, self.config.time, watermark)?;
         self.pending = Some(compact_views(pending)?);
         if finals.num_rows() == 0 {
             return Ok(EpochOutput::default());
