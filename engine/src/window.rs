@@ -1,4 +1,5 @@
-//! Event-time windows: TUMBLE, HOP and SESSION, from assignment to closing.
+//! Event-time windows: TUMBLE, HOP, CUMULATE and SESSION, from assignment
+//! to closing.
 //!
 //! Everything about windows is here: the table functions that assign rows
 //! to windows ([`Window`]), which group key closes a group and when
@@ -8,11 +9,13 @@
 //! store knows nothing of windows.
 //!
 //! A window table function adds `window_start` and `window_end` columns to
-//! a stream's rows (HOP repeats a row once per window holding it), so a
-//! windowed aggregation is an ordinary `GROUP BY window_start, window_end,
-//! ...` for DataFusion and for the incremental aggregate. Windows are
-//! aligned to the Unix epoch, as in Flink and Spark: `[k·size, (k+1)·size)`
-//! for TUMBLE, starts at multiples of the slide for HOP.
+//! a stream's rows (HOP and CUMULATE repeat a row once per window holding
+//! it), so a windowed aggregation is an ordinary `GROUP BY window_start,
+//! window_end, ...` for DataFusion and for the incremental aggregate.
+//! Windows are aligned to the Unix epoch, as in Flink and Spark: `[k·size,
+//! (k+1)·size)` for TUMBLE, starts at multiples of the slide for HOP, and
+//! for CUMULATE windows `[k·size, k·size + j·step)` that grow by a step
+//! until they are `size` long.
 //!
 //! The two columns carry Arrow field metadata saying they are window
 //! bounds and how far the bound is from the window's end. The metadata
@@ -84,6 +87,17 @@ pub enum Window {
         /// The window length.
         size: Duration,
     },
+    /// Windows that share a start every `size` and end every `step` after
+    /// it (Flink's CUMULATE): `[s, s + step)`, `[s, s + 2·step)`, ... up to
+    /// `[s, s + size)`; a row is in each of them that holds its time.
+    Cumulate {
+        /// The event-time column.
+        column: String,
+        /// How much each window is longer than the one before.
+        step: Duration,
+        /// The longest window's length, a multiple of `step`.
+        size: Duration,
+    },
     /// Per value of the `partition_by` columns, rows closer than `gap` to
     /// each other form one session `[first ts, last ts + gap)`.
     Session {
@@ -114,6 +128,23 @@ impl Window {
         }
     }
 
+    /// `CUMULATE(TABLE s, DESCRIPTOR(column), step, size)`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice_engine::Window;
+    /// // per day, a count at every hour so far
+    /// let w = Window::cumulate("ts", Duration::from_secs(3600), Duration::from_secs(86400));
+    /// assert_eq!(w.to_string(), "CUMULATE(ts, step 3600s, size 86400s)");
+    /// ```
+    pub fn cumulate(column: impl Into<String>, step: Duration, size: Duration) -> Self {
+        Self::Cumulate {
+            column: column.into(),
+            step,
+            size,
+        }
+    }
+
     /// `SESSION(TABLE s PARTITION BY keys, DESCRIPTOR(column), gap)`.
     pub fn session(column: impl Into<String>, partition_by: &[&str], gap: Duration) -> Self {
         Self::Session {
@@ -128,15 +159,18 @@ impl Window {
         match self {
             Self::Tumble { column, .. }
             | Self::Hop { column, .. }
+            | Self::Cumulate { column, .. }
             | Self::Session { column, .. } => column,
         }
     }
 
-    /// TUMBLE and HOP: the window length; SESSION: the gap, the length of
-    /// a one-row session.
+    /// TUMBLE and HOP: the window length; CUMULATE: the longest window's;
+    /// SESSION: the gap, the length of a one-row session.
     fn size(&self) -> Duration {
         match self {
-            Self::Tumble { size, .. } | Self::Hop { size, .. } => *size,
+            Self::Tumble { size, .. } | Self::Hop { size, .. } | Self::Cumulate { size, .. } => {
+                *size
+            }
             Self::Session { gap, .. } => *gap,
         }
     }
@@ -154,14 +188,26 @@ impl Window {
         };
         let size_ns = positive_nanos(self, "size", self.size())?;
         let time_col = Expr::Column(Column::new(qualifier.cloned(), &time));
-        let (df, start) = match self {
+        let per_unit = nanos_per(*unit);
+        let whole_units = |ns: i64| -> Result<i64> {
+            if ns % per_unit != 0 {
+                return Err(SluiceError::plan(format!(
+                    "{self}: column '{time}' has {unit:?} precision, finer than the window's \
+                     durations; use whole {unit:?}s"
+                )));
+            }
+            Ok(ns / per_unit)
+        };
+        // Each window's start, and its end where windows of one start end
+        // at different times (CUMULATE).
+        let (df, start, end) = match self {
             // Each row starts as its own session `[ts, ts + gap)`; the
             // aggregate merges sessions that touch (see `aggregate`).
-            Self::Session { .. } => (df, time_col),
+            Self::Session { .. } => (df, time_col, None),
             Self::Tumble { .. } => {
                 let start = datafusion::functions::datetime::date_bin()
                     .call(vec![interval(size_ns), time_col]);
-                (df, start)
+                (df, start, None)
             }
             Self::Hop { slide, .. } => {
                 let slide_ns = positive_nanos(self, "slide", *slide)?;
@@ -171,23 +217,29 @@ impl Window {
                          no window; use a slide up to the size (equal is TUMBLE)"
                     )));
                 }
-                let per_unit = nanos_per(*unit);
-                if slide_ns % per_unit != 0 || size_ns % per_unit != 0 {
+                let bounds = WindowBounds::HopStarts {
+                    slide: whole_units(slide_ns)?,
+                    size: whole_units(size_ns)?,
+                };
+                let (df, starts) = bounds.unnest(df, time_col)?;
+                (df, starts, None)
+            }
+            Self::Cumulate { step, .. } => {
+                let step_ns = positive_nanos(self, "step", *step)?;
+                if size_ns % step_ns != 0 {
                     return Err(SluiceError::plan(format!(
-                        "{self}: column '{time}' has {unit:?} precision, finer than the slide \
-                         or size; use whole {unit:?}s"
+                        "{self}: the size is not a multiple of the step, so the last window \
+                         would not end at the size; use a size that is a whole number of steps"
                     )));
                 }
-                let starts = ScalarUDF::from(HopStarts {
-                    slide: slide_ns / per_unit,
-                    size: size_ns / per_unit,
-                    signature: Signature::any(1, Volatility::Immutable),
-                });
-                const STARTS: &str = "__sluice_window_starts";
-                let df = df
-                    .with_column(STARTS, starts.call(vec![time_col]))?
-                    .unnest_columns(&[STARTS])?;
-                (df, Expr::Column(Column::from_name(STARTS)))
+                let start = datafusion::functions::datetime::date_bin()
+                    .call(vec![interval(size_ns), time_col.clone()]);
+                let bounds = WindowBounds::CumulateEnds {
+                    step: whole_units(step_ns)?,
+                    size: whole_units(size_ns)?,
+                };
+                let (df, ends) = bounds.unnest(df, time_col)?;
+                (df, start, Some(ends))
             }
         };
         let session = match self {
@@ -218,9 +270,8 @@ impl Window {
                 .clone()
                 .alias_with_metadata("window_start", Some(bound("start", size_ns))),
         );
-        exprs.push(
-            (start + interval(size_ns)).alias_with_metadata("window_end", Some(bound("end", 0))),
-        );
+        let end = end.unwrap_or_else(|| start + interval(size_ns));
+        exprs.push(end.alias_with_metadata("window_end", Some(bound("end", 0))));
         Ok(df.select(exprs)?)
     }
 }
@@ -234,6 +285,9 @@ impl std::fmt::Display for Window {
                 slide,
                 size,
             } => write!(f, "HOP({column}, slide {slide:?}, size {size:?})"),
+            Self::Cumulate { column, step, size } => {
+                write!(f, "CUMULATE({column}, step {step:?}, size {size:?})")
+            }
             Self::Session {
                 column,
                 partition_by,
@@ -543,18 +597,74 @@ fn nanos_per(unit: TimeUnit) -> i64 {
     }
 }
 
-/// `HOP`'s window starts for each event time: a list per row, newest window
-/// first, computed in the column's own time unit.
+/// The window bounds of each event time that HOP and CUMULATE repeat a row
+/// over, in the time column's own unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum WindowBounds {
+    /// The starts of the HOP windows holding `t`, newest first.
+    HopStarts { slide: i64, size: i64 },
+    /// The ends of the CUMULATE windows holding `t`, shortest first.
+    CumulateEnds { step: i64, size: i64 },
+}
+
+impl WindowBounds {
+    /// Pushes the bounds of the windows holding `t` onto `out`.
+    fn of(self, t: i64, out: &mut Vec<i64>) {
+        match self {
+            Self::HopStarts { slide, size } => {
+                let mut start = t - t.rem_euclid(slide);
+                while start > t - size {
+                    out.push(start);
+                    start -= slide;
+                }
+            }
+            Self::CumulateEnds { step, size } => {
+                let start = t - t.rem_euclid(size);
+                let mut end = t - t.rem_euclid(step) + step;
+                while end <= start + size {
+                    out.push(end);
+                    end += step;
+                }
+            }
+        }
+    }
+
+    /// How many windows hold a row.
+    fn per_row(self) -> usize {
+        match self {
+            Self::HopStarts { slide, size } => (size / slide) as usize,
+            Self::CumulateEnds { step, size } => (size / step) as usize,
+        }
+    }
+
+    /// `df` with one row per window holding `time`, and the column holding
+    /// the window's bound.
+    fn unnest(self, df: DataFrame, time: Expr) -> Result<(DataFrame, Expr)> {
+        const BOUNDS: &str = "__sluice_window_bounds";
+        let udf = ScalarUDF::from(WindowBoundsUdf {
+            bounds: self,
+            signature: Signature::any(1, Volatility::Immutable),
+        });
+        let df = df
+            .with_column(BOUNDS, udf.call(vec![time]))?
+            .unnest_columns(&[BOUNDS])?;
+        Ok((df, Expr::Column(Column::from_name(BOUNDS))))
+    }
+}
+
+/// [`WindowBounds`] as a function: a list of bounds per row.
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct HopStarts {
-    slide: i64,
-    size: i64,
+struct WindowBoundsUdf {
+    bounds: WindowBounds,
     signature: Signature,
 }
 
-impl ScalarUDFImpl for HopStarts {
+impl ScalarUDFImpl for WindowBoundsUdf {
     fn name(&self) -> &str {
-        "hop_window_starts"
+        match self.bounds {
+            WindowBounds::HopStarts { .. } => "hop_window_starts",
+            WindowBounds::CumulateEnds { .. } => "cumulate_window_ends",
+        }
     }
 
     fn signature(&self) -> &Signature {
@@ -571,37 +681,34 @@ impl ScalarUDFImpl for HopStarts {
         args: ScalarFunctionArgs,
     ) -> datafusion::error::Result<ColumnarValue> {
         let [time] = args.args.as_slice() else {
-            return Err(datafusion::error::DataFusionError::Internal(
-                "hop_window_starts takes one argument".into(),
-            ));
+            return Err(datafusion::error::DataFusionError::Internal(format!(
+                "{} takes one argument",
+                self.name()
+            )));
         };
         let time = time.to_array(args.number_rows)?;
         let item_type = time.data_type().clone();
         let values = cast(&time, &DataType::Int64)?;
         let values = values.as_primitive::<Int64Type>();
-        let mut starts = Vec::with_capacity(values.len() * (self.size / self.slide) as usize);
+        let mut bounds = Vec::with_capacity(values.len() * self.bounds.per_row());
         let mut offsets = Vec::with_capacity(values.len() + 1);
         offsets.push(0i32);
         for (i, t) in values.values().iter().enumerate() {
             if values.is_valid(i) {
-                let mut start = t - t.rem_euclid(self.slide);
-                while start > t - self.size {
-                    starts.push(start);
-                    start -= self.slide;
-                }
+                self.bounds.of(*t, &mut bounds);
             }
-            let end = i32::try_from(starts.len()).map_err(|_| {
+            let end = i32::try_from(bounds.len()).map_err(|_| {
                 datafusion::error::DataFusionError::Execution(
-                    "too many HOP windows in one batch".into(),
+                    "too many windows in one batch".into(),
                 )
             })?;
             offsets.push(end);
         }
-        let starts = cast(&Int64Array::from(starts), &item_type)?;
+        let bounds = cast(&Int64Array::from(bounds), &item_type)?;
         let list = ListArray::try_new(
             Arc::new(Field::new_list_field(item_type, true)),
             OffsetBuffer::new(offsets.into()),
-            starts,
+            bounds,
             time.nulls().cloned(),
         )?;
         Ok(ColumnarValue::Array(Arc::new(list)))

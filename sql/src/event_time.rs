@@ -1,6 +1,7 @@
 //! Event time in SQL: `WATERMARK FOR` inside `CREATE STREAM`, and the
 //! window table functions `TABLE(TUMBLE(TABLE s, DESCRIPTOR(ts), size))`,
-//! `TABLE(HOP(TABLE s, DESCRIPTOR(ts), slide, size))` and
+//! `TABLE(HOP(TABLE s, DESCRIPTOR(ts), slide, size))`,
+//! `TABLE(CUMULATE(TABLE s, DESCRIPTOR(ts), step, size))` and
 //! `TABLE(SESSION(TABLE s PARTITION BY key, DESCRIPTOR(ts), gap))`.
 //!
 //! Stock sqlparser cannot parse the window functions' `TABLE s` and
@@ -132,7 +133,7 @@ pub(crate) fn extract_windows(
     Ok((tokens, calls))
 }
 
-/// `TABLE ( TUMBLE|HOP|SESSION (` at `i`.
+/// `TABLE ( TUMBLE|HOP|CUMULATE|SESSION (` at `i`.
 fn starts_window_call(tokens: &[TokenWithSpan], i: usize) -> bool {
     let is_word =
         |t: &Token, w: &str| matches!(t, Token::Word(x) if x.value.eq_ignore_ascii_case(w));
@@ -149,7 +150,7 @@ fn starts_window_call(tokens: &[TokenWithSpan], i: usize) -> bool {
         return false;
     };
     tokens[open].token == Token::LParen
-        && ["TUMBLE", "HOP", "SESSION"]
+        && ["TUMBLE", "HOP", "CUMULATE", "SESSION"]
             .iter()
             .any(|w| is_word(&tokens[name].token, w))
         && tokens[open2].token == Token::LParen
@@ -215,6 +216,7 @@ fn parse_window_call(p: &mut Parser<'_>) -> Result<WindowCall, Problem> {
     let window = match (name.as_str(), durations.as_slice()) {
         ("TUMBLE", [size]) => Window::tumble(column, *size),
         ("HOP", [slide, size]) => Window::hop(column, *slide, *size),
+        ("CUMULATE", [step, size]) => Window::cumulate(column, *step, *size),
         ("SESSION", [gap]) => Window::Session {
             column,
             partition_by,
@@ -223,6 +225,7 @@ fn parse_window_call(p: &mut Parser<'_>) -> Result<WindowCall, Problem> {
         _ => {
             let usage = match name.as_str() {
                 "HOP" => "HOP(TABLE s, DESCRIPTOR(ts), slide, size)",
+                "CUMULATE" => "CUMULATE(TABLE s, DESCRIPTOR(ts), step, size)",
                 "SESSION" => "SESSION(TABLE s PARTITION BY key, DESCRIPTOR(ts), gap)",
                 _ => "TUMBLE(TABLE s, DESCRIPTOR(ts), size)",
             };

@@ -68,26 +68,47 @@ fn judge(batches: &[Vec<Row>]) -> (Vec<Row>, u64, Vec<Option<i64>>) {
     (kept, late, marks)
 }
 
-/// The windows (start, ms) holding `ts`, aligned to the Unix epoch.
-fn windows_of(ts: i64, slide: i64, size: i64) -> Vec<i64> {
-    let mut out = Vec::new();
-    let mut start = ts - ts.rem_euclid(slide);
-    while start > ts - size {
-        out.push(start);
-        start -= slide;
-    }
-    out
+/// How the tests' windows are laid out, in ms.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// HOP (TUMBLE when `slide == size`).
+    Hop { slide: i64, size: i64 },
+    /// CUMULATE.
+    Cumulate { step: i64, size: i64 },
 }
 
-/// DataFusion's batch answer over the rows placed in their windows.
-async fn batch_answer(rows: &[Row], slide: i64, size: i64) -> Answer {
+impl Layout {
+    /// The ends of the windows holding `ts`, aligned to the Unix epoch: a
+    /// window of these layouts is known by its end.
+    fn windows_of(self, ts: i64) -> Vec<i64> {
+        let mut out = Vec::new();
+        match self {
+            Layout::Hop { slide, size } => {
+                let mut start = ts - ts.rem_euclid(slide);
+                while start > ts - size {
+                    out.push(start + size);
+                    start -= slide;
+                }
+            }
+            Layout::Cumulate { step, size } => {
+                let start = ts - ts.rem_euclid(size);
+                for end in (1..=size / step).map(|j| start + j * step) {
+                    if end > ts {
+                        out.push(end);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// DataFusion's batch answer over the rows placed in their windows, keyed
+/// by window end.
+async fn batch_answer(rows: &[Row], layout: Layout) -> Answer {
     let placed: Vec<(i64, Row)> = rows
         .iter()
-        .flat_map(|r| {
-            windows_of(r.2, slide, size)
-                .into_iter()
-                .map(move |w| (w, *r))
-        })
+        .flat_map(|r| layout.windows_of(r.2).into_iter().map(move |w| (w, *r)))
         .collect();
     aggregate_placed(&placed).await
 }
@@ -120,7 +141,7 @@ fn sessions_of(rows: &[Row], gap: i64) -> Vec<(i64, i64, Row)> {
     out
 }
 
-/// DataFusion's GROUP BY (window start, key) over placed rows.
+/// DataFusion's GROUP BY (window bound, key) over placed rows.
 async fn aggregate_placed(placed: &[(i64, Row)]) -> Answer {
     let batch = RecordBatch::try_new(
         Arc::new(Schema::new(vec![
@@ -150,11 +171,11 @@ async fn aggregate_placed(placed: &[(i64, Row)]) -> Answer {
     fold(&out, "ws")
 }
 
-/// Rows of `batches` by (window start, key); later rows replace earlier.
-fn fold(batches: &[RecordBatch], start: &str) -> Answer {
+/// Rows of `batches` by (window bound, key); later rows replace earlier.
+fn fold(batches: &[RecordBatch], bound: &str) -> Answer {
     let mut out = Answer::new();
     for b in batches {
-        let ws = cast(b.column_by_name(start).unwrap(), &DataType::Int64).unwrap();
+        let ws = cast(b.column_by_name(bound).unwrap(), &DataType::Int64).unwrap();
         let ws = ws.as_primitive::<Int64Type>();
         let get = |name: &str| {
             cast(b.column_by_name(name).unwrap(), &DataType::Int64)
@@ -278,12 +299,7 @@ fn rfc3339_to_ms(text: &str) -> i64 {
         / 1_000_000
 }
 
-async fn append_mode_emits_each_closed_window_once(
-    seed: u64,
-    window: Window,
-    slide: i64,
-    size: i64,
-) {
+async fn append_mode_emits_each_closed_window_once(seed: u64, window: Window, layout: Layout) {
     {
         let mut rng = Lcg(seed);
         let batches = input(&mut rng, 14);
@@ -300,7 +316,7 @@ async fn append_mode_emits_each_closed_window_once(
         let (kept, late, marks) = judge(&batches);
         assert!(late > 0, "seed {seed}: the input should have late rows");
         assert_eq!(run.late_rows, late, "seed {seed}: late rows counted");
-        let expected = batch_answer(&kept, slide, size).await;
+        let expected = batch_answer(&kept, layout).await;
         // Each window is emitted exactly in the epoch whose watermark
         // passed its end, never before, never twice.
         let mut seen = BTreeSet::new();
@@ -308,9 +324,9 @@ async fn append_mode_emits_each_closed_window_once(
         for (epoch, out) in run.epochs.iter().enumerate() {
             let before = if epoch == 0 { None } else { marks[epoch - 1] };
             let now = marks[epoch].unwrap();
-            let rows = fold(out, "window_start");
+            let rows = fold(out, "window_end");
             for (key, value) in rows {
-                let end = key.0 + size;
+                let end = key.0;
                 assert!(
                     end <= now && before.is_none_or(|b| end > b),
                     "seed {seed}: window {key:?} emitted in epoch {epoch} (watermark {before:?} -> {now})"
@@ -325,7 +341,7 @@ async fn append_mode_emits_each_closed_window_once(
         let final_mark = marks.last().unwrap().unwrap();
         let closed: Answer = expected
             .iter()
-            .filter(|((ws, _), _)| ws + size <= final_mark)
+            .filter(|((end, _), _)| *end <= final_mark)
             .map(|(k, v)| (*k, *v))
             .collect();
         assert!(!closed.is_empty(), "seed {seed}");
@@ -350,8 +366,10 @@ fn tumbling_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
         block_on(append_mode_emits_each_closed_window_once(
             seed,
             Window::tumble("ts", Duration::from_secs(5)),
-            5_000,
-            5_000,
+            Layout::Hop {
+                slide: 5_000,
+                size: 5_000,
+            },
         ))
     });
 }
@@ -362,15 +380,34 @@ fn hopping_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
         block_on(append_mode_emits_each_closed_window_once(
             seed,
             Window::hop("ts", Duration::from_secs(2), Duration::from_secs(5)),
-            2_000,
-            5_000,
+            Layout::Hop {
+                slide: 2_000,
+                size: 5_000,
+            },
+        ))
+    });
+}
+
+#[test]
+fn cumulating_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
+    property(3, |seed| {
+        block_on(append_mode_emits_each_closed_window_once(
+            seed,
+            Window::cumulate("ts", Duration::from_secs(2), Duration::from_secs(6)),
+            Layout::Cumulate {
+                step: 2_000,
+                size: 6_000,
+            },
         ))
     });
 }
 
 #[test]
 fn windows_in_update_mode_fold_to_the_batch_answer_and_evict_closed_state() {
-    let (slide, size) = (3_000, 6_000);
+    let layout = Layout::Hop {
+        slide: 3_000,
+        size: 6_000,
+    };
     let window = Window::hop(
         "ts",
         Duration::from_millis(3_000),
@@ -394,18 +431,11 @@ fn windows_in_update_mode_fold_to_the_batch_answer_and_evict_closed_state() {
             assert_eq!(run.late_rows, late, "seed {seed}");
             let mut folded = Answer::new();
             for out in &run.epochs {
-                folded.extend(fold(out, "window_start"));
+                folded.extend(fold(out, "window_end"));
             }
-            assert_eq!(
-                folded,
-                batch_answer(&kept, slide, size).await,
-                "seed {seed}"
-            );
+            assert_eq!(folded, batch_answer(&kept, layout).await, "seed {seed}");
             let final_mark = marks.last().unwrap().unwrap();
-            let open = folded
-                .keys()
-                .filter(|(ws, _)| ws + size > final_mark)
-                .count();
+            let open = folded.keys().filter(|(end, _)| *end > final_mark).count();
             assert_eq!(
                 run.state_rows, open as u64,
                 "seed {seed}: closed windows evicted"
