@@ -318,10 +318,11 @@ pub(crate) fn session_problem(
                 .into(),
         );
     };
-    if matches!(mode, Some(OutputMode::Update | OutputMode::Complete)) {
+    if mode == Some(OutputMode::Complete) {
         return Some(
-            "SESSION windows run in append mode: a session's bounds change as it grows, so each \
-             session is emitted once, when the watermark passes its end"
+            "SESSION windows run in append mode (each session once, when the watermark passes \
+             its end) or update mode (sessions as they grow, a merged session's old row taken \
+             back), not complete mode, which would keep every session forever"
                 .into(),
         );
     }

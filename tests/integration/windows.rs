@@ -210,6 +210,8 @@ fn fold(batches: &[RecordBatch], bound: &str) -> Answer {
 struct Run {
     /// Output batches per epoch, in epoch order.
     epochs: Vec<Vec<RecordBatch>>,
+    /// The keys each epoch deleted (update mode).
+    deleted: Vec<Option<RecordBatch>>,
     late_rows: u64,
     /// State rows after the last epoch.
     state_rows: u64,
@@ -249,6 +251,7 @@ async fn run_streaming(
 ) -> Run {
     let mut run = Run {
         epochs: Vec::new(),
+        deleted: Vec::new(),
         late_rows: 0,
         state_rows: 0,
         watermarks: Vec::new(),
@@ -288,6 +291,7 @@ async fn run_streaming(
         query.stop().await.unwrap();
         for e in out.epochs() {
             run.epochs.push(out.epoch_batches(e));
+            run.deleted.push(out.epoch_retracted(e));
         }
     }
     run
@@ -628,6 +632,78 @@ fn session_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
                 run.state_rows, open as u64,
                 "seed {seed}: open sessions stay"
             );
+        })
+    });
+}
+
+#[test]
+fn session_windows_in_update_mode_fold_with_their_deletions_to_the_batch_answer() {
+    const GAP: i64 = 1_500;
+    property(3, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let batches = input(&mut rng, 14);
+            let dir = tempfile::tempdir().unwrap();
+            let window = Window::session("ts", &["k"], Duration::from_millis(GAP as u64));
+            let run = run_streaming(
+                &batches,
+                windowed(&window),
+                OutputMode::Update,
+                &mut rng,
+                dir.path(),
+            )
+            .await;
+            let (kept, late, _) = judge(&batches);
+            assert_eq!(run.late_rows, late, "seed {seed}");
+            let sessions = sessions_of(&kept, GAP);
+            let ends: BTreeMap<(i64, i64), i64> =
+                sessions.iter().map(|(s, e, r)| ((*s, r.0), *e)).collect();
+            let placed: Vec<(i64, Row)> = sessions.iter().map(|(s, _, r)| (*s, *r)).collect();
+            let expected: BTreeMap<(i64, i64, i64), _> = aggregate_placed(&placed)
+                .await
+                .into_iter()
+                .map(|((start, k), v)| ((start, ends[&(start, k)], k), v))
+                .collect();
+            // The upsert meaning: per epoch, the deleted keys go, then the
+            // rows emitted replace their keys.
+            let mut folded = BTreeMap::new();
+            let mut deletions = 0;
+            for (out, deleted) in run.epochs.iter().zip(&run.deleted) {
+                if let Some(d) = deleted {
+                    let start =
+                        cast(d.column_by_name("window_start").unwrap(), &DataType::Int64).unwrap();
+                    let end =
+                        cast(d.column_by_name("window_end").unwrap(), &DataType::Int64).unwrap();
+                    let k = d.column_by_name("k").unwrap().as_primitive::<Int64Type>();
+                    for i in 0..d.num_rows() {
+                        let key = (
+                            start.as_primitive::<Int64Type>().value(i),
+                            end.as_primitive::<Int64Type>().value(i),
+                            k.value(i),
+                        );
+                        assert!(
+                            folded.remove(&key).is_some(),
+                            "seed {seed}: deleted {key:?}, which the output does not hold"
+                        );
+                        deletions += 1;
+                    }
+                }
+                for b in out {
+                    let end =
+                        cast(b.column_by_name("window_end").unwrap(), &DataType::Int64).unwrap();
+                    let end = end.as_primitive::<Int64Type>();
+                    let by_start = fold(std::slice::from_ref(b), "window_start");
+                    let starts =
+                        cast(b.column_by_name("window_start").unwrap(), &DataType::Int64).unwrap();
+                    let k = b.column_by_name("k").unwrap().as_primitive::<Int64Type>();
+                    for i in 0..b.num_rows() {
+                        let (start, k) = (starts.as_primitive::<Int64Type>().value(i), k.value(i));
+                        folded.insert((start, end.value(i), k), by_start[&(start, k)]);
+                    }
+                }
+            }
+            assert!(deletions > 0, "seed {seed}: no session merged");
+            assert_eq!(folded, expected, "seed {seed}");
         })
     });
 }

@@ -50,6 +50,7 @@ use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
 use datafusion::physical_plan::{collect, ExecutionPlan};
 
 use async_trait::async_trait;
+use foldhash::HashSet;
 
 use super::changelog;
 use super::Operator;
@@ -57,7 +58,7 @@ use crate::error::{Result, SluiceError};
 use crate::output_mode::OutputMode;
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
-use crate::state::{KeyedState, Located, OneStore};
+use crate::state::{row_converter, KeyedState, Located, OneStore};
 use crate::table::EpochBatches;
 use crate::window::{merge_sessions, WindowKey};
 
@@ -80,9 +81,10 @@ pub(crate) struct AggregateConfig {
     /// is emitted once, the first time the key is seen, in append and
     /// update modes alike.
     pub dedup: bool,
-    /// Update mode, when the tail can drop a group (HAVING) and the output
-    /// carries the whole group key: the output's key columns. A group the
-    /// tail emitted before an epoch and drops after it is then retracted.
+    /// Update mode, when the tail can drop a group (HAVING) or a group can
+    /// end (a SESSION merged into another), and the output carries the
+    /// whole group key: the output's key columns. A group emitted before an
+    /// epoch and gone after it is then retracted.
     pub retract_keys: Vec<String>,
     /// A stage feeding an aggregation above it, without a window: emit each
     /// changed group's previous row signed −1 and its new row +1, in a last
@@ -192,7 +194,8 @@ impl AggregateOperator {
         };
         let mut first_seen = Vec::new();
         // The changed groups' states before this epoch, when retractions
-        // are wanted (sessions merge and split, so not for them).
+        // are wanted: for sessions, the ones of the touched partitions,
+        // whose keys a merge may end.
         let mut before = None;
         let wanted = !self.config.retract_keys.is_empty() || self.config.changelog;
         let changed = if partials.is_empty() {
@@ -238,7 +241,7 @@ impl AggregateOperator {
                         Arc::clone(&partial_schema),
                         stored.columns().to_vec(),
                     )?;
-                    if wanted && sessions.is_none() {
+                    if wanted {
                         before = Some(stored.clone());
                     }
                     merge_input.push(stored);
@@ -263,7 +266,23 @@ impl AggregateOperator {
                     }
                 }
                 state.upsert(&new_states)?;
-                new_states
+                match (sessions, before.take()) {
+                    // The sessions of a touched partition came out of the
+                    // state whole; those no row reached are neither
+                    // changed nor gone.
+                    (Some(_), Some(stored)) => {
+                        let after = concat_batches(&partial_schema, &new_states)?;
+                        before = Some(concat_batches(
+                            &partial_schema,
+                            &other_rows(std::slice::from_ref(&stored), &after)?,
+                        )?);
+                        other_rows(&new_states, &stored)?
+                    }
+                    (_, stored) => {
+                        before = stored;
+                        new_states
+                    }
+                }
             }
         };
         if self.config.over_changelog {
@@ -528,4 +547,23 @@ fn lowest_aggregate(plan: &Arc<dyn ExecutionPlan>) -> Option<&AggregateExec> {
         AggregateMode::Partial | AggregateMode::Single | AggregateMode::SinglePartitioned
     )
     .then_some(agg)
+}
+
+/// The rows of `rows` that are not also rows of `other` (equal in every
+/// column).
+fn other_rows(rows: &[RecordBatch], other: &RecordBatch) -> Result<Vec<RecordBatch>> {
+    let schema = other.schema();
+    let converter = row_converter(schema.fields().iter().map(|f| f.data_type()))?;
+    let known = converter.convert_columns(other.columns())?;
+    let known: HashSet<&[u8]> = known.iter().map(|r| r.data()).collect();
+    rows.iter()
+        .map(|b| {
+            let encoded = converter.convert_columns(b.columns())?;
+            let new: BooleanArray = encoded
+                .iter()
+                .map(|r| Some(!known.contains(r.data())))
+                .collect();
+            Ok(filter_record_batch(b, &new)?)
+        })
+        .collect()
 }

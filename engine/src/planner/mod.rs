@@ -238,6 +238,32 @@ fn output_key(
     }
 }
 
+/// Sets which output keys an update-mode aggregation retracts: the groups
+/// a HAVING drops, and the sessions a merge ends (which need the key).
+fn retract_ended_groups(a: &mut AggregateConfig, key_columns: &[String]) -> Result<()> {
+    // Only a filter after the aggregate (HAVING) drops a changed group.
+    let filters = a
+        .tail
+        .exists(|p| Ok(matches!(p, LogicalPlan::Filter(_))))
+        .unwrap_or(true);
+    // A session that merges into a longer one ends its key.
+    let sessions = a.window.as_ref().is_some_and(|w| w.session.is_some());
+    if a.mode != OutputMode::Update || a.dedup {
+        return Ok(());
+    }
+    if sessions && key_columns.is_empty() {
+        return Err(SluiceError::plan(
+            "SESSION windows in update mode take a session's row back when it merges into a \
+             longer one, by its key: select window_start, window_end and the PARTITION BY \
+             columns unchanged, or use append mode (each session once, when it closes)",
+        ));
+    }
+    if filters || sessions {
+        a.retract_keys = key_columns.to_vec();
+    }
+    Ok(())
+}
+
 /// Checks that `plan` can run incrementally in `mode` (derived when
 /// `None`), and binds it (to `task`'s share of its inputs, when given);
 /// its inputs' keys start with `key_prefix`.
@@ -358,14 +384,7 @@ pub(crate) fn plan_query(
     };
     let key_columns = output_key(upsert.as_ref(), rank_key, aggregate.as_ref(), join.as_ref());
     if let Some(a) = &mut aggregate {
-        // Only a filter after the aggregate (HAVING) drops a changed group.
-        let filters = a
-            .tail
-            .exists(|p| Ok(matches!(p, LogicalPlan::Filter(_))))
-            .unwrap_or(true);
-        if a.mode == OutputMode::Update && !a.dedup && filters {
-            a.retract_keys = key_columns.clone();
-        }
+        retract_ended_groups(a, &key_columns)?;
     }
     Ok(IncrementalPlan {
         key_columns,

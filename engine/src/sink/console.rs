@@ -1,4 +1,5 @@
-//! The `console` sink: prints each epoch's rows as a table, as Spark's does.
+//! The `console` sink: prints each epoch's rows as a table, as Spark's does,
+//! and in update mode the keys the epoch deleted under them.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -64,6 +65,15 @@ impl Sink for Console {
         writeln!(out, "{table}").map_err(io)?;
         if total > self.num_rows {
             writeln!(out, "only showing top {} of {total} rows", self.num_rows).map_err(io)?;
+        }
+        if let Some(deleted) = output.retracted.as_ref().filter(|d| d.num_rows() > 0) {
+            writeln!(out, "deleted keys:").map_err(io)?;
+            writeln!(
+                out,
+                "{}",
+                pretty_format_batches(std::slice::from_ref(deleted))?
+            )
+            .map_err(io)?;
         }
         out.flush().map_err(io)
     }

@@ -3,6 +3,6 @@ CREATE STREAM events (k BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts)
 CREATE STREAM out WITH (connector = 'console');
 SET 'output.mode' = 'update';
 INSERT INTO out
-SELECT window_start, window_end, k, count(*) AS n
+SELECT window_end, k, count(*) AS n
 FROM TABLE(SESSION(TABLE events PARTITION BY k, DESCRIPTOR(ts), INTERVAL '5' SECOND))
 GROUP BY window_start, window_end, k;
