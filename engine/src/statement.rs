@@ -86,6 +86,9 @@ impl Statement {
         if let Some(value) = &self.plan.current_watermark {
             crate::watermark::current::set(value, previous);
         }
+        if let Some(op) = &mut self.operator {
+            op.judge_by(previous);
+        }
         let mut late_rows = 0;
         let mut admitted = Vec::with_capacity(read.len());
         for (index, input) in read.into_iter().enumerate() {

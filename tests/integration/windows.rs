@@ -15,7 +15,7 @@ use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, MemoryStream, OutputMode, Session, StreamFrame, Window};
 
 use crate::util::{
-    block_on, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
+    block_on, ints, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
 };
 
 const DELAY_MS: i64 = 2_000;
@@ -704,6 +704,97 @@ fn session_windows_in_update_mode_fold_with_their_deletions_to_the_batch_answer(
             }
             assert!(deletions > 0, "seed {seed}: no session merged");
             assert_eq!(folded, expected, "seed {seed}");
+        })
+    });
+}
+
+#[test]
+fn keeping_the_first_row_by_event_time_emits_it_once_when_the_watermark_passes_it() {
+    use sluice::datafusion::functions_window::expr_fn::row_number;
+    use sluice::datafusion::logical_expr::ExprFunctionExt;
+    property(3, |seed| {
+        block_on(async move {
+            let mut rng = Lcg(seed);
+            let batches = input(&mut rng, 14);
+            let dir = tempfile::tempdir().unwrap();
+            // Partitions by `v % 9`, so that first rows keep arriving.
+            let query = |f: StreamFrame| {
+                f.with_column("p", col("v") % lit(9i64))
+                    .unwrap()
+                    .select(vec![
+                        col("p"),
+                        col("v"),
+                        col("ts"),
+                        row_number()
+                            .partition_by(vec![col("p")])
+                            .order_by(vec![col("ts").sort(true, false)])
+                            .build()
+                            .unwrap()
+                            .alias("rn"),
+                    ])
+                    .unwrap()
+                    .filter(col("rn").eq(lit(1i64)))
+                    .unwrap()
+                    .select(vec![col("p"), col("v"), col("ts")])
+                    .unwrap()
+            };
+            let run =
+                run_streaming(&batches, query, OutputMode::Append, &mut rng, dir.path()).await;
+            let (kept, late, marks) = judge(&batches);
+            assert!(late > 0, "seed {seed}");
+            assert_eq!(run.late_rows, late, "seed {seed}");
+            // The loop: per partition the earliest kept row, ties to the one
+            // that arrived first, emitted in the first epoch whose
+            // watermark is past it.
+            let mut first: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+            for (_, v, ts) in &kept {
+                let best = first.entry(v % 9).or_insert((*ts, *v));
+                if *ts < best.0 {
+                    *best = (*ts, *v);
+                }
+            }
+            let mut expected: BTreeMap<usize, BTreeSet<(i64, i64, i64)>> = BTreeMap::new();
+            for (p, (ts, v)) in &first {
+                if let Some(e) = marks.iter().position(|m| m.is_some_and(|m| m > *ts)) {
+                    expected.entry(e).or_default().insert((*p, *v, *ts));
+                }
+            }
+            let mut emitted: BTreeMap<usize, BTreeSet<(i64, i64, i64)>> = BTreeMap::new();
+            for (e, out) in run.epochs.iter().enumerate() {
+                let (p, v) = (ints(out, "p"), ints(out, "v"));
+                let ts = ints(out, "ts");
+                for i in 0..p.len() {
+                    assert!(
+                        emitted.entry(e).or_default().insert((p[i], v[i], ts[i])),
+                        "seed {seed}: a row emitted twice in epoch {e}"
+                    );
+                }
+            }
+            emitted.retain(|_, rows| !rows.is_empty());
+            assert!(!expected.is_empty(), "seed {seed}");
+            assert_eq!(emitted, expected, "seed {seed}");
+            // One row per partition seen stays in state.
+            assert_eq!(run.state_rows, first.len() as u64, "seed {seed}");
+            // DataFusion's batch answer over the kept rows: each partition's
+            // earliest time (which row of a tie it keeps is its own choice).
+            let ctx = SessionContext::new();
+            ctx.register_batch("events", to_batch(&kept)).unwrap();
+            let batch = ctx
+                .sql(
+                    "SELECT p, ts FROM (SELECT v % 9 AS p, ts, ROW_NUMBER() OVER \
+                     (PARTITION BY v % 9 ORDER BY ts) AS rn FROM events) WHERE rn = 1",
+                )
+                .await
+                .unwrap()
+                .collect()
+                .await
+                .unwrap();
+            let answer: BTreeMap<i64, i64> = ints(&batch, "p")
+                .into_iter()
+                .zip(ints(&batch, "ts"))
+                .collect();
+            let ours: BTreeMap<i64, i64> = first.iter().map(|(p, (ts, _))| (*p, *ts)).collect();
+            assert_eq!(ours, answer, "seed {seed}");
         })
     });
 }

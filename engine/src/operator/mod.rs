@@ -84,6 +84,12 @@ pub(crate) trait Operator: Send + Sync + Debug {
     /// them: its state is bounded by event time.
     fn drops_late(&self) -> bool;
 
+    /// The watermark this epoch's rows are judged late by: the one the
+    /// previous epoch left (restored after a restart), told before
+    /// [`process`](Self::process). An operator that emits what the
+    /// watermark passes tells by it what it emitted before.
+    fn judge_by(&mut self, _watermark: Option<i64>) {}
+
     /// Takes the epoch's input (read through its plans' scans) into its
     /// state, then moves to `watermark` (the query's, after this epoch's
     /// input): closes windows and evicts what no later row can change, and

@@ -80,6 +80,12 @@ impl Operator for Pipeline {
         self.stages.iter().any(|s| s.operator.drops_late())
     }
 
+    fn judge_by(&mut self, watermark: Option<i64>) {
+        for s in self.stages.iter_mut() {
+            s.operator.judge_by(watermark);
+        }
+    }
+
     async fn process(&mut self, ctx: &SessionState, watermark: Option<i64>) -> Result<EpochOutput> {
         // What each operator emitted stays in scope until the last one is
         // done: the operator it feeds need not be the next one (Nexmark q5's

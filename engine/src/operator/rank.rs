@@ -18,6 +18,15 @@
 //!
 //! Ties in the ORDER BY keep the rows already ranked ahead of new ones, and
 //! new rows in their arrival order, as Flink does.
+//!
+//! Keeping each partition's first row by event time over an append-only
+//! input (`rn = 1` ordered by a watermarked column ascending) runs in append
+//! mode instead: the ranking is the same, but a partition's row is emitted
+//! once, when the watermark passes it. Rows behind the watermark are late
+//! and dropped, so no row can arrive ahead of it any more. Every row of the
+//! state the watermark passed was emitted then: those between the
+//! watermark the epoch's rows were judged by and the one they left are
+//! emitted now.
 
 use std::sync::Arc;
 
@@ -42,6 +51,7 @@ use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
 use crate::state::{row_converter, KeyedState, OneStore};
 use crate::table::EpochBatches;
+use crate::watermark::nanos;
 
 /// What does not change while the query runs.
 #[derive(Debug)]
@@ -69,6 +79,9 @@ pub(crate) struct RankConfig {
     pub tail: LogicalPlan,
     /// Where the ranked rows are put for `tail`.
     pub output: Arc<EpochBatches>,
+    /// Keeping the first row by event time in append mode (see the
+    /// module's text): the one ORDER BY column is the watermarked one.
+    pub first_at_watermark: bool,
 }
 
 /// The running Top-N operator (see the module's text).
@@ -82,6 +95,9 @@ pub(crate) struct RankOperator {
     /// arrow-row encoding), to read them all back; rebuilt from the state
     /// at restore.
     sizes: HashMap<Box<[u8]>, u64>,
+    /// The watermark the epoch's rows are judged by (see
+    /// [`Operator::judge_by`]).
+    judged_by: Option<i64>,
 }
 
 /// What an epoch changed in the ranked rows, as rows of the state.
@@ -98,6 +114,7 @@ impl RankOperator {
             config,
             state: None,
             sizes: HashMap::new(),
+            judged_by: None,
         }
     }
 
@@ -226,6 +243,24 @@ impl RankOperator {
         let tail = ctx.create_physical_plan(&self.config.tail).await?;
         let out = collect(tail, ctx.task_ctx()).await?;
         Ok(out.into_iter().filter(|b| b.num_rows() > 0).collect())
+    }
+
+    /// Keeping the first row by event time: the rows of the state the
+    /// watermark passed this epoch, from the one the epoch's rows were
+    /// judged by to `watermark`.
+    fn passed(&self, watermark: Option<i64>) -> Result<Option<RecordBatch>> {
+        let (Some(state), Some(watermark)) = (&self.state, watermark) else {
+            return Ok(None);
+        };
+        let all = state.all();
+        // The state's columns: the partition, the rank, then the time.
+        let time = nanos(all.column(self.config.partitions + 1))?;
+        let time = time.as_primitive::<Int64Type>();
+        let from = self.judged_by.unwrap_or(i64::MIN);
+        let passed: BooleanArray = (0..all.num_rows())
+            .map(|i| Some(time.is_valid(i) && (from..watermark).contains(&time.value(i))))
+            .collect();
+        Ok(Some(filter_record_batch(all, &passed)?))
     }
 
     /// The output keys of `rows` (the query's output rows).
@@ -430,15 +465,28 @@ impl Operator for RankOperator {
     }
 
     fn drops_late(&self) -> bool {
-        false
+        self.config.first_at_watermark
     }
 
-    async fn process(
-        &mut self,
-        ctx: &SessionState,
-        _watermark: Option<i64>,
-    ) -> Result<EpochOutput> {
+    fn judge_by(&mut self, watermark: Option<i64>) {
+        self.judged_by = watermark;
+    }
+
+    async fn process(&mut self, ctx: &SessionState, watermark: Option<i64>) -> Result<EpochOutput> {
         let rows = self.read(ctx).await?;
+        if self.config.first_at_watermark {
+            if rows.num_rows() > 0 {
+                self.rank(&rows)?;
+            }
+            let rows = match self.passed(watermark)? {
+                Some(passed) => self.through_tail(ctx, &passed).await?,
+                None => Vec::new(),
+            };
+            return Ok(EpochOutput {
+                rows,
+                retracted: None,
+            });
+        }
         if rows.num_rows() == 0 {
             return Ok(EpochOutput::default());
         }

@@ -144,37 +144,41 @@ struct Shape {
     join_changes: bool,
 }
 
+/// Whether `plan`'s rows may be taken back: it reads a Debezium or upsert
+/// stream, or an aggregation of a stream without an event-time window, or
+/// a join that emits changes.
+pub(super) fn changes(plan: &LogicalPlan, watermarked: &[String]) -> bool {
+    plan.exists(|n| {
+        Ok(match n {
+            LogicalPlan::TableScan(s) => {
+                let schema = s.source.schema();
+                schema.field_with_name(SIGN).is_ok() || schema.field_with_name(DELETED).is_ok()
+            }
+            // A static table's aggregation is the table's business; a
+            // stream's without a window changes its rows (DISTINCT is
+            // one, planned as a stage that emits changes).
+            LogicalPlan::Aggregate(a) => {
+                reads_stream(&a.input) && event_time_key(a, watermarked).is_none()
+            }
+            LogicalPlan::Distinct(d) => reads_stream(d.input()),
+            LogicalPlan::Join(inner) => {
+                reads_stream(&inner.left)
+                    && reads_stream(&inner.right)
+                    && emits_changes(inner, watermarked)
+            }
+            _ => false,
+        })
+    })
+    .unwrap_or(false)
+}
+
 /// Whether a join of two streams emits rows it may take back: one of its
 /// inputs changes (it reads a Debezium or upsert stream, or an
 /// aggregation without an event-time window), or it is an outer join
 /// without a time bound, whose unmatched rows may find a partner at any
 /// time. Such a join runs as `operator::changelog_join`.
 pub(super) fn emits_changes(j: &Join, watermarked: &[String]) -> bool {
-    let changes = |side: &LogicalPlan| {
-        side.exists(|n| {
-            Ok(match n {
-                LogicalPlan::TableScan(s) => {
-                    let schema = s.source.schema();
-                    schema.field_with_name(SIGN).is_ok() || schema.field_with_name(DELETED).is_ok()
-                }
-                // A static table's aggregation is the table's business; a
-                // stream's without a window changes its rows (DISTINCT is
-                // one, planned as a stage that emits changes).
-                LogicalPlan::Aggregate(a) => {
-                    reads_stream(&a.input) && event_time_key(a, watermarked).is_none()
-                }
-                LogicalPlan::Distinct(d) => reads_stream(d.input()),
-                LogicalPlan::Join(inner) => {
-                    reads_stream(&inner.left)
-                        && reads_stream(&inner.right)
-                        && emits_changes(inner, watermarked)
-                }
-                _ => false,
-            })
-        })
-        .unwrap_or(false)
-    };
-    if changes(&j.left) || changes(&j.right) {
+    if changes(&j.left, watermarked) || changes(&j.right, watermarked) {
         return true;
     }
     j.join_type != JoinType::Inner
@@ -306,13 +310,18 @@ fn output_mode(
     mode: Option<OutputMode>,
 ) -> Result<OutputMode> {
     if shape.root == Some(Root::Rank) {
-        // A better row replaces a ranked one: the output changes.
-        return match mode {
-            None | Some(OutputMode::Update) => Ok(OutputMode::Update),
-            Some(m) => Err(SluiceError::plan(format!(
+        // A better row replaces a ranked one: the output changes, unless
+        // the first row by event time is kept and waits for the watermark.
+        let first = keeps_first_by_event_time(plan, watermarked)?;
+        return match (mode, first) {
+            (None | Some(OutputMode::Append), true) => Ok(OutputMode::Append),
+            (None | Some(OutputMode::Update), _) => Ok(OutputMode::Update),
+            (Some(m), _) => Err(SluiceError::plan(format!(
                 "output mode '{m}' does not fit a Top-N, whose ranked rows are replaced as \
                  better ones arrive: use 'update' (each partition's changed ranks, keyed by \
-                 the partition and the rank)"
+                 the partition and the rank); only keeping the first row by event time (rn = 1 \
+                 ORDER BY a watermarked column ASC, over rows that are never taken back) runs \
+                 in append mode"
             ))),
         };
     }
@@ -332,7 +341,9 @@ fn output_mode(
         return match mode {
             None | Some(OutputMode::Update) => Ok(OutputMode::Update),
             Some(m) => Err(SluiceError::plan(format!(
-                "output mode '{m}' does not fit this join, whose rows change (an input takes                  rows back, or an outer join's row padded with nulls is replaced when its                  partner arrives): use 'update' (keyed by the columns that identify its rows)"
+                "output mode '{m}' does not fit this join, whose rows change (an input takes \
+                 rows back, or an outer join's row padded with nulls is replaced when its \
+                 partner arrives): use 'update' (keyed by the columns that identify its rows)"
             ))),
         };
     }
@@ -386,4 +397,27 @@ fn output_mode(
         )),
         (_, m) => Ok(m.unwrap_or(OutputMode::Update)),
     }
+}
+
+/// Whether `plan`'s Top-N keeps each partition's first row by event time
+/// over rows never taken back (`rn = 1`, ordered by one watermarked column
+/// ascending): its row is final once the watermark passes it, so it can
+/// wait for that and be emitted once (`operator::rank`'s append mode).
+pub(super) fn keeps_first_by_event_time(
+    plan: &LogicalPlan,
+    watermarked: &[String],
+) -> Result<bool> {
+    let Some((LogicalPlan::Window(w), 1)) = top_ns(plan)?.into_iter().next() else {
+        return Ok(false);
+    };
+    let [Expr::WindowFunction(f)] = w.window_expr.as_slice() else {
+        return Ok(false);
+    };
+    let by_event_time = match f.params.order_by.as_slice() {
+        [sort] => {
+            sort.asc && matches!(&sort.expr, Expr::Column(c) if watermarked.contains(&c.name))
+        }
+        _ => false,
+    };
+    Ok(by_event_time && !changes(&w.input, watermarked))
 }

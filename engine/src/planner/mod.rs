@@ -356,7 +356,7 @@ pub(crate) fn plan_query(
     // plan as bound (each epoch's plan is optimized when it runs). Over
     // stages, their scans carry the signs in.
     let rank_plan = if stages.is_empty() { &bound } else { &logical };
-    let (rank, rank_key) = match split_rank(rank_plan)? {
+    let (rank, rank_key) = match split_rank(rank_plan, mode)? {
         Some((rank, key)) => (Some(rank), Some(key)),
         None => (None, None),
     };

@@ -871,7 +871,10 @@ const RANK_OUTPUT: &str = "__sluice_rank";
 /// The Top-N of `plan` (there is at most one), cut out: the operator's
 /// config, and the output columns that are its key (the PARTITION BY
 /// columns and the rank; the PARTITION BY columns alone for `rn = 1`).
-pub(super) fn split_rank(plan: &LogicalPlan) -> Result<Option<(RankConfig, Vec<String>)>> {
+pub(super) fn split_rank(
+    plan: &LogicalPlan,
+    mode: OutputMode,
+) -> Result<Option<(RankConfig, Vec<String>)>> {
     let Some((window, limit)) = top_ns(plan)?.into_iter().next() else {
         return Ok(None);
     };
@@ -988,6 +991,8 @@ pub(super) fn split_rank(plan: &LogicalPlan) -> Result<Option<(RankConfig, Vec<S
             key_columns: output_key.clone(),
             tail,
             output,
+            // `check` lets only the first row by event time run in append mode.
+            first_at_watermark: mode == OutputMode::Append,
         },
         output_key,
     )))
