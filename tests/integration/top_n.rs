@@ -5,7 +5,7 @@
 //! equals, after every epoch, the top rows a plain loop keeps, and at the
 //! end DataFusion's batch answer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use sluice::arrow::array::RecordBatch;
 use sluice::datafusion::functions_window::expr_fn::row_number;
@@ -224,10 +224,10 @@ async fn what_a_top_n_cannot_do_yet_is_refused_at_planning_with_why() {
             "bounds a row number together with other conditions",
         ),
         (
-            "SELECT k, v, r FROM (SELECT k, v, RANK() OVER (PARTITION BY k ORDER BY v) AS r \
-             FROM events) WHERE r <= 3"
+            "SELECT k, v, r FROM (SELECT k, v, CUME_DIST() OVER (PARTITION BY k ORDER BY v) \
+             AS r FROM events) WHERE r <= 3"
                 .to_string(),
-            "a Top-N ranks with ROW_NUMBER()",
+            "a Top-N ranks with ROW_NUMBER(), RANK() or DENSE_RANK()",
         ),
         (
             "SELECT k, v, rn FROM (SELECT k, v, ROW_NUMBER() OVER (PARTITION BY k) AS rn \
@@ -368,4 +368,194 @@ async fn a_top_n_over_an_aggregation_is_exact_through_kill_9() {
     // Epochs of 100 records, each at least the 50 ms trigger: the work
     // takes over 10 s, longer than the kills leave the runs.
     kill_9_five_times_then_finish(command, &mut rng, &want, || ranks_of(&bootstrap, &output)).await;
+}
+
+/// RANK or DENSE_RANK, as the tests below name them.
+#[derive(Clone, Copy, Debug)]
+enum Ties {
+    Rank,
+    Dense,
+}
+
+impl Ties {
+    fn expr(self) -> Expr {
+        use sluice::datafusion::functions_window::expr_fn::{dense_rank, rank};
+        match self {
+            Ties::Rank => rank(),
+            Ties::Dense => dense_rank(),
+        }
+    }
+
+    fn sql(self) -> &'static str {
+        match self {
+            Ties::Rank => "RANK()",
+            Ties::Dense => "DENSE_RANK()",
+        }
+    }
+
+    /// The loop: per partition, each row's rank by `score` descending
+    /// (RANK: one more than the rows ahead; DENSE_RANK: than the distinct
+    /// scores ahead), those within `top`, as (partition, row, score, rank).
+    fn ranks(
+        self,
+        rows: impl IntoIterator<Item = (i64, i64, i64)>,
+        top: i64,
+    ) -> BTreeSet<(i64, i64, i64, i64)> {
+        let mut per: BTreeMap<i64, Vec<(i64, i64)>> = BTreeMap::new();
+        for (p, row, score) in rows {
+            per.entry(p).or_default().push((score, row));
+        }
+        let mut out = BTreeSet::new();
+        for (p, rows) in per {
+            for &(score, row) in &rows {
+                let ahead: BTreeSet<i64> =
+                    rows.iter().map(|r| r.0).filter(|s| *s > score).collect();
+                let rank = match self {
+                    Ties::Rank => 1 + rows.iter().filter(|r| r.0 > score).count() as i64,
+                    Ties::Dense => 1 + ahead.len() as i64,
+                };
+                if rank <= top {
+                    out.insert((p, row, score, rank));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The output as an upsert sink keyed by the whole row holds it: each
+/// epoch's deleted rows go, then its rows come (as `(p, row, score, r)`).
+fn fold_rows(
+    folded: &mut BTreeSet<(i64, i64, i64, i64)>,
+    rows: &[RecordBatch],
+    gone: Option<&RecordBatch>,
+    names: [&str; 4],
+) -> usize {
+    let columns = |batches: &[RecordBatch]| {
+        let [p, row, score, r] = names.map(|n| ints(batches, n));
+        (0..p.len())
+            .map(|i| (p[i], row[i], score[i], r[i]))
+            .collect::<Vec<_>>()
+    };
+    let gone = gone
+        .map(|g| columns(std::slice::from_ref(g)))
+        .unwrap_or_default();
+    for row in &gone {
+        assert!(
+            folded.remove(row),
+            "deleted {row:?}, which the output does not hold"
+        );
+    }
+    folded.extend(columns(rows));
+    gone.len()
+}
+
+#[test]
+fn rank_and_dense_rank_equal_the_loops_after_every_epoch_across_restarts() {
+    for ties in [Ties::Rank, Ties::Dense] {
+        property(3, |seed| {
+            block_on(async move {
+                let mut rng = Lcg(seed);
+                let epochs = input(&mut rng, 16);
+                let query = |events: &dyn Fn() -> StreamFrame| {
+                    events()
+                        .with_column("score", (col("k") * lit(7i64)) % lit(5i64))
+                        .unwrap()
+                        .select(vec![
+                            col("v"),
+                            col("k"),
+                            col("score"),
+                            ties.expr()
+                                .partition_by(vec![col("v")])
+                                .order_by(vec![col("score").sort(false, true)])
+                                .build()
+                                .unwrap()
+                                .alias("r"),
+                        ])
+                        .unwrap()
+                        .filter(col("r").lt_eq(lit(2i64)))
+                        .unwrap()
+                };
+                let run = run(&epochs, OutputMode::Update, query).await;
+                let mut folded = BTreeSet::new();
+                let mut seen: Vec<Row> = Vec::new();
+                let mut deleted = 0;
+                for (e, (rows, gone)) in run.epochs.iter().enumerate() {
+                    deleted +=
+                        fold_rows(&mut folded, rows, gone.as_ref(), ["v", "k", "score", "r"]);
+                    seen.extend(&epochs[e]);
+                    let want = ties.ranks(seen.iter().map(|r| (r.1, r.0, score(r.0))), 2);
+                    assert_eq!(folded, want, "{ties:?} seed {seed}, epoch {e}");
+                }
+                assert!(deleted > 0, "{ties:?} seed {seed}: no rank moved");
+                // DataFusion's batch answer over every row.
+                let ctx = SessionContext::new();
+                ctx.register_batch("events", timed_batch(&epochs.concat()))
+                    .unwrap();
+                let sql = format!(
+                    "SELECT v, k, score, r FROM (SELECT v, k, (k * 7) % 5 AS score, {} OVER \
+                     (PARTITION BY v ORDER BY (k * 7) % 5 DESC) AS r FROM events) WHERE r <= 2",
+                    ties.sql()
+                );
+                let batches = ctx.sql(&sql).await.unwrap().collect().await.unwrap();
+                let mut answer = BTreeSet::new();
+                fold_rows(&mut answer, &batches, None, ["v", "k", "score", "r"]);
+                assert_eq!(folded, answer, "{ties:?} seed {seed}");
+            })
+        });
+    }
+}
+
+#[test]
+fn rank_over_a_changing_aggregation_equals_the_loops_after_every_epoch_across_restarts() {
+    use sluice::datafusion::functions_aggregate::expr_fn::count;
+    for ties in [Ties::Rank, Ties::Dense] {
+        property(3, |seed| {
+            block_on(async move {
+                let mut rng = Lcg(seed);
+                let epochs = input(&mut rng, 24);
+                // Per parity of v, the values of the most rows while below
+                // CAP: counts tie often, and grow past each other.
+                let query = |events: &dyn Fn() -> StreamFrame| {
+                    events()
+                        .aggregate(
+                            vec![col("v"), (col("v") % lit(2i64)).alias("parity")],
+                            vec![count(lit(1)).alias("n")],
+                        )
+                        .unwrap()
+                        .filter(col("n").lt(lit(CAP)))
+                        .unwrap()
+                        .select(vec![
+                            col("parity"),
+                            col("v"),
+                            col("n"),
+                            ties.expr()
+                                .partition_by(vec![col("parity")])
+                                .order_by(vec![col("n").sort(false, true)])
+                                .build()
+                                .unwrap()
+                                .alias("r"),
+                        ])
+                        .unwrap()
+                        .filter(col("r").lt_eq(lit(2i64)))
+                        .unwrap()
+                };
+                let run = run(&epochs, OutputMode::Update, query).await;
+                let mut folded = BTreeSet::new();
+                let mut counts: BTreeMap<i64, i64> = BTreeMap::new();
+                let mut deleted = 0;
+                for (e, (rows, gone)) in run.epochs.iter().enumerate() {
+                    deleted +=
+                        fold_rows(&mut folded, rows, gone.as_ref(), ["parity", "v", "n", "r"]);
+                    for r in &epochs[e] {
+                        *counts.entry(r.1).or_default() += 1;
+                    }
+                    let live = counts.iter().filter(|(_, n)| **n < CAP);
+                    let want = ties.ranks(live.map(|(v, n)| (v % 2, *v, *n)), 2);
+                    assert_eq!(folded, want, "{ties:?} seed {seed}, epoch {e}");
+                }
+                assert!(deleted > 0, "{ties:?} seed {seed}: no rank moved");
+            })
+        });
+    }
 }

@@ -19,6 +19,13 @@
 //! Ties in the ORDER BY keep the rows already ranked ahead of new ones, and
 //! new rows in their arrival order, as Flink does.
 //!
+//! `RANK()` and `DENSE_RANK()` rank the same way, but ties share a rank, so
+//! more than `N` rows may rank within `N`: the state keeps each row by its
+//! position as above, every row within the bound is kept, and a
+//! partition's stored rows are all read back. A row's output is the row
+//! with its rank, and it is keyed by the whole output row: an epoch emits
+//! the rows whose rank changed and takes back the rows at their old rank.
+//!
 //! Keeping each partition's first row by event time over an append-only
 //! input (`rn = 1` ordered by a watermarked column ascending) runs in append
 //! mode instead: the ranking is the same, but a partition's row is emitted
@@ -53,6 +60,17 @@ use crate::state::{row_converter, KeyedState, OneStore};
 use crate::table::EpochBatches;
 use crate::watermark::nanos;
 
+/// The function that ranks a Top-N's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RankFunction {
+    /// `ROW_NUMBER()`: 1, 2, 3, ... whatever the ties.
+    RowNumber,
+    /// `RANK()`: ties share the first one's rank, and leave a gap.
+    Rank,
+    /// `DENSE_RANK()`: ties share a rank, without gaps.
+    DenseRank,
+}
+
 /// What does not change while the query runs.
 #[derive(Debug)]
 pub(crate) struct RankConfig {
@@ -66,6 +84,8 @@ pub(crate) struct RankConfig {
     pub order: Vec<SortOptions>,
     /// The highest rank kept (`rn <= limit`).
     pub limit: u64,
+    /// How ties rank.
+    pub function: RankFunction,
     /// The column of `input` that signs its rows (+1 added, −1 taken back),
     /// when the input is a changelog.
     pub sign: Option<usize>,
@@ -100,12 +120,14 @@ pub(crate) struct RankOperator {
     judged_by: Option<i64>,
 }
 
-/// What an epoch changed in the ranked rows, as rows of the state.
+/// What an epoch changed in the output, as rows of the state whose rank
+/// column holds the row's rank (ROW_NUMBER: its position).
 struct Ranked {
     /// The rows at a rank they did not hold before.
-    changed: RecordBatch,
-    /// The stored rows at ranks now empty.
-    emptied: RecordBatch,
+    emit: RecordBatch,
+    /// The rows at their earlier rank, which they no longer hold: the
+    /// output takes them back by key.
+    gone: RecordBatch,
 }
 
 impl RankOperator {
@@ -149,27 +171,35 @@ impl RankOperator {
         Ok(concat_batches(&schema, &batches)?)
     }
 
+    /// Whether every stored row of a partition is read back (not only the
+    /// first `limit` positions): over a changelog, and where ties share a
+    /// rank, so that more than `limit` rows may rank within it.
+    fn reads_whole_partitions(&self) -> bool {
+        self.config.sign.is_some() || self.config.function != RankFunction::RowNumber
+    }
+
     /// Ranks the epoch's `rows` with the stored rows of their partitions,
     /// and stores the result.
     fn rank(&mut self, rows: &RecordBatch) -> Result<Ranked> {
         let (k, limit, sign) = (self.config.partitions, self.config.limit, self.config.sign);
-        let order = self.config.order.clone();
+        let (order, function) = (self.config.order.clone(), self.config.function);
         let identity = self.config.identity.clone();
+        let whole = self.reads_whole_partitions();
         let partition_of = |batch: &RecordBatch| -> Result<Rows> {
             let converter =
                 row_converter(batch.schema().fields()[..k].iter().map(|f| f.data_type()))?;
             Ok(converter.convert_columns(&batch.columns()[..k])?)
         };
-        // The ranks to read back: 1..=limit, or over a changelog all of them.
+        // The positions to read back: 1..=limit, or all of them.
         let touched = partition_of(rows)?;
         let mut probe: Vec<(u32, u64)> = Vec::new();
         let mut seen = HashSet::new();
         for i in 0..rows.num_rows() {
             let p = touched.row(i);
             if seen.insert(p.data()) {
-                let bound = match sign {
-                    None => limit,
-                    Some(_) => self.sizes.get(p.as_ref()).copied().unwrap_or(0),
+                let bound = match whole {
+                    false => limit,
+                    true => self.sizes.get(p.as_ref()).copied().unwrap_or(0),
                 };
                 probe.extend((1..=bound).map(|r| (i as u32, r)));
             }
@@ -177,7 +207,7 @@ impl RankOperator {
         let state = self.state_for(&rows.schema())?;
         let state_schema = Arc::clone(state.all().schema_ref());
         let stored = state.lookup(&[probe_batch(rows, k, &probe, &state_schema)?])?;
-        let candidates = Candidates::new(&stored, rows, k)?;
+        let candidates = Candidates::new(&stored, rows, k, order.len())?;
         // Each candidate's partition, encoded: the new rows' are `touched`.
         let stored_partitions = partition_of(&stored)?;
         let partition = |i: usize| match i.checked_sub(stored.num_rows()) {
@@ -186,32 +216,73 @@ impl RankOperator {
         };
         let live = candidates.live(sign, &identity)?;
         let ranked = candidates.ranked(&live, &partition, k, &order)?;
-        // Partitions' sizes after the epoch, and what changed.
+        let in_order: Vec<usize> = ranked.iter().map(|(i, _)| *i).collect();
+        let values = candidates.values(&in_order, &partition, function)?;
+        // A row is kept while it ranks within the limit (over a changelog
+        // always: the rows ahead of it may be taken back). The kept rows of
+        // a partition are its first positions.
         let mut sizes: HashMap<&[u8], u64> = HashMap::new();
-        let (mut changed, mut ranks) = (Vec::new(), Vec::new());
-        for (i, rank) in ranked {
-            sizes.insert(partition(i).data(), rank);
-            if (rank <= limit || sign.is_some()) && !candidates.holds(i, rank) {
-                changed.push(i as u32);
-                ranks.push(rank);
+        let (mut changed, mut positions) = (Vec::new(), Vec::new());
+        for (&(i, position), &value) in ranked.iter().zip(&values) {
+            if sign.is_none() && value > limit {
+                continue;
+            }
+            sizes.insert(partition(i).data(), position);
+            if !candidates.holds(i, position) {
+                changed.push(i);
+                positions.push(position);
             }
         }
-        let old_ranks = stored.column(k).as_primitive::<UInt64Type>();
+        let old_positions = stored.column(k).as_primitive::<UInt64Type>();
         let emptied: BooleanArray = (0..stored.num_rows())
             .map(|i| {
                 let now = sizes.get(partition(i).data()).copied().unwrap_or(0);
-                Some(old_ranks.value(i) > now)
+                Some(old_positions.value(i) > now)
             })
             .collect();
         let emptied = filter_record_batch(&stored, &emptied)?;
-        let changed = take_record_batch(&candidates.rows, &UInt32Array::from(changed))?;
-        let mut columns = changed.columns()[..k].to_vec();
-        columns.push(Arc::new(UInt64Array::from(ranks)));
-        columns.extend(changed.columns()[k..].iter().cloned());
-        let changed = RecordBatch::try_new(state_schema, columns)?;
+        let changed = candidates.as_state(&state_schema, &changed, positions)?;
+        let ranked = match function {
+            // A row's rank is its position: what changed is what moved.
+            RankFunction::RowNumber => Ranked {
+                emit: changed.clone(),
+                gone: emptied.clone(),
+            },
+            // Ties share a rank: compare each row's rank before and after.
+            _ => {
+                let within = |(i, value): (usize, u64)| (value <= limit).then_some((i, value));
+                let after: HashSet<(usize, u64)> = in_order
+                    .iter()
+                    .copied()
+                    .zip(values.iter().copied())
+                    .filter_map(within)
+                    .collect();
+                let mut stored_order: Vec<usize> = (0..candidates.stored).collect();
+                stored_order.sort_by(|&a, &b| {
+                    (partition(a).data(), old_positions.value(a))
+                        .cmp(&(partition(b).data(), old_positions.value(b)))
+                });
+                let old_values = candidates.values(&stored_order, &partition, function)?;
+                let before: HashSet<(usize, u64)> = stored_order
+                    .into_iter()
+                    .zip(old_values)
+                    .filter_map(within)
+                    .collect();
+                let state_rows = |mut rows: Vec<&(usize, u64)>| -> Result<RecordBatch> {
+                    // In the order the rows were stored and arrived.
+                    rows.sort_unstable();
+                    let (at, value): (Vec<usize>, Vec<u64>) = rows.into_iter().copied().unzip();
+                    candidates.as_state(&state_schema, &at, value)
+                };
+                Ranked {
+                    emit: state_rows(after.difference(&before).collect())?,
+                    gone: state_rows(before.difference(&after).collect())?,
+                }
+            }
+        };
         state.remove_keys(&emptied)?;
         state.upsert(std::slice::from_ref(&changed))?;
-        if sign.is_some() {
+        if whole {
             for i in 0..rows.num_rows() {
                 let p = touched.row(i);
                 match sizes.get(p.data()) {
@@ -220,7 +291,7 @@ impl RankOperator {
                 };
             }
         }
-        Ok(Ranked { changed, emptied })
+        Ok(ranked)
     }
 
     /// The query's output for `ranked` rows of the state (their input row,
@@ -283,10 +354,12 @@ impl RankOperator {
         }
     }
 
-    /// Over a changelog, each partition's size from the stored ranks.
+    /// Where whole partitions are read back, each one's size from the
+    /// stored positions.
     fn count_sizes(&mut self) -> Result<()> {
         self.sizes.clear();
-        let (Some(state), Some(_)) = (&self.state, self.config.sign) else {
+        let whole = self.reads_whole_partitions();
+        let Some(state) = self.state.as_ref().filter(|_| whole) else {
             return Ok(());
         };
         let k = self.config.partitions;
@@ -337,13 +410,17 @@ struct Candidates {
     rows: RecordBatch,
     /// How many of `rows` come from the state.
     stored: usize,
+    /// How many leading columns are the partition.
+    partitions: usize,
+    /// Per row, its ORDER BY values encoded, to tell ties.
+    order: Rows,
     /// Per row, the tie-break after the ORDER BY: a stored row's rank, a
     /// new row's arrival.
     sequence: UInt64Array,
 }
 
 impl Candidates {
-    fn new(stored: &RecordBatch, rows: &RecordBatch, k: usize) -> Result<Self> {
+    fn new(stored: &RecordBatch, rows: &RecordBatch, k: usize, order: usize) -> Result<Self> {
         let columns: Vec<usize> = (0..stored.num_columns()).filter(|&c| c != k).collect();
         let stored_rows =
             RecordBatch::try_new(rows.schema(), stored.project(&columns)?.columns().to_vec())?;
@@ -356,11 +433,61 @@ impl Candidates {
                 .copied()
                 .chain(0..rows.num_rows() as u64),
         );
+        let rows = concat_batches(&rows.schema(), [&stored_rows, rows])?;
+        let order_columns = &rows.columns()[k..k + order];
+        let order = row_converter(order_columns.iter().map(|c| c.data_type()))?
+            .convert_columns(order_columns)?;
         Ok(Self {
-            rows: concat_batches(&rows.schema(), [&stored_rows, rows])?,
+            rows,
             stored: stored.num_rows(),
+            partitions: k,
+            order,
             sequence,
         })
+    }
+
+    /// The ranks of rows `in_order` (grouped by partition, in rank order)
+    /// by `function`: ROW_NUMBER counts them; RANK gives ties the rank of
+    /// the first of them, DENSE_RANK numbers the distinct ORDER BY values.
+    fn values<'p>(
+        &self,
+        in_order: &[usize],
+        partition: &dyn Fn(usize) -> Row<'p>,
+        function: RankFunction,
+    ) -> Result<Vec<u64>> {
+        let mut out = Vec::with_capacity(in_order.len());
+        let (mut position, mut value) = (0u64, 0u64);
+        let mut previous: Option<usize> = None;
+        for &i in in_order {
+            let same = previous.is_some_and(|p| partition(p) == partition(i));
+            let tie = same && previous.is_some_and(|p| self.order.row(p) == self.order.row(i));
+            position = if same { position + 1 } else { 1 };
+            value = match function {
+                RankFunction::RowNumber => position,
+                RankFunction::Rank if tie => value,
+                RankFunction::Rank => position,
+                RankFunction::DenseRank if tie => value,
+                RankFunction::DenseRank if same => value + 1,
+                RankFunction::DenseRank => 1,
+            };
+            out.push(value);
+            previous = Some(i);
+        }
+        Ok(out)
+    }
+
+    /// Rows `at` as rows of the state (`schema`), with `ranks` in the rank
+    /// column.
+    fn as_state(&self, schema: &SchemaRef, at: &[usize], ranks: Vec<u64>) -> Result<RecordBatch> {
+        let k = self.partitions;
+        let taken = take_record_batch(
+            &self.rows,
+            &UInt32Array::from_iter_values(at.iter().map(|&i| i as u32)),
+        )?;
+        let mut columns = taken.columns()[..k].to_vec();
+        columns.push(Arc::new(UInt64Array::from(ranks)));
+        columns.extend(taken.columns()[k..].iter().cloned());
+        Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
     }
 
     /// Whether row `i` is a stored row that held `rank` already.
@@ -490,10 +617,10 @@ impl Operator for RankOperator {
         if rows.num_rows() == 0 {
             return Ok(EpochOutput::default());
         }
-        let Ranked { changed, emptied } = self.rank(&rows)?;
-        let gone = self.through_tail(ctx, &emptied).await?;
+        let Ranked { emit, gone } = self.rank(&rows)?;
+        let gone = self.through_tail(ctx, &gone).await?;
         Ok(EpochOutput {
-            rows: self.through_tail(ctx, &changed).await?,
+            rows: self.through_tail(ctx, &emit).await?,
             retracted: self.keys(&gone)?,
         })
     }

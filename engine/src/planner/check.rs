@@ -413,6 +413,9 @@ pub(super) fn keeps_first_by_event_time(
     let [Expr::WindowFunction(f)] = w.window_expr.as_slice() else {
         return Ok(false);
     };
+    if !f.fun.name().eq_ignore_ascii_case("row_number") {
+        return Ok(false);
+    }
     let by_event_time = match f.params.order_by.as_slice() {
         [sort] => {
             sort.asc && matches!(&sort.expr, Expr::Column(c) if watermarked.contains(&c.name))

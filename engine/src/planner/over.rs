@@ -31,7 +31,8 @@ pub(super) fn over_reach(w: &Window, watermarked: &[String]) -> Result<Reach, St
         if let WindowFunctionDefinition::WindowUDF(udf) = fun {
             return Err(format!(
                 "uses {}() OVER (...), which Sluice does not run on a stream; a Top-N bounds \
-                 ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...) with WHERE rn <= N, and \
+                 ROW_NUMBER(), RANK() or DENSE_RANK() OVER (PARTITION BY ... ORDER BY ...) \
+                 with WHERE rn <= N, and \
                  aggregate functions run OVER (PARTITION BY ... ORDER BY ts ROWS BETWEEN n \
                  PRECEDING AND CURRENT ROW)",
                 udf.name()

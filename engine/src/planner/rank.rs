@@ -1,6 +1,7 @@
-//! Top-N queries found in a plan: a `ROW_NUMBER() OVER (PARTITION BY …
-//! ORDER BY …)` whose rank a filter bounds (`rn <= N`, `rn < N`, `rn = 1`),
-//! as Flink recognises them (`split` cuts them out).
+//! Top-N queries found in a plan: a `ROW_NUMBER()` (or `RANK()`,
+//! `DENSE_RANK()`) `OVER (PARTITION BY … ORDER BY …)` whose rank a filter
+//! bounds (`rn <= N`, `rn < N`, `rn = 1`), as Flink recognises them
+//! (`split` cuts them out).
 
 use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::ScalarValue;
@@ -9,6 +10,7 @@ use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator};
 
 use crate::error::{Result, SluiceError};
+use crate::operator::rank::RankFunction;
 
 /// Every Top-N of `plan`: its `Window` node and the highest rank kept.
 /// Refuses a bound on the rank mixed with other conditions, and a bound
@@ -115,25 +117,36 @@ pub(super) fn window_problem(window: &LogicalPlan) -> Option<String> {
     };
     let [Expr::WindowFunction(f)] = w.window_expr.as_slice() else {
         return Some(
-            "computes several OVER (...) functions in one Top-N; rank with ROW_NUMBER() alone"
+            "computes several OVER (...) functions in one Top-N; rank with one of ROW_NUMBER(), \
+             RANK() or DENSE_RANK()"
                 .into(),
         );
     };
     let WindowFunction { fun, params } = f.as_ref();
     let name = fun.name().to_ascii_lowercase();
-    if name != "row_number" {
+    if rank_function(&name).is_none() {
         return Some(format!(
             "bounds {}() OVER (...), which Sluice does not keep yet; a Top-N ranks with \
-             ROW_NUMBER() OVER (PARTITION BY ... ORDER BY ...)",
+             ROW_NUMBER(), RANK() or DENSE_RANK() OVER (PARTITION BY ... ORDER BY ...)",
             fun.name()
         ));
     }
     if params.order_by.is_empty() {
         return Some(
-            "ranks with ROW_NUMBER() OVER (...) without an ORDER BY, which leaves the rows \
+            "ranks with an OVER (...) without an ORDER BY, which leaves the rows \
              kept to chance; add ORDER BY (e.g. ORDER BY ts DESC to keep the latest)"
                 .into(),
         );
     }
     None
+}
+
+/// The Top-N ranking function named `name` (lower case), if it is one.
+pub(super) fn rank_function(name: &str) -> Option<RankFunction> {
+    match name {
+        "row_number" => Some(RankFunction::RowNumber),
+        "rank" => Some(RankFunction::Rank),
+        "dense_rank" => Some(RankFunction::DenseRank),
+        _ => None,
+    }
 }

@@ -15,7 +15,7 @@ use datafusion::logical_expr::{Expr, Join, LogicalPlan, LogicalPlanBuilder, Wind
 
 use super::check::{emits_changes, reads_stream, streaming_nodes, STAGE_OUTPUT};
 use super::over::over_reach;
-use super::rank::{top_ns, trace, window_problem};
+use super::rank::{rank_function, top_ns, trace, window_problem};
 use super::{Stage, StageConfig};
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::AggregateConfig;
@@ -25,7 +25,7 @@ use crate::operator::join::{
 };
 use crate::operator::normalize::NormalizeConfig;
 use crate::operator::over::OverConfig;
-use crate::operator::rank::RankConfig;
+use crate::operator::rank::{RankConfig, RankFunction};
 use crate::operator::sort_options;
 use crate::output_mode::OutputMode;
 use crate::table::EpochBatches;
@@ -930,16 +930,19 @@ pub(super) fn split_rank(
     if limit > 1 {
         key.push(rank_index);
     }
-    let output_key: Vec<String> = plan
-        .schema()
-        .fields()
-        .iter()
-        .filter(|field| {
-            trace(plan, field.name()).is_some_and(|(node, i)| node == window && key.contains(&i))
-        })
-        .map(|field| field.name().clone())
-        .collect();
-    if output_key.len() != key.len() {
+    let function = rank_function(&f.fun.name().to_ascii_lowercase())
+        .ok_or_else(|| SluiceError::Internal("a Top-N's ranking function vanished".into()))?;
+    let names = plan.schema().fields().iter().map(|f| f.name().clone());
+    // Ties share a RANK or DENSE_RANK: only the whole row tells two apart.
+    let output_key: Vec<String> = match function {
+        RankFunction::RowNumber => names
+            .filter(|name| {
+                trace(plan, name).is_some_and(|(node, i)| node == window && key.contains(&i))
+            })
+            .collect(),
+        _ => names.collect(),
+    };
+    if function == RankFunction::RowNumber && output_key.len() != key.len() {
         return Err(SluiceError::plan(
             "this query cannot run on a stream: its output leaves out the Top-N's PARTITION BY \
              columns or its row number; select them (unrenamed), as they are the output's key \
@@ -987,6 +990,7 @@ pub(super) fn split_rank(
             partitions: params.partition_by.len(),
             order,
             limit,
+            function,
             sign,
             key_columns: output_key.clone(),
             tail,
