@@ -185,7 +185,7 @@ impl BatchQuery {
             if a.window.as_ref().is_some_and(|w| w.session.is_some()) {
                 return Some(
                     "SESSION windows merge across epochs in a way a plain GROUP BY does not; \
-                     verify checks TUMBLE and HOP windows"
+                     verify checks TUMBLE, HOP and CUMULATE windows"
                         .into(),
                 );
             }

@@ -138,7 +138,7 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
          {c1}INSERT INTO per_auction SELECT auction, count(*) AS n, sum(price) AS total, \
            avg(price) AS mean FROM bids GROUP BY auction;\n\
          {c2}INSERT INTO windows SELECT window_start, window_end, count(*) AS n, max(price) AS top \
-           FROM TABLE(TUMBLE(TABLE bids, DESCRIPTOR(ts), INTERVAL '2' SECOND)) \
+           FROM TABLE(CUMULATE(TABLE bids, DESCRIPTOR(ts), INTERVAL '1' SECOND, INTERVAL '3' SECOND)) \
            GROUP BY window_start, window_end;\n\
          {c3}INSERT INTO matches SELECT b.auction, b.price, a.ask FROM bids b JOIN asks a \
            ON b.auction = a.auction AND b.ts BETWEEN a.ts AND a.ts + INTERVAL '1' SECOND;\n\
