@@ -87,6 +87,9 @@ pub(crate) struct EpochLoop {
     /// The query's statements: one, or those of a statement set, which
     /// share the epochs, the checkpoint and the sink's commit.
     pub statements: Vec<Statement>,
+    /// The outputs after the statements': each the rows a statement drops
+    /// as late from one input, as (statement, input) (see `'late.sink'`).
+    pub late: Vec<(usize, usize)>,
     pub sink: Arc<dyn Sink>,
     pub sink_description: String,
     pub checkpoint: Checkpoint,

@@ -13,6 +13,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::SchemaRef;
+
 use crate::checkpoint::Checkpoint;
 use crate::connector::{ConnectorRegistry, SinkArgs};
 use crate::epoch::{
@@ -20,6 +22,7 @@ use crate::epoch::{
 };
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
+use crate::output_mode::OutputMode;
 use crate::progress::StreamingQueryListener;
 use crate::query::{QueryShared, StreamingQuery};
 use crate::settings::QuerySettings;
@@ -65,6 +68,22 @@ pub(crate) struct TaskPlan {
     pub task: Option<TaskId>,
     /// Each statement with its sink and the sink's options.
     pub statements: Vec<(Statement, SinkChoice, Options)>,
+    /// Where the statements' late rows go: outputs after the statements'.
+    pub late: Vec<LateSink>,
+}
+
+/// Where a statement's rows dropped as late from one input go: the input
+/// stream's `'late.sink'`, written like a statement's output in the same
+/// epoch (in a Kafka transaction shared with the query's Kafka sinks).
+pub(crate) struct LateSink {
+    /// The statement, and the index of the input among its plan's inputs.
+    pub statement: usize,
+    pub input: usize,
+    /// The stream written: its connector and options.
+    pub connector: String,
+    pub options: Options,
+    /// The columns of the input stream, which its late rows have.
+    pub schema: SchemaRef,
 }
 
 /// Opens `query`'s checkpoint and, for each task, its checkpoint folder
@@ -290,7 +309,10 @@ impl Launcher {
             .into_iter()
             .map(|(statement, sink, options)| (statement, (sink, options)))
             .unzip();
-        let sink = sinks(connectors, outputs, &planned, query_id, name, task)?;
+        let late: Vec<(usize, usize)> = plan.late.iter().map(|l| (l.statement, l.input)).collect();
+        let sink = sinks(
+            connectors, outputs, &planned, plan.late, query_id, name, task,
+        )?;
         if settings.pipeline_name.is_none() && sink.records_commits() && slot == 0 {
             tracing::warn!(
                 query = %name,
@@ -373,6 +395,7 @@ impl Launcher {
             slot,
             permits: permits.clone(),
             statements: planned,
+            late,
             snapshots: settings.snapshots(),
             fingerprint,
             clusters,
@@ -403,11 +426,12 @@ fn sinks(
     connectors: &ConnectorRegistry,
     outputs: Vec<(SinkChoice, Options)>,
     statements: &[Statement],
+    late: Vec<LateSink>,
     query_id: &str,
     name: &str,
     task: Option<TaskId>,
 ) -> Result<Arc<dyn Sink>> {
-    let count = outputs.len();
+    let count = outputs.len() + late.len();
     let mut parts: Vec<(Arc<dyn Sink>, Vec<usize>)> = Vec::new();
     // Per connector, in order of first use: its statements and their args.
     let mut groups: Vec<(String, Vec<usize>, Vec<SinkArgs>)> = Vec::new();
@@ -451,18 +475,40 @@ fn sinks(
                     key_columns: plan.key_columns.clone(),
                     task,
                 };
-                match groups.iter_mut().find(|(name, _, _)| *name == c) {
-                    Some((_, indices, all)) => {
-                        indices.push(i);
-                        all.push(args);
-                    }
-                    None => groups.push((c, vec![i], vec![args])),
-                }
+                join_group(&mut groups, c, i, args);
             }
         }
+    }
+    for (j, l) in late.into_iter().enumerate() {
+        let args = SinkArgs {
+            options: l.options,
+            schema: l.schema,
+            output_mode: OutputMode::Append,
+            query_id: query_id.to_string(),
+            query_name: name.to_string(),
+            key_columns: Vec::new(),
+            task,
+        };
+        join_group(&mut groups, l.connector, statements.len() + j, args);
     }
     for (connector, indices, args) in groups {
         parts.push((connectors.get(&connector)?.sink_set(args)?, indices));
     }
     FanOut::combine(parts, count)
+}
+
+/// Adds output `i`'s `args` to its connector's group (see [`sinks`]).
+fn join_group(
+    groups: &mut Vec<(String, Vec<usize>, Vec<SinkArgs>)>,
+    connector: String,
+    i: usize,
+    args: SinkArgs,
+) {
+    match groups.iter_mut().find(|(name, _, _)| *name == connector) {
+        Some((_, indices, all)) => {
+            indices.push(i);
+            all.push(args);
+        }
+        None => groups.push((connector, vec![i], vec![args])),
+    }
 }

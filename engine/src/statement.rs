@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::{collect_partitioned, execute_stream};
 use futures::StreamExt;
@@ -41,6 +42,9 @@ pub(crate) struct Statement {
     chain: Chain,
     /// What its state and offsets depend on (see [`fingerprint`]).
     fingerprint: String,
+    /// Per input whose late rows go to a sink (`'late.sink'`), the rows
+    /// the epoch dropped as late, until the epoch loop takes them.
+    late: BTreeMap<usize, Vec<RecordBatch>>,
 }
 
 impl Statement {
@@ -60,7 +64,29 @@ impl Statement {
             operator,
             chain: Chain::new(folder),
             fingerprint,
+            late: BTreeMap::new(),
         })
+    }
+
+    /// Whether the statement drops rows behind the watermark (its
+    /// operator's state is bounded by event time).
+    pub(crate) fn drops_late(&self) -> bool {
+        self.operator.as_ref().is_some_and(|o| o.drops_late())
+    }
+
+    /// Keeps the rows of input `input` that each epoch drops as late, for
+    /// [`take_late`](Self::take_late).
+    pub(crate) fn keep_late(&mut self, input: usize) {
+        self.late.insert(input, Vec::new());
+    }
+
+    /// The rows of input `input` the epoch dropped as late (see
+    /// [`keep_late`](Self::keep_late)).
+    pub(crate) fn take_late(&mut self, input: usize) -> Vec<RecordBatch> {
+        self.late
+            .get_mut(&input)
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Whether the statement keeps state across epochs.
@@ -80,8 +106,8 @@ impl Statement {
     pub(crate) fn admit(&mut self, read: Vec<EpochInput>) -> Result<(Vec<EpochInput>, u64)> {
         // Late rows are judged by the watermark the previous epoch left;
         // only then does this epoch's input move it (see `watermark`).
+        let drops_late = self.drops_late();
         let watermarks = &mut self.plan.watermarks;
-        let drops_late = self.operator.as_ref().is_some_and(|o| o.drops_late());
         let previous = watermarks.current();
         if let Some(value) = &self.plan.current_watermark {
             crate::watermark::current::set(value, previous);
@@ -101,8 +127,13 @@ impl Statement {
             };
             watermarks.observe(index, &partitions)?;
             let partitions = if drops_late {
-                let (kept, late) = watermarks.drop_late(index, partitions, previous)?;
+                let rows = self.late.get_mut(&index);
+                let (kept, late, dropped) =
+                    watermarks.drop_late(index, partitions, previous, rows.is_some())?;
                 late_rows += late;
+                if let Some(rows) = rows {
+                    *rows = dropped;
+                }
                 kept
             } else {
                 partitions

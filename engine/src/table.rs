@@ -44,6 +44,10 @@ pub struct StreamDefinition {
     pub schema: Option<SchemaRef>,
     /// The declared event-time watermark, if any.
     pub watermark: Option<WatermarkSpec>,
+    /// The stream its rows dropped as late go to (`'late.sink'`): a
+    /// query that drops late rows of this stream writes them there, in
+    /// the epoch that dropped them.
+    pub late_sink: Option<String>,
 }
 
 /// A stream registered as a DataFusion table.

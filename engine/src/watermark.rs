@@ -146,18 +146,21 @@ impl WatermarkTracker {
     }
 
     /// Removes input `index`'s rows older than `watermark` (the query's,
-    /// before this epoch); returns the rows kept and how many were dropped.
-    /// Rows without an event time cannot be placed and count as late too.
+    /// before this epoch); returns the rows kept, how many were dropped,
+    /// and, with `keep_late`, the dropped rows themselves. Rows without an event
+    /// time cannot be placed and count as late too.
     pub(crate) fn drop_late(
         &self,
         index: usize,
         partitions: Partitions,
         watermark: Option<i64>,
-    ) -> Result<(Partitions, u64)> {
+        keep_late: bool,
+    ) -> Result<(Partitions, u64, Vec<RecordBatch>)> {
         let (Some(Some(t)), Some(watermark)) = (self.inputs.get(index), watermark) else {
-            return Ok((partitions, 0));
+            return Ok((partitions, 0, Vec::new()));
         };
         let mut dropped = 0;
+        let mut late = Vec::new();
         let mut kept = Vec::with_capacity(partitions.len());
         for partition in partitions {
             let mut out = Vec::with_capacity(partition.len());
@@ -171,6 +174,9 @@ impl WatermarkTracker {
                 };
                 let n = keep.true_count();
                 dropped += (batch.num_rows() - n) as u64;
+                if keep_late && n < batch.num_rows() {
+                    late.push(filter_record_batch(&batch, &not(&keep)?)?);
+                }
                 out.push(if n == batch.num_rows() {
                     batch
                 } else {
@@ -179,7 +185,7 @@ impl WatermarkTracker {
             }
             kept.push(out);
         }
-        Ok((kept, dropped))
+        Ok((kept, dropped, late))
     }
 
     /// Advances input `index`'s watermark past the rows it read.

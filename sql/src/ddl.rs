@@ -68,6 +68,7 @@ impl SqlRunner<'_> {
             options,
             schema,
             watermark,
+            late_sink: None,
         };
         self.session.create_stream(definition).map_err(|e| {
             // Point at the option the message names, else at the stream.

@@ -798,3 +798,139 @@ fn keeping_the_first_row_by_event_time_emits_it_once_when_the_watermark_passes_i
         })
     });
 }
+
+/// What a windowed count over Kafka gives and what its `'late.sink'`
+/// gets: (window start ms → (rows, sum of ids)), and the late ids sorted.
+type WithLate = (BTreeMap<i64, (i64, i64)>, Vec<i64>);
+
+/// The answer by the watermark rules over epochs of `per_epoch` records
+/// (one partition, all records there before the query starts, so every
+/// epoch takes the next `per_epoch`): each record is either late or in its
+/// 10-second window, which is emitted once the watermark passes its end.
+fn windowed_with_late(records: &[(i64, i64)], per_epoch: usize, delay: i64) -> WithLate {
+    let (mut windows, mut late) = (BTreeMap::new(), Vec::new());
+    let mut watermark: Option<i64> = None;
+    for chunk in records.chunks(per_epoch) {
+        for &(id, ts) in chunk {
+            if watermark.is_some_and(|w| ts < w) {
+                late.push(id);
+            } else {
+                let w = windows.entry(ts - ts.rem_euclid(10_000)).or_insert((0, 0));
+                *w = (w.0 + 1, w.1 + id);
+            }
+        }
+        let latest = chunk.iter().map(|r| r.1).max().unwrap() - delay;
+        watermark = Some(watermark.map_or(latest, |w: i64| w.max(latest)));
+    }
+    let last = watermark.unwrap();
+    windows.retain(|start, _| start + 10_000 <= last);
+    late.sort();
+    (windows, late)
+}
+
+/// A windowed aggregation over Kafka whose stream sends its late rows to a
+/// topic (`'late.sink'`), killed with SIGKILL at random moments: the
+/// windows and the late rows, both read `read_committed`, end as the
+/// watermark rules give them, each row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_rows_reach_their_sink_in_the_epoch_that_dropped_them_through_kill_9() {
+    use crate::util::{broker, crash_seed, kill_9_five_times_then_finish};
+    use sluice::broker::{create_topic, fresh_topic};
+    let bootstrap = broker().await;
+    let (input, counts, late) = (
+        fresh_topic("late-in"),
+        fresh_topic("late-counts"),
+        fresh_topic("late-rows"),
+    );
+    create_topic(&bootstrap, &input, 1).await.unwrap();
+    create_topic(&bootstrap, &counts, 1).await.unwrap();
+    create_topic(&bootstrap, &late, 2).await.unwrap();
+    let mut rng = Lcg(crash_seed("kill -9", || 0x1a7e));
+    let base = 1_767_225_600_000i64; // 2026-01-01
+    let records: Vec<(i64, i64)> = (0..12_000i64)
+        .map(|id| {
+            let ts = base + id * 50 + rng.next(400) as i64;
+            // Every 9th record is up to 20 s behind: often late.
+            let ts = if id % 9 == 4 {
+                ts - rng.next(20_000) as i64
+            } else {
+                ts
+            };
+            (id, ts)
+        })
+        .collect();
+    let want = windowed_with_late(&records, 20, 2_000);
+    assert!(
+        want.1.len() > 100 && want.0.len() > 30,
+        "{} late",
+        want.1.len()
+    );
+    {
+        let messages: Vec<(String, Option<String>)> = records
+            .iter()
+            .map(|(id, ts)| {
+                let ts = sluice::arrow::temporal_conversions::timestamp_ms_to_datetime(*ts)
+                    .unwrap()
+                    .format("%Y-%m-%dT%H:%M:%S%.3fZ");
+                (
+                    id.to_string(),
+                    Some(format!("{{\"id\": {id}, \"ts\": \"{ts}\"}}")),
+                )
+            })
+            .collect();
+        let (b, t) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || crate::changelog::send_keyed(&b, &t, &messages))
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sql = dir.path().join("late.sql");
+    let kafka = |topic: &str| {
+        format!("connector = 'kafka', topic = '{topic}', 'bootstrap.servers' = '{bootstrap}'")
+    };
+    std::fs::write(
+        &sql,
+        format!(
+            "SET 'checkpoint.location' = '{cp}';\n\
+             SET 'trigger.interval' = '30 ms';\n\
+             CREATE STREAM bids (id BIGINT, ts TIMESTAMP, \
+               WATERMARK FOR ts AS ts - INTERVAL '2' SECOND) WITH ({bids}, \
+               'max-records-per-epoch' = '20', 'late.sink' = 'late_bids');\n\
+             CREATE STREAM late_bids WITH ({late});\n\
+             CREATE STREAM counts WITH ({counts});\n\
+             INSERT INTO counts SELECT window_start, count(*) AS n, sum(id) AS ids \
+               FROM TABLE(TUMBLE(TABLE bids, DESCRIPTOR(ts), INTERVAL '10' SECOND)) \
+               GROUP BY window_start, window_end;\n",
+            cp = dir.path().join("cp").display(),
+            bids = kafka(&input),
+            late = kafka(&late),
+            counts = kafka(&counts),
+        ),
+    )
+    .unwrap();
+    let command = || {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("run").arg(&sql).stdout(std::process::Stdio::null());
+        cmd
+    };
+    let output = || async {
+        let mut windows = BTreeMap::new();
+        for r in crate::kafka::read(&bootstrap, &counts).await {
+            let v: serde_json::Value = serde_json::from_slice(&r.value.unwrap()).unwrap();
+            let start = rfc3339_to_ms(v["window_start"].as_str().unwrap());
+            let row = (v["n"].as_i64().unwrap(), v["ids"].as_i64().unwrap());
+            assert!(windows.insert(start, row).is_none(), "window {start} twice");
+        }
+        let mut late_ids: Vec<i64> = crate::kafka::read(&bootstrap, &late)
+            .await
+            .into_iter()
+            .map(|r| {
+                let v: serde_json::Value = serde_json::from_slice(&r.value.unwrap()).unwrap();
+                v["id"].as_i64().unwrap()
+            })
+            .collect();
+        late_ids.sort();
+        (windows, late_ids)
+    };
+    kill_9_five_times_then_finish(command, &mut rng, &want, output).await;
+}

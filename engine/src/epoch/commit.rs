@@ -128,7 +128,8 @@ impl EpochLoop {
                 .map(|t| t.to_rfc3339())
                 .unwrap_or_default(),
             num_input_rows: input_rows,
-            num_output_rows: output_rows(outputs),
+            // The statements' rows; late rows sent to a sink count as late.
+            num_output_rows: output_rows(&outputs[..outputs.len() - self.late.len()]),
             input_rows_per_second: per_second(since_last),
             processed_rows_per_second: per_second(total),
             duration_ms,

@@ -32,7 +32,8 @@ impl EpochLoop {
         Ok(admitted)
     }
 
-    /// Each statement's output of epoch `epoch` over its `admitted` input.
+    /// Each statement's output of epoch `epoch` over its `admitted` input,
+    /// then the late rows bound for a sink (see [`EpochLoop::late`]).
     /// With a sink that sends ahead, appended rows are written while the
     /// rest of the epoch is still read and computed.
     pub(super) async fn compute(
@@ -47,6 +48,13 @@ impl EpochLoop {
         for (index, (statement, input)) in self.statements.iter_mut().zip(admitted).enumerate() {
             let ahead = sink.map(|sink| (sink, epoch, index));
             outputs.push(statement.compute(input, ahead).await?);
+        }
+        // The late rows go out with the epoch that dropped them.
+        for &(statement, input) in &self.late {
+            outputs.push(EpochOutput {
+                rows: self.statements[statement].take_late(input),
+                retracted: None,
+            });
         }
         Ok(outputs)
     }

@@ -246,7 +246,8 @@ impl Session {
     /// its columns are declared, or its connector knows them (rate, files) —
     /// it becomes a table queries can select from; otherwise it can only be
     /// written to, and reading it reports why.
-    pub fn create_stream(&self, definition: StreamDefinition) -> Result<()> {
+    pub fn create_stream(&self, mut definition: StreamDefinition) -> Result<()> {
+        take_late_sink(&mut definition);
         let name = definition.name.clone();
         if read(&self.inner.streams).contains_key(&name) {
             return Err(SluiceError::plan(format!(
@@ -378,7 +379,8 @@ impl Session {
     }
 
     /// A frame reading the stream `def` describes, through its connector.
-    pub(crate) fn read_definition(&self, def: StreamDefinition) -> Result<StreamFrame> {
+    pub(crate) fn read_definition(&self, mut def: StreamDefinition) -> Result<StreamFrame> {
+        take_late_sink(&mut def);
         let connector = self.connectors().get(&def.connector)?;
         let factory = connector.source(self.source_args(&def, None))?;
         self.frame_over(def, factory)
@@ -433,6 +435,7 @@ impl DataStreamReader {
             options: self.options,
             schema: self.schema,
             watermark: None,
+            late_sink: None,
         };
         self.session.read_definition(def)
     }
@@ -445,9 +448,18 @@ impl DataStreamReader {
             options: Options::new(),
             schema: Some(stream.schema()),
             watermark: None,
+            late_sink: None,
         };
         let factory = Arc::new(MemorySourceFactory::new(stream.clone()));
         self.session.frame_over(def, factory)
+    }
+}
+
+/// Moves the `'late.sink'` option, which is the engine's and not the
+/// connector's, into the definition's own field.
+fn take_late_sink(def: &mut StreamDefinition) {
+    if let Some(sink) = def.options.take("late.sink") {
+        def.late_sink = Some(sink);
     }
 }
 

@@ -229,6 +229,7 @@ fn split(
         options: channel.source,
         schema: Some(channel_schema),
         watermark: None,
+        late_sink: None,
     })?;
     let restored: Vec<Expr> = needed
         .iter()

@@ -33,7 +33,7 @@ use super::frame::DataStreamWriter;
 use super::repartition;
 use super::Session;
 use crate::error::{Result, SluiceError};
-use crate::launch::{launch, query_id, QueryPlan, TaskGroup, TaskPlan};
+use crate::launch::{launch, query_id, LateSink, QueryPlan, TaskGroup, TaskPlan};
 use crate::query::StreamingQuery;
 use crate::reference::BatchQuery;
 use crate::settings::QuerySettings;
@@ -214,12 +214,77 @@ impl StatementSet {
 fn plan_task(writers: &[DataStreamWriter], task: Option<TaskId>) -> Result<TaskPlan> {
     let count = writers.len();
     let mut statements = Vec::with_capacity(count);
+    let mut late = Vec::new();
     for (i, writer) in writers.iter().enumerate() {
         let plan = writer.plan_with_keys(&key_prefix(i, count, writer), task)?;
-        let statement = Statement::new(plan, i, count)?;
+        let mut statement = Statement::new(plan, i, count)?;
+        late.extend(late_sinks(writer, &mut statement, i, task)?);
         statements.push((statement, writer.sink.clone(), writer.options.clone()));
     }
-    Ok(TaskPlan { task, statements })
+    let mut streams = std::collections::BTreeSet::new();
+    for l in &late {
+        let input = &statements[l.statement].0.plan.inputs[l.input];
+        let stream = &input.table.definition().name;
+        if !streams.insert(stream.clone()) {
+            return Err(SluiceError::config(format!(
+                "two statements of this statement set drop late rows of stream '{stream}', \
+                 whose 'late.sink' would then get them twice; read it in one of them, or run \
+                 them as separate queries"
+            )));
+        }
+    }
+    Ok(TaskPlan {
+        task,
+        statements,
+        late,
+    })
+}
+
+/// Where `statement` (the `index`-th, written by `writer`) sends the rows
+/// it drops as late: the `'late.sink'` of each input stream that has one,
+/// when the statement drops late rows at all (an operator whose state the
+/// watermark bounds); it then keeps those rows for the epoch loop.
+fn late_sinks(
+    writer: &DataStreamWriter,
+    statement: &mut Statement,
+    index: usize,
+    task: Option<TaskId>,
+) -> Result<Vec<LateSink>> {
+    let mut late = Vec::new();
+    if !statement.drops_late() {
+        return Ok(late);
+    }
+    for (input, scan) in statement.plan.inputs.iter().enumerate() {
+        let definition = scan.table.definition();
+        let Some(target) = &definition.late_sink else {
+            continue;
+        };
+        if task.is_some() {
+            return Err(SluiceError::config(format!(
+                "stream '{}' sends its late rows to '{target}' ('late.sink'), which a query \
+                 divided into tasks does not do yet; run it as one task (SET 'tasks' = '1')",
+                definition.name
+            )));
+        }
+        let Some(sink) = writer.frame.session.stream(target) else {
+            return Err(SluiceError::config(format!(
+                "stream '{}' sends its late rows to '{target}' ('late.sink'), which is not a \
+                 declared stream: declare it (CREATE STREAM {target} WITH (connector = ...))",
+                definition.name
+            )));
+        };
+        late.push(LateSink {
+            statement: index,
+            input,
+            connector: sink.connector,
+            options: sink.options,
+            schema: datafusion::catalog::TableProvider::schema(scan.table.as_ref()),
+        });
+    }
+    for l in &late {
+        statement.keep_late(l.input);
+    }
+    Ok(late)
 }
 
 /// A writer's own query-wide settings (checkpoint, trigger, state
