@@ -19,6 +19,11 @@
 //! the same through a Top-N (`ROW_NUMBER() OVER (PARTITION BY k ORDER BY
 //! timestamp) = 1`, Flink's deduplication), `top10` each key's ten rows of
 //! highest `value` (`ROW_NUMBER() ... ORDER BY value DESC <= 10`),
+//! `rank10` the same through `RANK()`, `top1-event-time` the first row
+//! by event time (the stream watermarked 1 s behind, append mode: emitted
+//! once the watermark passes it), `over` each row with the average of its
+//! key's last ten (`avg(value) OVER (PARTITION BY k ORDER BY timestamp
+//! ROWS BETWEEN 9 PRECEDING AND CURRENT ROW)`, append mode),
 //! `join-changes` two aggregations whose rows change every epoch (per key
 //! the count, and the highest even value) full outer joined on the key,
 //! as a join of two CDC streams is, and `join-interval` the append-only
@@ -33,9 +38,12 @@ mod common;
 
 use std::time::Instant;
 
+use sluice::datafusion::common::ScalarValue;
+use sluice::datafusion::functions_aggregate::expr_fn::avg;
 use sluice::datafusion::functions_aggregate::expr_fn::{count, max, sum};
-use sluice::datafusion::functions_window::expr_fn::row_number;
+use sluice::datafusion::functions_window::expr_fn::{rank, row_number};
 use sluice::datafusion::logical_expr::ExprFunctionExt;
+use sluice::datafusion::logical_expr::{WindowFrame, WindowFrameBound, WindowFrameUnits};
 use sluice::datafusion::prelude::*;
 use sluice::{MemorySink, OutputMode};
 
@@ -75,7 +83,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let dir = checkpoint.path().to_path_buf();
     let mode = match kept.as_deref() {
-        Some("join-interval") => OutputMode::Append,
+        Some("join-interval" | "top1-event-time" | "over") => OutputMode::Append,
         _ => OutputMode::Update,
     };
     let progress = common::run(&session, frame()?, &a, |w| {
@@ -193,18 +201,41 @@ fn keep_rows(
     query: &str,
     keys: i64,
 ) -> sluice::Result<sluice::StreamFrame> {
-    let keyed = rate.with_column("k", col("value") % lit(keys))?;
-    let (order, limit) = match query {
+    let watermarked = || {
+        rate.clone()
+            .with_watermark("timestamp", std::time::Duration::from_secs(1))
+    };
+    let keyed = match query {
+        "top1-event-time" | "over" => watermarked()?,
+        _ => rate.clone(),
+    }
+    .with_column("k", col("value") % lit(keys))?;
+    let (function, order, limit) = match query {
         "first" => return keyed.drop_duplicates(&["k"]),
-        "top1" => (col("timestamp").sort(true, false), 1u64),
-        "top10" => (col("value").sort(false, true), 10),
+        "top1" | "top1-event-time" => (row_number(), col("timestamp").sort(true, false), 1u64),
+        "top10" => (row_number(), col("value").sort(false, true), 10),
+        "rank10" => (rank(), col("value").sort(false, true), 10),
+        "over" => {
+            let last10 = avg(col("value"))
+                .partition_by(vec![col("k")])
+                .order_by(vec![col("timestamp").sort(true, false)])
+                .window_frame(WindowFrame::new_bounds(
+                    WindowFrameUnits::Rows,
+                    WindowFrameBound::Preceding(ScalarValue::UInt64(Some(9))),
+                    WindowFrameBound::CurrentRow,
+                ))
+                .build()?
+                .alias("last10");
+            return keyed.select(vec![col("k"), col("value"), col("timestamp"), last10]);
+        }
         other => {
             return Err(sluice::SluiceError::config(format!(
-                "--query {other}: expected first, top1, top10, join-changes or join-interval"
+                "--query {other}: expected first, top1, top1-event-time, top10, rank10, over, \
+                 join-changes or join-interval"
             )))
         }
     };
-    let rn = row_number()
+    let rn = function
         .partition_by(vec![col("k")])
         .order_by(vec![order])
         .build()?

@@ -13,7 +13,12 @@
 #   spark  first     dropDuplicates(["k"])                 (the same in Spark)
 #   sluice top1      ROW_NUMBER() OVER (PARTITION BY k ORDER BY timestamp) = 1
 #                                                          (Flink's deduplication, a Top-N)
+#   sluice top1-event-time  the same with a watermark on timestamp (1 s): append
+#                    mode, each k's first row emitted once the watermark passes it
 #   sluice top10     ROW_NUMBER() OVER (PARTITION BY k ORDER BY value DESC) <= 10
+#   sluice rank10    RANK() OVER (PARTITION BY k ORDER BY value DESC) <= 10
+#   sluice over      avg(value) OVER (PARTITION BY k ORDER BY timestamp ROWS
+#                    BETWEEN 9 PRECEDING AND CURRENT ROW), append mode
 # Spark refuses ROW_NUMBER() over a stream, so the Top-Ns have no Spark row.
 # Metric: median over N measured epochs of input rows / epoch execution time;
 # the state's bytes per key (Sluice: the state store's size / K).
@@ -85,14 +90,18 @@ for i in $(seq 1 "$ROUNDS"); do
   run_sluice first "$i"
   run_spark "$i"
   run_sluice top1 "$i"
+  run_sluice top1-event-time "$i"
   run_sluice top10 "$i"
+  run_sluice rank10 "$i"
+  run_sluice over "$i"
 done
 
 python3 - "$OUT" "$B" "$N" "$K" <<'PY' | tee "$OUT/topn.md"
 import glob, json, os, statistics, sys
 out, b, n, k = sys.argv[1:]
 rows = [("sluice", "group-by"), ("sluice", "first"), ("spark", "first"),
-        ("sluice", "top1"), ("sluice", "top10")]
+        ("sluice", "top1"), ("sluice", "top1-event-time"), ("sluice", "top10"),
+        ("sluice", "rank10"), ("sluice", "over")]
 runs = {}
 for engine, query in rows:
     files = sorted(glob.glob(os.path.join(out, f"{engine}-{query}-*.json")))
