@@ -39,9 +39,10 @@ mod common;
 use std::time::Instant;
 
 use sluice::datafusion::common::ScalarValue;
-use sluice::datafusion::functions_aggregate::expr_fn::avg;
+use sluice::datafusion::functions_aggregate::average::avg_udaf;
 use sluice::datafusion::functions_aggregate::expr_fn::{count, max, sum};
 use sluice::datafusion::functions_window::expr_fn::{rank, row_number};
+use sluice::datafusion::logical_expr::expr::WindowFunction;
 use sluice::datafusion::logical_expr::ExprFunctionExt;
 use sluice::datafusion::logical_expr::{WindowFrame, WindowFrameBound, WindowFrameUnits};
 use sluice::datafusion::prelude::*;
@@ -216,7 +217,7 @@ fn keep_rows(
         "top10" => (row_number(), col("value").sort(false, true), 10),
         "rank10" => (rank(), col("value").sort(false, true), 10),
         "over" => {
-            let last10 = avg(col("value"))
+            let last10 = Expr::from(WindowFunction::new(avg_udaf(), vec![col("value")]))
                 .partition_by(vec![col("k")])
                 .order_by(vec![col("timestamp").sort(true, false)])
                 .window_frame(WindowFrame::new_bounds(

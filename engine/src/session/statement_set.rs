@@ -127,6 +127,12 @@ impl StatementSet {
         let tasks = match self.settings.tasks {
             Tasks::One => vec![plan_task(&writers, None)?],
             Tasks::PerPartition => {
+                // Refused here, before any task is planned: a task group
+                // plans its tasks only as they come.
+                for (i, writer) in writers.iter().enumerate() {
+                    let plan = writer.plan_with_keys(&key_prefix(i, count, writer), None)?;
+                    late_sinks(writer, &mut Statement::new(plan, i, count)?, i, true)?;
+                }
                 let mut undivided = writers
                     .iter()
                     .enumerate()
@@ -218,7 +224,7 @@ fn plan_task(writers: &[DataStreamWriter], task: Option<TaskId>) -> Result<TaskP
     for (i, writer) in writers.iter().enumerate() {
         let plan = writer.plan_with_keys(&key_prefix(i, count, writer), task)?;
         let mut statement = Statement::new(plan, i, count)?;
-        late.extend(late_sinks(writer, &mut statement, i, task)?);
+        late.extend(late_sinks(writer, &mut statement, i, task.is_some())?);
         statements.push((statement, writer.sink.clone(), writer.options.clone()));
     }
     let mut streams = std::collections::BTreeSet::new();
@@ -243,12 +249,13 @@ fn plan_task(writers: &[DataStreamWriter], task: Option<TaskId>) -> Result<TaskP
 /// Where `statement` (the `index`-th, written by `writer`) sends the rows
 /// it drops as late: the `'late.sink'` of each input stream that has one,
 /// when the statement drops late rows at all (an operator whose state the
-/// watermark bounds); it then keeps those rows for the epoch loop.
+/// watermark bounds); it then keeps those rows for the epoch loop. Refused
+/// in a query `divided` into tasks.
 fn late_sinks(
     writer: &DataStreamWriter,
     statement: &mut Statement,
     index: usize,
-    task: Option<TaskId>,
+    divided: bool,
 ) -> Result<Vec<LateSink>> {
     let mut late = Vec::new();
     if !statement.drops_late() {
@@ -259,7 +266,7 @@ fn late_sinks(
         let Some(target) = &definition.late_sink else {
             continue;
         };
-        if task.is_some() {
+        if divided {
             return Err(SluiceError::config(format!(
                 "stream '{}' sends its late rows to '{target}' ('late.sink'), which a query \
                  divided into tasks does not do yet; run it as one task (SET 'tasks' = '1')",
