@@ -29,6 +29,11 @@
 #      (scaleout.sh)
 #   9. scale-out: a task group's hand-over after SIGKILL and after SIGTERM
 #      (handover.sh)
+#  10. keeping rows per key: deduplication vs Spark's dropDuplicates, the
+#      Top-Ns (ROW_NUMBER, RANK, the first row by event time) and an OVER
+#      aggregation Spark cannot stream (run-topn.sh)
+#  11. joins: the interval join vs Spark, a join over changes (as of two CDC
+#      streams) Spark cannot stream (run-joins.sh)
 #
 # Env:
 #   SCALE  full (default; about 1.5 h on 2 vCPUs) or smoke (every section
@@ -59,6 +64,8 @@ case "$SCALE" in
     LATENCY_HIGH=(--rate 100000 --seconds 30)
     MICRO=()
     SCALEOUT=(N=2000000 ROUNDS=2)
+    TOPN=(N=10 ROUNDS=2)
+    JOINS=(N=10 ROUNDS=2 SPARK_DRIVER_MEMORY=6g)
     ;;
   smoke)
     STATELESS=(R=200000 N=3 WARMUP=2 ROUNDS=1)
@@ -72,6 +79,8 @@ case "$SCALE" in
     LATENCY_HIGH=(--rate 10000 --seconds 5 --warmup-seconds 2)
     MICRO=(-- --sample-size 10 --warm-up-time 1 --measurement-time 2)
     SCALEOUT=(N=200000 ROUNDS=1 "CASES='one tasks-t2 group-2'")
+    TOPN=(B=100000 N=2 WARMUP=1 ROUNDS=1 K=10000)
+    JOINS=(B=50000 R=50000 N=2 WARMUP=1 ROUNDS=1 K=10000)
     ;;
   *) echo "SCALE is full or smoke, not '$SCALE'" >&2; exit 2 ;;
 esac
@@ -173,5 +182,9 @@ section "9. Scale-out: a task group's hand-over after SIGKILL and SIGTERM" \
     echo '\`\`\`'; benches/handover.sh kill 2>'$OUT/handover-kill.err' | grep -E 'stopped|given|hand-over'; \
     benches/handover.sh term 2>'$OUT/handover-term.err' | grep -E 'stopped|given|hand-over'; echo '\`\`\`'"
 
+section "10. Keeping rows per key: deduplication, Top-N, OVER; Sluice vs Spark" \
+  bash -c "env ${TOPN[*]} OUT='$OUT/topn' benches/run-topn.sh 2>'$OUT/topn.err' | grep '^|'"
+section "11. Joins: interval join vs Spark, a join over changes" \
+  bash -c "env ${JOINS[*]} OUT='$OUT/joins' benches/run-joins.sh 2>'$OUT/joins.err' | grep '^|'"
 log "done: $SUITE (charts in $OUT/nexmark/charts)"
 cat "$SUITE"
