@@ -34,6 +34,8 @@
 #      aggregation Spark cannot stream (run-topn.sh)
 #  11. joins: the interval join vs Spark, a join over changes (as of two CDC
 #      streams) Spark cannot stream (run-joins.sh)
+#  12. a join of two CDC streams through Kafka: Debezium topics, a keyed
+#      copy, a GROUP BY and the full join of both changelogs (run-cdc-join.sh)
 #
 # Env:
 #   SCALE  full (default; about 1.5 h on 2 vCPUs) or smoke (every section
@@ -66,6 +68,7 @@ case "$SCALE" in
     SCALEOUT=(N=2000000 ROUNDS=2)
     TOPN=(N=10 ROUNDS=2)
     JOINS=(N=10 ROUNDS=2 SPARK_DRIVER_MEMORY=6g)
+    CDC=(ROUNDS=2)
     ;;
   smoke)
     STATELESS=(R=200000 N=3 WARMUP=2 ROUNDS=1)
@@ -81,6 +84,7 @@ case "$SCALE" in
     SCALEOUT=(N=200000 ROUNDS=1 "CASES='one tasks-t2 group-2'")
     TOPN=(B=100000 N=2 WARMUP=1 ROUNDS=1 K=10000)
     JOINS=(B=50000 R=50000 N=2 WARMUP=1 ROUNDS=1 K=10000)
+    CDC=(K=10000 U=3 E=20000 ROUNDS=1)
     ;;
   *) echo "SCALE is full or smoke, not '$SCALE'" >&2; exit 2 ;;
 esac
@@ -186,5 +190,7 @@ section "10. Keeping rows per key: deduplication, Top-N, OVER; Sluice vs Spark" 
   bash -c "env ${TOPN[*]} OUT='$OUT/topn' benches/run-topn.sh 2>'$OUT/topn.err' | grep '^|'"
 section "11. Joins: interval join vs Spark, a join over changes" \
   bash -c "env ${JOINS[*]} OUT='$OUT/joins' benches/run-joins.sh 2>'$OUT/joins.err' | grep '^|'"
+section "12. A join of two CDC streams through Kafka (Sluice alone)" \
+  bash -c "env ${CDC[*]} OUT='$OUT/cdc-join' benches/run-cdc-join.sh 2>'$OUT/cdc-join.err' | grep '^|'"
 log "done: $SUITE (charts in $OUT/nexmark/charts)"
 cat "$SUITE"
