@@ -26,7 +26,9 @@
 //! ROWS BETWEEN 9 PRECEDING AND CURRENT ROW)`, append mode),
 //! `join-changes` two aggregations whose rows change every epoch (per key
 //! the count, and the highest even value) full outer joined on the key,
-//! as a join of two CDC streams is, and `join-interval` the append-only
+//! as a join of two CDC streams is, `min-changes` min and max per
+//! `k % 100` over the per-key counts (an aggregation's changelog, through
+//! multiset state), and `join-interval` the append-only
 //! form: the stream joined with itself on `value` within one second of
 //! event time (each row meets itself once). The report adds the state's
 //! bytes per key.
@@ -40,7 +42,7 @@ use std::time::Instant;
 
 use sluice::datafusion::common::ScalarValue;
 use sluice::datafusion::functions_aggregate::average::avg_udaf;
-use sluice::datafusion::functions_aggregate::expr_fn::{count, max, sum};
+use sluice::datafusion::functions_aggregate::expr_fn::{count, max, min, sum};
 use sluice::datafusion::functions_window::expr_fn::{rank, row_number};
 use sluice::datafusion::logical_expr::expr::WindowFunction;
 use sluice::datafusion::logical_expr::ExprFunctionExt;
@@ -60,6 +62,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let rate = common::rate(&session, &a)?;
         if let Some(query) = kept.as_deref().filter(|q| q.starts_with("join-")) {
             return joined(rate, query, keys);
+        }
+        if kept.as_deref() == Some("min-changes") {
+            // min and max over an aggregation's changelog: every epoch
+            // changes every count, which the outer groups take back and
+            // add again (multiset state).
+            return rate
+                .aggregate(
+                    vec![(col("value") % lit(keys)).alias("k")],
+                    vec![count(lit(1)).alias("n")],
+                )?
+                .aggregate(
+                    vec![(col("k") % lit(100i64)).alias("g")],
+                    vec![min(col("n")).alias("lo"), max(col("n")).alias("hi")],
+                );
         }
         if let Some(query) = &kept {
             return keep_rows(rate, query, keys);

@@ -16,6 +16,9 @@
 #   sluice join-changes   (GROUP BY k: count(*)) FULL JOIN (even values, GROUP BY k:
 #                         max(value)) ON k, k = value % K (update mode: every
 #                         epoch changes every key on both sides)
+#   sluice min-changes    per k % 100, min and max of the per-key counts of
+#                         GROUP BY k (an aggregation over a changelog: multiset
+#                         state; update mode)
 # Spark refuses a stream-stream join in update mode (and an aggregation
 # feeding a join without a watermark), so join-changes has no Spark row.
 # Metric: median over N measured epochs of input rows / epoch execution time;
@@ -89,13 +92,14 @@ for i in $(seq 1 "$ROUNDS"); do
   run_sluice join-interval "$i"
   run_spark "$i"
   run_sluice join-changes "$i"
+  run_sluice min-changes "$i"
 done
 
 python3 - "$OUT" "$B" "$N" "$K" <<'PY' | tee "$OUT/joins.md"
 import glob, json, os, statistics, sys
 out, b, n, k = sys.argv[1:]
 rows = [("sluice", "group-by"), ("sluice", "join-interval"), ("spark", "join-interval"),
-        ("sluice", "join-changes")]
+        ("sluice", "join-changes"), ("sluice", "min-changes")]
 runs = {}
 for engine, query in rows:
     files = sorted(glob.glob(os.path.join(out, f"{engine}-{query}-*.json")))
