@@ -217,7 +217,7 @@ impl RankOperator {
         let live = candidates.live(sign, &identity)?;
         let ranked = candidates.ranked(&live, &partition, k, &order)?;
         let in_order: Vec<usize> = ranked.iter().map(|(i, _)| *i).collect();
-        let values = candidates.values(&in_order, &partition, function)?;
+        let values = candidates.values(&in_order, &partition, function);
         // A row is kept while it ranks within the limit (over a changelog
         // always: the rows ahead of it may be taken back). The kept rows of
         // a partition are its first positions.
@@ -262,7 +262,7 @@ impl RankOperator {
                     (partition(a).data(), old_positions.value(a))
                         .cmp(&(partition(b).data(), old_positions.value(b)))
                 });
-                let old_values = candidates.values(&stored_order, &partition, function)?;
+                let old_values = candidates.values(&stored_order, &partition, function);
                 let before: HashSet<(usize, u64)> = stored_order
                     .into_iter()
                     .zip(old_values)
@@ -454,7 +454,7 @@ impl Candidates {
         in_order: &[usize],
         partition: &dyn Fn(usize) -> Row<'p>,
         function: RankFunction,
-    ) -> Result<Vec<u64>> {
+    ) -> Vec<u64> {
         let mut out = Vec::with_capacity(in_order.len());
         let (mut position, mut value) = (0u64, 0u64);
         let mut previous: Option<usize> = None;
@@ -473,7 +473,7 @@ impl Candidates {
             out.push(value);
             previous = Some(i);
         }
-        Ok(out)
+        out
     }
 
     /// Rows `at` as rows of the state (`schema`), with `ranks` in the rank
