@@ -46,6 +46,7 @@ mod connector;
 mod epoch;
 mod error;
 mod fail_point;
+pub mod functions;
 mod launch;
 mod memory;
 mod metrics;

@@ -188,6 +188,7 @@ impl Session {
     /// A session planning in `ctx` (its functions, UDFs and settings).
     pub fn with_context(ctx: SessionContext) -> Self {
         ctx.register_udf(crate::watermark::CurrentWatermark::unset());
+        crate::functions::register(&ctx);
         Self {
             inner: Arc::new(Inner {
                 ctx,
