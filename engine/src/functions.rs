@@ -11,6 +11,8 @@
 //! | function | meaning (Flink's) |
 //! | --- | --- |
 //! | `DATE_FORMAT(ts, pattern)` | `ts` (a timestamp, a date, or text read as one) as text, by a Java pattern |
+//! | `FROM_UNIXTIME(seconds[, pattern])` | seconds since 1970-01-01 00:00:00 UTC as text, by a Java pattern (default `yyyy-MM-dd HH:mm:ss`) |
+//! | `IF(condition, a, b)` | `a` where the condition holds, else `b` (also where it is NULL) |
 //! | `HOUR(ts)`, `MINUTE(ts)`, `SECOND(ts)` | the hour of the day, the minute of the hour, the second of the minute, as BIGINT |
 //! | `MOD(a, b)` | the remainder of `a / b`, with the sign of `a` (`a % b`) |
 //! | `SPLIT_INDEX(s, sep, i)` | the `i`-th (from 0) piece of `s` split at `sep`; NULL past the last or for `i < 0` |
@@ -34,13 +36,14 @@ use chrono::{DateTime, Datelike, NaiveDateTime, Timelike};
 use datafusion::arrow::array::{
     Array, ArrayRef, AsArray, Int64Array, StringArray, TimestampNanosecondArray,
 };
-use datafusion::arrow::compute::cast;
 use datafusion::arrow::compute::kernels::numeric::rem;
+use datafusion::arrow::compute::kernels::zip::zip;
+use datafusion::arrow::compute::{cast, prep_null_mask_filter};
 use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type, TimeUnit};
 use datafusion::common::{exec_err, plan_err, ScalarValue};
 use datafusion::error::Result;
 use datafusion::execution::context::SessionContext;
-use datafusion::logical_expr::type_coercion::binary::BinaryTypeCoercer;
+use datafusion::logical_expr::type_coercion::binary::{comparison_coercion, BinaryTypeCoercer};
 use datafusion::logical_expr::{
     ColumnarValue, Operator, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl,
     Signature, Volatility,
@@ -50,6 +53,8 @@ use datafusion::logical_expr::{
 /// same name.
 pub fn register(ctx: &SessionContext) {
     ctx.register_udf(ScalarUDF::from(DateFormat::new()));
+    ctx.register_udf(ScalarUDF::from(DateFormat::from_unixtime()));
+    ctx.register_udf(ScalarUDF::from(If::new()));
     for part in [TimePart::Hour, TimePart::Minute, TimePart::Second] {
         ctx.register_udf(ScalarUDF::from(TimeOf::new(part)));
     }
@@ -202,23 +207,55 @@ impl JavaPattern {
     }
 }
 
-/// `DATE_FORMAT(ts, pattern)` with a Java pattern (see the module's text).
+/// `DATE_FORMAT(ts, pattern)` and `FROM_UNIXTIME(seconds[, pattern])`: a
+/// time as text by a Java pattern (see the module's text).
 #[derive(Debug, PartialEq, Eq, Hash)]
 struct DateFormat {
+    /// `FROM_UNIXTIME`: the time is seconds since 1970-01-01 00:00:00 UTC,
+    /// and the pattern defaults to `yyyy-MM-dd HH:mm:ss`.
+    from_seconds: bool,
     signature: Signature,
 }
+
+/// `FROM_UNIXTIME`'s pattern when none is given (Flink's).
+const UNIXTIME_PATTERN: &str = "yyyy-MM-dd HH:mm:ss";
 
 impl DateFormat {
     fn new() -> Self {
         Self {
+            from_seconds: false,
             signature: Signature::any(2, Volatility::Immutable),
         }
+    }
+
+    fn from_unixtime() -> Self {
+        Self {
+            from_seconds: true,
+            signature: Signature::variadic_any(Volatility::Immutable),
+        }
+    }
+
+    /// Each row's time: `arg` read as a time, or as seconds.
+    fn times(&self, arg: &ColumnarValue, n: usize) -> Result<TimestampNanosecondArray> {
+        if !self.from_seconds {
+            return times(arg, n);
+        }
+        let seconds = array_of(arg, n, &DataType::Int64)?;
+        Ok(seconds
+            .as_primitive::<Int64Type>()
+            .iter()
+            .map(|s| s.and_then(|s| s.checked_mul(1_000_000_000)))
+            .collect())
     }
 }
 
 impl ScalarUDFImpl for DateFormat {
     fn name(&self) -> &str {
-        "date_format"
+        if self.from_seconds {
+            "from_unixtime"
+        } else {
+            "date_format"
+        }
     }
 
     fn signature(&self) -> &Signature {
@@ -226,11 +263,17 @@ impl ScalarUDFImpl for DateFormat {
     }
 
     fn return_type(&self, args: &[DataType]) -> Result<DataType> {
-        match args {
-            [t, p] if is_time(t) && is_time(p) => Ok(DataType::Utf8),
-            _ => plan_err!(
+        match (self.from_seconds, args) {
+            (false, [t, p]) if is_time(t) && is_text(p) => Ok(DataType::Utf8),
+            (true, [s]) if s.is_integer() || s.is_null() => Ok(DataType::Utf8),
+            (true, [s, p]) if (s.is_integer() || s.is_null()) && is_text(p) => Ok(DataType::Utf8),
+            (false, _) => plan_err!(
                 "DATE_FORMAT takes a timestamp (or date, or text) and a pattern, as \
                  DATE_FORMAT(ts, 'yyyy-MM-dd HH:mm:ss'); got {args:?}"
+            ),
+            (true, _) => plan_err!(
+                "FROM_UNIXTIME takes whole seconds since 1970 and maybe a pattern, as \
+                 FROM_UNIXTIME(1767225600, 'yyyy-MM-dd'); got {args:?}"
             ),
         }
     }
@@ -254,10 +297,13 @@ impl ScalarUDFImpl for DateFormat {
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let n = args.number_rows;
-        let [time, pattern] = args.args.as_slice() else {
-            return exec_err!("DATE_FORMAT takes two arguments");
+        let default = ColumnarValue::Scalar(ScalarValue::Utf8(Some(UNIXTIME_PATTERN.into())));
+        let (time, pattern) = match args.args.as_slice() {
+            [time, pattern] => (time, pattern),
+            [time] if self.from_seconds => (time, &default),
+            _ => return exec_err!("{} takes a time and a pattern", self.name()),
         };
-        let times = times(time, n)?;
+        let times = self.times(time, n)?;
         let patterns = array_of(pattern, n, &DataType::Utf8)?;
         let patterns = patterns.as_string::<i32>();
         let mut parsed: Option<(String, JavaPattern)> = None;
@@ -582,6 +628,62 @@ impl ScalarUDFImpl for RegexpExtract {
     }
 }
 
+/// `IF(condition, a, b)`: `a` where the condition holds, else `b` (also
+/// where it is NULL), in the type the two share.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct If {
+    signature: Signature,
+}
+
+impl If {
+    fn new() -> Self {
+        Self {
+            signature: Signature::any(3, Volatility::Immutable),
+        }
+    }
+}
+
+impl ScalarUDFImpl for If {
+    fn name(&self) -> &str {
+        "if"
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        let [c, a, b] = args else {
+            return plan_err!("IF takes a condition and two values, as IF(n > 0, 'yes', 'no')");
+        };
+        if !matches!(c, DataType::Boolean | DataType::Null) {
+            return plan_err!("IF's condition is {c}, not a BOOLEAN");
+        }
+        match comparison_coercion(a, b) {
+            Some(t) => Ok(t),
+            None => plan_err!("IF's two values have no common type: {a} and {b}"),
+        }
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        let [c, a, b] = args.args.as_slice() else {
+            return exec_err!("IF takes three arguments");
+        };
+        let to = args.return_type().clone();
+        let condition = array_of(c, n, &DataType::Boolean)?;
+        let condition = condition.as_boolean();
+        // A NULL condition takes the second value.
+        let condition = if condition.null_count() > 0 {
+            prep_null_mask_filter(condition)
+        } else {
+            condition.clone()
+        };
+        let (a, b) = (array_of(a, n, &to)?, array_of(b, n, &to)?);
+        Ok(ColumnarValue::Array(zip(&condition, &a, &b)?))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -660,6 +762,18 @@ mod tests {
             ),
         ] {
             assert_eq!(one(&sql).await.unwrap(), want, "{sql}");
+        }
+        for (sql, want) in [
+            ("SELECT FROM_UNIXTIME(1772643967)", "2026-03-04 17:06:07"),
+            (
+                "SELECT FROM_UNIXTIME(1772643967, 'yyyy/MM/dd')",
+                "2026/03/04",
+            ),
+            ("SELECT IF(1 > 0, 'yes', 'no')", "yes"),
+            ("SELECT IF(1 < 0, 1, 2.5)", "2.5"),
+            ("SELECT IF(CAST(NULL AS BOOLEAN), 'yes', 'no')", "no"),
+        ] {
+            assert_eq!(one(sql).await.unwrap(), want, "{sql}");
         }
         let none = one("SELECT SPLIT_INDEX('a,b,c', ',', 3) IS NULL")
             .await
