@@ -63,6 +63,52 @@ pub fn register(ctx: &SessionContext) {
     ctx.register_udf(ScalarUDF::from(RegexpExtract::new()));
 }
 
+/// The text-valued field of `udf` over `args`, once its second argument,
+/// when a constant, reads with `read`: a pattern it cannot read is refused
+/// when the query is planned, not at its first row.
+fn text_checking_constant<T>(
+    udf: &dyn ScalarUDFImpl,
+    args: &ReturnFieldArgs,
+    read: fn(&str) -> std::result::Result<T, String>,
+) -> Result<FieldRef> {
+    let types: Vec<DataType> = args
+        .arg_fields
+        .iter()
+        .map(|f| f.data_type().clone())
+        .collect();
+    udf.return_type(&types)?;
+    if let Some(text) = constant_text(args.scalar_arguments.get(1).copied().flatten()) {
+        if let Err(e) = read(text) {
+            return plan_err!("{e}");
+        }
+    }
+    Ok(Arc::new(Field::new(udf.name(), DataType::Utf8, true)))
+}
+
+/// A per-row text argument (a pattern, a regular expression) read once for
+/// as long as the rows repeat it.
+struct ReadOnce<T> {
+    read: fn(&str) -> std::result::Result<T, String>,
+    last: Option<(String, T)>,
+}
+
+impl<T> ReadOnce<T> {
+    fn new(read: fn(&str) -> std::result::Result<T, String>) -> Self {
+        Self { read, last: None }
+    }
+
+    fn get(&mut self, text: &str) -> Result<&T> {
+        if self.last.as_ref().is_none_or(|(t, _)| t != text) {
+            let value = (self.read)(text).map_err(datafusion::error::DataFusionError::Execution)?;
+            self.last = Some((text.to_string(), value));
+        }
+        match &self.last {
+            Some((_, value)) => Ok(value),
+            None => exec_err!("'{text}' was read but not kept"),
+        }
+    }
+}
+
 /// A string argument given as a constant, if it is one.
 fn constant_text(value: Option<&ScalarValue>) -> Option<&str> {
     match value? {
@@ -281,18 +327,7 @@ impl ScalarUDFImpl for DateFormat {
     /// Refuses a constant pattern it cannot format when the query is
     /// planned.
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        let types: Vec<DataType> = args
-            .arg_fields
-            .iter()
-            .map(|f| f.data_type().clone())
-            .collect();
-        self.return_type(&types)?;
-        if let Some(pattern) = constant_text(args.scalar_arguments.get(1).copied().flatten()) {
-            if let Err(e) = JavaPattern::parse(pattern) {
-                return plan_err!("{e}");
-            }
-        }
-        Ok(Arc::new(Field::new(self.name(), DataType::Utf8, true)))
+        text_checking_constant(self, &args, JavaPattern::parse)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -306,21 +341,15 @@ impl ScalarUDFImpl for DateFormat {
         let times = self.times(time, n)?;
         let patterns = array_of(pattern, n, &DataType::Utf8)?;
         let patterns = patterns.as_string::<i32>();
-        let mut parsed: Option<(String, JavaPattern)> = None;
+        let mut parsed = ReadOnce::new(JavaPattern::parse);
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
             if times.is_null(i) || patterns.is_null(i) {
                 out.push(None);
                 continue;
             }
-            let p = patterns.value(i);
-            if parsed.as_ref().is_none_or(|(text, _)| text != p) {
-                let pattern =
-                    JavaPattern::parse(p).map_err(datafusion::error::DataFusionError::Execution)?;
-                parsed = Some((p.to_string(), pattern));
-            }
-            let pattern = parsed.as_ref().map(|(_, pattern)| pattern);
-            out.push(pattern.map(|p| p.format(&naive(times.value(i)))));
+            let pattern = parsed.get(patterns.value(i))?;
+            out.push(Some(pattern.format(&naive(times.value(i)))));
         }
         Ok(ColumnarValue::Array(Arc::new(StringArray::from(out))))
     }
@@ -561,18 +590,7 @@ impl ScalarUDFImpl for RegexpExtract {
     /// Refuses a constant regular expression it cannot read when the query
     /// is planned.
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        let types: Vec<DataType> = args
-            .arg_fields
-            .iter()
-            .map(|f| f.data_type().clone())
-            .collect();
-        self.return_type(&types)?;
-        if let Some(regex) = constant_text(args.scalar_arguments.get(1).copied().flatten()) {
-            if let Err(e) = compile(regex) {
-                return plan_err!("{e}");
-            }
-        }
-        Ok(Arc::new(Field::new(self.name(), DataType::Utf8, true)))
+        text_checking_constant(self, &args, compile)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -592,7 +610,7 @@ impl ScalarUDFImpl for RegexpExtract {
             regexes.as_string::<i32>(),
             group.as_primitive::<Int64Type>(),
         );
-        let mut compiled: Option<(String, regex::Regex)> = None;
+        let mut compiled = ReadOnce::new(compile);
         let mut out = Vec::with_capacity(n);
         for r in 0..n {
             if s.is_null(r) || regexes.is_null(r) || group.is_null(r) {
@@ -600,14 +618,7 @@ impl ScalarUDFImpl for RegexpExtract {
                 continue;
             }
             let text = regexes.value(r);
-            if compiled.as_ref().is_none_or(|(t, _)| t != text) {
-                let regex = compile(text).map_err(datafusion::error::DataFusionError::Execution)?;
-                compiled = Some((text.to_string(), regex));
-            }
-            let Some((_, regex)) = &compiled else {
-                out.push(None);
-                continue;
-            };
+            let regex = compiled.get(text)?;
             let Ok(at) = usize::try_from(group.value(r)) else {
                 return exec_err!(
                     "REGEXP_EXTRACT: group {} is below 0; groups count from 1 (0 is the whole \
