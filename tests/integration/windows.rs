@@ -575,30 +575,35 @@ fn drop_duplicates_on_event_time_is_bounded_by_the_watermark() {
     });
 }
 
+/// A GROUP BY over SESSION windows of gap `GAP` (per `k`) run in `mode`
+/// over random batches across restarts, beside the answer: the watermark
+/// after each epoch, each session's end by (start, k), and DataFusion's
+/// aggregation of the rows placed in their sessions, by (start, k).
+async fn sessions_run(
+    seed: u64,
+    mode: OutputMode,
+) -> (Run, Vec<Option<i64>>, BTreeMap<(i64, i64), i64>, Answer) {
+    const GAP: i64 = 1_500;
+    let mut rng = Lcg(seed);
+    let batches = input(&mut rng, 14);
+    let dir = tempfile::tempdir().unwrap();
+    let window = Window::session("ts", &["k"], Duration::from_millis(GAP as u64));
+    let run = run_streaming(&batches, windowed(&window), mode, &mut rng, dir.path()).await;
+    let (kept, late, marks) = judge(&batches);
+    assert_eq!(run.late_rows, late, "seed {seed}");
+    let sessions = sessions_of(&kept, GAP);
+    let ends: BTreeMap<(i64, i64), i64> =
+        sessions.iter().map(|(s, e, r)| ((*s, r.0), *e)).collect();
+    let placed: Vec<(i64, Row)> = sessions.iter().map(|(s, _, r)| (*s, *r)).collect();
+    let expected = aggregate_placed(&placed).await;
+    (run, marks, ends, expected)
+}
+
 #[test]
 fn session_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
-    const GAP: i64 = 1_500;
     property(3, |seed| {
         block_on(async move {
-            let mut rng = Lcg(seed);
-            let batches = input(&mut rng, 14);
-            let dir = tempfile::tempdir().unwrap();
-            let window = Window::session("ts", &["k"], Duration::from_millis(GAP as u64));
-            let run = run_streaming(
-                &batches,
-                windowed(&window),
-                OutputMode::Append,
-                &mut rng,
-                dir.path(),
-            )
-            .await;
-            let (kept, late, marks) = judge(&batches);
-            assert_eq!(run.late_rows, late, "seed {seed}");
-            let sessions = sessions_of(&kept, GAP);
-            let ends: BTreeMap<(i64, i64), i64> =
-                sessions.iter().map(|(s, e, r)| ((*s, r.0), *e)).collect();
-            let placed: Vec<(i64, Row)> = sessions.iter().map(|(s, _, r)| (*s, *r)).collect();
-            let expected = aggregate_placed(&placed).await;
+            let (run, marks, ends, expected) = sessions_run(seed, OutputMode::Append).await;
             // A session is final once the watermark is past its end.
             let mut seen = BTreeSet::new();
             let mut emitted = Answer::new();
@@ -638,29 +643,10 @@ fn session_windows_in_append_mode_equal_the_batch_answer_across_restarts() {
 
 #[test]
 fn session_windows_in_update_mode_fold_with_their_deletions_to_the_batch_answer() {
-    const GAP: i64 = 1_500;
     property(3, |seed| {
         block_on(async move {
-            let mut rng = Lcg(seed);
-            let batches = input(&mut rng, 14);
-            let dir = tempfile::tempdir().unwrap();
-            let window = Window::session("ts", &["k"], Duration::from_millis(GAP as u64));
-            let run = run_streaming(
-                &batches,
-                windowed(&window),
-                OutputMode::Update,
-                &mut rng,
-                dir.path(),
-            )
-            .await;
-            let (kept, late, _) = judge(&batches);
-            assert_eq!(run.late_rows, late, "seed {seed}");
-            let sessions = sessions_of(&kept, GAP);
-            let ends: BTreeMap<(i64, i64), i64> =
-                sessions.iter().map(|(s, e, r)| ((*s, r.0), *e)).collect();
-            let placed: Vec<(i64, Row)> = sessions.iter().map(|(s, _, r)| (*s, *r)).collect();
-            let expected: BTreeMap<(i64, i64, i64), _> = aggregate_placed(&placed)
-                .await
+            let (run, _, ends, expected) = sessions_run(seed, OutputMode::Update).await;
+            let expected: BTreeMap<(i64, i64, i64), _> = expected
                 .into_iter()
                 .map(|((start, k), v)| ((start, ends[&(start, k)], k), v))
                 .collect();
