@@ -1,13 +1,17 @@
-//! Declarations: `CREATE STREAM` (its columns, watermark and options) and
-//! `CREATE TABLE` (a static table).
+//! Declarations: `CREATE STREAM` (its columns, watermark and options),
+//! `CREATE TABLE` (a static table) and `CREATE VIEW` (a named query).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use datafusion::catalog::view::ViewTable;
+use datafusion::common::Column;
+use datafusion::logical_expr::{Expr, LogicalPlanBuilder};
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
 
 use crate::event_time::parse_watermark;
 use crate::substitute::value_of;
+use crate::types;
 use crate::{normalize, Pos, SqlError, SqlRunner, StatementOutcome};
 use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::sql::sqlparser::ast::{ColumnDef, ColumnOption};
@@ -119,7 +123,7 @@ impl SqlRunner<'_> {
                     let spec = parse_watermark(p).map_err(|e| self.problem(text, e))?;
                     watermark = Some((spec, Pos::from(&t)));
                 } else {
-                    let col = p.parse_column_def().map_err(|e| pe(self, e))?;
+                    let col = types::column_def(p).map_err(|e| pe(self, e))?;
                     columns.push((col, Pos::from(&t)));
                 }
                 if p.consume_token(&Token::Comma) {
@@ -257,6 +261,70 @@ impl SqlRunner<'_> {
             )
         })?;
         Ok(StatementOutcome::TableCreated { table: name })
+    }
+
+    /// `CREATE [TEMPORARY] VIEW [IF NOT EXISTS] name [(column, ...)] AS
+    /// query` (after VIEW): a named query that later statements read as a
+    /// stream. Planning inlines it, so a view holds no state of its own and
+    /// each query reading it runs it anew, as in Flink.
+    pub(crate) async fn create_view(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+    ) -> Result<StatementOutcome, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        let if_not_exists = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
+        let name_pos = Pos::from(&p.peek_token());
+        let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+        let renamed = if p.consume_token(&Token::LParen) {
+            let names = p
+                .parse_comma_separated(|p| p.parse_identifier())
+                .map_err(|e| pe(self, e))?;
+            p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
+            Some(names.iter().map(normalize).collect::<Vec<_>>())
+        } else {
+            None
+        };
+        p.expect_keyword(Keyword::AS).map_err(|e| pe(self, e))?;
+        let query_tok = p.peek_token();
+        let query = p.parse_query().map_err(|e| pe(self, e))?;
+        let ctx = self.session.context();
+        if self.session.stream(&name).is_some() || ctx.table_exist(name.as_str()).unwrap_or(false) {
+            if if_not_exists {
+                return Ok(StatementOutcome::ViewCreated { view: name });
+            }
+            return Err(self.err(
+                text,
+                name_pos,
+                format!("'{name}' already exists; DROP it or pick another name"),
+            ));
+        }
+        let mut plan = self.plan_query(query, text, Pos::from(&query_tok)).await?;
+        if let Some(names) = renamed {
+            let fields = plan.schema().fields().len();
+            if names.len() != fields {
+                return Err(self.err(
+                    text,
+                    name_pos,
+                    format!(
+                        "view '{name}' names {} column(s), but its query gives {fields}",
+                        names.len()
+                    ),
+                ));
+            }
+            let exprs: Vec<Expr> = (0..fields)
+                .zip(&names)
+                .map(|(i, n)| Expr::Column(Column::from(plan.schema().qualified_field(i))).alias(n))
+                .collect();
+            plan = LogicalPlanBuilder::from(plan)
+                .project(exprs)
+                .and_then(LogicalPlanBuilder::build)
+                .map_err(|e| self.engine_error(text, name_pos, e.into()))?;
+        }
+        let view = ViewTable::new(plan, None);
+        ctx.register_table(name.as_str(), Arc::new(view))
+            .map_err(|e| self.engine_error(text, name_pos, e.into()))?;
+        Ok(StatementOutcome::ViewCreated { view: name })
     }
 
     /// `( key = value, ... )`; keys quoted or bare (dotted), values strings,

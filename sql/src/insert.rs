@@ -8,8 +8,8 @@ use std::sync::Arc;
 use datafusion::catalog::view::ViewTable;
 use datafusion::sql::sqlparser::ast::visit_relations;
 
-use crate::{normalize, Pos, SqlError, SqlRunner};
-use datafusion::arrow::datatypes::Schema;
+use crate::{normalize, sink_columns, Pos, SqlError, SqlRunner};
+use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::keywords::Keyword;
@@ -239,54 +239,29 @@ impl SqlRunner<'_> {
         p.expect_keyword(Keyword::INTO).map_err(|e| pe(self, e))?;
         let sink_tok = p.peek_token();
         let sink = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+        let listed = self.column_list(p, text)?;
         let query_tok = p.peek_token();
         let query = p.parse_query().map_err(|e| pe(self, e))?;
         let definition = self
             .session
             .stream(&sink)
             .ok_or_else(|| self.err(text, Pos::from(&sink_tok), self.unknown_stream(&sink)))?;
-        let views = self.register_windows(&query, text).await?;
-        let state = self.session.context().state();
-        let planned = state
-            .statement_to_plan(DfStatement::Statement(Box::new(Statement::Query(query))))
-            .await;
-        for view in &views {
-            // Planning inlined the view; it is no longer needed.
-            let _ = self.session.context().deregister_table(view.as_str());
-        }
-        let plan = planned.map_err(|e| {
-            let e = SluiceError::DataFusion(e);
-            // A stream that exists but cannot be read says why.
-            let msg = e.to_string();
-            let unreadable = self
-                .session
-                .streams()
-                .into_iter()
-                .find(|s| {
-                    msg.contains(&format!("'{}'", s.name))
-                        || msg.contains(&format!("table '{}'", s.name))
-                })
-                .and_then(|s| self.session.unreadable_reason(&s.name));
-            let missing = table_not_found(&msg).filter(|t| self.session.stream(t).is_none());
-            match (unreadable, missing) {
-                (Some(reason), _) => self.err(text, Pos::from(&query_tok), reason),
-                (None, Some(table)) => {
-                    let located = self.engine_error(text, Pos::from(&query_tok), e);
-                    SqlError::at(
-                        &self.file,
-                        text,
-                        located.line,
-                        located.column,
-                        self.unknown_stream(&table),
-                    )
-                }
-                (None, None) => self.engine_error(text, Pos::from(&query_tok), e),
+        let plan = self.plan_query(query, text, Pos::from(&query_tok)).await?;
+        let plan = match &definition.schema {
+            Some(declared) => sink_columns::fill(&sink, declared, listed.as_deref(), plan)
+                .map_err(|m| self.err(text, Pos::from(&query_tok), m))?,
+            None if listed.is_some() => {
+                return Err(self.err(
+                    text,
+                    Pos::from(&sink_tok),
+                    format!(
+                        "stream '{sink}' declares no columns, so an INSERT cannot list them; \
+                         declare them: CREATE STREAM {sink} (column TYPE, ...)"
+                    ),
+                ))
             }
-        })?;
-        if let Some(declared) = &definition.schema {
-            check_sink_columns(&sink, declared, plan.schema().as_arrow())
-                .map_err(|m| self.err(text, Pos::from(&query_tok), m))?;
-        }
+            None => plan,
+        };
         let frame = self.session.frame(plan);
         let writer = frame
             .write_stream()
@@ -315,51 +290,80 @@ impl SqlRunner<'_> {
         pending.explain()?;
         Ok(pending)
     }
-}
 
-/// A sink with declared columns takes a query whose output has exactly
-/// those columns, by name, with the same types.
-fn check_sink_columns(sink: &str, declared: &Schema, output: &Schema) -> Result<(), String> {
-    for field in declared.fields() {
-        let Some((_, got)) = output.column_with_name(field.name()) else {
-            let names: Vec<&str> = output.fields().iter().map(|f| f.name().as_str()).collect();
-            return Err(format!(
-                "stream '{sink}' declares column '{}' ({}), but the query has no column of that \
-                 name; its columns are {} (name them with AS)",
-                field.name(),
-                field.data_type(),
-                names.join(", ")
-            ));
-        };
-        if got.data_type() != field.data_type() {
-            return Err(format!(
-                "column '{}': the query gives {}, but stream '{sink}' declares {}; convert it \
-                 with CAST({} AS ...)",
-                field.name(),
-                got.data_type(),
-                field.data_type(),
-                field.name()
-            ));
+    /// Plans `query` (its window calls included), an error pointing at
+    /// `at`, or at the unknown or unreadable stream it names.
+    pub(crate) async fn plan_query(
+        &self,
+        query: Box<datafusion::sql::sqlparser::ast::Query>,
+        text: &str,
+        at: Pos,
+    ) -> Result<LogicalPlan, SqlError> {
+        let views = self.register_windows(&query, text).await?;
+        let state = self.session.context().state();
+        let planned = state
+            .statement_to_plan(DfStatement::Statement(Box::new(Statement::Query(query))))
+            .await;
+        for view in &views {
+            // Planning inlined the view; it is no longer needed.
+            let _ = self.session.context().deregister_table(view.as_str());
+        }
+        planned.map_err(|e| {
+            let e = SluiceError::DataFusion(e);
+            // A stream that exists but cannot be read says why.
+            let msg = e.to_string();
+            let unreadable = self
+                .session
+                .streams()
+                .into_iter()
+                .find(|s| {
+                    msg.contains(&format!("'{}'", s.name))
+                        || msg.contains(&format!("table '{}'", s.name))
+                })
+                .and_then(|s| self.session.unreadable_reason(&s.name));
+            let missing = table_not_found(&msg).filter(|t| self.session.stream(t).is_none());
+            match (unreadable, missing) {
+                (Some(reason), _) => self.err(text, at, reason),
+                (None, Some(table)) => {
+                    let located = self.engine_error(text, at, e);
+                    SqlError::at(
+                        &self.file,
+                        text,
+                        located.line,
+                        located.column,
+                        self.unknown_stream(&table),
+                    )
+                }
+                (None, None) => self.engine_error(text, at, e),
+            }
+        })
+    }
+
+    /// `(a, b)` after `INSERT INTO sink`: the sink columns the query fills,
+    /// in order. A `(` that opens the query itself is left alone.
+    fn column_list(&self, p: &mut Parser<'_>, text: &str) -> Result<Option<Vec<String>>, SqlError> {
+        let opens_query = matches!(
+            &p.peek_nth_token(1).token,
+            Token::Word(w) if matches!(w.keyword, Keyword::SELECT | Keyword::WITH | Keyword::VALUES)
+        ) || p.peek_nth_token(1).token == Token::LParen;
+        if p.peek_token().token != Token::LParen || opens_query {
+            return Ok(None);
+        }
+        p.next_token();
+        let mut names = Vec::new();
+        loop {
+            let ident = p
+                .parse_identifier()
+                .map_err(|e| self.parser_error(text, &e))?;
+            names.push(normalize(&ident));
+            if p.consume_token(&Token::Comma) {
+                continue;
+            }
+            p.expect_token(&Token::RParen)
+                .map_err(|e| self.parser_error(text, &e))?;
+            return Ok(Some(names));
         }
     }
-    if let Some(extra) = output
-        .fields()
-        .iter()
-        .find(|f| declared.column_with_name(f.name()).is_none())
-    {
-        return Err(format!(
-            "the query's column '{}' ({}) is not among the columns stream '{sink}' declares: {}",
-            extra.name(),
-            extra.data_type(),
-            declared
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    Ok(())
 }
 
 /// The table of DataFusion's "table 'catalog.schema.name' not found".

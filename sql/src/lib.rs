@@ -34,7 +34,9 @@ mod error;
 mod event_time;
 mod insert;
 mod settings;
+mod sink_columns;
 mod substitute;
+mod types;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -62,6 +64,12 @@ pub enum StatementOutcome {
     TableCreated {
         /// Its name.
         table: String,
+    },
+    /// `CREATE VIEW` named a query, which later statements read as a
+    /// stream.
+    ViewCreated {
+        /// Its name.
+        view: String,
     },
     /// `DROP STREAM` removed one.
     Dropped {
@@ -295,15 +303,28 @@ impl<'a> SqlRunner<'a> {
                     self.create_table(p, text).await.map(Prepared::Done)
                 };
             }
+            let temporary = p.parse_keyword(Keyword::TEMPORARY);
+            if p.parse_keyword(Keyword::VIEW) {
+                return self.create_view(p, text).await.map(Prepared::Done);
+            }
+            if temporary {
+                let t = p.peek_token();
+                return Err(self.err(
+                    text,
+                    Pos::from(&t),
+                    format!("expected VIEW after CREATE TEMPORARY, found '{}'", t.token),
+                ));
+            }
             if !p.parse_keyword(Keyword::STREAM) {
                 let t = p.peek_token();
                 return Err(self.err(
                     text,
                     Pos::from(&t),
                     format!(
-                        "expected STREAM or TABLE after CREATE, found '{}': declare sources and \
-                         sinks with CREATE STREAM name (columns) WITH (connector = '...'), static \
-                         tables with CREATE TABLE name WITH (path = '...', format = '...')",
+                        "expected STREAM, TABLE or VIEW after CREATE, found '{}': declare sources \
+                         and sinks with CREATE STREAM name (columns) WITH (connector = '...'), \
+                         static tables with CREATE TABLE name WITH (path = '...', format = \
+                         '...'), named queries with CREATE VIEW name AS SELECT ...",
                         t.token
                     ),
                 ));

@@ -1,0 +1,163 @@
+//! Column types as Flink writes them: `ROW<name type, ...>` (or with
+//! parentheses) and `ARRAY<type>`, nested to any depth, parsed into the
+//! SQL types DataFusion maps to Arrow (a `ROW` is DataFusion's `STRUCT`).
+//! Every other type is the SQL parser's own.
+
+use datafusion::sql::sqlparser::ast::{
+    ArrayElemTypeDef, ColumnDef, ColumnOption, ColumnOptionDef, DataType, StructBracketKind,
+    StructField,
+};
+use datafusion::sql::sqlparser::keywords::Keyword;
+use datafusion::sql::sqlparser::parser::{Parser, ParserError};
+use datafusion::sql::sqlparser::tokenizer::Token;
+
+/// `name type [NOT NULL | NULL] [COMMENT '...']`, with Flink's nested types.
+pub(crate) fn column_def(p: &mut Parser<'_>) -> Result<ColumnDef, ParserError> {
+    if !nested_ahead(p, 1) {
+        return p.parse_column_def();
+    }
+    let name = p.parse_identifier()?;
+    let mut nested = Nested::default();
+    let data_type = nested.data_type(p)?;
+    let mut options = Vec::new();
+    loop {
+        if p.parse_keywords(&[Keyword::NOT, Keyword::NULL]) {
+            options.push(ColumnOptionDef {
+                name: None,
+                option: ColumnOption::NotNull,
+            });
+        } else if p.parse_keyword(Keyword::NULL) {
+            options.push(ColumnOptionDef {
+                name: None,
+                option: ColumnOption::Null,
+            });
+        } else if p.parse_keyword(Keyword::COMMENT) {
+            p.parse_literal_string()?;
+        } else {
+            break;
+        }
+    }
+    Ok(ColumnDef {
+        name,
+        data_type,
+        options,
+    })
+}
+
+/// Whether the `n`-th token ahead opens a `ROW` or `ARRAY` type.
+fn nested_ahead(p: &Parser<'_>, n: usize) -> bool {
+    let Token::Word(w) = p.peek_nth_token(n).token else {
+        return false;
+    };
+    let next = p.peek_nth_token(n + 1).token;
+    match w.value.to_ascii_uppercase().as_str() {
+        "ROW" => matches!(next, Token::Lt | Token::LParen),
+        "ARRAY" | "MAP" => next == Token::Lt,
+        _ => false,
+    }
+}
+
+/// Parses nested types; a `>>` closes two of them.
+#[derive(Default)]
+struct Nested {
+    /// `>`s read as part of a `>>` and not yet matched.
+    unmatched_gt: usize,
+}
+
+impl Nested {
+    fn data_type(&mut self, p: &mut Parser<'_>) -> Result<DataType, ParserError> {
+        if !nested_ahead(p, 0) {
+            return p.parse_data_type();
+        }
+        let word = p.next_token().token.to_string().to_ascii_uppercase();
+        let angle = p.next_token().token == Token::Lt;
+        match word.as_str() {
+            "ARRAY" => {
+                let item = self.data_type(p)?;
+                self.close(p, true)?;
+                Ok(DataType::Array(ArrayElemTypeDef::AngleBracket(Box::new(
+                    item,
+                ))))
+            }
+            "MAP" => Err(ParserError::ParserError(
+                "MAP columns are not supported yet: declare the column as ROW<...> with the \
+                 keys the values carry, or read it as VARCHAR"
+                    .into(),
+            )),
+            _ => {
+                let mut fields = Vec::new();
+                loop {
+                    let name = p.parse_identifier()?;
+                    let field_type = self.data_type(p)?;
+                    if self.unmatched_gt == 0 && p.parse_keyword(Keyword::COMMENT) {
+                        p.parse_literal_string()?;
+                    }
+                    fields.push(StructField {
+                        field_name: Some(name),
+                        field_type,
+                        options: None,
+                    });
+                    if self.unmatched_gt == 0 && p.consume_token(&Token::Comma) {
+                        continue;
+                    }
+                    self.close(p, angle)?;
+                    return Ok(DataType::Struct(fields, StructBracketKind::AngleBrackets));
+                }
+            }
+        }
+    }
+
+    /// The `>` (or `)`) that ends a nested type.
+    fn close(&mut self, p: &mut Parser<'_>, angle: bool) -> Result<(), ParserError> {
+        if !angle {
+            return p.expect_token(&Token::RParen).map(|_| ());
+        }
+        if self.unmatched_gt > 0 {
+            self.unmatched_gt -= 1;
+            return Ok(());
+        }
+        let t = p.next_token();
+        match t.token {
+            Token::Gt => Ok(()),
+            Token::ShiftRight => {
+                self.unmatched_gt += 1;
+                Ok(())
+            }
+            other => Err(ParserError::ParserError(format!(
+                "expected '>' to end the nested type, found '{other}' at {}",
+                t.span.start
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::column_def;
+    use datafusion::sql::sqlparser::dialect::GenericDialect;
+    use datafusion::sql::sqlparser::parser::Parser;
+
+    fn parse(text: &str) -> String {
+        let dialect = GenericDialect {};
+        let mut p = Parser::new(&dialect).try_with_sql(text).unwrap();
+        column_def(&mut p).unwrap().to_string()
+    }
+
+    #[test]
+    fn flinks_nested_types_become_structs_and_arrays() {
+        assert_eq!(
+            parse("bid ROW<auction BIGINT, url VARCHAR>"),
+            "bid STRUCT<auction BIGINT, url VARCHAR>"
+        );
+        assert_eq!(
+            parse("p ROW(id BIGINT, tags ARRAY<VARCHAR>) NOT NULL"),
+            "p STRUCT<id BIGINT, tags ARRAY<VARCHAR>> NOT NULL"
+        );
+        assert_eq!(parse("x ROW<a ROW<b INT>>"), "x STRUCT<a STRUCT<b INT>>");
+        assert_eq!(
+            parse("x ARRAY<ROW<a INT, b ARRAY<INT>>>"),
+            "x ARRAY<STRUCT<a INT, b ARRAY<INT>>>"
+        );
+        assert_eq!(parse("price BIGINT NOT NULL"), "price BIGINT NOT NULL");
+    }
+}
