@@ -42,6 +42,7 @@
 //! ```
 
 mod checkpoint;
+mod computed;
 mod connector;
 mod epoch;
 mod error;
@@ -73,6 +74,7 @@ mod window;
 pub use checkpoint::{
     Checkpoint, EpochCommit, Metadata, OffsetRecord, SourceRange, FORMAT_VERSION,
 };
+pub use computed::ComputedColumn;
 pub use connector::{
     BlackholeConnector, Connector, ConnectorRegistry, ConsoleConnector, FilesConnector,
     RateConnector, RepartitionArgs, RepartitionChannel, SinkArgs, SourceArgs,

@@ -240,6 +240,7 @@ impl BatchQuery {
             let partitions = inputs.remove(&input.key).ok_or_else(|| {
                 SluiceError::Internal(format!("no input given for {}", input.key))
             })?;
+            let partitions = input.table.compute(partitions)?;
             scopes.push(input.table.with_input(EpochInput::Read(partitions)));
         }
         self.plan.watermarks.restore(watermarks);

@@ -17,6 +17,7 @@ use datafusion::catalog::memory::MemorySourceConfig;
 use datafusion::catalog::{Session as DfSession, TableProvider};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::DataFusionError;
+use datafusion::execution::context::SessionState;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, LogicalPlan, TableScan, TableType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -24,6 +25,7 @@ use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::ExecutionPlan;
 use futures::{StreamExt, TryStreamExt};
 
+use crate::computed::{Computed, ComputedColumn};
 use crate::connector::{ConnectorRegistry, SourceArgs};
 use crate::error::{Result, SluiceError};
 use crate::options::Options;
@@ -48,6 +50,9 @@ pub struct StreamDefinition {
     /// query that drops late rows of this stream writes them there, in
     /// the epoch that dropped them.
     pub late_sink: Option<String>,
+    /// Columns computed from the others as rows are read (`name AS
+    /// expression`), after the declared ones.
+    pub computed: Vec<ComputedColumn>,
 }
 
 /// A stream registered as a DataFusion table.
@@ -60,6 +65,9 @@ pub struct StreamTable {
     /// The schema and the current epoch's batches; batches are set only on
     /// a running query's instance.
     batches: Arc<EpochBatches>,
+    /// The computed columns, and what the source yields without them.
+    computed: Option<Arc<Computed>>,
+    source_schema: SchemaRef,
 }
 
 impl StreamTable {
@@ -71,7 +79,9 @@ impl StreamTable {
         Self {
             definition: Arc::new(definition),
             factory: Arc::new(cell),
-            batches: Arc::new(EpochBatches::new(schema)),
+            batches: Arc::new(EpochBatches::new(Arc::clone(&schema))),
+            computed: None,
+            source_schema: schema,
         }
     }
 
@@ -80,7 +90,45 @@ impl StreamTable {
         Self {
             definition: Arc::new(definition),
             factory: Arc::default(),
-            batches: Arc::new(EpochBatches::new(schema)),
+            batches: Arc::new(EpochBatches::new(Arc::clone(&schema))),
+            computed: None,
+            source_schema: schema,
+        }
+    }
+
+    /// The same table with the definition's computed columns, planned in
+    /// `state`, after the source's.
+    pub(crate) fn with_computed(mut self, state: &SessionState) -> Result<Self> {
+        let def = &self.definition;
+        if let Some(c) = Computed::plan(state, &def.name, &self.source_schema, &def.computed)? {
+            self.batches = Arc::new(EpochBatches::new(Arc::clone(c.schema())));
+            self.computed = Some(Arc::new(c));
+        }
+        Ok(self)
+    }
+
+    /// Whether the stream has computed columns: its input is then read
+    /// whole before the plan runs, and [`compute`](Self::compute)d.
+    pub(crate) fn computes(&self) -> bool {
+        self.computed.is_some()
+    }
+
+    /// The source's `partitions` with the computed columns.
+    pub(crate) fn compute(&self, partitions: Partitions) -> Result<Partitions> {
+        match &self.computed {
+            Some(c) => c.apply(partitions),
+            None => Ok(partitions),
+        }
+    }
+
+    /// A fresh instance over the same stream: same source and columns.
+    fn again(&self, definition: Arc<StreamDefinition>) -> Self {
+        Self {
+            definition,
+            factory: Arc::clone(&self.factory),
+            batches: Arc::new(EpochBatches::new(Arc::clone(&self.batches.schema))),
+            computed: self.computed.clone(),
+            source_schema: Arc::clone(&self.source_schema),
         }
     }
 
@@ -104,7 +152,7 @@ impl StreamTable {
             .source(SourceArgs {
                 stream: def.name.clone(),
                 options: def.options.clone(),
-                schema: Some(Arc::clone(&self.batches.schema)),
+                schema: Some(Arc::clone(&self.source_schema)),
                 default_partitions,
             })
             .map_err(|e| match e {
@@ -113,7 +161,7 @@ impl StreamTable {
                 }
                 other => other,
             })?;
-        if factory.schema().fields() != self.batches.schema.fields() {
+        if factory.schema().fields() != self.source_schema.fields() {
             return Err(SluiceError::config(format!(
                 "stream '{}' cannot be read: its connector yields other columns than declared",
                 def.name
@@ -127,20 +175,12 @@ impl StreamTable {
         spec.check(&self.definition.name, &self.batches.schema)?;
         let mut definition = (*self.definition).clone();
         definition.watermark = Some(spec);
-        Ok(Self {
-            definition: Arc::new(definition),
-            factory: Arc::clone(&self.factory),
-            batches: Arc::new(EpochBatches::new(Arc::clone(&self.batches.schema))),
-        })
+        Ok(self.again(Arc::new(definition)))
     }
 
     /// A new instance for one running query: same stream, own input slot.
     pub(crate) fn for_query(&self) -> Arc<Self> {
-        Arc::new(Self {
-            definition: Arc::clone(&self.definition),
-            factory: Arc::clone(&self.factory),
-            batches: Arc::new(EpochBatches::new(Arc::clone(&self.batches.schema))),
-        })
+        Arc::new(self.again(Arc::clone(&self.definition)))
     }
 
     /// Puts the epoch's `input` in scope: the physical plans over this

@@ -18,13 +18,15 @@ use datafusion::sql::sqlparser::ast::{ColumnDef, ColumnOption};
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::Token;
-use sluice_engine::{Options, SluiceError, StreamDefinition, WatermarkSpec};
+use sluice_engine::{ComputedColumn, Options, SluiceError, StreamDefinition, WatermarkSpec};
 
 /// What a `CREATE` declares before `WITH`.
 struct Declared {
     name: String,
     name_pos: Pos,
     columns: Vec<(ColumnDef, Pos)>,
+    /// `name AS expression`: computed as rows are read.
+    computed: Vec<ComputedColumn>,
     watermark: Option<(WatermarkSpec, Pos)>,
 }
 
@@ -39,6 +41,7 @@ impl SqlRunner<'_> {
             name,
             name_pos,
             columns,
+            computed,
             watermark,
         } = self.declaration(p, text, true)?;
         let (watermark, watermark_pos) = match watermark {
@@ -73,6 +76,7 @@ impl SqlRunner<'_> {
             schema,
             watermark,
             late_sink: None,
+            computed,
         };
         self.session.create_stream(definition).map_err(|e| {
             // Point at the option the message names, else at the stream.
@@ -105,6 +109,7 @@ impl SqlRunner<'_> {
         let name_pos = Pos::from(&p.peek_token());
         let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
         let mut columns = Vec::new();
+        let mut computed = Vec::new();
         let mut watermark = None;
         if p.consume_token(&Token::LParen) {
             loop {
@@ -122,6 +127,19 @@ impl SqlRunner<'_> {
                     }
                     let spec = parse_watermark(p).map_err(|e| self.problem(text, e))?;
                     watermark = Some((spec, Pos::from(&t)));
+                } else if matches!(&p.peek_nth_token(1).token, Token::Word(w) if w.keyword == Keyword::AS)
+                {
+                    if !watermark_allowed {
+                        return Err(self.err(
+                            text,
+                            Pos::from(&t),
+                            "a static table cannot compute columns; compute them in the query",
+                        ));
+                    }
+                    let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
+                    p.next_token();
+                    let expression = p.parse_expr().map_err(|e| pe(self, e))?.to_string();
+                    computed.push(ComputedColumn { name, expression });
                 } else {
                     let col = types::column_def(p).map_err(|e| pe(self, e))?;
                     columns.push((col, Pos::from(&t)));
@@ -137,6 +155,7 @@ impl SqlRunner<'_> {
             name,
             name_pos,
             columns,
+            computed,
             watermark,
         })
     }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use datafusion::catalog::view::ViewTable;
 use datafusion::sql::sqlparser::ast::visit_relations;
 
-use crate::{normalize, sink_columns, Pos, SqlError, SqlRunner};
+use crate::{normalize, sink_columns, types, Pos, SqlError, SqlRunner};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
@@ -130,14 +130,19 @@ impl SqlRunner<'_> {
         });
         for placeholder in &used {
             let call = &self.windows[placeholder];
-            if self.session.stream(&call.stream).is_none() {
-                return Err(self.err(text, call.stream_pos, self.unknown_stream(&call.stream)));
-            }
-            let frame = self
-                .session
-                .table(&call.stream)
-                .await
-                .map_err(|e| self.engine_error(text, call.stream_pos, e))?;
+            let frame = if self.session.stream(&call.stream).is_some() {
+                self.session.table(&call.stream).await
+            } else {
+                // A view: its query, inlined, windowed like a stream.
+                match self.session.context().table(call.stream.as_str()).await {
+                    Ok(view) => Ok(self.session.frame(view.logical_plan().clone())),
+                    Err(_) => {
+                        let unknown = self.unknown_stream(&call.stream);
+                        return Err(self.err(text, call.stream_pos, unknown));
+                    }
+                }
+            };
+            let frame = frame.map_err(|e| self.engine_error(text, call.stream_pos, e))?;
             let windowed = frame
                 .window(call.window.clone())
                 .map_err(|e| self.engine_error(text, call.column_pos, e))?;
@@ -308,7 +313,7 @@ impl SqlRunner<'_> {
             // Planning inlined the view; it is no longer needed.
             let _ = self.session.context().deregister_table(view.as_str());
         }
-        planned.map_err(|e| {
+        planned.and_then(types::name_fields_read).map_err(|e| {
             let e = SluiceError::DataFusion(e);
             // A stream that exists but cannot be read says why.
             let msg = e.to_string();

@@ -455,7 +455,6 @@ fn locate_word(text: &str, from: Pos, word: &str) -> Option<Pos> {
     None
 }
 
-/// Unquoted identifiers are case-insensitive (lower-cased), as in DataFusion.
 /// True when the `CREATE TABLE` ahead declares `'connector' = '...'` other
 /// than `'filesystem'`: Flink's way to declare a Kafka topic.
 fn names_a_stream_connector(p: &Parser<'_>) -> bool {
@@ -478,10 +477,9 @@ fn names_a_stream_connector(p: &Parser<'_>) -> bool {
     false
 }
 
+/// An identifier's name: as written, quoted or not, since Flink SQL's
+/// identifiers keep their case (the session plans with DataFusion's
+/// lower-casing turned off).
 pub(crate) fn normalize(ident: &datafusion::sql::sqlparser::ast::Ident) -> String {
-    if ident.quote_style.is_some() {
-        ident.value.clone()
-    } else {
-        ident.value.to_ascii_lowercase()
-    }
+    ident.value.clone()
 }

@@ -1,8 +1,12 @@
 //! Column types as Flink writes them: `ROW<name type, ...>` (or with
 //! parentheses) and `ARRAY<type>`, nested to any depth, parsed into the
 //! SQL types DataFusion maps to Arrow (a `ROW` is DataFusion's `STRUCT`).
-//! Every other type is the SQL parser's own.
+//! Every other type is the SQL parser's own. A field read with a dot is
+//! named by its field, as in Flink.
 
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::{Expr, LogicalPlan, Projection};
+use datafusion::scalar::ScalarValue;
 use datafusion::sql::sqlparser::ast::{
     ArrayElemTypeDef, ColumnDef, ColumnOption, ColumnOptionDef, DataType, StructBracketKind,
     StructField,
@@ -129,6 +133,50 @@ impl Nested {
             ))),
         }
     }
+}
+
+/// `plan` with each field read with a dot at its top (`SELECT person.id`)
+/// named by its field (`id`), as Flink names it, where DataFusion would
+/// call it `t.person[id]`; a name another column has already is left.
+pub(crate) fn name_fields_read(plan: LogicalPlan) -> Result<LogicalPlan, DataFusionError> {
+    let LogicalPlan::Projection(projection) = plan else {
+        return Ok(plan);
+    };
+    let field_of = |e: &Expr| match e {
+        Expr::ScalarFunction(f) if f.func.name() == "get_field" => match f.args.last() {
+            Some(Expr::Literal(ScalarValue::Utf8(Some(name)), _)) => Some(name.clone()),
+            _ => None,
+        },
+        _ => None,
+    };
+    let mut taken: Vec<String> = projection
+        .schema
+        .fields()
+        .iter()
+        .zip(&projection.expr)
+        .filter(|(_, e)| field_of(e).is_none())
+        .map(|(f, _)| f.name().clone())
+        .collect();
+    let mut renamed = false;
+    let expr: Vec<Expr> = projection
+        .expr
+        .iter()
+        .map(|e| match field_of(e) {
+            Some(name) if !taken.contains(&name) => {
+                taken.push(name.clone());
+                renamed = true;
+                e.clone().alias(name)
+            }
+            _ => e.clone(),
+        })
+        .collect();
+    if !renamed {
+        return Ok(LogicalPlan::Projection(projection));
+    }
+    Ok(LogicalPlan::Projection(Projection::try_new(
+        expr,
+        projection.input,
+    )?))
 }
 
 #[cfg(test)]

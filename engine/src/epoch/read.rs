@@ -185,7 +185,9 @@ impl EpochLoop {
                 // An input without a watermark can be generated while the
                 // plan runs; one with a watermark must be seen whole first,
                 // and one that several scans read must be kept for all.
-                let whole = statement.plan.watermarks.tracks(index) || input.scans > 1;
+                let whole = statement.plan.watermarks.tracks(index)
+                    || input.scans > 1
+                    || input.table.computes();
                 let lazy = match empty
                     || whole
                     || !self.pipelining.applies(input.source.pipelines_by_default())
@@ -203,7 +205,8 @@ impl EpochLoop {
                         let partitions = if empty {
                             Vec::new()
                         } else {
-                            input.source.read(range.start.as_ref(), &range.end).await?
+                            let read = input.source.read(range.start.as_ref(), &range.end);
+                            input.table.compute(read.await?)?
                         };
                         let rows = partitions.iter().flatten().map(|b| b.num_rows() as u64);
                         (rows.sum(), EpochInput::Read(partitions))

@@ -186,7 +186,16 @@ impl Session {
     }
 
     /// A session planning in `ctx` (its functions, UDFs and settings).
+    /// Unquoted identifiers keep their case, as in Flink SQL: `emailAddress`
+    /// names the column `emailAddress`, not `emailaddress` (function names
+    /// stay case-insensitive).
     pub fn with_context(ctx: SessionContext) -> Self {
+        ctx.state_ref()
+            .write()
+            .config_mut()
+            .options_mut()
+            .sql_parser
+            .enable_ident_normalization = false;
         ctx.register_udf(crate::watermark::CurrentWatermark::unset());
         crate::functions::register(&ctx);
         Self {
@@ -277,7 +286,17 @@ impl Session {
                 definition.clone(),
                 Arc::clone(schema),
             )),
+            (None, None) if !definition.computed.is_empty() => {
+                return Err(SluiceError::plan(format!(
+                    "stream '{name}' computes columns from columns it does not declare: declare \
+                     them, CREATE STREAM {name} (column TYPE, ..., name AS expression)"
+                )))
+            }
             (None, None) => None,
+        };
+        let table = match table {
+            Some(t) => Some(t.with_computed(&self.inner.ctx.state())?),
+            None => None,
         };
         if let (Some(table), Some(spec)) = (&table, &definition.watermark) {
             spec.check(&name, &table.schema())?;
@@ -437,6 +456,7 @@ impl DataStreamReader {
             schema: self.schema,
             watermark: None,
             late_sink: None,
+            computed: Vec::new(),
         };
         self.session.read_definition(def)
     }
@@ -450,6 +470,7 @@ impl DataStreamReader {
             schema: Some(stream.schema()),
             watermark: None,
             late_sink: None,
+            computed: Vec::new(),
         };
         let factory = Arc::new(MemorySourceFactory::new(stream.clone()));
         self.session.frame_over(def, factory)

@@ -230,6 +230,7 @@ fn split(
         schema: Some(channel_schema),
         watermark: None,
         late_sink: None,
+        computed: Vec::new(),
     })?;
     let restored: Vec<Expr> = needed
         .iter()
