@@ -16,7 +16,7 @@ use crate::{normalize, Pos, SqlError, SqlRunner, StatementOutcome};
 use datafusion::arrow::datatypes::{Field, Schema};
 use datafusion::sql::sqlparser::ast::{ColumnDef, ColumnOption};
 use datafusion::sql::sqlparser::keywords::Keyword;
-use datafusion::sql::sqlparser::parser::{Parser, ParserError};
+use datafusion::sql::sqlparser::parser::{IsOptional, Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::Token;
 use sluice_engine::{ComputedColumn, Options, SluiceError, StreamDefinition, WatermarkSpec};
 
@@ -27,6 +27,8 @@ struct Declared {
     columns: Vec<(ColumnDef, Pos)>,
     /// `name AS expression`: computed as rows are read.
     computed: Vec<ComputedColumn>,
+    /// `PRIMARY KEY (columns) NOT ENFORCED`.
+    primary_key: Option<(Vec<String>, Pos)>,
     watermark: Option<(WatermarkSpec, Pos)>,
 }
 
@@ -42,6 +44,7 @@ impl SqlRunner<'_> {
             name_pos,
             columns,
             computed,
+            primary_key,
             watermark,
         } = self.declaration(p, text, true)?;
         let (watermark, watermark_pos) = match watermark {
@@ -63,6 +66,19 @@ impl SqlRunner<'_> {
         })?;
         if connector.eq_ignore_ascii_case("kafka") {
             self.settings.add_kafka_defaults(&mut options);
+        }
+        if let Some((key, at)) = primary_key {
+            if !connector.to_ascii_lowercase().contains("kafka") {
+                return Err(self.err(
+                    text,
+                    at,
+                    format!(
+                        "a PRIMARY KEY is the key of a Kafka stream's messages (upsert-kafka, \
+                         a Debezium table, a keyed sink); connector '{connector}' has none"
+                    ),
+                ));
+            }
+            self.key_from_primary_key(text, &mut options, &key, at)?;
         }
         let schema = if columns.is_empty() {
             None
@@ -110,10 +126,33 @@ impl SqlRunner<'_> {
         let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
         let mut columns = Vec::new();
         let mut computed = Vec::new();
+        let mut primary_key = None;
         let mut watermark = None;
         if p.consume_token(&Token::LParen) {
             loop {
                 let t = p.peek_token();
+                if p.parse_keyword(Keyword::CONSTRAINT) {
+                    p.parse_identifier().map_err(|e| pe(self, e))?;
+                }
+                if p.parse_keywords(&[Keyword::PRIMARY, Keyword::KEY]) {
+                    let key = p
+                        .parse_parenthesized_column_list(IsOptional::Mandatory, false)
+                        .map_err(|e| pe(self, e))?;
+                    if !p.parse_keywords(&[Keyword::NOT, Keyword::ENFORCED]) {
+                        return Err(self.err(
+                            text,
+                            Pos::from(&p.peek_token()),
+                            "Sluice, like Flink, does not check a primary key: write PRIMARY KEY \
+                             (...) NOT ENFORCED",
+                        ));
+                    }
+                    primary_key = Some((key.iter().map(normalize).collect(), Pos::from(&t)));
+                    if p.consume_token(&Token::Comma) {
+                        continue;
+                    }
+                    p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
+                    break;
+                }
                 let is_watermark =
                     matches!(&t.token, Token::Word(w) if w.value.eq_ignore_ascii_case("WATERMARK"));
                 if watermark_allowed && is_watermark {
@@ -129,17 +168,17 @@ impl SqlRunner<'_> {
                     watermark = Some((spec, Pos::from(&t)));
                 } else if matches!(&p.peek_nth_token(1).token, Token::Word(w) if w.keyword == Keyword::AS)
                 {
-                    if !watermark_allowed {
-                        return Err(self.err(
-                            text,
-                            Pos::from(&t),
-                            "a static table cannot compute columns; compute them in the query",
-                        ));
-                    }
                     let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
                     p.next_token();
                     let expression = p.parse_expr().map_err(|e| pe(self, e))?.to_string();
                     computed.push(ComputedColumn { name, expression });
+                } else if let Some((name, expression)) =
+                    types::metadata_column(p).map_err(|e| pe(self, e))?
+                {
+                    computed.push(ComputedColumn {
+                        name: normalize(&name),
+                        expression,
+                    });
                 } else {
                     let col = types::column_def(p).map_err(|e| pe(self, e))?;
                     columns.push((col, Pos::from(&t)));
@@ -156,8 +195,36 @@ impl SqlRunner<'_> {
             name_pos,
             columns,
             computed,
+            primary_key,
             watermark,
         })
+    }
+
+    /// A declared `PRIMARY KEY` is the stream's `'key.fields'`: the key of
+    /// an upsert stream or a Debezium table, or the message key written.
+    fn key_from_primary_key(
+        &self,
+        text: &str,
+        options: &mut Options,
+        key: &[String],
+        at: Pos,
+    ) -> Result<(), SqlError> {
+        let fields = key.join(",");
+        match options.get("key.fields") {
+            Some(given) if given.replace(' ', "") != fields => Err(self.err(
+                text,
+                at,
+                format!(
+                    "PRIMARY KEY ({}) differs from 'key.fields' = '{given}': they name the same \
+                     key, so declare one of them",
+                    key.join(", ")
+                ),
+            )),
+            _ => {
+                options.set("key.fields", fields);
+                Ok(())
+            }
+        }
     }
 
     /// `CREATE TABLE name [(columns)] WITH (path = '...', format = '...')`:
@@ -173,8 +240,17 @@ impl SqlRunner<'_> {
             name,
             name_pos,
             columns,
+            computed,
             ..
         } = self.declaration(p, text, false)?;
+        if !computed.is_empty() {
+            return Err(self.err(
+                text,
+                name_pos,
+                "a static table cannot compute columns or read metadata; compute them in the \
+                 query",
+            ));
+        }
         let with_tok = p.peek_token();
         p.expect_keyword(Keyword::WITH).map_err(|e| pe(self, e))?;
         let (mut options, positions) = self.options(p, text)?;
@@ -344,6 +420,37 @@ impl SqlRunner<'_> {
         ctx.register_table(name.as_str(), Arc::new(view))
             .map_err(|e| self.engine_error(text, name_pos, e.into()))?;
         Ok(StatementOutcome::ViewCreated { view: name })
+    }
+
+    /// `DROP VIEW [IF EXISTS] name` (after VIEW).
+    pub(crate) async fn drop_view(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+    ) -> Result<StatementOutcome, SqlError> {
+        let if_exists = p.parse_keywords(&[Keyword::IF, Keyword::EXISTS]);
+        let name_tok = p.peek_token();
+        let name = normalize(
+            &p.parse_identifier()
+                .map_err(|e| self.parser_error(text, &e))?,
+        );
+        let ctx = self.session.context();
+        let is_view = self.session.stream(&name).is_none()
+            && ctx
+                .table_provider(name.as_str())
+                .await
+                .is_ok_and(|t| t.get_logical_plan().is_some());
+        if is_view {
+            ctx.deregister_table(name.as_str())
+                .map_err(|e| self.engine_error(text, Pos::from(&name_tok), e.into()))?;
+        } else if !if_exists {
+            return Err(self.err(
+                text,
+                Pos::from(&name_tok),
+                format!("there is no view '{name}' (DROP STREAM drops a stream)"),
+            ));
+        }
+        Ok(StatementOutcome::ViewDropped { view: name })
     }
 
     /// `( key = value, ... )`; keys quoted or bare (dotted), values strings,

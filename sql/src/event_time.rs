@@ -247,7 +247,7 @@ fn parse_window_call(p: &mut Parser<'_>) -> Result<WindowCall, Problem> {
 }
 
 /// `INTERVAL '5' SECOND` or `INTERVAL '5 seconds'` as a duration.
-fn interval_duration(expr: &Expr) -> Result<Duration, String> {
+pub(crate) fn interval_duration(expr: &Expr) -> Result<Duration, String> {
     let Expr::Interval(interval) = expr else {
         return Err(format!(
             "expected an INTERVAL such as INTERVAL '10' SECOND, found '{expr}'"

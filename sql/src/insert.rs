@@ -8,7 +8,7 @@ use std::sync::Arc;
 use datafusion::catalog::view::ViewTable;
 use datafusion::sql::sqlparser::ast::visit_relations;
 
-use crate::{normalize, sink_columns, types, Pos, SqlError, SqlRunner};
+use crate::{group_window, normalize, sink_columns, types, Pos, SqlError, SqlRunner};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
@@ -299,11 +299,14 @@ impl SqlRunner<'_> {
     /// Plans `query` (its window calls included), an error pointing at
     /// `at`, or at the unknown or unreadable stream it names.
     pub(crate) async fn plan_query(
-        &self,
-        query: Box<datafusion::sql::sqlparser::ast::Query>,
+        &mut self,
+        mut query: Box<datafusion::sql::sqlparser::ast::Query>,
         text: &str,
         at: Pos,
     ) -> Result<LogicalPlan, SqlError> {
+        let grouped = group_window::rewrite(&mut query, &mut self.next_window)
+            .map_err(|e| self.problem(text, e))?;
+        self.windows.extend(grouped);
         let views = self.register_windows(&query, text).await?;
         let state = self.session.context().state();
         let planned = state

@@ -32,6 +32,7 @@
 mod ddl;
 mod error;
 mod event_time;
+mod group_window;
 mod insert;
 mod settings;
 mod sink_columns;
@@ -68,6 +69,11 @@ pub enum StatementOutcome {
     /// `CREATE VIEW` named a query, which later statements read as a
     /// stream.
     ViewCreated {
+        /// Its name.
+        view: String,
+    },
+    /// `DROP VIEW` removed one.
+    ViewDropped {
         /// Its name.
         view: String,
     },
@@ -374,6 +380,9 @@ impl<'a> SqlRunner<'a> {
             return Ok(Prepared::Done(StatementOutcome::Streams(lines)));
         }
         if p.parse_keyword(Keyword::DROP) {
+            if p.parse_keyword(Keyword::VIEW) {
+                return self.drop_view(p, text).await.map(Prepared::Done);
+            }
             p.expect_keyword(Keyword::STREAM).map_err(|e| pe(self, e))?;
             let name_tok = p.peek_token();
             let name = normalize(&p.parse_identifier().map_err(|e| pe(self, e))?);
@@ -389,7 +398,7 @@ impl<'a> SqlRunner<'a> {
                 .to_string()
         } else {
             format!(
-                "expected CREATE STREAM, INSERT INTO, EXECUTE STATEMENT SET, SET, EXPLAIN, SHOW STREAMS or DROP STREAM, found '{}'",
+                "expected CREATE STREAM, CREATE VIEW, INSERT INTO, EXECUTE STATEMENT SET, SET, EXPLAIN, SHOW STREAMS, DROP STREAM or DROP VIEW, found '{}'",
                 t.token
             )
         };

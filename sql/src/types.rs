@@ -8,7 +8,7 @@ use datafusion::error::DataFusionError;
 use datafusion::logical_expr::{Expr, LogicalPlan, Projection};
 use datafusion::scalar::ScalarValue;
 use datafusion::sql::sqlparser::ast::{
-    ArrayElemTypeDef, ColumnDef, ColumnOption, ColumnOptionDef, DataType, StructBracketKind,
+    ArrayElemTypeDef, ColumnDef, ColumnOption, ColumnOptionDef, DataType, Ident, StructBracketKind,
     StructField,
 };
 use datafusion::sql::sqlparser::keywords::Keyword;
@@ -46,6 +46,53 @@ pub(crate) fn column_def(p: &mut Parser<'_>) -> Result<ColumnDef, ParserError> {
         data_type,
         options,
     })
+}
+
+/// `name type METADATA [FROM 'key'] [VIRTUAL]`, Flink's Kafka metadata
+/// column, if one is ahead: its name and the expression that reads it from
+/// the Kafka source's virtual column (`'timestamp'` is `_timestamp`, cast
+/// to the declared type).
+pub(crate) fn metadata_column(p: &mut Parser<'_>) -> Result<Option<(Ident, String)>, ParserError> {
+    let mut depth = 0usize;
+    for n in 0.. {
+        match p.peek_nth_token(n).token {
+            Token::LParen | Token::Lt => depth += 1,
+            Token::Gt if depth > 0 => depth -= 1,
+            Token::ShiftRight if depth > 0 => depth = depth.saturating_sub(2),
+            Token::RParen if depth > 0 => depth -= 1,
+            Token::Comma | Token::RParen if depth == 0 => return Ok(None),
+            Token::EOF | Token::SemiColon => return Ok(None),
+            Token::Word(w) if depth == 0 && w.value.eq_ignore_ascii_case("METADATA") => break,
+            _ => {}
+        }
+    }
+    let name = p.parse_identifier()?;
+    let data_type = Nested::default().data_type(p)?;
+    p.next_token(); // METADATA
+    let key = if p.parse_keyword(Keyword::FROM) {
+        p.parse_literal_string()?
+    } else {
+        name.value.clone()
+    };
+    if let Token::Word(w) = p.peek_token().token {
+        if w.value.eq_ignore_ascii_case("VIRTUAL") {
+            p.next_token();
+        }
+    }
+    let column = match key.as_str() {
+        "timestamp" => "_timestamp",
+        "partition" => "_partition",
+        "offset" => "_offset",
+        "topic" => "_topic",
+        "key" => "_key",
+        other => {
+            return Err(ParserError::ParserError(format!(
+                "metadata '{other}' is not one Sluice reads: a Kafka stream gives 'timestamp', \
+                 'partition', 'offset', 'topic' and 'key' ('headers' not yet)"
+            )))
+        }
+    };
+    Ok(Some((name, format!("CAST({column} AS {data_type})"))))
 }
 
 /// Whether the `n`-th token ahead opens a `ROW` or `ARRAY` type.

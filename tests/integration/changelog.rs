@@ -239,18 +239,19 @@ impl Changes {
     fn streams(self, inputs: &[String], bootstrap: &str) -> (String, &'static str) {
         let upsert = |name: &str, topic: &str| {
             format!(
-                "CREATE STREAM {name} (id BIGINT NOT NULL, name VARCHAR, v BIGINT) \
-                 WITH (connector = 'upsert-kafka', topic = '{topic}', \
-                 'bootstrap.servers' = '{bootstrap}', 'key.fields' = 'id');\n"
+                "CREATE TABLE {name} (id BIGINT NOT NULL, name VARCHAR, v BIGINT, \
+                 PRIMARY KEY (id) NOT ENFORCED) \
+                 WITH ('connector' = 'upsert-kafka', 'topic' = '{topic}', \
+                 'properties.bootstrap.servers' = '{bootstrap}');\n"
             )
         };
         match self {
             Changes::Debezium => (
                 format!(
-                    "CREATE STREAM items (id BIGINT NOT NULL, category VARCHAR, amount BIGINT) \
+                    "CREATE STREAM items (id BIGINT NOT NULL, category VARCHAR, amount BIGINT, \
+                     PRIMARY KEY (id) NOT ENFORCED) \
                      WITH (connector = 'kafka', topic = '{}', \
-                     'bootstrap.servers' = '{bootstrap}', format = 'debezium-json', \
-                     'key.fields' = 'id');\n",
+                     'bootstrap.servers' = '{bootstrap}', format = 'debezium-json');\n",
                     inputs[0]
                 ),
                 "kafka",
@@ -584,7 +585,7 @@ fn a_top_n_over_an_upsert_stream_equals_the_batch_answer_over_the_latest_values(
     });
 }
 
-/// A Debezium stream declared with its table's key ('key.fields' = 'id'),
+/// A Debezium stream declared with its table's key (PRIMARY KEY (id) NOT ENFORCED, its 'key.fields'),
 /// filtered: the output is a table keyed by id, each row's latest version
 /// where the filter holds on it. An update that moves a row out of the
 /// filter deletes it downstream, and a delete does.
@@ -718,10 +719,12 @@ async fn a_filtered_upsert_stream_joined_with_another_is_exact_through_kill_9() 
     let (streams, _) = Changes::UpsertPair.streams(&inputs, &bootstrap);
     // Epochs of 50 changes per input, each at least the 50 ms trigger:
     // the work outlasts the kills however fast an epoch computes.
-    let streams = streams.replace(
-        "'key.fields' = 'id')",
-        "'key.fields' = 'id', 'max-records-per-epoch' = '50')",
+    let limited = streams.replace(
+        "WITH ('connector' = 'upsert-kafka',",
+        "WITH ('connector' = 'upsert-kafka', 'max-records-per-epoch' = '50',",
     );
+    assert_ne!(limited, streams, "the streams' epochs are bounded");
+    let streams = limited;
     std::fs::write(
         &sql,
         format!(

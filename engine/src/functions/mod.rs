@@ -16,6 +16,8 @@
 //! | `HOUR(ts)`, `MINUTE(ts)`, `SECOND(ts)` | the hour of the day, the minute of the hour, the second of the minute, as BIGINT |
 //! | `MOD(a, b)` | the remainder of `a / b`, with the sign of `a` (`a % b`) |
 //! | `SPLIT_INDEX(s, sep, i)` | the `i`-th (from 0) piece of `s` split at `sep`; NULL past the last or for `i < 0` |
+//! | `TO_TIMESTAMP(s[, pattern])`, `UNIX_TIMESTAMP([s[, pattern]])` | text read by a Java pattern as a TIMESTAMP(3), or as seconds since 1970 |
+//! | `TO_TIMESTAMP_LTZ(n, precision)` | `n` seconds (0) or milliseconds (3) since 1970 as a TIMESTAMP(3) |
 //! | `REGEXP_EXTRACT(s, regex[, i])` | group `i` (default 0: the whole match) of the first match; NULL without a match |
 //!
 //! ```
@@ -32,14 +34,11 @@
 
 use std::sync::Arc;
 
-use chrono::{DateTime, Datelike, NaiveDateTime, Timelike};
-use datafusion::arrow::array::{
-    Array, ArrayRef, AsArray, Int64Array, StringArray, TimestampNanosecondArray,
-};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, Int64Array, StringArray};
 use datafusion::arrow::compute::kernels::numeric::rem;
 use datafusion::arrow::compute::kernels::zip::zip;
 use datafusion::arrow::compute::{cast, prep_null_mask_filter};
-use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type, TimeUnit};
+use datafusion::arrow::datatypes::{DataType, Field, FieldRef, Int64Type};
 use datafusion::common::{exec_err, plan_err, ScalarValue};
 use datafusion::error::Result;
 use datafusion::execution::context::SessionContext;
@@ -49,24 +48,22 @@ use datafusion::logical_expr::{
     Signature, Volatility,
 };
 
+mod time;
+
 /// Registers Flink's functions in `ctx`, in place of DataFusion's of the
 /// same name.
 pub fn register(ctx: &SessionContext) {
-    ctx.register_udf(ScalarUDF::from(DateFormat::new()));
-    ctx.register_udf(ScalarUDF::from(DateFormat::from_unixtime()));
+    time::register(ctx);
     ctx.register_udf(ScalarUDF::from(If::new()));
-    for part in [TimePart::Hour, TimePart::Minute, TimePart::Second] {
-        ctx.register_udf(ScalarUDF::from(TimeOf::new(part)));
-    }
     ctx.register_udf(ScalarUDF::from(Mod::new()));
     ctx.register_udf(ScalarUDF::from(SplitIndex::new()));
     ctx.register_udf(ScalarUDF::from(RegexpExtract::new()));
 }
 
-/// The text-valued field of `udf` over `args`, once its second argument,
-/// when a constant, reads with `read`: a pattern it cannot read is refused
-/// when the query is planned, not at its first row.
-fn text_checking_constant<T>(
+/// The field of `udf` over `args`, once its second argument, when a
+/// constant, reads with `read`: a pattern it cannot read is refused when
+/// the query is planned, not at its first row.
+fn checking_constant<T>(
     udf: &dyn ScalarUDFImpl,
     args: &ReturnFieldArgs,
     read: fn(&str) -> std::result::Result<T, String>,
@@ -76,13 +73,13 @@ fn text_checking_constant<T>(
         .iter()
         .map(|f| f.data_type().clone())
         .collect();
-    udf.return_type(&types)?;
+    let data_type = udf.return_type(&types)?;
     if let Some(text) = constant_text(args.scalar_arguments.get(1).copied().flatten()) {
         if let Err(e) = read(text) {
             return plan_err!("{e}");
         }
     }
-    Ok(Arc::new(Field::new(udf.name(), DataType::Utf8, true)))
+    Ok(Arc::new(Field::new(udf.name(), data_type, true)))
 }
 
 /// A per-row text argument (a pattern, a regular expression) read once for
@@ -122,306 +119,6 @@ fn constant_text(value: Option<&ScalarValue>) -> Option<&str> {
 /// `arg` as one array of `n` rows of type `to`.
 fn array_of(arg: &ColumnarValue, n: usize, to: &DataType) -> Result<ArrayRef> {
     Ok(cast(&arg.to_array(n)?, to)?)
-}
-
-/// Each row's time of a timestamp, date or text argument, in UTC.
-fn times(arg: &ColumnarValue, n: usize) -> Result<TimestampNanosecondArray> {
-    let nanos = array_of(arg, n, &DataType::Timestamp(TimeUnit::Nanosecond, None))?;
-    Ok(nanos.as_primitive().clone())
-}
-
-fn naive(ns: i64) -> NaiveDateTime {
-    DateTime::from_timestamp_nanos(ns).naive_utc()
-}
-
-/// Whether `t` can be read as a time.
-fn is_time(t: &DataType) -> bool {
-    matches!(
-        t,
-        DataType::Timestamp(..)
-            | DataType::Date32
-            | DataType::Date64
-            | DataType::Utf8
-            | DataType::LargeUtf8
-            | DataType::Utf8View
-            | DataType::Null
-    )
-}
-
-/// One element of a Java date-time pattern.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Piece {
-    Text(String),
-    /// A pattern letter and how many times it repeats.
-    Field(char, usize),
-}
-
-/// A Java `DateTimeFormatter` pattern, as Flink's `DATE_FORMAT` takes it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct JavaPattern(Vec<Piece>);
-
-/// The pattern letters supported: year, month, day, hour (0–23 and 1–12),
-/// minute, second, fraction, AM/PM, day of week, day of year.
-const LETTERS: &str = "yMdHhmsSaED";
-
-impl JavaPattern {
-    fn parse(pattern: &str) -> std::result::Result<Self, String> {
-        let chars: Vec<char> = pattern.chars().collect();
-        let mut pieces = Vec::new();
-        let mut i = 0;
-        while i < chars.len() {
-            let c = chars[i];
-            if c == '\'' {
-                // 'text' is literal; '' is one quote, inside or outside.
-                let mut text = String::new();
-                i += 1;
-                if chars.get(i) == Some(&'\'') {
-                    pieces.push(Piece::Text("'".into()));
-                    i += 1;
-                    continue;
-                }
-                loop {
-                    match (chars.get(i), chars.get(i + 1)) {
-                        (None, _) => {
-                            return Err(format!(
-                                "DATE_FORMAT pattern '{pattern}' opens a quote it does not close"
-                            ))
-                        }
-                        (Some('\''), Some('\'')) => {
-                            text.push('\'');
-                            i += 2;
-                        }
-                        (Some('\''), _) => {
-                            i += 1;
-                            break;
-                        }
-                        (Some(&c), _) => {
-                            text.push(c);
-                            i += 1;
-                        }
-                    }
-                }
-                pieces.push(Piece::Text(text));
-            } else if c.is_ascii_alphabetic() {
-                if !LETTERS.contains(c) {
-                    return Err(format!(
-                        "DATE_FORMAT pattern '{pattern}': '{c}' is not a pattern letter Sluice \
-                         formats (Java's y M d H h m s S a E D); quote literal text ('T')"
-                    ));
-                }
-                let n = chars[i..].iter().take_while(|&&x| x == c).count();
-                pieces.push(Piece::Field(c, n));
-                i += n;
-            } else {
-                pieces.push(Piece::Text(c.to_string()));
-                i += 1;
-            }
-        }
-        Ok(Self(pieces))
-    }
-
-    fn format(&self, t: &NaiveDateTime) -> String {
-        let mut out = String::new();
-        let pad = |out: &mut String, v: i64, n: usize| out.push_str(&format!("{v:0n$}"));
-        for piece in &self.0 {
-            match *piece {
-                Piece::Text(ref s) => out.push_str(s),
-                Piece::Field('y', 2) => pad(&mut out, i64::from(t.year()).rem_euclid(100), 2),
-                Piece::Field('y', n) => pad(&mut out, i64::from(t.year()), n),
-                Piece::Field('M', 3) => out.push_str(&t.format("%b").to_string()),
-                Piece::Field('M', n) if n > 3 => out.push_str(&t.format("%B").to_string()),
-                Piece::Field('M', n) => pad(&mut out, i64::from(t.month()), n),
-                Piece::Field('d', n) => pad(&mut out, i64::from(t.day()), n),
-                Piece::Field('H', n) => pad(&mut out, i64::from(t.hour()), n),
-                Piece::Field('h', n) => pad(&mut out, i64::from((t.hour() + 11) % 12 + 1), n),
-                Piece::Field('m', n) => pad(&mut out, i64::from(t.minute()), n),
-                Piece::Field('s', n) => pad(&mut out, i64::from(t.second()), n),
-                Piece::Field('S', n) => {
-                    // The fraction of the second, to n digits (cut, not rounded).
-                    let digits = format!("{:09}", t.nanosecond() % 1_000_000_000);
-                    out.push_str(&digits[..n.min(9)]);
-                    out.extend(std::iter::repeat_n('0', n.saturating_sub(9)));
-                }
-                Piece::Field('a', _) => out.push_str(if t.hour() < 12 { "AM" } else { "PM" }),
-                Piece::Field('E', n) if n > 3 => out.push_str(&t.format("%A").to_string()),
-                Piece::Field('E', _) => out.push_str(&t.format("%a").to_string()),
-                Piece::Field('D', n) => pad(&mut out, i64::from(t.ordinal()), n),
-                Piece::Field(_, _) => {}
-            }
-        }
-        out
-    }
-}
-
-/// `DATE_FORMAT(ts, pattern)` and `FROM_UNIXTIME(seconds[, pattern])`: a
-/// time as text by a Java pattern (see the module's text).
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct DateFormat {
-    /// `FROM_UNIXTIME`: the time is seconds since 1970-01-01 00:00:00 UTC,
-    /// and the pattern defaults to `yyyy-MM-dd HH:mm:ss`.
-    from_seconds: bool,
-    signature: Signature,
-}
-
-/// `FROM_UNIXTIME`'s pattern when none is given (Flink's).
-const UNIXTIME_PATTERN: &str = "yyyy-MM-dd HH:mm:ss";
-
-impl DateFormat {
-    fn new() -> Self {
-        Self {
-            from_seconds: false,
-            signature: Signature::any(2, Volatility::Immutable),
-        }
-    }
-
-    fn from_unixtime() -> Self {
-        Self {
-            from_seconds: true,
-            signature: Signature::variadic_any(Volatility::Immutable),
-        }
-    }
-
-    /// Each row's time: `arg` read as a time, or as seconds.
-    fn times(&self, arg: &ColumnarValue, n: usize) -> Result<TimestampNanosecondArray> {
-        if !self.from_seconds {
-            return times(arg, n);
-        }
-        let seconds = array_of(arg, n, &DataType::Int64)?;
-        Ok(seconds
-            .as_primitive::<Int64Type>()
-            .iter()
-            .map(|s| s.and_then(|s| s.checked_mul(1_000_000_000)))
-            .collect())
-    }
-}
-
-impl ScalarUDFImpl for DateFormat {
-    fn name(&self) -> &str {
-        if self.from_seconds {
-            "from_unixtime"
-        } else {
-            "date_format"
-        }
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
-        match (self.from_seconds, args) {
-            (false, [t, p]) if is_time(t) && is_text(p) => Ok(DataType::Utf8),
-            (true, [s]) if s.is_integer() || s.is_null() => Ok(DataType::Utf8),
-            (true, [s, p]) if (s.is_integer() || s.is_null()) && is_text(p) => Ok(DataType::Utf8),
-            (false, _) => plan_err!(
-                "DATE_FORMAT takes a timestamp (or date, or text) and a pattern, as \
-                 DATE_FORMAT(ts, 'yyyy-MM-dd HH:mm:ss'); got {args:?}"
-            ),
-            (true, _) => plan_err!(
-                "FROM_UNIXTIME takes whole seconds since 1970 and maybe a pattern, as \
-                 FROM_UNIXTIME(1767225600, 'yyyy-MM-dd'); got {args:?}"
-            ),
-        }
-    }
-
-    /// Refuses a constant pattern it cannot format when the query is
-    /// planned.
-    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        text_checking_constant(self, &args, JavaPattern::parse)
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let n = args.number_rows;
-        let default = ColumnarValue::Scalar(ScalarValue::Utf8(Some(UNIXTIME_PATTERN.into())));
-        let (time, pattern) = match args.args.as_slice() {
-            [time, pattern] => (time, pattern),
-            [time] if self.from_seconds => (time, &default),
-            _ => return exec_err!("{} takes a time and a pattern", self.name()),
-        };
-        let times = self.times(time, n)?;
-        let patterns = array_of(pattern, n, &DataType::Utf8)?;
-        let patterns = patterns.as_string::<i32>();
-        let mut parsed = ReadOnce::new(JavaPattern::parse);
-        let mut out = Vec::with_capacity(n);
-        for i in 0..n {
-            if times.is_null(i) || patterns.is_null(i) {
-                out.push(None);
-                continue;
-            }
-            let pattern = parsed.get(patterns.value(i))?;
-            out.push(Some(pattern.format(&naive(times.value(i)))));
-        }
-        Ok(ColumnarValue::Array(Arc::new(StringArray::from(out))))
-    }
-}
-
-/// Which part of a time [`TimeOf`] takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum TimePart {
-    Hour,
-    Minute,
-    Second,
-}
-
-/// `HOUR(ts)`, `MINUTE(ts)`, `SECOND(ts)`: a part of the time, as BIGINT.
-#[derive(Debug, PartialEq, Eq, Hash)]
-struct TimeOf {
-    part: TimePart,
-    signature: Signature,
-}
-
-impl TimeOf {
-    fn new(part: TimePart) -> Self {
-        Self {
-            part,
-            signature: Signature::any(1, Volatility::Immutable),
-        }
-    }
-}
-
-impl ScalarUDFImpl for TimeOf {
-    fn name(&self) -> &str {
-        match self.part {
-            TimePart::Hour => "hour",
-            TimePart::Minute => "minute",
-            TimePart::Second => "second",
-        }
-    }
-
-    fn signature(&self) -> &Signature {
-        &self.signature
-    }
-
-    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
-        match args {
-            [t] if is_time(t) => Ok(DataType::Int64),
-            _ => plan_err!(
-                "{}() takes one timestamp (or date, or text); got {args:?}",
-                self.name().to_uppercase()
-            ),
-        }
-    }
-
-    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
-        let [time] = args.args.as_slice() else {
-            return exec_err!("{}() takes one argument", self.name());
-        };
-        let times = times(time, args.number_rows)?;
-        let out: Int64Array = times
-            .iter()
-            .map(|t| {
-                t.map(|ns| {
-                    let t = naive(ns);
-                    i64::from(match self.part {
-                        TimePart::Hour => t.hour(),
-                        TimePart::Minute => t.minute(),
-                        TimePart::Second => t.second(),
-                    })
-                })
-            })
-            .collect();
-        Ok(ColumnarValue::Array(Arc::new(out)))
-    }
 }
 
 /// `MOD(a, b)`: `a % b`, in the type the `%` of the two gives.
@@ -590,7 +287,7 @@ impl ScalarUDFImpl for RegexpExtract {
     /// Refuses a constant regular expression it cannot read when the query
     /// is planned.
     fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
-        text_checking_constant(self, &args, compile)
+        checking_constant(self, &args, compile)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -785,6 +482,65 @@ mod tests {
             ("SELECT IF(CAST(NULL AS BOOLEAN), 'yes', 'no')", "no"),
         ] {
             assert_eq!(one(sql).await.unwrap(), want, "{sql}");
+        }
+        for (sql, want) in [
+            (
+                "SELECT TO_TIMESTAMP('2026-03-04 17:06:07')",
+                "2026-03-04T17:06:07",
+            ),
+            (
+                "SELECT TO_TIMESTAMP('04/03/2026 17:06', 'dd/MM/yyyy HH:mm')",
+                "2026-03-04T17:06:00",
+            ),
+            (
+                "SELECT TO_TIMESTAMP('2026-03-04 17:06:07.250', 'yyyy-MM-dd HH:mm:ss.SSS')",
+                "2026-03-04T17:06:07.250",
+            ),
+            (
+                "SELECT TO_TIMESTAMP('2026-03-04', 'yyyy-MM-dd')",
+                "2026-03-04T00:00:00",
+            ),
+            (
+                "SELECT TO_TIMESTAMP('March 4', 'yyyy-MM-dd') IS NULL",
+                "true",
+            ),
+            ("SELECT UNIX_TIMESTAMP('2026-03-04 17:06:07')", "1772643967"),
+            (
+                "SELECT UNIX_TIMESTAMP('2026/03/04', 'yyyy/MM/dd')",
+                "1772582400",
+            ),
+            ("SELECT UNIX_TIMESTAMP() > 1772643967", "true"),
+            (
+                "SELECT TO_TIMESTAMP_LTZ(1772643967250, 3)",
+                "2026-03-04T17:06:07.250",
+            ),
+            (
+                "SELECT TO_TIMESTAMP_LTZ(1772643967, 0)",
+                "2026-03-04T17:06:07",
+            ),
+        ] {
+            assert_eq!(one(sql).await.unwrap(), want, "{sql}");
+        }
+        for (sql, problem) in [
+            (
+                "SELECT TO_TIMESTAMP('2026', 'yyyy-Q')",
+                "'Q' is not a pattern letter",
+            ),
+            (
+                "SELECT TO_TIMESTAMP('1', 'ss.SS')",
+                "fraction of a second of 3, 6 or 9 digits",
+            ),
+            (
+                "SELECT TO_TIMESTAMP_LTZ(1, 2)",
+                "precision is 0 (seconds) or 3 (milliseconds)",
+            ),
+            ("SELECT TO_TIMESTAMP(1)", "TO_TIMESTAMP_LTZ(n, 0)"),
+        ] {
+            let err = one(sql).await.err().map(|e| e.to_string());
+            assert!(
+                err.as_deref().is_some_and(|e| e.contains(problem)),
+                "{sql}: {err:?}"
+            );
         }
         let none = one("SELECT SPLIT_INDEX('a,b,c', ',', 3) IS NULL")
             .await
