@@ -64,6 +64,7 @@ fn bid_schema() -> SchemaRef {
 fn bids() -> RecordBatch {
     let g = Generator {
         seed: 0,
+        flink: false,
         timeline: Timeline {
             anchor_event: 0,
             anchor_ms: 1_700_000_000_000,

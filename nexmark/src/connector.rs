@@ -42,6 +42,7 @@ const OPTIONS: &[&str] = &[
     "pace",
     "base-time-ms",
     "seed",
+    "generator",
     "num-partitions",
 ];
 
@@ -89,6 +90,10 @@ impl Connector for NexmarkConnector {
             .take_parsed::<i64>("base-time-ms", "milliseconds since the Unix epoch")?
             .unwrap_or(BEAM_BASE_TIME_MS);
         let seed = o.take_parsed::<u64>("seed", "a whole number")?.unwrap_or(0);
+        // Flink's generator adds a channel and a URL to each bid.
+        let flink = o
+            .take_choice("generator", &["beam", "flink"])?
+            .is_some_and(|g| g == "flink");
         let partitions = o
             .take_parsed::<usize>("num-partitions", "a whole number of partitions")?
             .unwrap_or(args.default_partitions)
@@ -107,7 +112,7 @@ impl Connector for NexmarkConnector {
                 args.stream
             )));
         }
-        let schema = schema(table);
+        let schema = schema(table, flink);
         if let Some(declared) = &args.schema {
             if declared.fields() != schema.fields() {
                 return Err(SluiceError::config(format!(
@@ -126,14 +131,16 @@ impl Connector for NexmarkConnector {
             paced,
             base_time_ms,
             seed,
+            flink,
             partitions,
             schema,
         })))
     }
 }
 
-/// The columns of each stream.
-fn schema(table: Kind) -> SchemaRef {
+/// The columns of each stream; `flink`: Flink's generator's bids, with
+/// their channel and URL.
+fn schema(table: Kind, flink: bool) -> SchemaRef {
     let id = |name: &str| Field::new(name, DataType::Int64, false);
     let text = |name: &str| Field::new(name, DataType::Utf8, false);
     let time =
@@ -161,6 +168,15 @@ fn schema(table: Kind) -> SchemaRef {
             id("category"),
             text("extra"),
         ],
+        Kind::Bid if flink => vec![
+            id("auction"),
+            id("bidder"),
+            id("price"),
+            text("channel"),
+            text("url"),
+            time("date_time"),
+            text("extra"),
+        ],
         Kind::Bid => vec![
             id("auction"),
             id("bidder"),
@@ -180,6 +196,7 @@ struct Config {
     paced: bool,
     base_time_ms: i64,
     seed: u64,
+    flink: bool,
     partitions: usize,
     schema: SchemaRef,
 }
@@ -287,6 +304,7 @@ impl Source for NexmarkSource {
         let end = parse(end)?;
         let generator = Generator {
             seed: self.config.seed,
+            flink: self.config.flink,
             timeline: Timeline {
                 anchor_event: end.anchor_event,
                 anchor_ms: end.anchor_ms,
@@ -334,7 +352,7 @@ fn generate(
     events: impl Iterator<Item = i64>,
 ) -> Result<Vec<RecordBatch>> {
     let mut batches = Vec::new();
-    let mut rows = Rows::new(table);
+    let mut rows = Rows::new(table, schema);
     for e in events.filter(|e| Kind::of(*e) == table) {
         rows.push(generator, e);
         if rows.len == BATCH_ROWS {
@@ -359,12 +377,18 @@ struct Rows {
 const NANOS_PER_MS: i64 = 1_000_000;
 
 impl Rows {
-    fn new(table: Kind) -> Self {
-        let (ints, texts, times) = match table {
-            Kind::Person => (1, 6, 1),
-            Kind::Auction => (5, 3, 2),
-            Kind::Bid => (3, 1, 1),
+    /// Builders for `schema`'s columns, by type.
+    fn new(table: Kind, schema: &SchemaRef) -> Self {
+        let of = |t: &DataType| {
+            schema
+                .fields()
+                .iter()
+                .filter(|f| f.data_type() == t)
+                .count()
         };
+        let ints = of(&DataType::Int64);
+        let texts = of(&DataType::Utf8);
+        let times = schema.fields().len() - ints - texts;
         Self {
             table,
             len: 0,
@@ -409,7 +433,15 @@ impl Rows {
                 i[1].append_value(b.bidder);
                 i[2].append_value(b.price);
                 t[0].append_value(b.date_time * NANOS_PER_MS);
-                s[0].append_value(&b.extra);
+                let extra = match &b.channel {
+                    Some(c) => {
+                        s[0].append_value(&c.name);
+                        s[1].append_value(&c.url);
+                        2
+                    }
+                    None => 0,
+                };
+                s[extra].append_value(&b.extra);
             }
         }
         self.len += 1;
@@ -462,8 +494,9 @@ mod tests {
                 paced: false,
                 base_time_ms: BEAM_BASE_TIME_MS,
                 seed: 0,
+                flink: false,
                 partitions,
-                schema: schema(table),
+                schema: schema(table, false),
             },
             anchor: Mutex::new(None),
             cap: Mutex::new(None),
@@ -514,6 +547,7 @@ mod tests {
         let parts = src.read(None, &end).await.unwrap();
         let generator = Generator {
             seed: 0,
+            flink: false,
             timeline: Timeline {
                 anchor_event: 0,
                 anchor_ms: BEAM_BASE_TIME_MS,

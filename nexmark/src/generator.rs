@@ -146,9 +146,19 @@ pub struct Bid {
     pub auction: i64,
     pub bidder: i64,
     pub price: i64,
+    /// Where the bid came from: Flink's generator only.
+    pub channel: Option<Channel>,
     /// ms since the Unix epoch.
     pub date_time: i64,
     pub extra: String,
+}
+
+/// A bid's channel and the URL it came through, as Flink's generator
+/// makes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Channel {
+    pub name: String,
+    pub url: String,
 }
 
 /// Generates events of one stream: a seed and a timeline.
@@ -157,7 +167,15 @@ pub struct Generator {
     /// 0 gives Beam's rows; another seed, other rows of the same shape.
     pub seed: u64,
     pub timeline: Timeline,
+    /// Flink's generator: bids carry a channel and a URL, drawn after the
+    /// price (so their `extra` differs from Beam's).
+    pub flink: bool,
 }
+
+/// Flink's hot channels: half the bids come through one of them.
+const HOT_CHANNELS: [&str; 4] = ["Google", "Facebook", "Baidu", "Apple"];
+const HOT_CHANNELS_RATIO: i32 = 2;
+const CHANNELS: i32 = 10_000;
 
 impl Generator {
     fn random(&self, e: i64) -> JavaRandom {
@@ -245,13 +263,52 @@ impl Generator {
             next_person(e, r)
         } + FIRST_PERSON_ID;
         let price = next_price(r);
+        let channel = self.flink.then(|| {
+            if r.next_int_below(HOT_CHANNELS_RATIO) > 0 {
+                let i = r.next_int_below(HOT_CHANNELS.len() as i32);
+                Channel {
+                    name: HOT_CHANNELS[i as usize].to_string(),
+                    url: self.base_url(i64::from(i)),
+                }
+            } else {
+                self.channel(r.next_int_below(CHANNELS))
+            }
+        });
         let extra = next_extra(r, 32, AVG_BID_BYTES);
         Bid {
             auction,
             bidder,
             price,
+            channel,
             date_time: self.timeline.ms(e),
             extra,
+        }
+    }
+
+    /// A URL of three random path parts, as Flink's generator makes them;
+    /// drawn from a random seeded by `n`, where Flink's is unseeded, so the
+    /// same channel has the same URL in every run.
+    fn base_url(&self, n: i64) -> String {
+        let r = &mut self.random(-1 - n);
+        let mut url = String::from("https://www.nexmark.com/");
+        for _ in 0..3 {
+            url.push_str(&next_string_with(r, 5, '_'));
+            url.push('/');
+        }
+        url.push_str("item.htm?query=1");
+        url
+    }
+
+    /// Channel `n` of the ones that are not hot: `channel-<n>`, its URL
+    /// carrying its id nine times out of ten.
+    fn channel(&self, n: i32) -> Channel {
+        let mut url = self.base_url(i64::from(HOT_CHANNELS.len() as i32) + i64::from(n));
+        if self.random(-1_000_000 - i64::from(n)).next_int_below(10) > 0 {
+            url.push_str(&format!("&channel_id={}", n.reverse_bits().unsigned_abs()));
+        }
+        Channel {
+            name: format!("channel-{n}"),
+            url,
         }
     }
 }
@@ -308,11 +365,17 @@ fn next_price(r: &mut JavaRandom) -> i64 {
 /// Lowercase letters with an occasional space, 3 to `max_length - 1`
 /// long before trimming.
 fn next_string(r: &mut JavaRandom, max_length: i32) -> String {
+    next_string_with(r, max_length, ' ')
+}
+
+/// Lowercase letters with an occasional `special`, 3 to `max_length - 1`
+/// long, with white space trimmed (Java's `trim`).
+fn next_string_with(r: &mut JavaRandom, max_length: i32, special: char) -> String {
     let length = 3 + r.next_int_below(max_length - 3);
     let mut s = String::with_capacity(length as usize);
     for _ in 0..length {
         if r.next_int_below(13) == 0 {
-            s.push(' ');
+            s.push(special);
         } else {
             s.push((b'a' + r.next_int_below(26) as u8) as char);
         }
@@ -363,6 +426,7 @@ mod tests {
     fn beam() -> Generator {
         Generator {
             seed: 0,
+            flink: false,
             timeline: Timeline {
                 anchor_event: 0,
                 anchor_ms: 1_436_918_400_000,
@@ -465,6 +529,46 @@ mod tests {
             assert!(b.auction - FIRST_AUCTION_ID <= last_auction(e) + AUCTION_ID_LEAD);
             assert!((54..=81).contains(&b.extra.len()), "{}", b.extra.len());
         }
+    }
+
+    #[test]
+    fn flinks_generator_adds_a_channel_and_url_to_each_bid() {
+        let flink = Generator {
+            flink: true,
+            ..beam()
+        };
+        let bids: Vec<i64> = (0..20_000).filter(|e| Kind::of(*e) == Kind::Bid).collect();
+        let mut hot = 0;
+        for &e in &bids {
+            let (b, f) = (beam().bid(e), flink.bid(e));
+            // The draws before the channel are Beam's; the channel comes
+            // after the price, so only the padding differs.
+            assert_eq!(
+                (f.auction, f.bidder, f.price),
+                (b.auction, b.bidder, b.price)
+            );
+            assert!(b.channel.is_none());
+            let c = f
+                .channel
+                .clone()
+                .unwrap_or_else(|| panic!("bid {e} has no channel"));
+            assert!(c.url.starts_with("https://www.nexmark.com/"), "{}", c.url);
+            assert!(c.url.contains("item.htm?query=1"), "{}", c.url);
+            if HOT_CHANNELS.contains(&c.name.as_str()) {
+                hot += 1;
+            } else {
+                let n: i32 = c.name.strip_prefix("channel-").unwrap().parse().unwrap();
+                assert!((0..CHANNELS).contains(&n));
+            }
+            // The same event, the same channel and URL, in every run.
+            assert_eq!(flink.bid(e), f);
+        }
+        // Half the bids come through a hot channel (1 - 1/HOT_CHANNELS_RATIO).
+        let share = f64::from(hot) / bids.len() as f64;
+        assert!((0.45..0.55).contains(&share), "{share}");
+        // A channel's URL is the same whichever bid it comes with.
+        assert_eq!(flink.channel(42), flink.channel(42));
+        assert_ne!(flink.channel(42).url, flink.channel(43).url);
     }
 
     #[test]

@@ -99,7 +99,7 @@ pub(crate) fn fill(
         let to = field.data_type();
         let filled = if from == to {
             expr.clone()
-        } else if casts_implicitly(from, to) {
+        } else if casts_implicitly(from, to) || constant_fits(&plan, i, to) {
             cast(expr.clone(), to.clone())
         } else {
             let which = if name == field.name() {
@@ -125,9 +125,26 @@ pub(crate) fn fill(
         .map_err(|e| e.to_string())
 }
 
+/// Whether the query's column `i` is a constant whose value `to` holds
+/// exactly: DataFusion types `0` as BIGINT where Flink types it INT.
+fn constant_fits(plan: &LogicalPlan, i: usize, to: &DataType) -> bool {
+    let LogicalPlan::Projection(p) = plan else {
+        return false;
+    };
+    let Some(Expr::Literal(value, _)) = p.expr.get(i).cloned().map(|e| e.unalias_nested().data)
+    else {
+        return false;
+    };
+    value
+        .cast_to(to)
+        .and_then(|v| v.cast_to(&value.data_type()))
+        .is_ok_and(|back| back == value)
+}
+
 /// Whether `from` goes into a column of type `to` without a `CAST`, as
 /// Flink casts implicitly: to a wider number, between string types (one
-/// type to a user, three to Arrow), between timestamp precisions. Two
+/// type to a user, three to Arrow), between timestamp precisions, and a
+/// ROW field by field. Two
 /// differ from Flink because DataFusion types differently: an unsigned
 /// integer (`ROW_NUMBER`, `count`) goes into a signed one of its width,
 /// and a DOUBLE into a DECIMAL (DataFusion reads `0.908` as DOUBLE where
@@ -151,6 +168,15 @@ pub(crate) fn casts_implicitly(from: &DataType, to: &DataType) -> bool {
     };
     match (from, to) {
         (Null, _) => true,
+        // A ROW whose fields, by name and in order, each cast.
+        (Struct(a), Struct(b)) => {
+            a.len() == b.len()
+                && a.iter().zip(b.iter()).all(|(x, y)| {
+                    x.name() == y.name()
+                        && (x.data_type() == y.data_type()
+                            || casts_implicitly(x.data_type(), y.data_type()))
+                })
+        }
         _ if string(from) && string(to) => true,
         _ if binary(from) && binary(to) => true,
         (Timestamp(..) | Date32 | Date64, Timestamp(..)) => true,
@@ -178,7 +204,7 @@ pub(crate) fn casts_implicitly(from: &DataType, to: &DataType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::casts_implicitly;
-    use datafusion::arrow::datatypes::{DataType::*, TimeUnit};
+    use datafusion::arrow::datatypes::{DataType::*, Field, TimeUnit};
 
     #[test]
     fn widening_and_string_types_cast_narrowing_does_not() {
@@ -197,5 +223,11 @@ mod tests {
         assert!(!casts_implicitly(&Float64, &Int64));
         assert!(!casts_implicitly(&Decimal128(10, 3), &Decimal128(10, 2)));
         assert!(!casts_implicitly(&Utf8, &Int64));
+        let row = |t| Struct(vec![Field::new("id", Int64, true), Field::new("at", t, true)].into());
+        assert!(casts_implicitly(
+            &row(Timestamp(TimeUnit::Nanosecond, None)),
+            &row(Timestamp(TimeUnit::Millisecond, None))
+        ));
+        assert!(!casts_implicitly(&row(Int64), &row(Int32)));
     }
 }
