@@ -44,6 +44,56 @@ pub(crate) const STREAM_OPTIONS: &[&str] = &[
     "properties.*",
 ];
 
+/// Options only a Kafka source reads, besides the `STREAM_OPTIONS` every
+/// stream has.
+pub(crate) const SOURCE_OPTIONS: &[&str] = &[
+    "scan.startup.mode",
+    "scan.startup.timestamp-millis",
+    "scan.startup.specific-offsets",
+    "max-records-per-epoch",
+    "max-bytes-per-epoch",
+    "format.on-error",
+    "group.id",
+    "fail-on-data-loss",
+    "purge-committed",
+];
+
+/// Options only a Kafka sink reads, besides the `STREAM_OPTIONS` every
+/// stream has.
+pub(crate) const SINK_OPTIONS: &[&str] = &[
+    "topic.partitions",
+    "sink.delivery",
+    "transaction.timeout",
+    "progress.topic",
+    "sink.transactional-id-prefix",
+    "sink.epoch-headers",
+];
+
+/// Leaves out of `o` the options of the stream's other use, as Flink
+/// ignores an option that does not apply to how a table is used: reading
+/// leaves out `other` (the sink's options) and Flink's other `sink.*`
+/// options, writing the source's options and Flink's other `scan.*`
+/// options and `sink.partitioner`. An option Sluice has no use for either
+/// way is named in a warning, so that a file written for Flink runs.
+pub(crate) fn leave_out_other_use(stream: &str, o: &mut Options, other: &[&str], flink: &[&str]) {
+    let keys: Vec<String> = o.iter().map(|(k, _)| k.to_string()).collect();
+    for key in keys {
+        if other.contains(&key.as_str()) {
+            o.take(&key);
+        } else if flink.iter().any(|f| match f.strip_suffix('*') {
+            Some(prefix) => key.starts_with(prefix),
+            None => key == *f,
+        }) {
+            o.take(&key);
+            tracing::warn!(
+                stream,
+                option = %key,
+                "Flink's option is not one Sluice uses for this stream; ignored"
+            );
+        }
+    }
+}
+
 /// How long to wait for the brokers unless `connect.timeout` says otherwise.
 pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use datafusion::catalog::view::ViewTable;
 use datafusion::common::Column;
+use datafusion::execution::FunctionRegistry;
 use datafusion::logical_expr::{Expr, LogicalPlanBuilder};
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions};
 
@@ -420,6 +421,50 @@ impl SqlRunner<'_> {
         ctx.register_table(name.as_str(), Arc::new(view))
             .map_err(|e| self.engine_error(text, name_pos, e.into()))?;
         Ok(StatementOutcome::ViewCreated { view: name })
+    }
+
+    /// `CREATE [TEMPORARY [SYSTEM]] FUNCTION [IF NOT EXISTS] name AS
+    /// 'class' [LANGUAGE ...]` (after FUNCTION): Flink loads the class;
+    /// Sluice runs no JVM, so the name must be a function the Rust program
+    /// registered on the session (`context().register_udf(...)`, or an
+    /// aggregate or window function), and the statement checks that it is.
+    pub(crate) fn create_function(
+        &mut self,
+        p: &mut Parser<'_>,
+        text: &str,
+    ) -> Result<StatementOutcome, SqlError> {
+        let pe = |s: &Self, e: ParserError| s.parser_error(text, &e);
+        // IF NOT EXISTS changes nothing: registering is the program's.
+        let _ = p.parse_keywords(&[Keyword::IF, Keyword::NOT, Keyword::EXISTS]);
+        let name_tok = p.peek_token();
+        let name = p.parse_object_name(false).map_err(|e| pe(self, e))?;
+        let function = name
+            .0
+            .last()
+            .and_then(|part| part.as_ident())
+            .map(|id| id.value.to_ascii_lowercase())
+            .unwrap_or_default();
+        p.expect_keyword(Keyword::AS).map_err(|e| pe(self, e))?;
+        let class = p.parse_literal_string().map_err(|e| pe(self, e))?;
+        if p.parse_keyword(Keyword::LANGUAGE) {
+            p.parse_identifier().map_err(|e| pe(self, e))?;
+        }
+        let state = self.session.context().state();
+        let registered = state.udf(&function).is_ok()
+            || state.udaf(&function).is_ok()
+            || state.udwf(&function).is_ok();
+        if !registered {
+            return Err(self.err(
+                text,
+                Pos::from(&name_tok),
+                format!(
+                    "function '{function}' is not registered: Sluice loads no Java class \
+                     ('{class}'); register a function named '{function}' on the session from \
+                     Rust (session.context().register_udf(...)) before this file runs"
+                ),
+            ));
+        }
+        Ok(StatementOutcome::FunctionCreated { function })
     }
 
     /// `DROP VIEW [IF EXISTS] name` (after VIEW).

@@ -72,6 +72,11 @@ pub enum StatementOutcome {
         /// Its name.
         view: String,
     },
+    /// `CREATE FUNCTION` named a function the program registered.
+    FunctionCreated {
+        /// Its name.
+        function: String,
+    },
     /// `DROP VIEW` removed one.
     ViewDropped {
         /// Its name.
@@ -313,6 +318,21 @@ impl<'a> SqlRunner<'a> {
             if p.parse_keyword(Keyword::VIEW) {
                 return self.create_view(p, text).await.map(Prepared::Done);
             }
+            let system = temporary && p.parse_keyword(Keyword::SYSTEM);
+            if p.parse_keyword(Keyword::FUNCTION) {
+                return self.create_function(p, text).map(Prepared::Done);
+            }
+            if system {
+                let t = p.peek_token();
+                return Err(self.err(
+                    text,
+                    Pos::from(&t),
+                    format!(
+                        "expected FUNCTION after CREATE TEMPORARY SYSTEM, found '{}'",
+                        t.token
+                    ),
+                ));
+            }
             if temporary {
                 let t = p.peek_token();
                 return Err(self.err(
@@ -327,7 +347,7 @@ impl<'a> SqlRunner<'a> {
                     text,
                     Pos::from(&t),
                     format!(
-                        "expected STREAM, TABLE or VIEW after CREATE, found '{}': declare sources \
+                        "expected STREAM, TABLE, VIEW or FUNCTION after CREATE, found '{}': declare sources \
                          and sinks with CREATE STREAM name (columns) WITH (connector = '...'), \
                          static tables with CREATE TABLE name WITH (path = '...', format = \
                          '...'), named queries with CREATE VIEW name AS SELECT ...",

@@ -8,7 +8,9 @@
 //! names are what the author meant.
 
 use datafusion::arrow::datatypes::{DataType, Schema};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::Column;
+use datafusion::logical_expr::ExprSchemable;
 use datafusion::logical_expr::{cast, lit, Expr, LogicalPlan, LogicalPlanBuilder};
 use datafusion::scalar::ScalarValue;
 
@@ -99,7 +101,10 @@ pub(crate) fn fill(
         let to = field.data_type();
         let filled = if from == to {
             expr.clone()
-        } else if casts_implicitly(from, to) || constant_fits(&plan, i, to) {
+        } else if casts_implicitly(from, to)
+            || constant_fits(&plan, i, to)
+            || integer_avg(&plan, i, from, to)
+        {
             cast(expr.clone(), to.clone())
         } else {
             let which = if name == field.name() {
@@ -139,6 +144,48 @@ fn constant_fits(plan: &LogicalPlan, i: usize, to: &DataType) -> bool {
         .cast_to(to)
         .and_then(|v| v.cast_to(&value.data_type()))
         .is_ok_and(|back| back == value)
+}
+
+/// Whether the query's column `i` is an `AVG` of integers (grouped or
+/// `OVER` a window) going into an integer column. Flink's `AVG` of
+/// integers is an integer, the sum divided by the count and truncated;
+/// DataFusion's is a DOUBLE, so it fills the column truncated, as Flink
+/// computes it.
+fn integer_avg(plan: &LogicalPlan, i: usize, from: &DataType, to: &DataType) -> bool {
+    if *from != DataType::Float64 || !to.is_integer() {
+        return false;
+    }
+    let LogicalPlan::Projection(p) = plan else {
+        return false;
+    };
+    let Some(Expr::Column(column)) = p.expr.get(i).cloned().map(|e| e.unalias_nested().data) else {
+        return false;
+    };
+    let mut found = false;
+    let _ = p.input.apply(|node| {
+        let (exprs, input) = match node {
+            LogicalPlan::Aggregate(a) => (&a.aggr_expr, &a.input),
+            LogicalPlan::Window(w) => (&w.window_expr, &w.input),
+            _ => return Ok(TreeNodeRecursion::Continue),
+        };
+        let named = exprs
+            .iter()
+            .find(|e| e.schema_name().to_string() == column.name);
+        if let Some(e) = named {
+            let args = match e {
+                Expr::AggregateFunction(f) if f.func.name() == "avg" => &f.params.args,
+                Expr::WindowFunction(w) if w.fun.name() == "avg" => &w.params.args,
+                _ => return Ok(TreeNodeRecursion::Stop),
+            };
+            found = args
+                .first()
+                .and_then(|a| a.get_type(input.schema()).ok())
+                .is_some_and(|t| t.is_integer());
+            return Ok(TreeNodeRecursion::Stop);
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
 }
 
 /// Whether `from` goes into a column of type `to` without a `CAST`, as

@@ -99,6 +99,19 @@ pub(super) fn trace(plan: &LogicalPlan, name: &str) -> Option<(LogicalPlan, usiz
             let i = p.schema.fields().iter().position(|f| f.name() == name)?;
             match p.expr[i].clone().unalias_nested().data {
                 Expr::Column(c) => trace(&p.input, &c.name),
+                // An integer cast (a row number into the sink's BIGINT) keeps
+                // every value apart, so the key is still the key.
+                Expr::Cast(c) if c.field.data_type().is_integer() => match c.expr.as_ref() {
+                    Expr::Column(col)
+                        if p.input
+                            .schema()
+                            .qualified_field_from_column(col)
+                            .is_ok_and(|(_, f)| f.data_type().is_integer()) =>
+                    {
+                        trace(&p.input, &col.name)
+                    }
+                    _ => None,
+                },
                 _ => None,
             }
         }

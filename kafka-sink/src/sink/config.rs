@@ -10,18 +10,12 @@ use datafusion::arrow::datatypes::SchemaRef;
 use sluice_engine::{Options, OutputMode, Result, SinkArgs, SluiceError};
 
 use super::SinkConfig;
-use crate::client::{ClientOptions, DEFAULT_CONNECT_TIMEOUT, STREAM_OPTIONS};
+use crate::client::{
+    leave_out_other_use, ClientOptions, DEFAULT_CONNECT_TIMEOUT, SINK_OPTIONS, SOURCE_OPTIONS,
+    STREAM_OPTIONS,
+};
 use crate::format::{key_indices, Format};
 use crate::registry::{Part, Registry, RegistryOptions, SchemaKind, REGISTRY_OPTIONS};
-
-pub(crate) const SINK_OPTIONS: &[&str] = &[
-    "topic.partitions",
-    "sink.delivery",
-    "transaction.timeout",
-    "progress.topic",
-    "sink.transactional-id-prefix",
-    "sink.epoch-headers",
-];
 
 /// Producer properties the sinks set themselves, and why.
 const REFUSED: &[(&str, &str)] = &[
@@ -154,6 +148,12 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let epoch_headers = o
         .take_choice("sink.epoch-headers", &["true", "false"])?
         .is_some_and(|v| v == "true");
+    leave_out_other_use(
+        &topic,
+        &mut o,
+        SOURCE_OPTIONS,
+        &["scan.*", "sink.partitioner"],
+    );
     o.finish(
         "kafka",
         &[STREAM_OPTIONS, SINK_OPTIONS, REGISTRY_OPTIONS].concat(),

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::client::{ClientOptions, STREAM_OPTIONS};
+use crate::client::{
+    leave_out_other_use, ClientOptions, SINK_OPTIONS, SOURCE_OPTIONS, STREAM_OPTIONS,
+};
 use crate::format::avro::{AvroConfluentDecoder, AvroDecoder};
 use crate::format::protobuf::ProtobufConfluentDecoder;
 use crate::registry::{Part, RegistryOptions, REGISTRY_OPTIONS};
@@ -16,20 +18,6 @@ use sluice_engine::{Options, Result, SluiceError, SourceFactory};
 
 use super::columns::{ColumnOptions, Columns, KeyColumns, SourceFormat};
 use super::KafkaSourceFactory;
-
-/// Options only a Kafka source reads, besides the `STREAM_OPTIONS` every
-/// stream has.
-pub(crate) const SOURCE_OPTIONS: &[&str] = &[
-    "scan.startup.mode",
-    "scan.startup.timestamp-millis",
-    "scan.startup.specific-offsets",
-    "max-records-per-epoch",
-    "max-bytes-per-epoch",
-    "format.on-error",
-    "group.id",
-    "fail-on-data-loss",
-    "purge-committed",
-];
 
 /// Consumer properties the source sets itself, and why.
 const REFUSED: &[(&str, &str)] = &[
@@ -133,6 +121,7 @@ pub(crate) fn factory(
     upsert: bool,
 ) -> Result<Arc<dyn SourceFactory>> {
     let options = SourceOptions::take(stream, &mut o, connect_timeout_default)?;
+    leave_out_other_use(stream, &mut o, SINK_OPTIONS, &["sink.*"]);
     o.finish(
         "kafka",
         &[STREAM_OPTIONS, SOURCE_OPTIONS, REGISTRY_OPTIONS].concat(),
