@@ -377,6 +377,7 @@ impl Launcher {
         }
         if !sink.accepts_source_commits() {
             for input in planned.iter().flat_map(|s| &s.plan.inputs) {
+                input.source.record_offsets_apart();
                 if let Some(option) = input.source.commits_through_sink() {
                     return Err(SluiceError::config(format!(
                         "query '{name}' reads {} with {option}, which needs a Kafka sink to \

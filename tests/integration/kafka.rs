@@ -226,6 +226,77 @@ pub(crate) fn json_rows(ids: std::ops::Range<i64>) -> Vec<String> {
         .collect()
 }
 
+/// Flink's files read with `'properties.group.id'` and write to a
+/// blackhole: the source then commits the offsets to the group itself once
+/// each epoch is committed, as Flink's Kafka source does on checkpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_id_with_a_sink_outside_kafka_is_committed_by_the_source() {
+    let bootstrap = crate::util::broker().await;
+    let input = fresh_topic("grouped-in");
+    create_topic(&bootstrap, &input, 2).await.unwrap();
+    {
+        let (b, t) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || produce_txn(&b, &t, &json_rows(0..40), 2, true))
+            .await
+            .unwrap();
+    }
+    let group = fresh_topic("group");
+    let session = sluice::Session::new();
+    let sql = format!(
+        "SET 'trigger' = 'available-now';\n\
+         CREATE TABLE src (id BIGINT, name VARCHAR) WITH ('connector' = 'kafka', \
+           'topic' = '{input}', 'properties.bootstrap.servers' = '{bootstrap}', \
+           'properties.group.id' = '{group}', 'scan.startup.mode' = 'earliest-offset', \
+           'max-records-per-epoch' = '10', 'format' = 'json');\n\
+         CREATE TABLE dst (id BIGINT) WITH ('connector' = 'blackhole');\n\
+         INSERT INTO dst SELECT id FROM src;\n"
+    );
+    let query = crate::util::start_sql(&session, &sql).await;
+    query.await_termination().await.unwrap();
+    tokio::task::spawn_blocking(move || {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", &group)
+            .create()
+            .unwrap();
+        let ends: Vec<i64> = (0..2)
+            .map(|p| {
+                consumer
+                    .fetch_watermarks(&input, p, Duration::from_secs(30))
+                    .unwrap()
+                    .1
+            })
+            .collect();
+        // The last commit runs in the background: wait for it.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            for p in 0..2 {
+                tpl.add_partition(&input, p);
+            }
+            let committed = consumer
+                .committed_offsets(tpl, Duration::from_secs(30))
+                .unwrap();
+            let at: Vec<rdkafka::Offset> = (0..2)
+                .map(|p| committed.find_partition(&input, p).unwrap().offset())
+                .collect();
+            let want: Vec<rdkafka::Offset> =
+                ends.iter().map(|&e| rdkafka::Offset::Offset(e)).collect();
+            if at == want {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the group's offsets {at:?}, the topic's ends {want:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_to_kafka_reads_committed_records_once_with_virtual_columns() {
     let bootstrap = crate::util::broker().await;

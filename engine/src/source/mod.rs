@@ -210,6 +210,15 @@ pub trait Source: Send + Sync + Debug {
         None
     }
 
+    /// The query's sink cannot record [`group_offsets`](Self::group_offsets)
+    /// with its epochs (it does not
+    /// [`accept_source_commits`](crate::Sink::accepts_source_commits)): the
+    /// source records them itself once each epoch is
+    /// [`committed`](Self::committed), if it can, as Flink's Kafka source
+    /// commits its offsets when a checkpoint completes. The default does
+    /// nothing.
+    fn record_offsets_apart(&self) {}
+
     /// Records available beyond the end of the last planned range, per
     /// partition, as the last [`Source::latest_offset`] saw them (the
     /// backlog; Kafka: last stable offset minus the planned end). Empty when

@@ -42,6 +42,7 @@ mod config;
 mod debezium;
 mod decode;
 mod fetch;
+mod group_offsets;
 mod metadata;
 mod plan;
 mod purge;
@@ -52,6 +53,7 @@ use crate::group::KafkaTaskGroup;
 pub(crate) use config::factory;
 use config::{OnError, SourceConfig, StartupMode};
 use fetch::Lanes;
+use group_offsets::GroupCommitter;
 use metadata::KnownPartitions;
 use purge::Purger;
 
@@ -97,6 +99,7 @@ impl KafkaSourceFactory {
             lag: Mutex::new(BTreeMap::new()),
             rejected: Mutex::default(),
             purger: Purger::new(c),
+            group: GroupCommitter::new(c),
         }))))
     }
 }
@@ -179,6 +182,9 @@ struct SourceInner {
     rejected: Mutex<Rejected>,
     /// With 'purge-committed', what deletes the records it committed past.
     purger: Option<Purger>,
+    /// With 'group.id', what commits the group's offsets when the sink
+    /// cannot take them with the epoch.
+    group: Option<GroupCommitter>,
 }
 
 impl Drop for SourceInner {
@@ -363,11 +369,27 @@ impl Source for KafkaSource {
 
     /// With `'purge-committed'`, deletes what lies below `end`.
     fn committed(&self, end: &Offset) -> Result<()> {
-        let Some(purger) = &self.0.purger else {
+        if self.0.purger.is_none() && self.0.group.is_none() {
             return Ok(());
-        };
-        let positions = parse(end)?.ranges.into_iter().map(|(p, (_, to))| (p, to));
-        purger.committed(&positions.collect())
+        }
+        let positions: BTreeMap<i32, i64> = parse(end)?
+            .ranges
+            .into_iter()
+            .map(|(p, (_, to))| (p, to))
+            .collect();
+        if let Some(purger) = &self.0.purger {
+            purger.committed(&positions)?;
+        }
+        match &self.0.group {
+            Some(group) => group.committed(&positions),
+            None => Ok(()),
+        }
+    }
+
+    fn record_offsets_apart(&self) {
+        if let Some(group) = &self.0.group {
+            group.commit_apart();
+        }
     }
 
     fn take_rejected(&self) -> Rejected {
@@ -375,6 +397,9 @@ impl Source for KafkaSource {
     }
 
     fn group_offsets(&self, end: &Offset) -> Option<GroupOffsets> {
+        if self.0.group.as_ref().is_some_and(GroupCommitter::is_apart) {
+            return None;
+        }
         let group = self.0.config.group.clone()?;
         let end = parse(end).ok()?;
         Some(GroupOffsets {
@@ -385,14 +410,8 @@ impl Source for KafkaSource {
     }
 
     fn commits_through_sink(&self) -> Option<String> {
-        if matches!(self.0.config.on_error, OnError::DeadLetter(_)) {
-            return Some("'format.on-error' = 'dead-letter'".into());
-        }
-        self.0
-            .config
-            .group
-            .as_ref()
-            .map(|g| format!("'group.id' = '{g}'"))
+        matches!(self.0.config.on_error, OnError::DeadLetter(_))
+            .then(|| "'format.on-error' = 'dead-letter'".into())
     }
 
     async fn prepare_available_now(&self) -> Result<()> {
