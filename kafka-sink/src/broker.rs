@@ -406,7 +406,8 @@ impl ReadRecord {
 }
 
 /// Reads every record of `topic` from the beginning up to its end as seen
-/// now (the last stable offset when `read_committed`), partition by
+/// now (the last stable offset when `read_committed`, given up to 5 s to
+/// pass the markers of transactions committed just before), partition by
 /// partition in offset order. Blocking: call from a blocking thread.
 pub fn read_topic(
     client: impl Into<ClientOptions>,
@@ -447,6 +448,27 @@ pub fn read_topic(
             .fetch_watermarks(topic, p, timeout)
             .map_err(|e| kafka_error("fetching offsets", bootstrap, e))?;
         ranges.push((p, low, high));
+    }
+    if read_committed {
+        // A transaction's commit returns before the broker writes its
+        // markers into the partitions; until then the last stable offset
+        // stays below the committed records. Wait (a little) for it to
+        // reach the log's end, so that a read right after a commit sees it.
+        config.set("isolation.level", "read_uncommitted");
+        let uncommitted: BaseConsumer = client.create(&config, "consumer")?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5).min(timeout);
+        for (p, _, stable) in &mut ranges {
+            let (_, end) = uncommitted
+                .fetch_watermarks(topic, *p, timeout)
+                .map_err(|e| kafka_error("fetching offsets", bootstrap, e))?;
+            while *stable < end && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+                *stable = consumer
+                    .fetch_watermarks(topic, *p, timeout)
+                    .map_err(|e| kafka_error("fetching offsets", bootstrap, e))?
+                    .1;
+            }
+        }
     }
     let mut records = Vec::new();
     crate::position::read_ranges(
