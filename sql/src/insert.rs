@@ -8,7 +8,7 @@ use std::sync::Arc;
 use datafusion::catalog::view::ViewTable;
 use datafusion::sql::sqlparser::ast::visit_relations;
 
-use crate::{group_window, normalize, sink_columns, types, Pos, SqlError, SqlRunner};
+use crate::{group_window, normalize, sink_columns, time_units, types, Pos, SqlError, SqlRunner};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
@@ -304,6 +304,7 @@ impl SqlRunner<'_> {
         text: &str,
         at: Pos,
     ) -> Result<LogicalPlan, SqlError> {
+        time_units::units_as_text(&mut query);
         let grouped = group_window::rewrite(&mut query, &mut self.next_window)
             .map_err(|e| self.problem(text, e))?;
         self.windows.extend(grouped);

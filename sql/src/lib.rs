@@ -37,6 +37,7 @@ mod insert;
 mod settings;
 mod sink_columns;
 mod substitute;
+mod time_units;
 mod types;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -17,6 +17,7 @@
 //! | `MOD(a, b)` | the remainder of `a / b`, with the sign of `a` (`a % b`) |
 //! | `SPLIT_INDEX(s, sep, i)` | the `i`-th (from 0) piece of `s` split at `sep`; NULL past the last or for `i < 0` |
 //! | `TO_TIMESTAMP(s[, pattern])`, `UNIX_TIMESTAMP([s[, pattern]])` | text read by a Java pattern as a TIMESTAMP(3), or as seconds since 1970 |
+//! | `TIMESTAMPADD(unit, n, ts)`, `TIMESTAMPDIFF(unit, t1, t2)` | a time moved by, or the whole units between two times (the unit a bare word, passed as text by the SQL layer) |
 //! | `TO_TIMESTAMP_LTZ(n, precision)` | `n` seconds (0) or milliseconds (3) since 1970 as a TIMESTAMP(3) |
 //! | `REGEXP_EXTRACT(s, regex[, i])` | group `i` (default 0: the whole match) of the first match; NULL without a match |
 //!
@@ -518,6 +519,38 @@ mod tests {
                 "SELECT TO_TIMESTAMP_LTZ(1772643967, 0)",
                 "2026-03-04T17:06:07",
             ),
+            (
+                "SELECT TIMESTAMPADD('HOUR', 2, TIMESTAMP '2026-03-04 23:06:07')",
+                "2026-03-05T01:06:07",
+            ),
+            (
+                "SELECT TIMESTAMPADD('MONTH', 1, TIMESTAMP '2026-01-31 10:00:00')",
+                "2026-02-28T10:00:00",
+            ),
+            (
+                "SELECT TIMESTAMPADD('YEAR', -1, TIMESTAMP '2026-03-04 00:00:00')",
+                "2025-03-04T00:00:00",
+            ),
+            (
+                "SELECT TIMESTAMPDIFF('DAY', TIMESTAMP '2003-01-02 10:00:00', TIMESTAMP '2003-01-03 10:00:00')",
+                "1",
+            ),
+            (
+                "SELECT TIMESTAMPDIFF('MONTH', TIMESTAMP '2026-01-31 00:00:00', TIMESTAMP '2026-02-28 00:00:00')",
+                "1",
+            ),
+            (
+                "SELECT TIMESTAMPDIFF('MONTH', TIMESTAMP '2026-01-15 00:00:00', TIMESTAMP '2026-04-15 00:00:00')",
+                "3",
+            ),
+            (
+                "SELECT TIMESTAMPDIFF('MONTH', TIMESTAMP '2026-01-15 10:00:00', TIMESTAMP '2026-04-15 09:00:00')",
+                "2",
+            ),
+            (
+                "SELECT TIMESTAMPDIFF('SECOND', TIMESTAMP '2026-01-01 00:00:10', TIMESTAMP '2026-01-01 00:00:00')",
+                "-10",
+            ),
         ] {
             assert_eq!(one(sql).await.unwrap(), want, "{sql}");
         }
@@ -535,6 +568,10 @@ mod tests {
                 "precision is 0 (seconds) or 3 (milliseconds)",
             ),
             ("SELECT TO_TIMESTAMP(1)", "TO_TIMESTAMP_LTZ(n, 0)"),
+            (
+                "SELECT TIMESTAMPADD('FORTNIGHT', 1, TIMESTAMP '2026-01-01 00:00:00')",
+                "'FORTNIGHT' is not a unit",
+            ),
         ] {
             let err = one(sql).await.err().map(|e| e.to_string());
             assert!(

@@ -30,6 +30,8 @@ pub(super) fn register(ctx: &SessionContext) {
     ctx.register_udf(ScalarUDF::from(ReadTime::to_timestamp()));
     ctx.register_udf(ScalarUDF::from(ReadTime::unix_timestamp()));
     ctx.register_udf(ScalarUDF::from(ToTimestampLtz::new()));
+    ctx.register_udf(ScalarUDF::from(TimestampArith::add()));
+    ctx.register_udf(ScalarUDF::from(TimestampArith::diff()));
 }
 
 /// Each row's time of a timestamp, date or text argument, in UTC.
@@ -604,6 +606,176 @@ impl ScalarUDFImpl for ToTimestampLtz {
         }
         Ok(ColumnarValue::Array(Arc::new(
             TimestampMillisecondArray::from(out),
+        )))
+    }
+}
+
+/// A unit of `TIMESTAMPADD` and `TIMESTAMPDIFF`: a fixed length, or months.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TimeUnitOf {
+    Nanos(i64),
+    Months(i32),
+}
+
+fn time_unit(unit: &str) -> std::result::Result<TimeUnitOf, String> {
+    const S: i64 = 1_000_000_000;
+    Ok(match unit.trim().to_ascii_uppercase().as_str() {
+        "SECOND" => TimeUnitOf::Nanos(S),
+        "MINUTE" => TimeUnitOf::Nanos(60 * S),
+        "HOUR" => TimeUnitOf::Nanos(3600 * S),
+        "DAY" => TimeUnitOf::Nanos(86_400 * S),
+        "WEEK" => TimeUnitOf::Nanos(7 * 86_400 * S),
+        "MONTH" => TimeUnitOf::Months(1),
+        "QUARTER" => TimeUnitOf::Months(3),
+        "YEAR" => TimeUnitOf::Months(12),
+        other => {
+            return Err(format!(
+                "'{other}' is not a unit of TIMESTAMPADD or TIMESTAMPDIFF: SECOND, MINUTE, HOUR, \
+                 DAY, WEEK, MONTH, QUARTER or YEAR"
+            ))
+        }
+    })
+}
+
+/// `TIMESTAMPADD(unit, n, ts)`: `ts` moved by `n` units (a month from
+/// the 31st lands on the month's last day); `TIMESTAMPDIFF(unit, t1, t2)`:
+/// how many whole units `t2` lies after `t1` (negative before), as Flink
+/// computes them. The SQL layer passes the unit, a bare word in Flink's
+/// syntax, as text.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct TimestampArith {
+    diff: bool,
+    signature: Signature,
+}
+
+impl TimestampArith {
+    fn add() -> Self {
+        Self {
+            diff: false,
+            signature: Signature::any(3, Volatility::Immutable),
+        }
+    }
+
+    fn diff() -> Self {
+        Self {
+            diff: true,
+            signature: Signature::any(3, Volatility::Immutable),
+        }
+    }
+}
+
+/// `t` moved by `months` months, the day clamped to the month's length.
+fn add_months(t: NaiveDateTime, months: i64) -> Option<NaiveDateTime> {
+    let months = i32::try_from(months).ok()?;
+    if months >= 0 {
+        t.checked_add_months(chrono::Months::new(months.unsigned_abs()))
+    } else {
+        t.checked_sub_months(chrono::Months::new(months.unsigned_abs()))
+    }
+}
+
+/// Whole months from `a` to `b`, truncated toward zero.
+fn months_between(a: NaiveDateTime, b: NaiveDateTime) -> i64 {
+    let raw = i64::from(b.year() - a.year()) * 12 + i64::from(b.month()) - i64::from(a.month());
+    // One month short where `b` has not reached `a`'s day and time.
+    match add_months(a, raw) {
+        Some(m) if raw > 0 && m > b => raw - 1,
+        Some(m) if raw < 0 && m < b => raw + 1,
+        _ => raw,
+    }
+}
+
+impl ScalarUDFImpl for TimestampArith {
+    fn name(&self) -> &str {
+        if self.diff {
+            "timestampdiff"
+        } else {
+            "timestampadd"
+        }
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, args: &[DataType]) -> Result<DataType> {
+        match (self.diff, args) {
+            (false, [u, n, t]) if is_text(u) && (n.is_integer() || n.is_null()) && is_time(t) => {
+                Ok(DataType::Timestamp(TimeUnit::Nanosecond, None))
+            }
+            (true, [u, a, b]) if is_text(u) && is_time(a) && is_time(b) => Ok(DataType::Int64),
+            (false, _) => plan_err!(
+                "TIMESTAMPADD takes a unit, a whole number and a time, as TIMESTAMPADD(HOUR, 2, \
+                 ts); got {args:?}"
+            ),
+            (true, _) => plan_err!(
+                "TIMESTAMPDIFF takes a unit and two times, as TIMESTAMPDIFF(DAY, t1, t2); got \
+                 {args:?}"
+            ),
+        }
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        if let Some(Some(unit)) = args.scalar_arguments.first() {
+            if let Err(e) = time_unit(&unit.to_string()) {
+                return plan_err!("{e}");
+            }
+        }
+        let types: Vec<DataType> = args
+            .arg_fields
+            .iter()
+            .map(|f| f.data_type().clone())
+            .collect();
+        let data_type = self.return_type(&types)?;
+        Ok(Arc::new(datafusion::arrow::datatypes::Field::new(
+            self.name(),
+            data_type,
+            true,
+        )))
+    }
+
+    fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let n = args.number_rows;
+        let [unit, a, b] = args.args.as_slice() else {
+            return exec_err!("{} takes three arguments", self.name());
+        };
+        let units = array_of(unit, n, &DataType::Utf8)?;
+        let units = units.as_string::<i32>();
+        let mut read = ReadOnce::new(time_unit);
+        let second = times(b, n)?;
+        if self.diff {
+            let first = times(a, n)?;
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                if units.is_null(i) || first.is_null(i) || second.is_null(i) {
+                    out.push(None);
+                    continue;
+                }
+                let (t1, t2) = (first.value(i), second.value(i));
+                out.push(Some(match *read.get(units.value(i))? {
+                    TimeUnitOf::Nanos(len) => (t2 - t1) / len,
+                    TimeUnitOf::Months(m) => months_between(naive(t1), naive(t2)) / i64::from(m),
+                }));
+            }
+            return Ok(ColumnarValue::Array(Arc::new(Int64Array::from(out))));
+        }
+        let counts = array_of(a, n, &DataType::Int64)?;
+        let counts = counts.as_primitive::<Int64Type>();
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            if units.is_null(i) || counts.is_null(i) || second.is_null(i) {
+                out.push(None);
+                continue;
+            }
+            let (k, t) = (counts.value(i), second.value(i));
+            out.push(match *read.get(units.value(i))? {
+                TimeUnitOf::Nanos(len) => k.checked_mul(len).and_then(|d| t.checked_add(d)),
+                TimeUnitOf::Months(m) => add_months(naive(t), k * i64::from(m))
+                    .and_then(|m| m.and_utc().timestamp_nanos_opt()),
+            });
+        }
+        Ok(ColumnarValue::Array(Arc::new(
+            TimestampNanosecondArray::from(out),
         )))
     }
 }
