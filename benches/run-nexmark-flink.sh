@@ -24,6 +24,9 @@ QUERIES="${QUERIES:-0 1 2 3 4 5 7 8 9 11 15 16 17 18 19 20 21 22}"
 OUT="${OUT:-$ROOT/target/bench-results/nexmark-flink-$(date +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 FLINK="$ROOT/benches/nexmark/flink"
+# Checkpoints (a Top-N's state is hundreds of MB) stay out of $OUT.
+CP="$(mktemp -d)"
+trap 'rm -rf "$CP"' EXIT
 CORES="$(nproc)"
 
 log() { echo "[run-nexmark-flink] $*" >&2; }
@@ -36,7 +39,7 @@ TOPIC="nexmark-flink-$(date +%s)"
 
 log "loading $EVENTS events into $TOPIC"
 {
-  echo "SET 'checkpoint.location' = '$OUT/cp-load';"
+  echo "SET 'checkpoint.location' = '$CP/load';"
   sed -e "s/{topic}/$TOPIC/; s/{bootstrap}/$BOOT/; s/{events}/$EVENTS/" "$FLINK/load.sql"
 } > "$OUT/load.sql"
 start=$(date +%s.%N)
@@ -53,7 +56,7 @@ for round in $(seq 1 "$ROUNDS"); do
   for q in $QUERIES; do
     file="$OUT/q$q-$round.sql"
     {
-      echo "SET 'checkpoint.location' = '$OUT/cp-q$q-$round';"
+      echo "SET 'checkpoint.location' = '$CP/q$q-$round';"
       echo "SET 'trigger' = 'available-now';"
       ddl
       cat "$FLINK/q$q.sql"

@@ -1,0 +1,104 @@
+SET 'checkpoint.location' = '/work/main/benches/results/2026-12-06/nexmark-flink/cp-q16-1';
+SET 'trigger' = 'available-now';
+-- Nexmark's events as Flink's nexmark repository declares them: one Kafka
+-- topic of nested JSON (event_type, then a person, an auction or a bid),
+-- the event time computed from whichever is there, 4 seconds of lateness.
+-- nexmark-flink-1796556495 and 127.0.0.1:9092 are filled in by whoever runs the files.
+CREATE TABLE kafka (
+    event_type INT,
+    person ROW<
+        id BIGINT,
+        name VARCHAR,
+        emailAddress VARCHAR,
+        creditCard VARCHAR,
+        city VARCHAR,
+        state VARCHAR,
+        `dateTime` TIMESTAMP(3),
+        extra VARCHAR>,
+    auction ROW<
+        id BIGINT,
+        itemName VARCHAR,
+        description VARCHAR,
+        initialBid BIGINT,
+        reserve BIGINT,
+        `dateTime` TIMESTAMP(3),
+        expires TIMESTAMP(3),
+        seller BIGINT,
+        category BIGINT,
+        extra VARCHAR>,
+    bid ROW<
+        auction BIGINT,
+        bidder BIGINT,
+        price BIGINT,
+        channel VARCHAR,
+        url VARCHAR,
+        `dateTime` TIMESTAMP(3),
+        extra VARCHAR>,
+    `dateTime` AS
+        CASE
+            WHEN event_type = 0 THEN person.`dateTime`
+            WHEN event_type = 1 THEN auction.`dateTime`
+            ELSE bid.`dateTime`
+        END,
+    WATERMARK FOR `dateTime` AS `dateTime` - INTERVAL '4' SECOND
+) WITH (
+    'connector' = 'kafka',
+    'topic' = 'nexmark-flink-1796556495',
+    'properties.bootstrap.servers' = '127.0.0.1:9092',
+    'properties.group.id' = 'nexmark',
+    'scan.startup.mode' = 'earliest-offset',
+    'sink.partitioner' = 'round-robin',
+    'format' = 'json', 'max-records-per-epoch' = '250000'
+);
+-- The three Nexmark streams as views over the one table of events.
+CREATE VIEW person AS
+SELECT person.id, person.name, person.emailAddress, person.creditCard, person.city,
+       person.state, `dateTime`, person.extra
+FROM kafka WHERE event_type = 0;
+
+CREATE VIEW auction AS
+SELECT auction.id, auction.itemName, auction.description, auction.initialBid,
+       auction.reserve, `dateTime`, auction.expires, auction.seller, auction.category,
+       auction.extra
+FROM kafka WHERE event_type = 1;
+
+CREATE VIEW bid AS
+SELECT bid.auction, bid.bidder, bid.price, bid.channel, bid.url, `dateTime`, bid.extra
+FROM kafka WHERE event_type = 2;
+-- Nexmark q16 as Flink's nexmark repository writes it: Channel statistics per day.
+CREATE TABLE nexmark_q16 (
+    channel VARCHAR,
+    `day` VARCHAR,
+    `minute` VARCHAR,
+    total_bids BIGINT,
+    rank1_bids BIGINT,
+    rank2_bids BIGINT,
+    rank3_bids BIGINT,
+    total_bidders BIGINT,
+    rank1_bidders BIGINT,
+    rank2_bidders BIGINT,
+    rank3_bidders BIGINT,
+    total_auctions BIGINT,
+    rank1_auctions BIGINT,
+    rank2_auctions BIGINT,
+    rank3_auctions BIGINT
+) WITH ('connector' = 'blackhole');
+INSERT INTO nexmark_q16
+SELECT
+    channel,
+    DATE_FORMAT(`dateTime`, 'yyyy-MM-dd') AS `day`,
+    max(DATE_FORMAT(`dateTime`, 'HH:mm')) AS `minute`,
+    count(*) AS total_bids,
+    count(*) FILTER (WHERE price < 10000) AS rank1_bids,
+    count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids,
+    count(*) FILTER (WHERE price >= 1000000) AS rank3_bids,
+    count(DISTINCT bidder) AS total_bidders,
+    count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders,
+    count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders,
+    count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders,
+    count(DISTINCT auction) AS total_auctions,
+    count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions,
+    count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions,
+    count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions
+FROM bid
+GROUP BY channel, DATE_FORMAT(`dateTime`, 'yyyy-MM-dd');
