@@ -130,14 +130,20 @@ pub(crate) fn fill(
         .map_err(|e| e.to_string())
 }
 
+/// What gives the query's column `i`, aliases taken off, and the plan
+/// under it, where the query ends in a projection (as SQL's SELECT does).
+fn projected(plan: &LogicalPlan, i: usize) -> Option<(Expr, &LogicalPlan)> {
+    let LogicalPlan::Projection(p) = plan else {
+        return None;
+    };
+    let expr = p.expr.get(i)?.clone().unalias_nested().data;
+    Some((expr, p.input.as_ref()))
+}
+
 /// Whether the query's column `i` is a constant whose value `to` holds
 /// exactly: DataFusion types `0` as BIGINT where Flink types it INT.
 fn constant_fits(plan: &LogicalPlan, i: usize, to: &DataType) -> bool {
-    let LogicalPlan::Projection(p) = plan else {
-        return false;
-    };
-    let Some(Expr::Literal(value, _)) = p.expr.get(i).cloned().map(|e| e.unalias_nested().data)
-    else {
+    let Some((Expr::Literal(value, _), _)) = projected(plan, i) else {
         return false;
     };
     value
@@ -155,14 +161,11 @@ fn integer_avg(plan: &LogicalPlan, i: usize, from: &DataType, to: &DataType) -> 
     if *from != DataType::Float64 || !to.is_integer() {
         return false;
     }
-    let LogicalPlan::Projection(p) = plan else {
-        return false;
-    };
-    let Some(Expr::Column(column)) = p.expr.get(i).cloned().map(|e| e.unalias_nested().data) else {
+    let Some((Expr::Column(column), input)) = projected(plan, i) else {
         return false;
     };
     let mut found = false;
-    let _ = p.input.apply(|node| {
+    let _ = input.apply(|node| {
         let (exprs, input) = match node {
             LogicalPlan::Aggregate(a) => (&a.aggr_expr, &a.input),
             LogicalPlan::Window(w) => (&w.window_expr, &w.input),

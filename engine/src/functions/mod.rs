@@ -61,6 +61,18 @@ pub fn register(ctx: &SessionContext) {
     ctx.register_udf(ScalarUDF::from(RegexpExtract::new()));
 }
 
+/// The field of `udf` over `args`: its name, and the type its
+/// `return_type` gives for the arguments' types (an error for wrong ones).
+fn typed_field(udf: &dyn ScalarUDFImpl, args: &ReturnFieldArgs) -> Result<FieldRef> {
+    let types: Vec<DataType> = args
+        .arg_fields
+        .iter()
+        .map(|f| f.data_type().clone())
+        .collect();
+    let data_type = udf.return_type(&types)?;
+    Ok(Arc::new(Field::new(udf.name(), data_type, true)))
+}
+
 /// The field of `udf` over `args`, once its second argument, when a
 /// constant, reads with `read`: a pattern it cannot read is refused when
 /// the query is planned, not at its first row.
@@ -69,18 +81,13 @@ fn checking_constant<T>(
     args: &ReturnFieldArgs,
     read: fn(&str) -> std::result::Result<T, String>,
 ) -> Result<FieldRef> {
-    let types: Vec<DataType> = args
-        .arg_fields
-        .iter()
-        .map(|f| f.data_type().clone())
-        .collect();
-    let data_type = udf.return_type(&types)?;
+    let field = typed_field(udf, args)?;
     if let Some(text) = constant_text(args.scalar_arguments.get(1).copied().flatten()) {
         if let Err(e) = read(text) {
             return plan_err!("{e}");
         }
     }
-    Ok(Arc::new(Field::new(udf.name(), data_type, true)))
+    Ok(field)
 }
 
 /// A per-row text argument (a pattern, a regular expression) read once for

@@ -18,7 +18,7 @@ use datafusion::logical_expr::{
     TypeSignature, Volatility,
 };
 
-use super::{array_of, checking_constant, is_text, ReadOnce};
+use super::{array_of, checking_constant, is_text, typed_field, ReadOnce};
 
 /// Registers the time functions in `ctx`.
 pub(super) fn register(ctx: &SessionContext) {
@@ -573,17 +573,7 @@ impl ScalarUDFImpl for ToTimestampLtz {
                 return plan_err!("{e}");
             }
         }
-        let types: Vec<DataType> = args
-            .arg_fields
-            .iter()
-            .map(|f| f.data_type().clone())
-            .collect();
-        let data_type = self.return_type(&types)?;
-        Ok(Arc::new(datafusion::arrow::datatypes::Field::new(
-            self.name(),
-            data_type,
-            true,
-        )))
+        typed_field(self, &args)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
@@ -721,17 +711,7 @@ impl ScalarUDFImpl for TimestampArith {
                 return plan_err!("{e}");
             }
         }
-        let types: Vec<DataType> = args
-            .arg_fields
-            .iter()
-            .map(|f| f.data_type().clone())
-            .collect();
-        let data_type = self.return_type(&types)?;
-        Ok(Arc::new(datafusion::arrow::datatypes::Field::new(
-            self.name(),
-            data_type,
-            true,
-        )))
+        typed_field(self, &args)
     }
 
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
