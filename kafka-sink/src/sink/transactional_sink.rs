@@ -90,6 +90,10 @@ struct Inner {
     /// True from `begin_transaction` until the transaction is committed or
     /// aborted.
     in_transaction: AtomicBool,
+    /// An abort of the open transaction timed out while the brokers
+    /// answered: the producer is stuck, and [`Inner::resolve`] replaces it
+    /// instead of aborting again.
+    abort_stuck: AtomicBool,
     /// The epoch whose output is being sent ahead in the open transaction.
     ahead: Mutex<Option<Ahead>>,
     groups: Groups,
@@ -185,6 +189,7 @@ impl TransactionalSink {
             producer_config,
             producer: Mutex::new(Arc::new(producer)),
             in_transaction: AtomicBool::new(false),
+            abort_stuck: AtomicBool::new(false),
             ahead: Mutex::new(None),
             groups: Groups::default(),
         })))
@@ -300,45 +305,65 @@ impl Inner {
     /// Before a recovery reads the progress topic: whatever the failed
     /// epoch left of its transaction is ended, so that it can neither hide
     /// the last committed epoch from the read (an open transaction holds
-    /// back the last stable offset) nor commit after it.
+    /// back the last stable offset) nor commit after it. While no broker
+    /// answers, that waits for the next recovery.
     ///
     /// First by aborting it in place, which also tells whether another
     /// instance took over meanwhile (fenced: stop). Only a transaction that
-    /// cannot be aborted in place (a commit whose outcome never arrived, a
-    /// producer librdkafka declared dead) gets a new producer under the same
+    /// cannot be aborted in place gets a new producer under the same
     /// transactional id, whose `init_transactions` completes or aborts it:
-    /// re-initialising every time would fence a newer instance that took
-    /// over during an outage, and the older one would win.
+    /// a commit whose outcome never arrived, a producer librdkafka declared
+    /// dead, or an abort that timed out while the brokers answered. That
+    /// last one is a producer stuck on the transaction coordinator it lost
+    /// in an outage (seen after a broker restart under load: the abort
+    /// timed out for minutes while the restarted broker served reads). A
+    /// newer instance cannot be what holds it, since its
+    /// `init_transactions` would have made the abort fail as fenced.
+    /// Re-initialising every time instead would fence a newer instance
+    /// that took over during an outage, and the older one would win.
     fn resolve(&self) -> Result<()> {
         *self.ahead.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if !self.in_transaction.load(Ordering::SeqCst) {
             return Ok(());
         }
         let producer = self.producer();
-        let aborted = retrying("abort_transaction", self.transaction_timeout, || {
-            producer.abort_transaction(self.transaction_timeout)
-        });
-        match aborted {
-            Ok(()) => {
-                self.in_transaction.store(false, Ordering::SeqCst);
-                return Ok(());
-            }
-            Err(e) => {
-                let error = self.stopped("abort_transaction", &e);
-                // Fenced: another instance owns the query. Still timing
-                // out: the brokers are still away, and recovery retries.
-                if matches!(error, SluiceError::Stopped(_))
-                    || matches!(classify(&e), ErrorClass::Retriable)
-                {
-                    return Err(error);
+        if !self.brokers_answer(&producer) {
+            return Err(self.config.unreachable(
+                "no broker answers yet, so the failed epoch's transaction cannot be ended".into(),
+            ));
+        }
+        if !self.abort_stuck.load(Ordering::SeqCst) {
+            let aborted = retrying("abort_transaction", self.transaction_timeout, || {
+                producer.abort_transaction(self.transaction_timeout)
+            });
+            match aborted {
+                Ok(()) => {
+                    self.in_transaction.store(false, Ordering::SeqCst);
+                    return Ok(());
                 }
-                tracing::warn!(error = %e, "the failed epoch's transaction cannot be aborted in place; re-initialising the producer");
+                Err(e) => {
+                    let error = self.stopped("abort_transaction", &e);
+                    if matches!(error, SluiceError::Stopped(_)) {
+                        return Err(error);
+                    }
+                    tracing::warn!(error = %e, "the failed epoch's transaction cannot be aborted in place; re-initialising the producer");
+                }
             }
         }
         let producer = Arc::new(create_producer(&self.config.client, &self.producer_config)?);
         self.init_transactions(&producer)?;
         *self.producer.lock().unwrap_or_else(|p| p.into_inner()) = producer;
+        self.abort_stuck.store(false, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// Whether a broker answers a metadata request for the progress topic
+    /// now, within the connect timeout.
+    fn brokers_answer(&self, producer: &SinkProducer) -> bool {
+        producer
+            .client()
+            .fetch_metadata(Some(&self.progress_topic), self.config.client.timeout())
+            .is_ok()
     }
 
     /// Produces epoch `record.epoch` (`outputs[i]` to the i-th target) and
@@ -609,10 +634,15 @@ impl Inner {
             producer.abort_transaction(self.transaction_timeout)
         })
         .map_err(|e| match self.stopped("abort_transaction", &e) {
-            SluiceError::External { .. } => self.config.unreachable(format!(
-                "abort_transaction failed ({e}); the producer is re-initialised before the \
-                 epoch is retried"
-            )),
+            SluiceError::External { .. } => {
+                if matches!(classify(&e), ErrorClass::Retriable) && self.brokers_answer(producer) {
+                    self.abort_stuck.store(true, Ordering::SeqCst);
+                }
+                self.config.unreachable(format!(
+                    "abort_transaction failed ({e}); the transaction is ended before the epoch \
+                     is retried, by a new producer if it cannot be aborted in place"
+                ))
+            }
             other => other,
         })?;
         self.in_transaction.store(false, Ordering::SeqCst);
