@@ -10,7 +10,8 @@
 # q14 needs its Rust UDF (the binary has none), q6, q10, q12 and q13 do not
 # run yet (docs/sql.md, *Flink's Nexmark queries*).
 #
-# Env: EVENTS (1000000), E (250000), ROUNDS (2), QUERIES ("0 1 2 3 4 5 7 8
+# Env: EVENTS (1000000), RATE (10000 events per second of event time, the
+#      generator's default), E (250000), ROUNDS (2), QUERIES ("0 1 2 3 4 5 7 8
 #      9 11 15 16 17 18 19 20 21 22"), OUT (target/bench-results/
 #      nexmark-flink-<time>). Writes $OUT/nexmark-flink.md.
 set -euo pipefail
@@ -18,6 +19,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 EVENTS="${EVENTS:-1000000}"
+RATE="${RATE:-10000}"
 E="${E:-250000}"
 ROUNDS="${ROUNDS:-2}"
 QUERIES="${QUERIES:-0 1 2 3 4 5 7 8 9 11 15 16 17 18 19 20 21 22}"
@@ -40,7 +42,7 @@ TOPIC="nexmark-flink-$(date +%s)"
 log "loading $EVENTS events into $TOPIC"
 {
   echo "SET 'checkpoint.location' = '$CP/load';"
-  sed -e "s/{topic}/$TOPIC/; s/{bootstrap}/$BOOT/; s/{events}/$EVENTS/" "$FLINK/load.sql"
+  sed -e "s/{topic}/$TOPIC/g; s/{bootstrap}/$BOOT/g; s/{events}/$EVENTS/g; s/{rate}/$RATE/g" "$FLINK/load.sql"
 } > "$OUT/load.sql"
 start=$(date +%s.%N)
 "$SLUICE" run "$OUT/load.sql" > "$OUT/load.log" 2>&1

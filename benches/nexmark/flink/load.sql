@@ -1,15 +1,22 @@
 -- Writes Nexmark's events into one Kafka topic in the layout Flink's
 -- nexmark repository reads (ddl_kafka.sql): event_type, then a person, an
 -- auction or a bid as a nested JSON object (the other two null), with
--- Flink's generator's bid channel and URL. {topic}, {bootstrap} and
--- {events} are filled in by whoever runs it.
+-- Flink's generator's bid channel and URL. {topic}, {bootstrap}, {events}
+-- and {rate} (events per second of event time) are filled in by whoever
+-- runs it. Each epoch writes one second of event time: the three
+-- statements write their rows one after the other, so an epoch's span is
+-- how far out of time order the topic is, and it must stay under the
+-- watermark's delay of 4 s, or readers drop rows as late.
 SET 'trigger' = 'available-now';
 CREATE STREAM person_events WITH (connector = 'nexmark', table = 'person', generator = 'flink',
-    pace = 'none', 'max-events' = '{events}');
+    pace = 'none', 'max-events' = '{events}', 'events-per-second' = '{rate}',
+    'max-events-per-epoch' = '{rate}');
 CREATE STREAM auction_events WITH (connector = 'nexmark', table = 'auction', generator = 'flink',
-    pace = 'none', 'max-events' = '{events}');
+    pace = 'none', 'max-events' = '{events}', 'events-per-second' = '{rate}',
+    'max-events-per-epoch' = '{rate}');
 CREATE STREAM bid_events WITH (connector = 'nexmark', table = 'bid', generator = 'flink',
-    pace = 'none', 'max-events' = '{events}');
+    pace = 'none', 'max-events' = '{events}', 'events-per-second' = '{rate}',
+    'max-events-per-epoch' = '{rate}');
 CREATE TABLE nexmark (
     event_type INT,
     person ROW<id BIGINT, name VARCHAR, emailAddress VARCHAR, creditCard VARCHAR, city VARCHAR,
