@@ -7,10 +7,16 @@
 # Metric: events read (the whole topic: Flink's and RisingWave's Nexmark
 # figures count every event) / the epochs' execution time (the progress
 # log's duration_ms.total summed), median over rounds; and that per core.
+# Spark Structured Streaming runs the same queries in its dialect over the
+# same topic (benches/spark/nexmark.py --layout flink, FLINK_QUERIES), each
+# right after Sluice's run of it, micro-batches of E records, into its noop
+# sink as Sluice's into the blackhole: the topic's events / the
+# micro-batches' triggerExecution summed. A query Spark refuses to stream
+# runs once as a Spark batch job (wall time), and the table says so.
 # q14 needs its Rust UDF (the binary has none), q6, q10, q12 and q13 do not
 # run yet (docs/sql.md, *Flink's Nexmark queries*).
 #
-# Env: EVENTS (1000000), RATE (10000 events per second of event time, the
+# Env: SPARK (1; 0 leaves Spark out), EVENTS (1000000), RATE (10000 events per second of event time, the
 #      generator's default), E (250000), ROUNDS (2), QUERIES ("0 1 2 3 4 5 7 8
 #      9 11 15 16 17 18 19 20 21 22"), OUT (target/bench-results/
 #      nexmark-flink-<time>). Writes $OUT/nexmark-flink.md.
@@ -20,6 +26,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 EVENTS="${EVENTS:-1000000}"
 RATE="${RATE:-10000}"
+SPARK="${SPARK:-1}"
 E="${E:-250000}"
 ROUNDS="${ROUNDS:-2}"
 QUERIES="${QUERIES:-0 1 2 3 4 5 7 8 9 11 15 16 17 18 19 20 21 22}"
@@ -37,6 +44,11 @@ log "building sluice (release; not timed)"
 cargo build --release --bin sluice >&2
 SLUICE="${CARGO_TARGET_DIR:-$ROOT/target}/release/sluice"
 BOOT="$(scripts/kafka start | tail -n 1)"
+if [[ "$SPARK" == 1 ]]; then
+  log "setting up Spark and its Kafka connector"
+  SPARK_PY="$(bash benches/spark/setup.sh | tail -n 1)"
+  SPARK_KAFKA_JARS="$(bash benches/spark/kafka-jars.sh | tail -n 1)"
+fi
 TOPIC="nexmark-flink-$(date +%s)"
 
 log "loading $EVENTS events into $TOPIC"
@@ -67,6 +79,14 @@ for round in $(seq 1 "$ROUNDS"); do
     if ! "$SLUICE" run "$file" --progress-log "$OUT/q$q-$round.jsonl" > "$OUT/q$q-$round.log" 2>&1; then
       log "q$q failed: see $OUT/q$q-$round.log"
     fi
+    if [[ "$SPARK" == 1 ]]; then
+      log "round $round: q$q on Spark"
+      if ! "$SPARK_PY" benches/spark/nexmark.py --layout flink --bootstrap "$BOOT" \
+          --topic "$TOPIC" --query "q$q" --max-offsets "$E" --jars "$SPARK_KAFKA_JARS" \
+          > "$OUT/spark-q$q-$round.json" 2> "$OUT/spark-q$q-$round.log"; then
+        log "q$q failed on Spark: see $OUT/spark-q$q-$round.log"
+      fi
+    fi
   done
 done
 
@@ -74,27 +94,59 @@ python3 - "$OUT" "$ROUNDS" "$CORES" "$EVENTS" $QUERIES > "$OUT/nexmark-flink.md"
 import json, statistics, sys, platform
 out, rounds, cores, events = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 queries = sys.argv[5:]
+
+
+def sluice(q, r):
+    """Events of the topic per second of epoch execution, and the rows the
+    epochs dropped as late."""
+    try:
+        lines = [json.loads(l) for l in open(f"{out}/q{q}-{r}.jsonl")]
+    except FileNotFoundError:
+        return None
+    ms = sum(l["duration_ms"]["total"] for l in lines)
+    if ms <= 0 or not any(l.get("input_rows", 0) for l in lines):
+        return None
+    return events / ms * 1000, sum(l.get("late_rows", 0) for l in lines)
+
+
+def spark(q, r):
+    """Events of the topic per second of Spark's micro-batches (or of its
+    batch job), and why it did not stream, if it did not."""
+    try:
+        report = json.loads(open(f"{out}/spark-q{q}-{r}.json").read().strip().splitlines()[-1])
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+    busy = report["busy_ms"]
+    return (events / busy * 1000 if busy else None), report.get("unsupported")
+
+
+def fmt(x):
+    return "-" if x is None else f"{x:,.0f}"
+
+
 print(f"Nexmark in Flink's forms, {events} events in one Kafka topic of nested JSON, "
       f"{rounds} round(s), {cores} cores ({platform.machine()}).\n")
-print("| query | events read | events/s (median) | per core | rounds |")
-print("| --- | ---: | ---: | ---: | --- |")
+print("| query | Sluice events/s (median) | per core | late rows | Spark events/s (median) "
+      "| Sluice / Spark | Sluice rounds | Spark rounds |")
+print("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+notes = {}
 for q in queries:
-    rates, read = [], 0
-    for r in range(1, rounds + 1):
-        try:
-            lines = [json.loads(l) for l in open(f"{out}/q{q}-{r}.jsonl")]
-        except FileNotFoundError:
-            continue
-        rows = sum(l.get("input_rows", 0) for l in lines)
-        ms = sum(l["duration_ms"]["total"] for l in lines)
-        if ms > 0 and rows > 0:
-            rates.append(rows / ms * 1000)
-            read = rows
-    if not rates:
-        print(f"| q{q} | - | failed | - | - |")
-        continue
-    m = statistics.median(rates)
-    print(f"| q{q} | {read} | {m:,.0f} | {m / cores:,.0f} | "
-          + ", ".join(f"{x:,.0f}" for x in rates) + " |")
+    ours = [x for x in (sluice(q, r) for r in range(1, rounds + 1)) if x]
+    theirs = [x for x in (spark(q, r) for r in range(1, rounds + 1)) if x and x[0]]
+    m = statistics.median(x[0] for x in ours) if ours else None
+    s = statistics.median(x[0] for x in theirs) if theirs else None
+    batch = next((x[1] for x in theirs if x[1]), None)
+    if batch:
+        notes[q] = batch
+    ratio = f"{m / s:.1f}x" if m and s else "-"
+    print(f"| q{q} | {fmt(m)} | {fmt(m / cores if m else None)} | "
+          f"{max((x[1] for x in ours), default='-')} | {fmt(s)}{' (batch)' if batch else ''} | "
+          f"{ratio} | {', '.join(fmt(x[0]) for x in ours)} | "
+          f"{', '.join(fmt(x[0]) for x in theirs)} |")
+if notes:
+    print("\n(batch): Spark refuses to stream the query, so it ran once as a batch job over "
+          "the whole topic, timed by its wall time. Spark's reasons:\n")
+    for q, why in notes.items():
+        print(f"- q{q}: {why[:300]}")
 PY
 cat "$OUT/nexmark-flink.md"

@@ -2,7 +2,8 @@
 """Spark Structured Streaming side of the Nexmark benchmark.
 
 Reads the topics `sluice nexmark load` filled (JSON) that the query needs,
-runs one Nexmark query, and writes the result to a Kafka topic as JSON, draining the topic
+runs one Nexmark query, and writes the result to a Kafka topic as JSON (or,
+without --out-topic, to Spark's noop sink), draining the topic
 with Trigger.AvailableNow and `maxOffsetsPerTrigger` records per
 micro-batch -- the same input, broker and epoch size as the Sluice run.
 Spark's Kafka sink is at-least-once (there is no transactional Kafka sink in
@@ -24,6 +25,13 @@ Spark); Sluice's runs exactly-once.
         that have it (an aggregation feeding a join)
     q8: people joined with the auctions they opened in the same 10-second
         window (a join on equal windows, state bounded by the watermarks)
+
+With --layout flink it reads instead the one topic of nested JSON that
+benches/nexmark/flink/load.sql writes (--topic), as Flink's nexmark
+repository lays it out: the `kafka` view computes `dateTime` from the
+event's row, and the `person`, `auction` and `bid` views select each kind,
+as benches/nexmark/flink/ddl_views.sql does; FLINK_QUERIES are the queries
+of benches/nexmark/flink/ written as a Spark user would write them.
 
 Spark runs as local[2], spark.sql.shuffle.partitions=2, UI off.
 
@@ -97,6 +105,129 @@ WATERMARKED = {"q4", "q5", "q7", "q8"}
 
 # Queries whose result changes per key (the rest append).
 UPDATE_MODE = {"q4"}
+FLINK_UPDATE_MODE = {"q4", "q15", "q16", "q17"}
+
+# Flink's Nexmark queries (benches/nexmark/flink/q*.sql) in Spark's
+# dialect, over the views of the Flink layout. What differs from Flink's
+# text, and why: `session_window`, `window(...)` and `split(...)[i]` are
+# Spark's spellings of SESSION, TUMBLE/HOP and SPLIT_INDEX; Spark's
+# regexp_extract gives '' where Flink's gives NULL (q21); q5, q7 and q8
+# take the window as Spark's struct. Spark refuses to stream q4, q9, q15,
+# q16, q18 and q19 (a join feeding an aggregation, count(DISTINCT),
+# ROW_NUMBER): they run once as batch jobs, and the report says why.
+FLINK_QUERIES = {
+    "q0": "SELECT auction, bidder, price, dateTime, extra FROM bid",
+    "q1": "SELECT auction, bidder, 0.908 * price AS price, dateTime, extra FROM bid",
+    "q2": "SELECT auction, price FROM bid WHERE mod(auction, 123) = 0",
+    "q3": "SELECT P.name, P.city, P.state, A.id FROM auction A JOIN person P ON A.seller = P.id "
+          "WHERE A.category = 10 AND (P.state = 'OR' OR P.state = 'ID' OR P.state = 'CA')",
+    "q4": "SELECT Q.category, avg(Q.final) AS avg_final FROM ("
+          "SELECT max(B.price) AS final, A.category FROM auction A JOIN bid B "
+          "ON A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires "
+          "GROUP BY A.id, A.category) Q GROUP BY Q.category",
+    "q5": "WITH c AS (SELECT auction, count(*) AS num, window FROM bid "
+          "GROUP BY auction, window(dateTime, '10 seconds', '2 seconds')) "
+          "SELECT c.auction, c.num FROM c "
+          "JOIN (SELECT window, max(num) AS maxn FROM c GROUP BY window) m "
+          "ON c.window = m.window AND c.num >= m.maxn",
+    "q7": "SELECT B.auction, B.price, B.bidder, B.dateTime, B.extra FROM bid B "
+          "JOIN (SELECT window.end AS window_end, max(price) AS maxprice FROM bid "
+          "GROUP BY window(dateTime, '10 seconds')) B1 ON B.price = B1.maxprice "
+          "AND B.dateTime BETWEEN B1.window_end - INTERVAL 10 SECONDS AND B1.window_end",
+    "q8": "SELECT P.id, P.name, P.starttime FROM ("
+          "SELECT id, name, window.start AS starttime, window.end AS endtime FROM person "
+          "GROUP BY id, name, window(dateTime, '10 seconds')) P JOIN ("
+          "SELECT seller, window.start AS starttime, window.end AS endtime FROM auction "
+          "GROUP BY seller, window(dateTime, '10 seconds')) A "
+          "ON P.id = A.seller AND P.starttime = A.starttime AND P.endtime = A.endtime",
+    "q9": "SELECT * FROM (SELECT A.*, B.auction, B.bidder, B.price, B.dateTime AS bid_dateTime, "
+          "B.extra AS bid_extra, ROW_NUMBER() OVER (PARTITION BY A.id "
+          "ORDER BY B.price DESC, B.dateTime ASC) AS rownum FROM auction A JOIN bid B "
+          "ON A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires) "
+          "WHERE rownum <= 1",
+    "q11": "SELECT bidder, count(*) AS bid_count, session_window.start AS starttime, "
+           "session_window.end AS endtime FROM bid "
+           "GROUP BY bidder, session_window(dateTime, '10 seconds')",
+    "q15": "SELECT date_format(dateTime, 'yyyy-MM-dd') AS day, count(*) AS total_bids, "
+           "count(*) FILTER (WHERE price < 10000) AS rank1_bids, "
+           "count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, "
+           "count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, "
+           "count(DISTINCT bidder) AS total_bidders, "
+           "count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, "
+           "count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders, "
+           "count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, "
+           "count(DISTINCT auction) AS total_auctions, "
+           "count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, "
+           "count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions, "
+           "count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions "
+           "FROM bid GROUP BY date_format(dateTime, 'yyyy-MM-dd')",
+    "q16": "SELECT channel, date_format(dateTime, 'yyyy-MM-dd') AS day, "
+           "max(date_format(dateTime, 'HH:mm')) AS minute, count(*) AS total_bids, "
+           "count(*) FILTER (WHERE price < 10000) AS rank1_bids, "
+           "count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, "
+           "count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, "
+           "count(DISTINCT bidder) AS total_bidders, "
+           "count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, "
+           "count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders, "
+           "count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, "
+           "count(DISTINCT auction) AS total_auctions, "
+           "count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, "
+           "count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions, "
+           "count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions "
+           "FROM bid GROUP BY channel, date_format(dateTime, 'yyyy-MM-dd')",
+    "q17": "SELECT auction, date_format(dateTime, 'yyyy-MM-dd') AS day, count(*) AS total_bids, "
+           "count(*) FILTER (WHERE price < 10000) AS rank1_bids, "
+           "count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, "
+           "count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, "
+           "min(price) AS min_price, max(price) AS max_price, avg(price) AS avg_price, "
+           "sum(price) AS sum_price "
+           "FROM bid GROUP BY auction, date_format(dateTime, 'yyyy-MM-dd')",
+    "q18": "SELECT auction, bidder, price, channel, url, dateTime, extra FROM ("
+           "SELECT *, ROW_NUMBER() OVER (PARTITION BY bidder, auction ORDER BY dateTime DESC) "
+           "AS rank_number FROM bid) WHERE rank_number <= 1",
+    "q19": "SELECT * FROM (SELECT *, ROW_NUMBER() OVER (PARTITION BY auction "
+           "ORDER BY price DESC) AS rank_number FROM bid) WHERE rank_number <= 10",
+    "q20": "SELECT auction, bidder, price, channel, url, B.dateTime, B.extra, itemName, "
+           "description, initialBid, reserve, A.dateTime AS auction_dateTime, expires, seller, "
+           "category, A.extra AS auction_extra "
+           "FROM bid B JOIN auction A ON B.auction = A.id WHERE A.category = 10",
+    "q21": "SELECT auction, bidder, price, channel, CASE "
+           "WHEN lower(channel) = 'apple' THEN '0' WHEN lower(channel) = 'google' THEN '1' "
+           "WHEN lower(channel) = 'facebook' THEN '2' WHEN lower(channel) = 'baidu' THEN '3' "
+           "ELSE regexp_extract(url, '(&|^)channel_id=([^&]*)', 2) END AS channel_id FROM bid "
+           "WHERE regexp_extract(url, '(&|^)channel_id=([^&]*)', 2) <> '' "
+           "OR lower(channel) IN ('apple', 'google', 'facebook', 'baidu')",
+    "q22": "SELECT auction, bidder, price, channel, split(url, '/')[3] AS dir1, "
+           "split(url, '/')[4] AS dir2, split(url, '/')[5] AS dir3 FROM bid",
+}
+
+# Flink's queries whose windows the watermark closes (the Flink layout's
+# `kafka` table declares `dateTime - INTERVAL '4' SECOND` for all; Spark's
+# watermark only matters to these, and only these get one).
+FLINK_WATERMARKED = {"q5", "q7", "q8", "q11"}
+
+# The Flink layout: one topic, event_type and a row per kind of event.
+FLINK_SCHEMA = (
+    "event_type INT, "
+    "person STRUCT<id: BIGINT, name: STRING, emailAddress: STRING, creditCard: STRING, "
+    "city: STRING, state: STRING, dateTime: TIMESTAMP, extra: STRING>, "
+    "auction STRUCT<id: BIGINT, itemName: STRING, description: STRING, initialBid: BIGINT, "
+    "reserve: BIGINT, dateTime: TIMESTAMP, expires: TIMESTAMP, seller: BIGINT, "
+    "category: BIGINT, extra: STRING>, "
+    "bid STRUCT<auction: BIGINT, bidder: BIGINT, price: BIGINT, channel: STRING, url: STRING, "
+    "dateTime: TIMESTAMP, extra: STRING>"
+)
+
+# benches/nexmark/flink/ddl_views.sql in Spark's dialect.
+FLINK_VIEWS = {
+    "person": "SELECT person.id, person.name, person.emailAddress, person.creditCard, "
+              "person.city, person.state, dateTime, person.extra FROM kafka WHERE event_type = 0",
+    "auction": "SELECT auction.id, auction.itemName, auction.description, auction.initialBid, "
+               "auction.reserve, dateTime, auction.expires, auction.seller, auction.category, "
+               "auction.extra FROM kafka WHERE event_type = 1",
+    "bid": "SELECT bid.auction, bid.bidder, bid.price, bid.channel, bid.url, dateTime, "
+           "bid.extra FROM kafka WHERE event_type = 2",
+}
 
 # The JSON schema of each topic, as `sluice nexmark load` writes it.
 SCHEMAS = {
@@ -165,21 +296,58 @@ def register_topics(spark, args, tables, stream):
         rows.createOrReplaceTempView(table)
 
 
+def register_flink_views(spark, args, stream):
+    """The Flink layout's `kafka` view over --topic (capped at
+    maxOffsetsPerTrigger per micro-batch, with the 4-second watermark where
+    the query's windows need it; or all of it as one batch) and the
+    `person`, `auction` and `bid` views over it."""
+    from pyspark.sql.functions import col, from_json
+
+    reader = (
+        (spark.readStream if stream else spark.read).format("kafka")
+        .option("kafka.bootstrap.servers", args.bootstrap)
+        .option("subscribe", args.topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+    )
+    if stream:
+        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets))
+    else:
+        reader = reader.option("endingOffsets", "latest")
+    events = reader.load().select(
+        from_json(col("value").cast("string"), FLINK_SCHEMA).alias("e")).select("e.*")
+    events = events.selectExpr(
+        "*", "CASE WHEN event_type = 0 THEN person.dateTime WHEN event_type = 1 "
+             "THEN auction.dateTime ELSE bid.dateTime END AS dateTime")
+    if stream and args.query in FLINK_WATERMARKED:
+        events = events.withWatermark("dateTime", "4 seconds")
+    events.createOrReplaceTempView("kafka")
+    for view, sql in FLINK_VIEWS.items():
+        spark.sql(sql).createOrReplaceTempView(view)
+
+
+def register(spark, args, tables, stream):
+    """The views the query reads, in the layout --layout names."""
+    if args.layout == "flink":
+        register_flink_views(spark, args, stream)
+    else:
+        register_topics(spark, args, tables, stream)
+
+
 def batch_instead(spark, args, tables, sql, jvm_pid, why):
     """Runs `sql` once as a Spark batch job over all of the topics, writing
     to the output topic: the report of a query Spark refuses to stream."""
     from pyspark.sql.functions import struct, to_json
 
-    register_topics(spark, args, tables, stream=False)
+    register(spark, args, tables, stream=False)
     cpu_before = proc_cpu_s(jvm_pid) + sum(os.times()[:2])
     started = time.monotonic()
-    (
-        spark.sql(sql).select(to_json(struct("*")).alias("value"))
-        .write.format("kafka")
-        .option("kafka.bootstrap.servers", args.bootstrap)
-        .option("topic", args.out_topic)
-        .save()
-    )
+    writer = spark.sql(sql).select(to_json(struct("*")).alias("value")).write
+    if args.out_topic is None:
+        writer.format("noop").mode("overwrite").save()
+    else:
+        (writer.format("kafka").option("kafka.bootstrap.servers", args.bootstrap)
+         .option("topic", args.out_topic).save())
     wall_s = time.monotonic() - started
     return {
         "engine": "spark",
@@ -201,14 +369,26 @@ def batch_instead(spark, args, tables, sql, jvm_pid, why):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bootstrap", default="127.0.0.1:9092")
-    p.add_argument("--prefix", required=True, help="topic prefix given to sluice nexmark load")
-    p.add_argument("--query", required=True, choices=sorted(QUERIES))
-    p.add_argument("--out-topic", required=True)
+    p.add_argument("--layout", choices=["beam", "flink"], default="beam",
+                   help="beam: a topic per table (sluice nexmark load); flink: one topic of "
+                        "nested JSON (benches/nexmark/flink/load.sql)")
+    p.add_argument("--prefix", help="topic prefix given to sluice nexmark load (beam)")
+    p.add_argument("--topic", help="the events' topic (flink)")
+    p.add_argument("--query", required=True,
+                   choices=sorted(set(QUERIES) | set(FLINK_QUERIES)))
+    p.add_argument("--out-topic",
+                   help="the output topic; without one the output goes to Spark's noop sink, "
+                        "as Flink's Nexmark writes to its blackhole")
     p.add_argument("--max-offsets", type=int, default=500_000,
                    help="records per micro-batch (maxOffsetsPerTrigger)")
     p.add_argument("--jars", required=True, help="spark-sql-kafka jars, comma-separated")
     p.add_argument("--driver-memory", default=os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
     args = p.parse_args()
+    queries = FLINK_QUERIES if args.layout == "flink" else QUERIES
+    updating = FLINK_UPDATE_MODE if args.layout == "flink" else UPDATE_MODE
+    if args.query not in queries or (args.prefix if args.layout == "beam" else args.topic) is None:
+        p.error(f"--layout {args.layout} needs --{'prefix' if args.layout == 'beam' else 'topic'} "
+                f"and one of {', '.join(sorted(queries))}")
 
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -232,22 +412,27 @@ def main():
     spark.sparkContext.setLogLevel("WARN")
     jvm_pid = int(spark._jvm.java.lang.ProcessHandle.current().pid())
     try:
-        tables, sql = QUERIES[args.query]
-        register_topics(spark, args, tables, stream=True)
+        if args.layout == "flink":
+            tables, sql = [], FLINK_QUERIES[args.query]
+        else:
+            tables, sql = QUERIES[args.query]
+        register(spark, args, tables, stream=True)
         result = spark.sql(sql)
         cpu_before = proc_cpu_s(jvm_pid) + sum(os.times()[:2])
         started = time.monotonic()
         try:
-            query = (
-                result.select(to_json(struct("*")).alias("value"))
-                .writeStream.format("kafka")
-                .outputMode("update" if args.query in UPDATE_MODE else "append")
-                .option("kafka.bootstrap.servers", args.bootstrap)
-                .option("topic", args.out_topic)
+            writer = (
+                result.select(to_json(struct("*")).alias("value")).writeStream
+                .outputMode("update" if args.query in updating else "append")
                 .option("checkpointLocation", os.path.join(workdir, "checkpoint"))
                 .trigger(availableNow=True)
-                .start()
             )
+            if args.out_topic is None:
+                writer = writer.format("noop")
+            else:
+                writer = (writer.format("kafka").option("kafka.bootstrap.servers", args.bootstrap)
+                          .option("topic", args.out_topic))
+            query = writer.start()
         except AnalysisException as e:
             # Spark checks a streaming plan when it starts, and refuses what
             # it cannot run incrementally. What a Spark user can do instead
