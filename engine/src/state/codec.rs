@@ -35,6 +35,7 @@ use datafusion::arrow::ipc::reader::{read_footer_length, FileDecoder, FileReader
 use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::arrow::ipc::{root_as_footer, Block};
 
+use super::columns::compact_views_to_write;
 use super::remote;
 use crate::error::{Result, SluiceError};
 
@@ -411,7 +412,7 @@ pub(crate) fn write_ipc_slices(
         let slice = batch.slice(start, IPC_SLICE_ROWS.min(batch.num_rows() - start));
         let kept = select(slice, start)?;
         if kept.num_rows() > 0 {
-            writer.write(&kept)?;
+            writer.write(&compact_views_to_write(kept)?)?;
         }
     }
     writer.finish()?;
@@ -617,6 +618,32 @@ pub(crate) fn split_parts<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_slice_of_a_state_file_carries_only_its_own_strings() {
+        use datafusion::arrow::array::StringViewArray;
+        let rows = 4 * IPC_SLICE_ROWS;
+        let values: Vec<String> = (0..rows).map(|i| format!("{i:0>40}")).collect();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "s",
+            DataType::Utf8View,
+            false,
+        )]));
+        let batch = RecordBatch::try_new(
+            Arc::clone(&schema),
+            vec![Arc::new(StringViewArray::from_iter_values(values.iter()))],
+        )
+        .unwrap();
+        let bytes = ipc_bytes(&batch).unwrap();
+        // 40 bytes of string and a 16-byte view per row: the slices,
+        // written whole, would each carry all four slices' strings.
+        assert!(
+            bytes.len() < rows * 60,
+            "{} bytes for {rows} rows",
+            bytes.len()
+        );
+        assert_eq!(read_ipc(&bytes, &schema).unwrap(), batch);
+    }
 
     #[test]
     fn a_frame_round_trips_and_a_flipped_byte_is_caught() {
