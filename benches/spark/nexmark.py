@@ -107,6 +107,22 @@ WATERMARKED = {"q4", "q5", "q7", "q8"}
 UPDATE_MODE = {"q4"}
 FLINK_UPDATE_MODE = {"q4", "q15", "q16", "q17"}
 
+# q15's and q16's counts of bids, bidders and auctions, all and per price
+# rank, after their `count(*) AS total_bids`.
+BIDS_BIDDERS_AUCTIONS_BY_PRICE = (
+    "count(*) FILTER (WHERE price < 10000) AS rank1_bids, "
+    "count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, "
+    "count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, "
+    "count(DISTINCT bidder) AS total_bidders, "
+    "count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, "
+    "count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders, "
+    "count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, "
+    "count(DISTINCT auction) AS total_auctions, "
+    "count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, "
+    "count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions, "
+    "count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions "
+)
+
 # Flink's Nexmark queries (benches/nexmark/flink/q*.sql) in Spark's
 # dialect, over the views of the Flink layout. What differs from Flink's
 # text, and why: `session_window`, `window(...)` and `split(...)[i]` are
@@ -149,31 +165,11 @@ FLINK_QUERIES = {
            "session_window.end AS endtime FROM bid "
            "GROUP BY bidder, session_window(dateTime, '10 seconds')",
     "q15": "SELECT date_format(dateTime, 'yyyy-MM-dd') AS day, count(*) AS total_bids, "
-           "count(*) FILTER (WHERE price < 10000) AS rank1_bids, "
-           "count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, "
-           "count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, "
-           "count(DISTINCT bidder) AS total_bidders, "
-           "count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, "
-           "count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders, "
-           "count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, "
-           "count(DISTINCT auction) AS total_auctions, "
-           "count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, "
-           "count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions, "
-           "count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions "
+           + BIDS_BIDDERS_AUCTIONS_BY_PRICE +
            "FROM bid GROUP BY date_format(dateTime, 'yyyy-MM-dd')",
     "q16": "SELECT channel, date_format(dateTime, 'yyyy-MM-dd') AS day, "
            "max(date_format(dateTime, 'HH:mm')) AS minute, count(*) AS total_bids, "
-           "count(*) FILTER (WHERE price < 10000) AS rank1_bids, "
-           "count(*) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bids, "
-           "count(*) FILTER (WHERE price >= 1000000) AS rank3_bids, "
-           "count(DISTINCT bidder) AS total_bidders, "
-           "count(DISTINCT bidder) FILTER (WHERE price < 10000) AS rank1_bidders, "
-           "count(DISTINCT bidder) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_bidders, "
-           "count(DISTINCT bidder) FILTER (WHERE price >= 1000000) AS rank3_bidders, "
-           "count(DISTINCT auction) AS total_auctions, "
-           "count(DISTINCT auction) FILTER (WHERE price < 10000) AS rank1_auctions, "
-           "count(DISTINCT auction) FILTER (WHERE price >= 10000 AND price < 1000000) AS rank2_auctions, "
-           "count(DISTINCT auction) FILTER (WHERE price >= 1000000) AS rank3_auctions "
+           + BIDS_BIDDERS_AUCTIONS_BY_PRICE +
            "FROM bid GROUP BY channel, date_format(dateTime, 'yyyy-MM-dd')",
     "q17": "SELECT auction, date_format(dateTime, 'yyyy-MM-dd') AS day, count(*) AS total_bids, "
            "count(*) FILTER (WHERE price < 10000) AS rank1_bids, "
@@ -270,27 +266,34 @@ def proc_hwm_bytes(pid):
     return 0
 
 
+def read_json(spark, args, topic, schema, stream):
+    """`topic`'s committed JSON records as columns of `schema`: a stream
+    capped at maxOffsetsPerTrigger per micro-batch (as Sluice caps each
+    epoch), or, with stream=False, all of it as one batch."""
+    from pyspark.sql.functions import col, from_json
+
+    reader = (
+        (spark.readStream if stream else spark.read).format("kafka")
+        .option("kafka.bootstrap.servers", args.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+    )
+    if stream:
+        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets))
+    else:
+        reader = reader.option("endingOffsets", "latest")
+    return reader.load().select(
+        from_json(col("value").cast("string"), schema).alias("r")).select("r.*")
+
+
 def register_topics(spark, args, tables, stream):
     """One temp view per topic the query reads, named after its table, of
     its JSON records as columns: a stream capped at maxOffsetsPerTrigger per
     micro-batch (as Sluice caps each stream), with Nexmark's watermark where
     the query needs one; or, with stream=False, all of it as one batch."""
-    from pyspark.sql.functions import col, from_json
-
     for table in tables:
-        reader = (
-            (spark.readStream if stream else spark.read).format("kafka")
-            .option("kafka.bootstrap.servers", args.bootstrap)
-            .option("subscribe", f"{args.prefix}-{table}")
-            .option("startingOffsets", "earliest")
-            .option("kafka.isolation.level", "read_committed")
-        )
-        if stream:
-            reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets))
-        else:
-            reader = reader.option("endingOffsets", "latest")
-        rows = reader.load().select(
-            from_json(col("value").cast("string"), SCHEMAS[table]).alias("r")).select("r.*")
+        rows = read_json(spark, args, f"{args.prefix}-{table}", SCHEMAS[table], stream)
         if stream and args.query in WATERMARKED:
             rows = rows.withWatermark("date_time", "4 seconds")
         rows.createOrReplaceTempView(table)
@@ -301,22 +304,7 @@ def register_flink_views(spark, args, stream):
     maxOffsetsPerTrigger per micro-batch, with the 4-second watermark where
     the query's windows need it; or all of it as one batch) and the
     `person`, `auction` and `bid` views over it."""
-    from pyspark.sql.functions import col, from_json
-
-    reader = (
-        (spark.readStream if stream else spark.read).format("kafka")
-        .option("kafka.bootstrap.servers", args.bootstrap)
-        .option("subscribe", args.topic)
-        .option("startingOffsets", "earliest")
-        .option("kafka.isolation.level", "read_committed")
-    )
-    if stream:
-        reader = reader.option("maxOffsetsPerTrigger", str(args.max_offsets))
-    else:
-        reader = reader.option("endingOffsets", "latest")
-    events = reader.load().select(
-        from_json(col("value").cast("string"), FLINK_SCHEMA).alias("e")).select("e.*")
-    events = events.selectExpr(
+    events = read_json(spark, args, args.topic, FLINK_SCHEMA, stream).selectExpr(
         "*", "CASE WHEN event_type = 0 THEN person.dateTime WHEN event_type = 1 "
              "THEN auction.dateTime ELSE bid.dateTime END AS dateTime")
     if stream and args.query in FLINK_WATERMARKED:

@@ -226,6 +226,38 @@ pub(crate) fn json_rows(ids: std::ops::Range<i64>) -> Vec<String> {
         .collect()
 }
 
+/// Consumer group `group`'s committed offsets on partitions `0..partitions`
+/// of `topic`, and those partitions' end offsets.
+fn group_offsets_and_ends(
+    bootstrap: &str,
+    group: &str,
+    topic: &str,
+    partitions: i32,
+) -> (Vec<rdkafka::Offset>, Vec<rdkafka::Offset>) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(30))
+        .unwrap();
+    (0..partitions)
+        .map(|p| {
+            let (_, end) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(30))
+                .unwrap();
+            let at = committed.find_partition(topic, p).unwrap().offset();
+            (at, rdkafka::Offset::Offset(end))
+        })
+        .unzip()
+}
+
 /// Flink's files read with `'properties.group.id'` and write to a
 /// blackhole: the source then commits the offsets to the group itself once
 /// each epoch is committed, as Flink's Kafka source does on checkpoints.
@@ -254,41 +286,16 @@ async fn a_group_id_with_a_sink_outside_kafka_is_committed_by_the_source() {
     let query = crate::util::start_sql(&session, &sql).await;
     query.await_termination().await.unwrap();
     tokio::task::spawn_blocking(move || {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("group.id", &group)
-            .create()
-            .unwrap();
-        let ends: Vec<i64> = (0..2)
-            .map(|p| {
-                consumer
-                    .fetch_watermarks(&input, p, Duration::from_secs(30))
-                    .unwrap()
-                    .1
-            })
-            .collect();
         // The last commit runs in the background: wait for it.
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let mut tpl = rdkafka::TopicPartitionList::new();
-            for p in 0..2 {
-                tpl.add_partition(&input, p);
-            }
-            let committed = consumer
-                .committed_offsets(tpl, Duration::from_secs(30))
-                .unwrap();
-            let at: Vec<rdkafka::Offset> = (0..2)
-                .map(|p| committed.find_partition(&input, p).unwrap().offset())
-                .collect();
-            let want: Vec<rdkafka::Offset> =
-                ends.iter().map(|&e| rdkafka::Offset::Offset(e)).collect();
-            if at == want {
+            let (at, ends) = group_offsets_and_ends(&bootstrap, &group, &input, 2);
+            if at == ends {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "the group's offsets {at:?}, the topic's ends {want:?}"
+                "the group's offsets {at:?}, the topic's ends {ends:?}"
             );
             std::thread::sleep(Duration::from_millis(200));
         }
@@ -379,26 +386,8 @@ async fn kafka_to_kafka_reads_committed_records_once_with_virtual_columns() {
     // With 'group.id', the consumer group's committed offsets are the
     // query's end offsets (what kafka-consumer-groups.sh shows as lag 0).
     tokio::task::spawn_blocking(move || {
-        use rdkafka::consumer::{BaseConsumer, Consumer};
-        let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", &bootstrap)
-            .set("group.id", &group)
-            .create()
-            .unwrap();
-        let mut tpl = rdkafka::TopicPartitionList::new();
-        for p in 0..2 {
-            tpl.add_partition(&input, p);
-        }
-        let committed = consumer
-            .committed_offsets(tpl, Duration::from_secs(30))
-            .unwrap();
-        for p in 0..2 {
-            let (_, end) = consumer
-                .fetch_watermarks(&input, p, Duration::from_secs(30))
-                .unwrap();
-            let at = committed.find_partition(&input, p).unwrap().offset();
-            assert_eq!(at, rdkafka::Offset::Offset(end), "partition {p}");
-        }
+        let (at, ends) = group_offsets_and_ends(&bootstrap, &group, &input, 2);
+        assert_eq!(at, ends, "the group's offsets, the topic's ends");
     })
     .await
     .unwrap();
