@@ -17,5 +17,7 @@
 mod connector;
 pub mod generator;
 mod random;
+mod udf;
 
 pub use connector::NexmarkConnector;
+pub use udf::count_char;
