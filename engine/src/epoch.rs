@@ -398,7 +398,7 @@ impl EpochLoop {
             None => self.read_epoch(record).await?,
         };
         let t = Instant::now();
-        let admitted = self.admit(&mut read)?;
+        let admitted = self.admit(&mut read, record.planned_at_ms)?;
         phases.read = read.ms + millis(t.elapsed());
 
         let t = Instant::now();

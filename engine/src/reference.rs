@@ -129,6 +129,13 @@ impl BatchQuery {
     /// Why the batch answer would not be what this query emits, if it
     /// would not.
     pub fn unsupported(&self) -> Option<String> {
+        if self.plan.proctime.is_some() {
+            return Some(
+                "this query reads PROCTIME(), the time each epoch ran, which a batch query \
+                 cannot know"
+                    .into(),
+            );
+        }
         // A chain of stateful operators is one batch query when each of
         // its operators emits what a batch query would: not windows, which
         // are emitted as the watermark closes them, nor an outer join's

@@ -103,12 +103,20 @@ impl Statement {
     /// watermark move it and lose their late rows first (when the operator
     /// drops late rows). Returns the input to compute over and the late
     /// rows dropped.
-    pub(crate) fn admit(&mut self, read: Vec<EpochInput>) -> Result<(Vec<EpochInput>, u64)> {
+    pub(crate) fn admit(
+        &mut self,
+        read: Vec<EpochInput>,
+        planned_at_ms: i64,
+    ) -> Result<(Vec<EpochInput>, u64)> {
         // Late rows are judged by the watermark the previous epoch left;
         // only then does this epoch's input move it (see `watermark`).
         let drops_late = self.drops_late();
         let watermarks = &mut self.plan.watermarks;
         let previous = watermarks.current();
+        watermarks.observe_clock(planned_at_ms);
+        if let Some(value) = &self.plan.proctime {
+            crate::watermark::processing_time::set(value, planned_at_ms);
+        }
         if let Some(value) = &self.plan.current_watermark {
             crate::watermark::current::set(value, previous);
         }

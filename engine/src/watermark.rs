@@ -36,7 +36,9 @@ use crate::error::{Result, SluiceError};
 use crate::source::Partitions;
 
 pub(crate) mod current;
+pub(crate) mod processing_time;
 pub use current::CurrentWatermark;
+pub use processing_time::Proctime;
 
 /// A stream's declared event-time column and how late its rows may be.
 ///
@@ -113,15 +115,30 @@ struct Tracked {
 pub(crate) struct WatermarkTracker {
     /// Per input, in plan order; `None` for an input without a watermark.
     inputs: Vec<Option<Tracked>>,
+    clock: Clock,
+}
+
+/// Which time a query's watermark follows.
+#[derive(Debug, Default)]
+enum Clock {
+    /// The event time its inputs declare.
+    #[default]
+    Event,
+    /// The planned time of its latest epoch (see `processing_time`).
+    Processing { now: Option<i64> },
 }
 
 impl WatermarkTracker {
-    /// Tracks the inputs, each `(checkpoint key, schema, declared watermark)`.
+    /// Tracks the inputs, each `(checkpoint key, schema, declared
+    /// watermark)`; on `processing_time`, the epochs' planned times instead
+    /// (the inputs' declared watermarks then judge no row late).
     pub(crate) fn new<'a>(
         inputs: impl IntoIterator<Item = (&'a str, &'a str, SchemaRef, Option<&'a WatermarkSpec>)>,
+        processing_time: bool,
     ) -> Result<Self> {
         let mut tracked = Vec::new();
         for (key, stream, schema, spec) in inputs {
+            let spec = spec.filter(|_| !processing_time);
             tracked.push(match spec {
                 None => None,
                 Some(spec) => Some(Tracked {
@@ -132,7 +149,14 @@ impl WatermarkTracker {
                 }),
             });
         }
-        Ok(Self { inputs: tracked })
+        let clock = match processing_time {
+            true => Clock::Processing { now: None },
+            false => Clock::Event,
+        };
+        Ok(Self {
+            inputs: tracked,
+            clock,
+        })
     }
 
     /// Whether input `index` has a watermark.
@@ -140,9 +164,23 @@ impl WatermarkTracker {
         matches!(self.inputs.get(index), Some(Some(_)))
     }
 
-    /// The query's watermark: the minimum over inputs that have one.
+    /// The query's watermark: the minimum over inputs that have one, or on
+    /// processing time the latest epoch's planned time.
     pub(crate) fn current(&self) -> Option<i64> {
-        self.inputs.iter().flatten().filter_map(|t| t.current).min()
+        match self.clock {
+            Clock::Event => self.inputs.iter().flatten().filter_map(|t| t.current).min(),
+            Clock::Processing { now } => now,
+        }
+    }
+
+    /// On processing time, moves the watermark to the planned time of the
+    /// epoch being admitted (ms since the Unix epoch); never back, should
+    /// the wall clock be set back.
+    pub(crate) fn observe_clock(&mut self, planned_at_ms: i64) {
+        if let Clock::Processing { now } = &mut self.clock {
+            let ns = planned_at_ms.saturating_mul(1_000_000);
+            *now = Some(now.map_or(ns, |n| n.max(ns)));
+        }
     }
 
     /// Removes input `index`'s rows older than `watermark` (the query's,
@@ -203,19 +241,28 @@ impl WatermarkTracker {
         Ok(())
     }
 
-    /// Each input's watermark, for the commit record.
+    /// Each input's watermark, or the processing time, for the commit
+    /// record.
     pub(crate) fn to_record(&self) -> BTreeMap<String, i64> {
-        self.inputs
+        let mut record: BTreeMap<String, i64> = self
+            .inputs
             .iter()
             .flatten()
             .filter_map(|t| Some((t.key.clone(), t.current?)))
-            .collect()
+            .collect();
+        if let Clock::Processing { now: Some(now) } = self.clock {
+            record.insert(processing_time::RECORD_KEY.to_string(), now);
+        }
+        record
     }
 
     /// Resumes from a commit record's watermarks.
     pub(crate) fn restore(&mut self, record: &BTreeMap<String, i64>) {
         for t in self.inputs.iter_mut().flatten() {
             t.current = record.get(&t.key).copied();
+        }
+        if let Clock::Processing { now } = &mut self.clock {
+            *now = record.get(processing_time::RECORD_KEY).copied();
         }
     }
 }

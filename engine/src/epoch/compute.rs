@@ -20,12 +20,16 @@ pub(super) struct Staged {
 impl EpochLoop {
     /// Each statement admits its share of `read`'s input: its watermarks
     /// move, and late rows are dropped (counted in `read`). Returns the
-    /// admitted inputs.
-    pub(super) fn admit(&mut self, read: &mut EpochRead) -> Result<Vec<Vec<EpochInput>>> {
+    /// admitted inputs. `planned_at_ms` is the epoch's processing time.
+    pub(super) fn admit(
+        &mut self,
+        read: &mut EpochRead,
+        planned_at_ms: i64,
+    ) -> Result<Vec<Vec<EpochInput>>> {
         let inputs = std::mem::take(&mut read.inputs);
         let mut admitted = Vec::with_capacity(self.statements.len());
         for (statement, input) in self.statements.iter_mut().zip(inputs) {
-            let (input, late) = statement.admit(input)?;
+            let (input, late) = statement.admit(input, planned_at_ms)?;
             read.late_rows += late;
             admitted.push(input);
         }

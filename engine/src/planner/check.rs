@@ -15,6 +15,7 @@ use crate::operator::join::time_bounds;
 use crate::output_mode::OutputMode;
 use crate::table::as_stream_table;
 use crate::upsert::DELETED;
+use crate::watermark::processing_time;
 use crate::window::{event_time_key, session_problem, WindowKey};
 
 /// The table name of the scan that replaces the `i`-th stage.
@@ -71,14 +72,24 @@ pub(super) struct Checked {
     pub mode: OutputMode,
     /// The query deduplicates (`SELECT DISTINCT`, `drop_duplicates`).
     pub dedup: bool,
-    /// The watermarked event-time columns of the streams read.
+    /// The columns the query's watermark follows: the watermarked
+    /// event-time columns of the streams read, or on processing time the
+    /// `PROCTIME()` columns.
     pub watermarked: Vec<String>,
+    /// The query's windows are over processing time (see
+    /// `watermark::processing_time`).
+    pub processing_time: bool,
 }
 
 /// Rejects what cannot run incrementally, saying why and what would work;
 /// returns the output mode (the one asked for, else the one derived).
 pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) -> Result<Checked> {
-    let watermarked = watermarked_columns(plan)?;
+    let proctime = processing_time::columns(plan);
+    let processing_time = windows_over(plan, &proctime);
+    let watermarked = match processing_time {
+        true => proctime,
+        false => watermarked_columns(plan)?,
+    };
     let mut shape = Shape {
         ranks: top_ns(plan)?
             .into_iter()
@@ -105,7 +116,19 @@ pub(super) fn check_incremental(plan: &LogicalPlan, mode: Option<OutputMode>) ->
         mode,
         dedup: shape.dedup,
         watermarked,
+        processing_time,
     })
+}
+
+/// Whether an aggregation of `plan` is windowed over one of `columns`.
+fn windows_over(plan: &LogicalPlan, columns: &[String]) -> bool {
+    !columns.is_empty()
+        && plan
+            .exists(|node| {
+                Ok(matches!(node, LogicalPlan::Aggregate(a)
+                    if event_time_key(a, columns).is_some_and(|k| columns.contains(&k.time_column))))
+            })
+            .unwrap_or(false)
 }
 
 /// The event-time columns of the watermarked streams `plan` scans.

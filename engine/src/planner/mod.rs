@@ -114,6 +114,9 @@ pub(crate) struct IncrementalPlan {
     /// The value of the query's `CURRENT_WATERMARK`, when it calls it (see
     /// `watermark::current`).
     pub current_watermark: Option<Arc<AtomicI64>>,
+    /// The value of the query's `PROCTIME()`, when it calls it (see
+    /// `watermark::processing_time`).
+    pub proctime: Option<Arc<AtomicI64>>,
 }
 
 /// A stateful operator that feeds another one (see `split`).
@@ -280,6 +283,7 @@ pub(crate) fn plan_query(
         mode,
         dedup,
         watermarked,
+        processing_time,
     } = check_incremental(plan, mode)?;
     let planning = without_rules(state, &[UNSUPPORTED_RULES]);
     let state = without_rules(state, &[UNSUPPORTED_RULES, PLANNING_ONLY_RULES]);
@@ -295,16 +299,20 @@ pub(crate) fn plan_query(
             "the query reads no stream: a continuous query needs at least one stream in FROM",
         ));
     }
-    let watermarks = WatermarkTracker::new(inputs.iter().map(|i| {
-        let def = i.table.definition();
-        (
-            i.key.as_str(),
-            def.name.as_str(),
-            i.table.schema(),
-            def.watermark.as_ref(),
-        )
-    }))?;
+    let watermarks = WatermarkTracker::new(
+        inputs.iter().map(|i| {
+            let def = i.table.definition();
+            (
+                i.key.as_str(),
+                def.name.as_str(),
+                i.table.schema(),
+                def.watermark.as_ref(),
+            )
+        }),
+        processing_time,
+    )?;
     let (bound, current_watermark) = crate::watermark::current::for_query(bound)?;
+    let (bound, proctime) = crate::watermark::processing_time::for_query(bound)?;
     let Changes {
         bound,
         normalize,
@@ -402,5 +410,6 @@ pub(crate) fn plan_query(
         watermarks,
         upsert,
         current_watermark,
+        proctime,
     })
 }

@@ -203,6 +203,7 @@ impl Session {
         // joins the query wrote, so keep them so.
         ctx.remove_optimizer_rule("eliminate_join");
         ctx.register_udf(crate::watermark::CurrentWatermark::unset());
+        ctx.register_udf(crate::watermark::Proctime::wall_clock());
         crate::functions::register(&ctx);
         Self {
             inner: Arc::new(Inner {

@@ -126,15 +126,23 @@ impl ScalarUDFImpl for CurrentWatermark {
 /// which [`set`] moves; `None` when the plan calls none.
 pub(crate) fn for_query(plan: LogicalPlan) -> Result<(LogicalPlan, Option<Arc<AtomicI64>>)> {
     let value = Arc::new(AtomicI64::new(NONE));
-    let own = Arc::new(ScalarUDF::new_from_impl(CurrentWatermark::with_value(
-        Arc::clone(&value),
-    )));
+    let own = ScalarUDF::new_from_impl(CurrentWatermark::with_value(Arc::clone(&value)));
+    let (plan, calls) = give_own(plan, own)?;
+    Ok((plan, (calls > 0).then_some(value)))
+}
+
+/// `plan` with each call of the function named as `own` calling `own`
+/// instead, and how many calls there were: a function whose value is a
+/// query's own (its watermark, its epoch's processing time) is registered
+/// in the session as a placeholder and replaced in each query's plan.
+pub(crate) fn give_own(plan: LogicalPlan, own: ScalarUDF) -> Result<(LogicalPlan, usize)> {
+    let own = Arc::new(own);
     let mut calls = 0;
     let plan = plan
         .transform_up(|node| {
             node.map_expressions(|e| {
                 e.transform_up(|e| match e {
-                    Expr::ScalarFunction(f) if f.func.name() == NAME => {
+                    Expr::ScalarFunction(f) if f.func.name() == own.name() => {
                         calls += 1;
                         Ok(Transformed::yes(Expr::ScalarFunction(
                             ScalarFunction::new_udf(Arc::clone(&own), f.args),
@@ -146,7 +154,7 @@ pub(crate) fn for_query(plan: LogicalPlan) -> Result<(LogicalPlan, Option<Arc<At
         })
         .map_err(SluiceError::from)?
         .data;
-    Ok((plan, (calls > 0).then_some(value)))
+    Ok((plan, calls))
 }
 
 /// Moves a query's `CURRENT_WATERMARK` to `watermark` (ns since the Unix

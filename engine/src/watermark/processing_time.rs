@@ -1,0 +1,174 @@
+//! Processing time: `PROCTIME()`, and windows that close by the clock.
+//!
+//! Flink's `PROCTIME()` is the wall-clock time a row is processed. In
+//! Sluice a row is processed by its epoch, so `PROCTIME()` is the time the
+//! epoch was planned (`planned_at_ms` of `offsets/N`), the same for every
+//! row of the epoch, as Spark's `current_timestamp()` is one value per
+//! micro-batch. Since that time is written before the epoch computes, a
+//! replayed epoch gives its rows the same processing time, and what its
+//! windows emit does not change: exactly-once holds for processing-time
+//! windows too.
+//!
+//! A query whose windows (TUMBLE, HOP, CUMULATE; a column of
+//! `SELECT ..., PROCTIME() AS p FROM s` in `DESCRIPTOR(p)`) are over such
+//! a column runs on processing time: its watermark is the planned time of
+//! the epoch it is in, so a window closes in the first epoch planned at or
+//! after its end, and no row is ever late (the event-time watermarks its
+//! streams declare are not used by the query). As Flink does for a
+//! processing-time window, a window closes only once the clock passes its
+//! end; an epoch runs when a source has new rows, so a window's result
+//! comes with the first epoch after its end.
+//!
+//! The function a session registers ([`Proctime::wall_clock`]) gives the
+//! wall clock, for batch queries; planning a query gives it an instance of
+//! its own ([`for_query`]), whose value the query sets before each epoch
+//! computes.
+
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use datafusion::arrow::datatypes::{DataType, TimeUnit};
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{plan_err, ScalarValue};
+use datafusion::error::Result as DfResult;
+use datafusion::logical_expr::expr::ScalarFunction;
+use datafusion::logical_expr::{
+    ColumnarValue, Expr, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    Volatility,
+};
+
+use super::current::give_own;
+use crate::error::Result;
+
+/// The function's name, as SQL writes it (any case).
+pub(crate) const NAME: &str = "proctime";
+
+/// The key of the processing time in a commit record's watermarks.
+pub(crate) const RECORD_KEY: &str = "processing-time";
+
+/// No value set: the session's function, which reads the wall clock.
+const WALL_CLOCK: i64 = i64::MIN;
+
+/// The `PROCTIME()` function (see the module's text).
+///
+/// ```
+/// use std::time::Duration;
+/// use sluice_engine::{Proctime, Window};
+///
+/// // Registered in every session (SQL: `PROCTIME()`); in the DataFrame
+/// // API, a column to window over:
+/// # fn f(frame: sluice_engine::StreamFrame) -> sluice_engine::Result<sluice_engine::StreamFrame> {
+/// frame
+///     .with_column("p_time", Proctime::call())?
+///     .window(Window::tumble("p_time", Duration::from_secs(10)))
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Proctime {
+    signature: Signature,
+    /// Milliseconds since the Unix epoch, or [`WALL_CLOCK`].
+    value: Arc<AtomicI64>,
+}
+
+impl Proctime {
+    /// The session's function: the wall clock when a batch query runs.
+    pub fn wall_clock() -> ScalarUDF {
+        ScalarUDF::new_from_impl(Self::with_value(Arc::new(AtomicI64::new(WALL_CLOCK))))
+    }
+
+    /// `PROCTIME()`.
+    pub fn call() -> Expr {
+        Expr::ScalarFunction(ScalarFunction::new_udf(
+            Arc::new(Self::wall_clock()),
+            vec![],
+        ))
+    }
+
+    fn with_value(value: Arc<AtomicI64>) -> Self {
+        Self {
+            // Volatile: its value changes every epoch, so a plan must not
+            // fold it.
+            signature: Signature::exact(vec![], Volatility::Volatile),
+            value,
+        }
+    }
+}
+
+impl PartialEq for Proctime {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.value, &other.value)
+    }
+}
+
+impl Eq for Proctime {}
+
+impl Hash for Proctime {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.value).hash(state);
+    }
+}
+
+impl ScalarUDFImpl for Proctime {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> DfResult<DataType> {
+        if !arg_types.is_empty() {
+            return plan_err!("PROCTIME() takes no arguments");
+        }
+        Ok(DataType::Timestamp(TimeUnit::Millisecond, None))
+    }
+
+    fn invoke_with_args(&self, _args: ScalarFunctionArgs) -> DfResult<ColumnarValue> {
+        let ms = match self.value.load(Ordering::Acquire) {
+            WALL_CLOCK => chrono::Utc::now().timestamp_millis(),
+            ms => ms,
+        };
+        Ok(ColumnarValue::Scalar(ScalarValue::TimestampMillisecond(
+            Some(ms),
+            None,
+        )))
+    }
+}
+
+/// `plan` with each `PROCTIME()` call given the query's own value, which
+/// [`set`] moves; `None` when the plan calls none.
+pub(crate) fn for_query(plan: LogicalPlan) -> Result<(LogicalPlan, Option<Arc<AtomicI64>>)> {
+    let value = Arc::new(AtomicI64::new(WALL_CLOCK));
+    let own = ScalarUDF::new_from_impl(Proctime::with_value(Arc::clone(&value)));
+    let (plan, calls) = give_own(plan, own)?;
+    Ok((plan, (calls > 0).then_some(value)))
+}
+
+/// Gives a query's `PROCTIME()` the time its epoch was planned (ms since
+/// the Unix epoch).
+pub(crate) fn set(value: &AtomicI64, planned_at_ms: i64) {
+    value.store(planned_at_ms, Ordering::Release);
+}
+
+/// The columns of `plan` that are a `PROCTIME()` call under a name (`SELECT
+/// *, PROCTIME() AS p_time FROM s`): the processing-time attributes a
+/// window may be over.
+pub(crate) fn columns(plan: &LogicalPlan) -> Vec<String> {
+    let mut names = Vec::new();
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::Projection(p) = node {
+            for e in &p.expr {
+                if let Expr::Alias(alias) = e {
+                    if matches!(alias.expr.as_ref(), Expr::ScalarFunction(f) if f.func.name() == NAME)
+                    {
+                        names.push(alias.name.clone());
+                    }
+                }
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    names
+}
