@@ -16,6 +16,8 @@
 //! | `before-commit-record` | the sink has epoch N, `commits/N` not written |
 //! | `kafka-before-commit` | output and progress record produced, transaction open |
 //! | `kafka-after-commit` | transaction committed, not yet reported to the engine |
+//! | `files-before-commit-record` | the `filesystem` sink's files staged, its commit record not written |
+//! | `files-after-commit-record` | its commit record written, the files not yet renamed into place |
 
 use std::sync::OnceLock;
 

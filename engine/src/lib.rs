@@ -77,7 +77,7 @@ pub use checkpoint::{
 pub use computed::ComputedColumn;
 pub use connector::{
     BlackholeConnector, Connector, ConnectorRegistry, ConsoleConnector, FilesConnector,
-    RateConnector, RepartitionArgs, RepartitionChannel, SinkArgs, SourceArgs,
+    FilesystemConnector, RateConnector, RepartitionArgs, RepartitionChannel, SinkArgs, SourceArgs,
 };
 pub use error::{Result, SluiceError};
 pub use fail_point::fail_point;

@@ -2,6 +2,7 @@
 //! `CREATE TABLE` (a static table) and `CREATE VIEW` (a named query).
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 
 use datafusion::catalog::view::ViewTable;
@@ -20,6 +21,26 @@ use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{IsOptional, Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::Token;
 use sluice_engine::{ComputedColumn, Options, SluiceError, StreamDefinition, WatermarkSpec};
+
+/// Flink's older option spellings and today's; an empty one is dropped
+/// (it chose what is now the only choice).
+const LEGACY_OPTIONS: &[(&str, &str)] = &[
+    ("connector.type", "connector"),
+    ("connector.path", "path"),
+    ("format.type", "format"),
+    ("connector.topic", "topic"),
+    ("connector.startup-mode", "scan.startup.mode"),
+    (
+        "connector.properties.bootstrap.servers",
+        "properties.bootstrap.servers",
+    ),
+    ("connector.properties.group.id", "properties.group.id"),
+    ("connector.version", ""),
+    ("update-mode", ""),
+];
+
+/// The options of a filesystem table that only writing it uses.
+const SINK_OPTION_PREFIXES: &[&str] = &["sink.", "partition.", "auto-compaction", "compaction."];
 
 /// What a `CREATE` declares before `WITH`.
 struct Declared {
@@ -252,6 +273,7 @@ impl SqlRunner<'_> {
                  query",
             ));
         }
+        let partitioned_by = self.partitioned_by(p, text)?;
         let with_tok = p.peek_token();
         p.expect_keyword(Keyword::WITH).map_err(|e| pe(self, e))?;
         let (mut options, positions) = self.options(p, text)?;
@@ -298,8 +320,12 @@ impl SqlRunner<'_> {
         };
         let header = options
             .take_parsed::<bool>("header", "true or false")
-            .map_err(|e| config(e, "header"))?
-            .unwrap_or(true);
+            .map_err(|e| config(e, "header"))?;
+        // What only writing the table uses: Flink's file-sink options.
+        let mut written = options.clone();
+        for prefix in SINK_OPTION_PREFIXES {
+            options.take_prefixed(prefix);
+        }
         options
             .finish_for(&what, &["path", "format", "header", "connector"])
             .map_err(|e| {
@@ -328,27 +354,33 @@ impl SqlRunner<'_> {
                 format!("'{name}' already exists; DROP it or pick another name"),
             ));
         }
-        let ctx = self.session.context();
-        let registered = match format.as_str() {
-            "csv" => {
-                let mut o = CsvReadOptions::new().has_header(header).file_extension("");
-                if let Some(s) = &schema {
-                    o = o.schema(s);
-                }
-                ctx.register_csv(name.as_str(), &path, o).await
-            }
-            "json" => {
-                let mut o = JsonReadOptions::default().file_extension("");
-                if let Some(s) = &schema {
-                    o = o.schema(s);
-                }
-                ctx.register_json(name.as_str(), &path, o).await
-            }
-            _ => {
-                let o = ParquetReadOptions::default().file_extension("");
-                ctx.register_parquet(name.as_str(), &path, o).await
-            }
+        // Flink's filesystem table is read and written: an INSERT INTO it
+        // runs the `filesystem` sink, and a query reading it reads the
+        // files there when it is declared.
+        written.set("path", path.clone());
+        written.set("format", format.clone());
+        if let Some(h) = header {
+            written.set("header", h.to_string());
+        }
+        if !partitioned_by.is_empty() {
+            written.set("partitioned-by", partitioned_by.join(","));
+        }
+        let written = StreamDefinition {
+            name: name.clone(),
+            connector: "filesystem".into(),
+            options: written,
+            schema: schema.clone(),
+            watermark: None,
+            late_sink: None,
+            computed: Vec::new(),
         };
+        if schema.is_some() && !Path::new(&path).exists() {
+            self.file_tables.insert(name.clone(), written);
+            return Ok(StatementOutcome::TableCreated { table: name });
+        }
+        let registered = self
+            .register_files(&name, &path, &format, header.unwrap_or(true), &schema)
+            .await;
         registered.map_err(|e| {
             self.err(
                 text,
@@ -356,7 +388,58 @@ impl SqlRunner<'_> {
                 format!("table '{name}' cannot be read from '{path}': {e}"),
             )
         })?;
+        if schema.is_some() {
+            self.file_tables.insert(name.clone(), written);
+        }
         Ok(StatementOutcome::TableCreated { table: name })
+    }
+
+    /// `PARTITIONED BY (column, ...)`, if it comes next.
+    fn partitioned_by(&self, p: &mut Parser<'_>, text: &str) -> Result<Vec<String>, SqlError> {
+        if !p.parse_keyword(Keyword::PARTITIONED) {
+            return Ok(Vec::new());
+        }
+        let pe = |e: ParserError| self.parser_error(text, &e);
+        p.expect_keyword(Keyword::BY).map_err(pe)?;
+        Ok(
+            p.parse_parenthesized_column_list(IsOptional::Mandatory, false)
+                .map_err(pe)?
+                .iter()
+                .map(normalize)
+                .collect(),
+        )
+    }
+
+    /// Registers the files at `path` as table `name` for DataFusion to read.
+    async fn register_files(
+        &self,
+        name: &str,
+        path: &str,
+        format: &str,
+        header: bool,
+        schema: &Option<Arc<Schema>>,
+    ) -> datafusion::error::Result<()> {
+        let ctx = self.session.context();
+        match format {
+            "csv" => {
+                let mut o = CsvReadOptions::new().has_header(header).file_extension("");
+                if let Some(s) = schema {
+                    o = o.schema(s);
+                }
+                ctx.register_csv(name, path, o).await
+            }
+            "json" => {
+                let mut o = JsonReadOptions::default().file_extension("");
+                if let Some(s) = schema {
+                    o = o.schema(s);
+                }
+                ctx.register_json(name, path, o).await
+            }
+            _ => {
+                let o = ParquetReadOptions::default().file_extension("");
+                ctx.register_parquet(name, path, o).await
+            }
+        }
     }
 
     /// `CREATE [TEMPORARY] VIEW [IF NOT EXISTS] name [(column, ...)] AS
@@ -518,6 +601,21 @@ impl SqlRunner<'_> {
             let value_tok = p.next_token();
             let value = value_of(&value_tok.token, &format!("option '{key}'"))
                 .map_err(|message| self.err(text, Pos::from(&value_tok), message))?;
+            // Flink's older spellings ('connector.type', ...) mean today's.
+            let key = match LEGACY_OPTIONS
+                .iter()
+                .find(|(old, _)| key.eq_ignore_ascii_case(old))
+            {
+                Some((_, "")) => {
+                    if p.consume_token(&Token::Comma) {
+                        continue;
+                    }
+                    p.expect_token(&Token::RParen).map_err(|e| pe(self, e))?;
+                    return Ok((options, positions));
+                }
+                Some((_, new)) => new.to_string(),
+                None => key,
+            };
             if options.get(&key).is_some() {
                 return Err(self.err(
                     text,
@@ -572,6 +670,17 @@ impl SqlRunner<'_> {
 
     /// "unknown stream", with the closest declared name and how to declare it.
     pub(crate) fn unknown_stream(&self, name: &str) -> String {
+        if let Some(path) = self
+            .file_tables
+            .get(name)
+            .and_then(|t| t.options.get("path"))
+        {
+            return format!(
+                "table '{name}' is written by the filesystem sink, and its path '{path}' did not \
+                 exist when it was declared, so there is nothing to read; declare it again once \
+                 its files exist"
+            );
+        }
         let names: Vec<String> = self.session.streams().into_iter().map(|s| s.name).collect();
         let hint = sluice_engine::closest(name, names.iter().map(String::as_str))
             .map(|c| format!(" (did you mean '{c}'?)"))

@@ -250,6 +250,7 @@ impl SqlRunner<'_> {
         let definition = self
             .session
             .stream(&sink)
+            .or_else(|| self.file_tables.get(&sink).cloned())
             .ok_or_else(|| self.err(text, Pos::from(&sink_tok), self.unknown_stream(&sink)))?;
         let plan = self.plan_query(query, text, Pos::from(&query_tok)).await?;
         let plan = match &definition.schema {

@@ -46,7 +46,7 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
-use sluice_engine::{Session, SluiceError, StreamingQuery};
+use sluice_engine::{Session, SluiceError, StreamDefinition, StreamingQuery};
 
 pub use error::SqlError;
 use error::{parser_location, strip_location};
@@ -134,6 +134,10 @@ pub struct SqlRunner<'a> {
     /// and a mistake in one is shown at the option, not at the query. The
     /// text they are positions in comes with them.
     option_positions: BTreeMap<String, (String, BTreeMap<String, Pos>)>,
+    /// Flink's filesystem tables (`CREATE TABLE ... WITH ('connector' =
+    /// 'filesystem')`) as the `filesystem` sink an `INSERT INTO` them
+    /// writes through.
+    file_tables: BTreeMap<String, StreamDefinition>,
 }
 
 /// Where a statement or token starts.
@@ -164,6 +168,7 @@ impl<'a> SqlRunner<'a> {
             windows: BTreeMap::new(),
             next_window: 0,
             option_positions: BTreeMap::new(),
+            file_tables: BTreeMap::new(),
         }
     }
 
@@ -498,7 +503,9 @@ fn names_a_stream_connector(p: &Parser<'_>) -> bool {
         if matches!(t, Token::SemiColon | Token::EOF) {
             return false;
         }
-        let is_key = text(&t).is_some_and(|k| k.eq_ignore_ascii_case("connector"));
+        let is_key = text(&t).is_some_and(|k| {
+            k.eq_ignore_ascii_case("connector") || k.eq_ignore_ascii_case("connector.type")
+        });
         if is_key && p.peek_nth_token(n + 1).token == Token::Eq {
             return text(&p.peek_nth_token(n + 2).token)
                 .is_some_and(|v| !v.eq_ignore_ascii_case("filesystem"));

@@ -7,6 +7,7 @@ mod cli;
 mod compat;
 mod engine;
 mod exactly_once;
+mod file_sink;
 mod fuzz;
 mod golden;
 mod joins;

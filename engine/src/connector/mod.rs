@@ -20,7 +20,9 @@ use crate::task::TaskId;
 
 mod builtin;
 
-pub use builtin::{BlackholeConnector, ConsoleConnector, FilesConnector, RateConnector};
+pub use builtin::{
+    BlackholeConnector, ConsoleConnector, FilesConnector, FilesystemConnector, RateConnector,
+};
 
 /// What a connector gets to build a source.
 #[derive(Debug, Clone)]
@@ -165,6 +167,7 @@ impl ConnectorRegistry {
         r.register(Arc::new(FilesConnector));
         r.register(Arc::new(ConsoleConnector));
         r.register(Arc::new(BlackholeConnector));
+        r.register(Arc::new(FilesystemConnector));
         r
     }
 

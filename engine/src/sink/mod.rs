@@ -21,6 +21,7 @@ use crate::source::Handover;
 mod blackhole;
 mod console;
 mod fan_out;
+pub(crate) mod files;
 mod memory;
 
 pub(crate) use blackhole::Blackhole;
