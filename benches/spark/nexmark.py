@@ -105,7 +105,11 @@ WATERMARKED = {"q4", "q5", "q7", "q8"}
 
 # Queries whose result changes per key (the rest append).
 UPDATE_MODE = {"q4"}
-FLINK_UPDATE_MODE = {"q4", "q15", "q16", "q17"}
+FLINK_UPDATE_MODE = {"q4", "q12", "q15", "q16", "q17"}
+
+# Flink's queries whose sink is partitioned files (q10's filesystem table):
+# Spark's file sink, partitioned by the same columns, in CSV.
+FLINK_FILES = {"q10": ["dt", "hm"]}
 
 # q15's and q16's counts of bids, bidders and auctions, all and per price
 # rank, after their `count(*) AS total_bids`.
@@ -130,7 +134,13 @@ BIDS_BIDDERS_AUCTIONS_BY_PRICE = (
 # regexp_extract gives '' where Flink's gives NULL (q21); q5, q7 and q8
 # take the window as Spark's struct; q14's count_char (a Rust UDF in
 # Sluice) is Spark's built-in length arithmetic, not a Python UDF, so
-# Spark pays no Python round trip for it. Spark refuses to stream q4, q9, q15,
+# Spark pays no Python round trip for it; q12's processing time is
+# current_timestamp(), one value per micro-batch as PROCTIME() is per
+# epoch in Sluice, in update mode (Spark closes no window without a
+# watermark); q10 writes Spark's partitioned CSV file sink; q13 joins the
+# side-input CSV file (--side-input) as a static table, Spark's
+# stream-static join, as FOR SYSTEM_TIME AS OF a processing time is in
+# Sluice. Spark refuses to stream q4, q9, q15,
 # q16, q18 and q19 (a join feeding an aggregation, count(DISTINCT),
 # ROW_NUMBER): they run once as batch jobs, and the report says why.
 FLINK_QUERIES = {
@@ -163,9 +173,17 @@ FLINK_QUERIES = {
           "ORDER BY B.price DESC, B.dateTime ASC) AS rownum FROM auction A JOIN bid B "
           "ON A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires) "
           "WHERE rownum <= 1",
+    "q10": "SELECT auction, bidder, price, dateTime, extra, "
+           "date_format(dateTime, 'yyyy-MM-dd') AS dt, date_format(dateTime, 'HH:mm') AS hm "
+           "FROM bid",
     "q11": "SELECT bidder, count(*) AS bid_count, session_window.start AS starttime, "
            "session_window.end AS endtime FROM bid "
            "GROUP BY bidder, session_window(dateTime, '10 seconds')",
+    "q12": "SELECT bidder, count(*) AS bid_count, window.start AS starttime, "
+           "window.end AS endtime FROM (SELECT *, current_timestamp() AS p_time FROM bid) "
+           "GROUP BY bidder, window(p_time, '10 seconds')",
+    "q13": "SELECT B.auction, B.bidder, B.price, B.dateTime, S.value FROM bid B "
+           "JOIN side_input S ON mod(B.auction, 10000) = S.key",
     "q14": "SELECT auction, bidder, 0.908 * price AS price, CASE "
            "WHEN hour(dateTime) >= 8 AND hour(dateTime) <= 18 THEN 'dayTime' "
            "WHEN hour(dateTime) <= 6 OR hour(dateTime) >= 20 THEN 'nightTime' "
@@ -378,6 +396,7 @@ def main():
     p.add_argument("--max-offsets", type=int, default=500_000,
                    help="records per micro-batch (maxOffsetsPerTrigger)")
     p.add_argument("--jars", required=True, help="spark-sql-kafka jars, comma-separated")
+    p.add_argument("--side-input", help="q13's side-input CSV file (key,value lines)")
     p.add_argument("--driver-memory", default=os.environ.get("SPARK_DRIVER_MEMORY", "2g"))
     args = p.parse_args()
     queries = FLINK_QUERIES if args.layout == "flink" else QUERIES
@@ -413,17 +432,25 @@ def main():
         else:
             tables, sql = QUERIES[args.query]
         register(spark, args, tables, stream=True)
+        if args.side_input:
+            (spark.read.schema("key BIGINT, value STRING").csv(args.side_input)
+             .createOrReplaceTempView("side_input"))
         result = spark.sql(sql)
         cpu_before = proc_cpu_s(jvm_pid) + sum(os.times()[:2])
         started = time.monotonic()
         try:
+            files = FLINK_FILES.get(args.query) if args.layout == "flink" else None
+            rows = result if files else result.select(to_json(struct("*")).alias("value"))
             writer = (
-                result.select(to_json(struct("*")).alias("value")).writeStream
+                rows.writeStream
                 .outputMode("update" if args.query in updating else "append")
                 .option("checkpointLocation", os.path.join(workdir, "checkpoint"))
                 .trigger(availableNow=True)
             )
-            if args.out_topic is None:
+            if files:
+                writer = (writer.format("csv").partitionBy(*files)
+                          .option("path", os.path.join(workdir, "files")))
+            elif args.out_topic is None:
                 writer = writer.format("noop")
             else:
                 writer = (writer.format("kafka").option("kafka.bootstrap.servers", args.bootstrap)

@@ -109,6 +109,7 @@ pub use table::{StreamDefinition, StreamTable};
 pub use task::{TaskAssigner, TaskId, Tasks};
 pub use trigger::Trigger;
 pub use upsert::{DELETED as UPSERT_DELETED, KEY_METADATA as UPSERT_KEY_METADATA};
+pub use watermark::processing_time::columns as processing_time_columns;
 pub use watermark::{CurrentWatermark, Proctime, WatermarkSpec};
 pub use window::Window;
 

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use datafusion::catalog::view::ViewTable;
 use datafusion::sql::sqlparser::ast::visit_relations;
 
-use crate::{group_window, normalize, sink_columns, time_units, types, Pos, SqlError, SqlRunner};
+use crate::{
+    group_window, normalize, sink_columns, temporal, time_units, types, Pos, SqlError, SqlRunner,
+};
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::sql::parser::Statement as DfStatement;
 use datafusion::sql::sqlparser::ast::Statement;
@@ -253,6 +255,7 @@ impl SqlRunner<'_> {
             .or_else(|| self.file_tables.get(&sink).cloned())
             .ok_or_else(|| self.err(text, Pos::from(&sink_tok), self.unknown_stream(&sink)))?;
         let plan = self.plan_query(query, text, Pos::from(&query_tok)).await?;
+        self.check_as_of(text, &plan, Pos::from(&p.peek_token()))?;
         let plan = match &definition.schema {
             Some(declared) => sink_columns::fill(&sink, declared, listed.as_deref(), plan)
                 .map_err(|m| self.err(text, Pos::from(&query_tok), m))?,
@@ -347,6 +350,24 @@ impl SqlRunner<'_> {
                 (None, None) => self.engine_error(text, at, e),
             }
         })
+    }
+
+    /// Checks the `FOR SYSTEM_TIME AS OF` clauses before `end`, which the
+    /// query planned as `plan` holds (see `temporal`).
+    fn check_as_of(&mut self, text: &str, plan: &LogicalPlan, end: Pos) -> Result<(), SqlError> {
+        let before = |p: &Pos| (p.line, p.column) < (end.line, end.column);
+        let (here, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.as_of)
+            .into_iter()
+            .partition(|a| before(&a.pos));
+        self.as_of = later;
+        for as_of in here {
+            if let Some(problem) =
+                temporal::problem(&as_of, plan, |t| self.session.stream(t).is_some())
+            {
+                return Err(self.err(text, as_of.pos, problem));
+            }
+        }
+        Ok(())
     }
 
     /// `(a, b)` after `INSERT INTO sink`: the sink columns the query fills,

@@ -37,6 +37,7 @@ mod insert;
 mod settings;
 mod sink_columns;
 mod substitute;
+mod temporal;
 mod time_units;
 mod types;
 
@@ -138,6 +139,9 @@ pub struct SqlRunner<'a> {
     /// 'filesystem')`) as the `filesystem` sink an `INSERT INTO` them
     /// writes through.
     file_tables: BTreeMap<String, StreamDefinition>,
+    /// The text's `FOR SYSTEM_TIME AS OF` clauses not yet checked by the
+    /// `INSERT` they are in.
+    as_of: Vec<temporal::AsOf>,
 }
 
 /// Where a statement or token starts.
@@ -169,6 +173,7 @@ impl<'a> SqlRunner<'a> {
             next_window: 0,
             option_positions: BTreeMap::new(),
             file_tables: BTreeMap::new(),
+            as_of: Vec::new(),
         }
     }
 
@@ -193,6 +198,8 @@ impl<'a> SqlRunner<'a> {
         let (tokens, windows) =
             extract_windows(tokens, &mut self.next_window).map_err(|e| self.problem(text, e))?;
         self.windows.extend(windows);
+        let (tokens, as_of) = temporal::extract(tokens);
+        self.as_of.extend(as_of);
         let mut p = Parser::new(&dialect).with_tokens_with_locations(tokens);
         let mut out = Vec::new();
         loop {

@@ -154,8 +154,20 @@ pub(crate) fn set(value: &AtomicI64, planned_at_ms: i64) {
 
 /// The columns of `plan` that are a `PROCTIME()` call under a name (`SELECT
 /// *, PROCTIME() AS p_time FROM s`): the processing-time attributes a
-/// window may be over.
-pub(crate) fn columns(plan: &LogicalPlan) -> Vec<String> {
+/// window may be over, or a lookup join be as of.
+///
+/// ```
+/// # use sluice_engine::datafusion::prelude::*;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> sluice_engine::datafusion::error::Result<()> {
+/// let ctx = SessionContext::new();
+/// ctx.register_udf(sluice_engine::Proctime::wall_clock());
+/// let plan = ctx.sql("SELECT 1 AS a, PROCTIME() AS p_time").await?.into_unoptimized_plan();
+/// assert_eq!(sluice_engine::processing_time_columns(&plan), ["p_time"]);
+/// # Ok(())
+/// # }
+/// ```
+pub fn columns(plan: &LogicalPlan) -> Vec<String> {
     let mut names = Vec::new();
     let _ = plan.apply(|node| {
         if let LogicalPlan::Projection(p) = node {
