@@ -84,6 +84,7 @@ pub use fail_point::fail_point;
 pub use memory::tune_allocator;
 pub use metrics::Metrics;
 pub use operator::changelog::SIGN as CHANGELOG_SIGN;
+pub use operator::temporal_join::TemporalAsOf;
 pub use options::{
     closest, columns, is_sensitive, parse_duration, quoted_list, redact_secrets, register_secret,
     Options, REDACTED,

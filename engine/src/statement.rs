@@ -25,6 +25,7 @@ use crate::operator::normalize::NormalizeOperator;
 use crate::operator::over::OverOperator;
 use crate::operator::pipeline::{Pipeline, PipelineStage};
 use crate::operator::rank::RankOperator;
+use crate::operator::temporal_join::TemporalJoinOperator;
 use crate::operator::Operator;
 use crate::options::columns;
 use crate::planner::{IncrementalPlan, StageConfig};
@@ -386,7 +387,10 @@ fn build_operator(plan: &mut IncrementalPlan) -> Result<Option<Box<dyn Operator>
         (None, Some(j), _, _) => join_operator(j)?,
         (None, None, Some(r), _) => Box::new(RankOperator::new(r)),
         (None, None, None, Some(o)) => Box::new(OverOperator::new(o)),
-        (None, None, None, None) => return Ok(None),
+        (None, None, None, None) => match plan.temporal.take() {
+            Some(t) => Box::new(TemporalJoinOperator::new(t)),
+            None => return Ok(None),
+        },
     };
     if plan.stages.is_empty() {
         return Ok(Some(root));

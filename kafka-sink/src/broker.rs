@@ -450,24 +450,20 @@ pub fn read_topic(
         ranges.push((p, low, high));
     }
     if read_committed {
-        // A transaction's commit returns before the broker writes its
-        // markers into the partitions; until then the last stable offset
-        // stays below the committed records. Wait (a little) for it to
-        // reach the log's end, so that a read right after a commit sees it.
         config.set("isolation.level", "read_uncommitted");
         let uncommitted: BaseConsumer = client.create(&config, "consumer")?;
-        let deadline = std::time::Instant::now() + Duration::from_secs(5).min(timeout);
-        for (p, _, stable) in &mut ranges {
-            let (_, end) = uncommitted
-                .fetch_watermarks(topic, *p, timeout)
-                .map_err(|e| kafka_error("fetching offsets", bootstrap, e))?;
-            while *stable < end && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-                *stable = consumer
-                    .fetch_watermarks(topic, *p, timeout)
-                    .map_err(|e| kafka_error("fetching offsets", bootstrap, e))?
-                    .1;
-            }
+        let mut stable: Vec<(i32, i64)> = ranges.iter().map(|(p, _, s)| (*p, *s)).collect();
+        crate::position::settle_stable_offsets(
+            &consumer,
+            &uncommitted,
+            topic,
+            &mut stable,
+            Duration::from_secs(5).min(timeout),
+            timeout,
+        )
+        .map_err(|e| kafka_error("fetching offsets", bootstrap, e))?;
+        for ((_, _, high), (_, s)) in ranges.iter_mut().zip(stable) {
+            *high = s;
         }
     }
     let mut records = Vec::new();

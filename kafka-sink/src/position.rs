@@ -1,4 +1,5 @@
-//! Reading planned offset ranges to their end.
+//! Reading planned offset ranges to their end, and where a committed
+//! topic ends.
 //!
 //! Readers stop when their *position* reaches the end of a range, not
 //! after a count of records: transaction markers and aborted records take
@@ -142,4 +143,32 @@ pub(crate) fn read_ranges(
     }
     let _ = consumer.unassign();
     read
+}
+
+/// Moves each `(partition, last stable offset)` of `topic` up to where the
+/// transactions committed by now end. A commit returns before the broker
+/// writes its markers into the partitions, and until then the last stable
+/// offset stays below the committed records: right after a producer
+/// commits, a reader that stops at it would leave them out. So while a
+/// partition's last stable offset (asked of `committed`, a read_committed
+/// consumer) is below the log's end (asked of `uncommitted`), it is asked
+/// again, for at most `wait`; a transaction still open holds it back no
+/// longer than that.
+pub(crate) fn settle_stable_offsets(
+    committed: &BaseConsumer,
+    uncommitted: &BaseConsumer,
+    topic: &str,
+    stable: &mut [(i32, i64)],
+    wait: Duration,
+    timeout: Duration,
+) -> KafkaResult<()> {
+    let deadline = Instant::now() + wait;
+    for (partition, offset) in stable.iter_mut() {
+        let (_, end) = uncommitted.fetch_watermarks(topic, *partition, timeout)?;
+        while *offset < end && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            *offset = committed.fetch_watermarks(topic, *partition, timeout)?.1;
+        }
+    }
+    Ok(())
 }

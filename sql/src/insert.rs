@@ -255,7 +255,7 @@ impl SqlRunner<'_> {
             .or_else(|| self.file_tables.get(&sink).cloned())
             .ok_or_else(|| self.err(text, Pos::from(&sink_tok), self.unknown_stream(&sink)))?;
         let plan = self.plan_query(query, text, Pos::from(&query_tok)).await?;
-        self.check_as_of(text, &plan, Pos::from(&p.peek_token()))?;
+        let plan = self.apply_as_of(text, plan, Pos::from(&p.peek_token()))?;
         let plan = match &definition.schema {
             Some(declared) => sink_columns::fill(&sink, declared, listed.as_deref(), plan)
                 .map_err(|m| self.err(text, Pos::from(&query_tok), m))?,
@@ -352,22 +352,39 @@ impl SqlRunner<'_> {
         })
     }
 
-    /// Checks the `FOR SYSTEM_TIME AS OF` clauses before `end`, which the
-    /// query planned as `plan` holds (see `temporal`).
-    fn check_as_of(&mut self, text: &str, plan: &LogicalPlan, end: Pos) -> Result<(), SqlError> {
+    /// Applies the `FOR SYSTEM_TIME AS OF` clauses before `end` to the
+    /// query planned as `plan`: a temporal join is marked, a lookup join
+    /// checked (see `temporal`).
+    fn apply_as_of(
+        &mut self,
+        text: &str,
+        mut plan: LogicalPlan,
+        end: Pos,
+    ) -> Result<LogicalPlan, SqlError> {
         let before = |p: &Pos| (p.line, p.column) < (end.line, end.column);
         let (here, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.as_of)
             .into_iter()
             .partition(|a| before(&a.pos));
         self.as_of = later;
         for as_of in here {
-            if let Some(problem) =
-                temporal::problem(&as_of, plan, |t| self.session.stream(t).is_some())
-            {
+            let problem = match self.session.stream(&as_of.table) {
+                Some(stream) => {
+                    let version = stream.watermark.as_ref().map(|w| w.column.as_str());
+                    match temporal::mark(&as_of, plan.clone(), version) {
+                        Ok(marked) => {
+                            plan = marked;
+                            None
+                        }
+                        Err(problem) => Some(problem),
+                    }
+                }
+                None => temporal::static_problem(&as_of, &plan),
+            };
+            if let Some(problem) = problem {
                 return Err(self.err(text, as_of.pos, problem));
             }
         }
-        Ok(())
+        Ok(plan)
     }
 
     /// `(a, b)` after `INSERT INTO sink`: the sink columns the query fills,

@@ -9,10 +9,16 @@
 //!   'filesystem')`, files read when an epoch runs) as of a `PROCTIME()`
 //!   column, it is Flink's lookup join: each row joins the table as it is
 //!   when the row is processed, which is what a stream–static join does;
-//! - against a stream (a versioned table: upsert-kafka, Debezium), or as of
-//!   event time, it is refused, saying what runs instead.
+//! - against a stream with a watermark, as of an event-time column of the
+//!   other side, it is Flink's event-time temporal join: the join is
+//!   marked (`temporal_as_of(probe time, version time)` in its condition)
+//!   for the engine's temporal join operator, each row joined with its
+//!   key's version at its time;
+//! - anything else is refused at the clause, saying what runs instead.
 
-use datafusion::logical_expr::LogicalPlan;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, DFSchema};
+use datafusion::logical_expr::{Expr, Join, LogicalPlan};
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Whitespace};
 
@@ -100,23 +106,10 @@ fn as_of_at(tokens: &[TokenWithSpan], i: usize) -> Option<(usize, String)> {
     Some((at + 1, time))
 }
 
-/// Why `as_of` cannot run in a query planned as `plan`, if it cannot.
-/// `is_stream` says whether a name is a declared stream.
-pub(crate) fn problem(
-    as_of: &AsOf,
-    plan: &LogicalPlan,
-    is_stream: impl Fn(&str) -> bool,
-) -> Option<String> {
+/// Why `as_of` cannot run in a query planned as `plan`, where it joins a
+/// static table, if it cannot.
+pub(crate) fn static_problem(as_of: &AsOf, plan: &LogicalPlan) -> Option<String> {
     let (table, time) = (&as_of.table, &as_of.time);
-    if is_stream(table) {
-        return Some(format!(
-            "FOR SYSTEM_TIME AS OF joins '{table}', a stream: a temporal join against a \
-             versioned stream (upsert-kafka, or Debezium with a PRIMARY KEY) is not built yet; \
-             join its changes with a regular join (JOIN {table} ON ...), or look rows up in a \
-             static table (CREATE TABLE ... WITH ('connector' = 'filesystem')) as of a \
-             PROCTIME() column"
-        ));
-    }
     if !sluice_engine::processing_time_columns(plan).contains(time) {
         return Some(format!(
             "FOR SYSTEM_TIME AS OF '{time}' looks up table '{table}' as of a time that is not \
@@ -125,6 +118,79 @@ pub(crate) fn problem(
         ));
     }
     None
+}
+
+/// `plan` with its join of stream `as_of.table` marked as a temporal join
+/// as of the probe side's `as_of.time`, versioned by the stream's
+/// `version` column (its watermark's), or why it cannot be.
+pub(crate) fn mark(
+    as_of: &AsOf,
+    plan: LogicalPlan,
+    version: Option<&str>,
+) -> Result<LogicalPlan, String> {
+    let (table, time) = (&as_of.table, &as_of.time);
+    if sluice_engine::processing_time_columns(&plan).contains(time) {
+        return Err(format!(
+            "FOR SYSTEM_TIME AS OF the processing time '{time}' joins '{table}', a stream: a \
+             processing-time temporal join against a stream is not built yet; join it as of an \
+             event time (a column with a WATERMARK), or look rows up in a static table \
+             (CREATE TABLE ... WITH ('connector' = 'filesystem'))"
+        ));
+    }
+    let Some(version) = version else {
+        return Err(format!(
+            "FOR SYSTEM_TIME AS OF joins '{table}', which declares no WATERMARK: a temporal join \
+             takes each key's version at the probe row's time, by the versioned stream's event \
+             time; declare WATERMARK FOR <its time column> AS ... on '{table}'"
+        ));
+    };
+    let scans = |p: &LogicalPlan| {
+        p.exists(|n| Ok(matches!(n, LogicalPlan::TableScan(s) if s.table_name.table() == table)))
+            .unwrap_or(false)
+    };
+    let mut marked = 0;
+    let mut missing = None;
+    let plan = plan
+        .transform_up(|node| match node {
+            LogicalPlan::Join(join) if scans(&join.right) && !scans(&join.left) => {
+                let column = |schema: &DFSchema, name: &str| {
+                    schema
+                        .qualified_field_with_unqualified_name(name)
+                        .map(|(q, f)| Expr::Column(Column::new(q.cloned(), f.name())))
+                };
+                let (Ok(probe), Ok(versioned)) = (
+                    column(join.left.schema(), time),
+                    column(join.right.schema(), version),
+                ) else {
+                    missing = Some(join.left.schema().field_names().join(", "));
+                    return Ok(Transformed::no(LogicalPlan::Join(join)));
+                };
+                marked += 1;
+                let marker = sluice_engine::TemporalAsOf::call(probe, versioned);
+                let filter = match join.filter.clone() {
+                    Some(f) => f.and(marker),
+                    None => marker,
+                };
+                Ok(Transformed::yes(LogicalPlan::Join(Join {
+                    filter: Some(filter),
+                    ..join
+                })))
+            }
+            other => Ok(Transformed::no(other)),
+        })
+        .map_err(|e| e.to_string())?
+        .data;
+    match (marked, missing) {
+        (1, _) => Ok(plan),
+        (_, Some(columns)) => Err(format!(
+            "FOR SYSTEM_TIME AS OF '{time}': the join's other side has no column '{time}' (it \
+             has {columns})"
+        )),
+        _ => Err(format!(
+            "FOR SYSTEM_TIME AS OF: the query joins '{table}' {marked} times where one join \
+             was expected; join it once, on the right of its JOIN"
+        )),
+    }
 }
 
 #[cfg(test)]

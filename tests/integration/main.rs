@@ -22,6 +22,7 @@ mod secure;
 mod send_ahead;
 mod shape;
 mod tasks;
+mod temporal;
 mod top_n;
 mod util;
 mod verify;

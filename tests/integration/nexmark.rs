@@ -353,7 +353,7 @@ impl FlinkLoad {
 
 /// Times as text (the JSON writer's ISO form, or RFC 3339) in milliseconds
 /// since the Unix epoch, as Arrow's cast reads them.
-fn millis(times: &[&str]) -> Vec<i64> {
+pub(crate) fn millis(times: &[&str]) -> Vec<i64> {
     use sluice::datafusion::arrow::array::{Array, StringArray, TimestampMillisecondArray};
     use sluice::datafusion::arrow::datatypes::{DataType, TimeUnit};
     let cast = sluice::datafusion::arrow::compute::cast(

@@ -18,6 +18,9 @@
 //!   by `rn <= N`);
 //! - [`over`]: OVER aggregations over event time, each row emitted once
 //!   the watermark passes it;
+//! - [`temporal_join`]: event-time temporal joins (`FOR SYSTEM_TIME AS
+//!   OF`), each probe row joined with its key's version at its time once
+//!   the watermark passes it;
 //! - [`pipeline`]: several of those in one query, innermost first, each
 //!   feeding the one above it;
 //! - [`changelog`]: how an aggregation whose rows change feeds another;
@@ -49,6 +52,7 @@ pub(crate) mod normalize;
 pub(crate) mod over;
 pub(crate) mod pipeline;
 pub(crate) mod rank;
+pub(crate) mod temporal_join;
 
 /// Row `i` of `batch` as a table, for an error message.
 pub(crate) fn row_text(batch: &datafusion::arrow::record_batch::RecordBatch, i: usize) -> String {

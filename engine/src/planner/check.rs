@@ -204,6 +204,10 @@ pub(super) fn emits_changes(j: &Join, watermarked: &[String]) -> bool {
     if changes(&j.left, watermarked) || changes(&j.right, watermarked) {
         return true;
     }
+    // A temporal join emits each row once, final (see `temporal`).
+    if crate::operator::temporal_join::is_temporal(j) {
+        return false;
+    }
     j.join_type != JoinType::Inner
         && time_bounds(
             j.filter.as_ref(),

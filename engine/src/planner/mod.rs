@@ -37,6 +37,7 @@ use crate::operator::changelog::SIGN;
 use crate::operator::join::{JoinConfig, JoinEmit};
 use crate::operator::over::OverConfig;
 use crate::operator::rank::RankConfig;
+use crate::operator::temporal_join::TemporalJoinConfig;
 use crate::output_mode::OutputMode;
 use crate::source::Source;
 use crate::table::{EpochBatches, StreamTable};
@@ -50,6 +51,7 @@ mod over;
 mod rank;
 mod split;
 mod tasks;
+mod temporal;
 
 use check::{check_incremental, Checked};
 pub(crate) use explain::explain;
@@ -95,6 +97,9 @@ pub(crate) struct IncrementalPlan {
     /// The OVER aggregation, when the query has one; `logical` is then
     /// unused.
     pub over: Option<OverConfig>,
+    /// An event-time temporal join (`FOR SYSTEM_TIME AS OF`), the query's
+    /// only stateful operator.
+    pub temporal: Option<TemporalJoinConfig>,
     /// The stateful operators under the one above (`aggregate` or `join`),
     /// innermost first, when the query has several: each feeds what it
     /// emits to the operator above it.
@@ -267,6 +272,20 @@ fn retract_ended_groups(a: &mut AggregateConfig, key_columns: &[String]) -> Resu
     Ok(())
 }
 
+/// The watermarks of a query's `inputs` (see `WatermarkTracker::new`).
+fn watermarks_of(inputs: &[Input], processing_time: bool) -> Result<WatermarkTracker> {
+    let declared = inputs.iter().map(|i| {
+        let def = i.table.definition();
+        (
+            i.key.as_str(),
+            def.name.as_str(),
+            i.table.schema(),
+            def.watermark.as_ref(),
+        )
+    });
+    WatermarkTracker::new(declared, processing_time)
+}
+
 /// Checks that `plan` can run incrementally in `mode` (derived when
 /// `None`), and binds it (to `task`'s share of its inputs, when given);
 /// its inputs' keys start with `key_prefix`.
@@ -299,18 +318,7 @@ pub(crate) fn plan_query(
             "the query reads no stream: a continuous query needs at least one stream in FROM",
         ));
     }
-    let watermarks = WatermarkTracker::new(
-        inputs.iter().map(|i| {
-            let def = i.table.definition();
-            (
-                i.key.as_str(),
-                def.name.as_str(),
-                i.table.schema(),
-                def.watermark.as_ref(),
-            )
-        }),
-        processing_time,
-    )?;
+    let watermarks = watermarks_of(&inputs, processing_time)?;
     let (bound, current_watermark) = crate::watermark::current::for_query(bound)?;
     let (bound, proctime) = crate::watermark::processing_time::for_query(bound)?;
     let Changes {
@@ -357,7 +365,11 @@ pub(crate) fn plan_query(
         None => Arc::new(logical.schema().as_arrow().clone()),
     };
     let unsplit = logical.clone();
-    let (logical, mut stages) = split_stages(logical, &watermarked)?;
+    let temporal = temporal::split_temporal(&logical)?;
+    let (logical, mut stages) = match temporal {
+        Some(_) => (logical, Vec::new()),
+        None => split_stages(logical, &watermarked)?,
+    };
     let unsplit = (!stages.is_empty()).then_some(unsplit);
     // A Top-N over a changelog source reads the rows' signs, which nothing
     // above it uses: the optimizer would prune them, so it is cut from the
@@ -370,10 +382,13 @@ pub(crate) fn plan_query(
     };
     // The upsert stream's changes come first, before every stage.
     stages.splice(0..0, normalize);
-    let mut aggregate = split_aggregate(&logical, mode, dedup, &watermarked)?;
-    let join = match aggregate {
+    let mut aggregate = match temporal {
         Some(_) => None,
-        None => split_join(&logical, &logical, &watermarked, true)?,
+        None => split_aggregate(&logical, mode, dedup, &watermarked)?,
+    };
+    let join = match (&aggregate, &temporal) {
+        (None, None) => split_join(&logical, &logical, &watermarked, true)?,
+        _ => None,
     };
     // A join over changes leaves its inputs' signs (which a `*` selects)
     // out of its output.
@@ -386,8 +401,8 @@ pub(crate) fn plan_query(
     } else {
         output_schema
     };
-    let over = match (&rank, &aggregate, &join) {
-        (None, None, None) => split_over(&logical, &watermarked)?,
+    let over = match (&rank, &aggregate, &join, &temporal) {
+        (None, None, None, None) => split_over(&logical, &watermarked)?,
         _ => None,
     };
     let key_columns = output_key(upsert.as_ref(), rank_key, aggregate.as_ref(), join.as_ref());
@@ -404,6 +419,7 @@ pub(crate) fn plan_query(
         join,
         rank,
         over,
+        temporal,
         stages,
         unsplit,
         state,

@@ -381,7 +381,7 @@ fn batches_scan(
 
 /// `plan` with `node` replaced by a scan of its output, which the returned
 /// [`EpochBatches`] holds each epoch: what runs after a stateful operator.
-fn cut_at(
+pub(super) fn cut_at(
     plan: &LogicalPlan,
     node: &LogicalPlan,
     name: &str,

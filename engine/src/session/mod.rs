@@ -204,6 +204,7 @@ impl Session {
         ctx.remove_optimizer_rule("eliminate_join");
         ctx.register_udf(crate::watermark::CurrentWatermark::unset());
         ctx.register_udf(crate::watermark::Proctime::wall_clock());
+        ctx.register_udf(crate::operator::temporal_join::TemporalAsOf::udf());
         crate::functions::register(&ctx);
         Self {
             inner: Arc::new(Inner {

@@ -27,6 +27,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -270,6 +271,39 @@ impl SourceInner {
     }
 }
 
+impl SourceInner {
+    /// Where an available-now query stops: each partition's last stable
+    /// offset, once the transactions committed before the query started
+    /// have their markers written (see `settle_stable_offsets`: without
+    /// the wait, records a producer committed just before the start were
+    /// left out; up to 5 s).
+    fn available_now_ends(&self) -> Result<BTreeMap<i32, i64>> {
+        let marks = self.watermarks()?;
+        let mut stable: Vec<(i32, i64)> = marks.iter().map(|(p, (_, s))| (*p, *s)).collect();
+        let mut config = self.config.client.config(Role::Consumer);
+        config
+            .set(
+                "group.id",
+                format!("sluice-source-{}", uuid::Uuid::new_v4().simple()),
+            )
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_uncommitted");
+        let uncommitted: BaseConsumer = self.config.client.create(&config, "consumer")?;
+        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
+        let timeout = self.config.client.timeout();
+        crate::position::settle_stable_offsets(
+            &consumer,
+            &uncommitted,
+            &self.config.topic,
+            &mut stable,
+            Duration::from_secs(5).min(timeout),
+            timeout,
+        )
+        .map_err(|e| self.unreachable("fetching offsets", e))?;
+        Ok(stable.into_iter().collect())
+    }
+}
+
 impl KafkaSource {
     /// Where the startup mode begins each partition, asked of the broker off
     /// the async runtime.
@@ -416,11 +450,10 @@ impl Source for KafkaSource {
 
     async fn prepare_available_now(&self) -> Result<()> {
         let inner = Arc::clone(&self.0);
-        let marks = tokio::task::spawn_blocking(move || inner.watermarks())
+        let ends = tokio::task::spawn_blocking(move || inner.available_now_ends())
             .await
             .map_err(|e| SluiceError::Internal(format!("kafka plan task: {e}")))??;
-        *self.0.cap.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some(marks.into_iter().map(|(p, (_, high))| (p, high)).collect());
+        *self.0.cap.lock().unwrap_or_else(|p| p.into_inner()) = Some(ends);
         Ok(())
     }
 
