@@ -13,6 +13,7 @@ use datafusion::logical_expr::{create_udf, ColumnarValue, ScalarUDF, Volatility}
 /// (NULL if either is NULL), as Flink nexmark's `CountChar`.
 ///
 /// ```
+/// use datafusion::execution::FunctionRegistry;
 /// use datafusion::prelude::SessionContext;
 ///
 /// let ctx = SessionContext::new();

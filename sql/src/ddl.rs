@@ -288,7 +288,9 @@ impl SqlRunner<'_> {
             self.err(text, named.unwrap_or(at(key)), message)
         };
         let what = format!("table '{name}'");
-        // Flink's spelling of a file table.
+        // Flink's spelling of a file table, whose csv format reads no
+        // header line.
+        let flink = options.get("connector").is_some();
         if let Some(c) = options.take("connector") {
             if !c.eq_ignore_ascii_case("filesystem") {
                 return Err(self.err(
@@ -379,7 +381,7 @@ impl SqlRunner<'_> {
             return Ok(StatementOutcome::TableCreated { table: name });
         }
         let registered = self
-            .register_files(&name, &path, &format, header.unwrap_or(true), &schema)
+            .register_files(&name, &path, &format, header.unwrap_or(!flink), &schema)
             .await;
         registered.map_err(|e| {
             self.err(
