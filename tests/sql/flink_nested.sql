@@ -20,10 +20,3 @@ EXECUTE STATEMENT SET BEGIN
 INSERT INTO people SELECT id, emailAddress, dateTime FROM person;
 INSERT INTO bids SELECT auction, price, UPPER(channel), SECOND(dateTime) FROM bid WHERE price > 100;
 END;
--- A window over a view, as Flink's Nexmark queries write them.
-SET 'output.mode' = 'update';
-CREATE TABLE counts (auction BIGINT, window_end TIMESTAMP(3), num BIGINT) WITH ('connector' = 'console');
-INSERT INTO counts
-SELECT auction, window_end, count(*)
-FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(dateTime), INTERVAL '10' SECOND))
-GROUP BY auction, window_start, window_end;
