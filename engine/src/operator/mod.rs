@@ -44,6 +44,7 @@ use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
 
 pub(crate) mod aggregate;
+mod buffers;
 pub(crate) mod changelog;
 pub(crate) mod changelog_join;
 pub(crate) mod join;

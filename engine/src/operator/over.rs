@@ -30,11 +30,10 @@ use datafusion::execution::SessionState;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::collect;
 
-use super::Operator;
+use super::{buffers, Operator};
 use crate::error::{Result, SluiceError};
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
-use crate::state::codec::{ipc_bytes, read_ipc, split_two_parts, two_parts};
 use crate::state::{compact_views, row_converter};
 use crate::table::EpochBatches;
 use crate::watermark::{nanos, split_before};
@@ -239,47 +238,28 @@ impl Operator for OverOperator {
 
     /// Written whole each epoch (see the module's text).
     fn stage(&mut self, _snapshot_due: bool) -> Result<Staged> {
-        if self.pending.is_none() && self.history.is_none() {
-            return Ok(Staged::Nothing);
-        }
-        Ok(Staged::Snapshot)
+        Ok(buffers::stage([&self.pending, &self.history]))
     }
 
     fn write_snapshot(&mut self, w: &mut dyn std::io::Write) -> Result<()> {
-        let empty = RecordBatch::new_empty(self.schema());
-        let part = |b: &Option<RecordBatch>| ipc_bytes(b.as_ref().unwrap_or(&empty));
-        w.write_all(&two_parts(&part(&self.pending)?, &part(&self.history)?))
-            .map_err(|e| SluiceError::io("writing the OVER window's state", e))
+        let schema = self.schema();
+        let parts = [
+            (&self.pending, Arc::clone(&schema)),
+            (&self.history, schema),
+        ];
+        buffers::write(w, parts, "the OVER window's state")
     }
 
     async fn restore(&mut self, _ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
-        self.pending = None;
-        self.history = None;
-        // Each epoch writes a snapshot: the last one is the state.
-        let mut last = None;
-        for file in chain {
-            last = Some(file?);
-        }
-        if let Some(bytes) = last {
-            let (pending, history) = split_two_parts(&bytes, "the OVER window's snapshot")?;
-            let schema = self.schema();
-            self.pending = Some(read_ipc(pending, &schema)?);
-            self.history = Some(read_ipc(history, &schema)?);
-        }
+        let schema = self.schema();
+        let restored = buffers::restore(chain, [&schema, &schema], "the OVER window's snapshot")?;
+        (self.pending, self.history) = restored.unzip();
         Ok(())
     }
 
     fn after_commit(&mut self) {}
 
     fn state_size(&self) -> (u64, u64) {
-        [&self.pending, &self.history]
-            .into_iter()
-            .flatten()
-            .fold((0, 0), |(rows, bytes), b| {
-                (
-                    rows + b.num_rows() as u64,
-                    bytes + b.get_array_memory_size() as u64,
-                )
-            })
+        buffers::size([&self.pending, &self.history])
     }
 }

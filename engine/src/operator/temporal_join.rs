@@ -51,11 +51,10 @@ use datafusion::logical_expr::{
 };
 use datafusion::physical_plan::collect;
 
-use super::Operator;
-use crate::error::{Result, SluiceError};
+use super::{buffers, Operator};
+use crate::error::Result;
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
-use crate::state::codec::{ipc_bytes, read_ipc, split_two_parts, two_parts};
 use crate::state::{compact_views, row_converter};
 use crate::table::EpochBatches;
 use crate::watermark::{nanos, split_before};
@@ -378,50 +377,27 @@ impl Operator for TemporalJoinOperator {
 
     /// Written whole each epoch (see the module's text).
     fn stage(&mut self, _snapshot_due: bool) -> Result<Staged> {
-        if self.pending.is_none() && self.versions.is_none() {
-            return Ok(Staged::Nothing);
-        }
-        Ok(Staged::Snapshot)
+        Ok(buffers::stage([&self.pending, &self.versions]))
     }
 
     fn write_snapshot(&mut self, w: &mut dyn std::io::Write) -> Result<()> {
-        let part = |b: &Option<RecordBatch>, schema: SchemaRef| match b {
-            Some(b) => ipc_bytes(b),
-            None => ipc_bytes(&RecordBatch::new_empty(schema)),
-        };
-        let pending = part(&self.pending, self.left_schema())?;
-        let versions = part(&self.versions, self.right_schema())?;
-        w.write_all(&two_parts(&pending, &versions))
-            .map_err(|e| SluiceError::io("writing the temporal join's state", e))
+        let parts = [
+            (&self.pending, self.left_schema()),
+            (&self.versions, self.right_schema()),
+        ];
+        buffers::write(w, parts, "the temporal join's state")
     }
 
     async fn restore(&mut self, _ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
-        self.pending = None;
-        self.versions = None;
-        // Each epoch writes a snapshot: the last one is the state.
-        let mut last = None;
-        for file in chain {
-            last = Some(file?);
-        }
-        if let Some(bytes) = last {
-            let (pending, versions) = split_two_parts(&bytes, "the temporal join's snapshot")?;
-            self.pending = Some(read_ipc(pending, &self.left_schema())?);
-            self.versions = Some(read_ipc(versions, &self.right_schema())?);
-        }
+        let schemas = [&self.left_schema(), &self.right_schema()];
+        let restored = buffers::restore(chain, schemas, "the temporal join's snapshot")?;
+        (self.pending, self.versions) = restored.unzip();
         Ok(())
     }
 
     fn after_commit(&mut self) {}
 
     fn state_size(&self) -> (u64, u64) {
-        [&self.pending, &self.versions]
-            .into_iter()
-            .flatten()
-            .fold((0, 0), |(rows, bytes), b| {
-                (
-                    rows + b.num_rows() as u64,
-                    bytes + b.get_array_memory_size() as u64,
-                )
-            })
+        buffers::size([&self.pending, &self.versions])
     }
 }

@@ -400,6 +400,25 @@ pub(super) fn cut_at(
     Ok((tail, output))
 }
 
+/// The first join of `plan` (outermost first) that `matches`, with its
+/// node.
+pub(super) fn find_join(
+    plan: &LogicalPlan,
+    matches: impl Fn(&Join) -> bool,
+) -> Result<Option<(LogicalPlan, Join)>> {
+    let mut found = None;
+    plan.apply(|node| {
+        if let LogicalPlan::Join(j) = node {
+            if matches(j) {
+                found = Some((node.clone(), j.clone()));
+                return Ok(TreeNodeRecursion::Stop);
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(found)
+}
+
 /// Splits `plan` at its `Join`: the two sides, the join over their
 /// buffers, and the tail after it.
 /// A join whose rows change ([`emits_changes`]) runs over changelogs; as
@@ -412,17 +431,8 @@ pub(super) fn split_join(
     watermarked: &[String],
     root: bool,
 ) -> Result<Option<JoinConfig>> {
-    let mut found = None;
-    plan.apply(|node| {
-        if let LogicalPlan::Join(j) = node {
-            if reads_stream(&j.left) && reads_stream(&j.right) {
-                found = Some((node.clone(), j.clone()));
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    let Some((node, join)) = found else {
+    let Some((node, join)) = find_join(plan, |j| reads_stream(&j.left) && reads_stream(&j.right))?
+    else {
         return Ok(None);
     };
     if emits_changes(&join, watermarked) {

@@ -8,13 +8,13 @@
 //! call in a join's filter. Outside a stream (a batch query) the call is
 //! `rate_time <= order_time`.
 
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNode;
 use datafusion::common::{DFSchema, JoinType};
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
 use super::check::reads_stream;
-use super::split::cut_at;
+use super::split::{cut_at, find_join};
 use crate::error::{Result, SluiceError};
 use crate::operator::changelog::SIGN;
 use crate::operator::temporal_join::{is_marker, is_temporal, TemporalJoinConfig};
@@ -25,17 +25,7 @@ const TEMPORAL_OUTPUT: &str = "__sluice_temporal";
 
 /// The temporal join of `plan`, if it has one, as an operator's config.
 pub(super) fn split_temporal(plan: &LogicalPlan) -> Result<Option<TemporalJoinConfig>> {
-    let mut found = None;
-    plan.apply(|node| {
-        if let LogicalPlan::Join(j) = node {
-            if is_temporal(j) {
-                found = Some((node.clone(), j.clone()));
-                return Ok(TreeNodeRecursion::Stop);
-            }
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
-    let Some((node, join)) = found else {
+    let Some((node, join)) = find_join(plan, is_temporal)? else {
         return Ok(None);
     };
     let refuse = |why: &str| SluiceError::plan(format!("this temporal join cannot run: {why}"));
