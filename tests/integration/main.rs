@@ -17,6 +17,7 @@ mod nexmark;
 mod no_silent_loss;
 mod pipelines;
 mod prefetch;
+mod processing_time;
 mod registry;
 mod secure;
 mod send_ahead;

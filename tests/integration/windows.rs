@@ -18,14 +18,14 @@ use crate::util::{
     block_on, ints, property, timed_batch as to_batch, timed_schema as schema, Lcg, TimedRow as Row,
 };
 
-const DELAY_MS: i64 = 2_000;
+pub(crate) const DELAY_MS: i64 = 2_000;
 
 /// An aggregated window: (window start ms, key) → (n, total, lo, hi, distinct v % 3).
-type Answer = BTreeMap<(i64, i64), (i64, i64, i64, i64, i64)>;
+pub(crate) type Answer = BTreeMap<(i64, i64), (i64, i64, i64, i64, i64)>;
 
 /// Batches whose event time moves forward with jitter, so some rows are
 /// out of order and some are later than the watermark allows.
-fn input(rng: &mut Lcg, batches: usize) -> Vec<Vec<Row>> {
+pub(crate) fn input(rng: &mut Lcg, batches: usize) -> Vec<Vec<Row>> {
     let start = 1_700_000_000_000i64;
     let mut clock = start;
     (0..batches)
@@ -172,7 +172,7 @@ async fn aggregate_placed(placed: &[(i64, Row)]) -> Answer {
 }
 
 /// Rows of `batches` by (window bound, key); later rows replace earlier.
-fn fold(batches: &[RecordBatch], bound: &str) -> Answer {
+pub(crate) fn fold(batches: &[RecordBatch], bound: &str) -> Answer {
     let mut out = Answer::new();
     for b in batches {
         let ws = cast(b.column_by_name(bound).unwrap(), &DataType::Int64).unwrap();
@@ -220,7 +220,7 @@ struct Run {
 }
 
 /// The windowed aggregation the tests run.
-fn windowed(window: &Window) -> impl Fn(StreamFrame) -> StreamFrame + '_ {
+pub(crate) fn windowed(window: &Window) -> impl Fn(StreamFrame) -> StreamFrame + '_ {
     move |frame| {
         frame
             .window(window.clone())
@@ -298,7 +298,7 @@ async fn run_streaming(
 }
 
 /// An RFC 3339 time from progress as ms since the Unix epoch.
-fn rfc3339_to_ms(text: &str) -> i64 {
+pub(crate) fn rfc3339_to_ms(text: &str) -> i64 {
     sluice::arrow::compute::kernels::cast_utils::string_to_timestamp_nanos(text).unwrap()
         / 1_000_000
 }
@@ -362,119 +362,6 @@ async fn append_mode_emits_each_closed_window_once(seed: u64, window: Window, la
             "seed {seed}: progress reports the watermark"
         );
     }
-}
-
-/// Processing-time windows (over a `PROCTIME()` column, as Flink's Nexmark
-/// q12): every row of an epoch has the epoch's planned time, so a plain
-/// loop places epoch N's rows in the window holding its planned time, and
-/// a window is emitted in the first epoch planned at or after its end.
-/// The rows' event times run backwards, so under the watermark their
-/// stream declares most would be late; on processing time none is.
-#[test]
-fn processing_time_windows_place_rows_by_their_epochs_planned_time_across_restarts() {
-    block_on(async {
-        const SIZE_MS: i64 = 400;
-        let mut rng = Lcg(11);
-        let mut batches = input(&mut rng, 12);
-        batches.reverse();
-        let dir = tempfile::tempdir().unwrap();
-        let window = Window::tumble("p_time", Duration::from_millis(SIZE_MS as u64));
-        // Per epoch: its planned time, and what it emitted.
-        let mut epochs: BTreeMap<u64, (i64, Answer)> = BTreeMap::new();
-        let mut late_rows = 0;
-        let mut fed = 0;
-        for run_for in [5, batches.len() - 5] {
-            let input = MemoryStream::new(schema());
-            for b in &batches[..fed] {
-                input.add_batch(to_batch(b)).unwrap();
-            }
-            let out = MemorySink::new();
-            let frame = Session::new()
-                .read_stream()
-                .memory(&input)
-                .unwrap()
-                .with_watermark("ts", Duration::from_millis(DELAY_MS as u64))
-                .unwrap()
-                .with_column("p_time", sluice::Proctime::call())
-                .unwrap();
-            let query = windowed(&window)(frame)
-                .write_stream()
-                .memory(&out)
-                .output_mode(OutputMode::Append)
-                .checkpoint_location(dir.path())
-                .start()
-                .await
-                .unwrap();
-            for b in &batches[fed..fed + run_for] {
-                input.add_batch(to_batch(b)).unwrap();
-                query.process_all_available().await.unwrap();
-                tokio::time::sleep(Duration::from_millis(100 + rng.next(300))).await;
-            }
-            fed += run_for;
-            for p in query.recent_progress() {
-                assert_eq!(
-                    p.num_input_rows as usize,
-                    batches[p.epoch as usize - 1].len()
-                );
-                late_rows += p.late_rows;
-                let emitted = fold(&out.epoch_batches(p.epoch), "window_end");
-                epochs.insert(p.epoch, (rfc3339_to_ms(&p.timestamp), emitted));
-            }
-            query.stop().await.unwrap();
-        }
-        assert_eq!(late_rows, 0, "no row is late on processing time");
-        assert_eq!(epochs.len(), batches.len(), "one epoch per batch");
-
-        // The plain loop: epoch N's rows in the window holding its planned time.
-        let mut expected = Answer::new();
-        for (&epoch, (planned, _)) in &epochs {
-            let end = planned.div_euclid(SIZE_MS) * SIZE_MS + SIZE_MS;
-            let mut per_key: BTreeMap<i64, Vec<i64>> = BTreeMap::new();
-            for row in &batches[epoch as usize - 1] {
-                per_key.entry(row.0).or_default().push(row.1);
-            }
-            for (k, vs) in per_key {
-                let e = expected
-                    .entry((end, k))
-                    .or_insert((0, 0, i64::MAX, i64::MIN, 0));
-                e.0 += vs.len() as i64;
-                e.1 += vs.iter().sum::<i64>();
-                e.2 = e.2.min(*vs.iter().min().unwrap());
-                e.3 = e.3.max(*vs.iter().max().unwrap());
-            }
-        }
-        for ((end, k), e) in expected.iter_mut() {
-            let residues: BTreeSet<i64> = epochs
-                .iter()
-                .filter(|(_, (planned, _))| planned.div_euclid(SIZE_MS) * SIZE_MS + SIZE_MS == *end)
-                .flat_map(|(epoch, _)| &batches[*epoch as usize - 1])
-                .filter(|row| row.0 == *k)
-                .map(|row| row.1 % 3)
-                .collect();
-            e.4 = residues.len() as i64;
-        }
-        let last_planned = epochs.values().map(|(p, _)| *p).max().unwrap();
-        let closed: Answer = expected
-            .into_iter()
-            .filter(|((end, _), _)| *end <= last_planned)
-            .collect();
-        assert!(closed.len() > 3, "several windows closed: {closed:?}");
-
-        let mut emitted = Answer::new();
-        let mut before = None;
-        for (epoch, (planned, rows)) in &epochs {
-            for (key, value) in rows {
-                assert!(
-                    key.0 <= *planned && before.is_none_or(|b| key.0 > b),
-                    "window {key:?} emitted in epoch {epoch}, planned at {planned} (the one \
-                     before at {before:?})"
-                );
-                assert!(emitted.insert(*key, *value).is_none(), "{key:?} twice");
-            }
-            before = Some(*planned);
-        }
-        assert_eq!(emitted, closed);
-    });
 }
 
 #[test]
