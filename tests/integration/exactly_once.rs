@@ -946,7 +946,23 @@ fn own_broker(command: &str, port: u16) -> String {
         "scripts/kafka {command}: {stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    stdout.lines().last().unwrap_or_default().to_string()
+    let bootstrap = stdout.lines().last().unwrap_or_default().to_string();
+    if command == "start" {
+        // A restarted broker answers metadata before its transaction
+        // coordinator has loaded: a query started then failed its
+        // `init_transactions` ("Not coordinator") within its 5 s
+        // connect.timeout. Wait until a transactional producer can start.
+        use rdkafka::producer::{BaseProducer, Producer};
+        let producer: BaseProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("transactional.id", format!("ready-{}", fresh_topic("own")))
+            .create()
+            .unwrap();
+        producer
+            .init_transactions(std::time::Duration::from_secs(60))
+            .unwrap_or_else(|e| panic!("the broker on {port} takes no transactions: {e}"));
+    }
+    bootstrap
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
