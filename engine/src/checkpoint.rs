@@ -110,6 +110,10 @@ pub struct EpochCommit {
     /// epoch), keyed like the offsets; empty without watermarks.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub watermarks: BTreeMap<String, i64>,
+    /// Per input whose source names its partitions (Kafka's), each
+    /// partition's watermark; the input's own is in `watermarks`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub partition_watermarks: crate::watermark::PartitionWatermarks,
     /// Wall-clock time of the commit (ms since the Unix epoch).
     #[serde(default)]
     pub committed_at_ms: i64,
@@ -490,12 +494,15 @@ mod tests {
                     ..Default::default()
                 },
                 output_rows: epoch,
+                partition_watermarks: [("in".to_string(), vec![(0, 5), (3, epoch as i64)])].into(),
                 ..Default::default()
             })
             .unwrap();
         }
         assert_eq!(cp.latest_commit_epoch().unwrap(), Some(3));
-        assert_eq!(cp.read_commit(2).unwrap().output_rows, 2);
+        let second = cp.read_commit(2).unwrap();
+        assert_eq!(second.output_rows, 2);
+        assert_eq!(second.partition_watermarks["in"], vec![(0, 5), (3, 2)]);
         // Reopening keeps the original query id.
         let again = Checkpoint::open(dir.path(), "q2").unwrap();
         assert_eq!(again.metadata().query_id, "q1");

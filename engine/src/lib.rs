@@ -49,6 +49,7 @@ mod error;
 mod fail_point;
 pub mod functions;
 mod launch;
+mod lookup;
 mod memory;
 mod metrics;
 mod operator;
@@ -81,6 +82,7 @@ pub use connector::{
 };
 pub use error::{Result, SluiceError};
 pub use fail_point::fail_point;
+pub use lookup::{LookupArgs, LookupCacheConfig, LookupJoinRule, LookupSource, LookupTable};
 pub use memory::tune_allocator;
 pub use metrics::Metrics;
 pub use operator::changelog::SIGN as CHANGELOG_SIGN;
@@ -111,7 +113,7 @@ pub use task::{TaskAssigner, TaskId, Tasks};
 pub use trigger::Trigger;
 pub use upsert::{DELETED as UPSERT_DELETED, KEY_METADATA as UPSERT_KEY_METADATA};
 pub use watermark::processing_time::columns as processing_time_columns;
-pub use watermark::{CurrentWatermark, Proctime, WatermarkSpec};
+pub use watermark::{CurrentWatermark, PartitionWatermarks, Proctime, WatermarkSpec};
 pub use window::Window;
 
 pub use datafusion;

@@ -255,9 +255,9 @@ impl BatchQuery {
                 SluiceError::Internal(format!("no input given for {}", input.key))
             })?;
             let partitions = input.table.compute(partitions)?;
-            scopes.push(input.table.with_input(EpochInput::Read(partitions)));
+            scopes.push(input.table.with_input(EpochInput::Read(partitions, None)));
         }
-        self.plan.watermarks.restore(watermarks);
+        self.plan.watermarks.restore(watermarks, &BTreeMap::new());
         let watermark = self.plan.watermarks.current();
         self.run(watermark).await
     }

@@ -32,6 +32,7 @@ use crate::planner::{IncrementalPlan, StageConfig};
 use crate::sink::{EpochOutput, Sink};
 use crate::state::chain::{Chain, SnapshotPolicy};
 use crate::table::EpochInput;
+use crate::watermark::PartitionWatermarks;
 
 /// One statement of a query: its plan, and its state.
 pub(crate) struct Statement {
@@ -127,14 +128,14 @@ impl Statement {
         let mut late_rows = 0;
         let mut admitted = Vec::with_capacity(read.len());
         for (index, input) in read.into_iter().enumerate() {
-            let partitions = match input {
-                EpochInput::Read(partitions) => partitions,
+            let (partitions, ids) = match input {
+                EpochInput::Read(partitions, ids) => (partitions, ids),
                 lazy @ EpochInput::Lazy(_) => {
                     admitted.push(lazy);
                     continue;
                 }
             };
-            watermarks.observe(index, &partitions)?;
+            watermarks.observe(index, &partitions, ids.as_deref())?;
             let partitions = if drops_late {
                 let rows = self.late.get_mut(&index);
                 let (kept, late, dropped) =
@@ -147,7 +148,7 @@ impl Statement {
             } else {
                 partitions
             };
-            admitted.push(EpochInput::Read(partitions));
+            admitted.push(EpochInput::Read(partitions, None));
         }
         Ok((admitted, late_rows))
     }
@@ -253,6 +254,7 @@ impl Statement {
         dir: &Path,
         files: &[String],
         watermarks: &BTreeMap<String, i64>,
+        partition_watermarks: &PartitionWatermarks,
     ) -> Result<()> {
         self.chain.set_committed(self.chain.own(files));
         if let Some(op) = &mut self.operator {
@@ -268,7 +270,9 @@ impl Statement {
                     ),
                 })?;
         }
-        self.plan.watermarks.restore(watermarks);
+        self.plan
+            .watermarks
+            .restore(watermarks, partition_watermarks);
         Ok(())
     }
 }

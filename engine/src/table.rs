@@ -199,7 +199,7 @@ impl StreamTable {
                     })
                     .collect(),
             ),
-            EpochInput::Read(partitions) => TableInput::Batches(Arc::new(partitions)),
+            EpochInput::Read(partitions, _) => TableInput::Batches(Arc::new(partitions)),
         };
         self.batches.scope(input)
     }
@@ -208,8 +208,9 @@ impl StreamTable {
 /// One source's input to an epoch, as the epoch loop hands it to a
 /// statement.
 pub(crate) enum EpochInput {
-    /// Read before the plan runs.
-    Read(Partitions),
+    /// Read before the plan runs, with the source's ids of its partitions
+    /// ([`crate::Source::partition_ids`]).
+    Read(Partitions, Option<Vec<u32>>),
     /// Produced as the plan pulls it ([`crate::Source::read_lazily`]).
     Lazy(Vec<LazyPartition>),
 }

@@ -8,6 +8,13 @@
 //! - An input's watermark is the largest event time it has read, minus the
 //!   delay; it never goes back. An input that has read no rows yet has none
 //!   and does not hold the query back (Spark's behaviour).
+//! - An input whose source names its partitions (Kafka's, see
+//!   [`Source::partition_ids`](crate::Source::partition_ids)) keeps that
+//!   largest event time per partition, and its watermark is the least over
+//!   the partitions that have read a row, as Flink's Kafka source does: a
+//!   partition that an epoch read less far into than another does not see
+//!   its rows dropped as late for it. A partition that stops receiving
+//!   rows holds the watermark where it is.
 //! - The query's watermark is the minimum over its inputs' watermarks.
 //! - Epoch N runs with the watermark left by epoch N-1: its rows older than
 //!   that are *late*. Stateful event-time operators drop them before they
@@ -108,7 +115,14 @@ struct Tracked {
     column: usize,
     delay_ns: i64,
     current: Option<i64>,
+    /// Per partition of a source that names them, its own watermark.
+    partitions: BTreeMap<u32, i64>,
 }
+
+/// Per input (keyed like the offsets), each partition's watermark as
+/// `(partition, ns)`, for the commit record (pairs, not a map: the record
+/// is read through `#[serde(flatten)]`, which keeps JSON keys strings).
+pub type PartitionWatermarks = BTreeMap<String, Vec<(u32, i64)>>;
 
 /// The watermarks of one query's inputs (nanoseconds since the Unix epoch).
 #[derive(Debug, Default)]
@@ -146,6 +160,7 @@ impl WatermarkTracker {
                     column: spec.check(stream, &schema)?,
                     delay_ns: i64::try_from(spec.delay.as_nanos()).unwrap_or(i64::MAX),
                     current: None,
+                    partitions: BTreeMap::new(),
                 }),
             });
         }
@@ -226,18 +241,52 @@ impl WatermarkTracker {
         Ok((kept, dropped, late))
     }
 
-    /// Advances input `index`'s watermark past the rows it read.
-    pub(crate) fn observe(&mut self, index: usize, partitions: &Partitions) -> Result<()> {
+    /// Advances input `index`'s watermark past the rows it read; with
+    /// `ids` (the source's name for each of `partitions`), per partition.
+    pub(crate) fn observe(
+        &mut self,
+        index: usize,
+        partitions: &Partitions,
+        ids: Option<&[u32]>,
+    ) -> Result<()> {
         let Some(Some(t)) = self.inputs.get_mut(index) else {
             return Ok(());
         };
-        for batch in partitions.iter().flatten() {
-            let times = nanos(batch.column(t.column))?;
-            if let Some(latest) = max(times.as_primitive::<Int64Type>()) {
-                let candidate = latest.saturating_sub(t.delay_ns);
-                t.current = Some(t.current.map_or(candidate, |c| c.max(candidate)));
+        let latest = |batches: &[RecordBatch]| -> Result<Option<i64>> {
+            let mut latest = None;
+            for batch in batches {
+                let times = nanos(batch.column(t.column))?;
+                latest = latest.max(max(times.as_primitive::<Int64Type>()));
             }
-        }
+            Ok(latest.map(|l| l.saturating_sub(t.delay_ns)))
+        };
+        let candidate = match ids {
+            None => {
+                let mut candidate = None;
+                for partition in partitions {
+                    candidate = candidate.max(latest(partition)?);
+                }
+                candidate
+            }
+            Some(ids) => {
+                if ids.len() != partitions.len() {
+                    return Err(SluiceError::Internal(format!(
+                        "input '{}': the source named {} partitions but read {}",
+                        t.key,
+                        ids.len(),
+                        partitions.len()
+                    )));
+                }
+                for (id, partition) in ids.iter().zip(partitions) {
+                    if let Some(l) = latest(partition)? {
+                        let entry = t.partitions.entry(*id).or_insert(l);
+                        *entry = (*entry).max(l);
+                    }
+                }
+                t.partitions.values().copied().min()
+            }
+        };
+        t.current = t.current.max(candidate);
         Ok(())
     }
 
@@ -256,10 +305,36 @@ impl WatermarkTracker {
         record
     }
 
-    /// Resumes from a commit record's watermarks.
-    pub(crate) fn restore(&mut self, record: &BTreeMap<String, i64>) {
+    /// Each partition's watermark of the inputs whose sources name them,
+    /// for the commit record.
+    pub(crate) fn partitions_to_record(&self) -> PartitionWatermarks {
+        self.inputs
+            .iter()
+            .flatten()
+            .filter(|t| !t.partitions.is_empty())
+            .map(|t| {
+                (
+                    t.key.clone(),
+                    t.partitions.iter().map(|(p, w)| (*p, *w)).collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Resumes from a commit record's watermarks. A record written before
+    /// watermarks were kept per partition has none: the input's watermark
+    /// then stands until its partitions pass it.
+    pub(crate) fn restore(
+        &mut self,
+        record: &BTreeMap<String, i64>,
+        partitions: &PartitionWatermarks,
+    ) {
         for t in self.inputs.iter_mut().flatten() {
             t.current = record.get(&t.key).copied();
+            t.partitions = partitions
+                .get(&t.key)
+                .map(|p| p.iter().copied().collect())
+                .unwrap_or_default();
         }
         if let Clock::Processing { now } = &mut self.clock {
             *now = record.get(processing_time::RECORD_KEY).copied();
@@ -296,4 +371,90 @@ pub(crate) fn split_before(
 /// Nanoseconds since the Unix epoch as RFC 3339, for progress reports.
 pub(crate) fn format_nanos(ns: i64) -> String {
     chrono::DateTime::from_timestamp_nanos(ns).to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::TimestampMillisecondArray;
+    use datafusion::arrow::datatypes::{Field, Schema};
+
+    fn tracker() -> WatermarkTracker {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            true,
+        )]));
+        let spec = WatermarkSpec::new("ts", Duration::from_millis(10));
+        WatermarkTracker::new([("bids", "bids", schema, Some(&spec))], false).unwrap()
+    }
+
+    /// One partition of rows at the given times (ms).
+    fn rows(times: &[i64]) -> Vec<RecordBatch> {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Millisecond, None),
+            true,
+        )]));
+        let times = TimestampMillisecondArray::from(times.to_vec());
+        vec![RecordBatch::try_new(schema, vec![Arc::new(times)]).unwrap()]
+    }
+
+    const MS: i64 = 1_000_000;
+
+    #[test]
+    fn a_partition_behind_the_others_holds_the_watermark_and_loses_no_row() {
+        let mut w = tracker();
+        // Epoch 1 read partition 0 up to 1000 ms, partition 1 up to 200 ms.
+        let epoch1 = vec![rows(&[100, 1000]), rows(&[150, 200])];
+        w.observe(0, &epoch1, Some(&[0, 1])).unwrap();
+        assert_eq!(w.current(), Some(190 * MS));
+        // Partition 1's next rows (300 ms) are not late, though partition 0
+        // is far ahead: an input-wide maximum would have dropped them.
+        let epoch2 = vec![rows(&[300])];
+        let (kept, dropped, _) = w.drop_late(0, epoch2.clone(), w.current(), false).unwrap();
+        assert_eq!((dropped, kept[0][0].num_rows()), (0, 1));
+        w.observe(0, &epoch2, Some(&[1])).unwrap();
+        assert_eq!(w.current(), Some(290 * MS));
+        // Rows older than partition 1's own progress are late.
+        let (_, dropped, _) = w
+            .drop_late(0, vec![rows(&[250])], w.current(), false)
+            .unwrap();
+        assert_eq!(dropped, 1);
+
+        // The commit record carries each partition's watermark, and a
+        // restored tracker goes on from them.
+        let mut restored = tracker();
+        restored.restore(&w.to_record(), &w.partitions_to_record());
+        assert_eq!(restored.current(), Some(290 * MS));
+        restored
+            .observe(0, &vec![rows(&[2000])], Some(&[1]))
+            .unwrap();
+        assert_eq!(restored.current(), Some(990 * MS));
+    }
+
+    #[test]
+    fn a_partition_seen_late_never_moves_the_watermark_back() {
+        let mut w = tracker();
+        w.observe(0, &vec![rows(&[1000])], Some(&[0])).unwrap();
+        assert_eq!(w.current(), Some(990 * MS));
+        w.observe(0, &vec![rows(&[500])], Some(&[1])).unwrap();
+        assert_eq!(w.current(), Some(990 * MS));
+        // Without ids the input's rows are one sequence, as before.
+        let mut whole = tracker();
+        whole
+            .observe(0, &vec![rows(&[1000]), rows(&[200])], None)
+            .unwrap();
+        assert_eq!(whole.current(), Some(990 * MS));
+    }
+
+    #[test]
+    fn ids_that_do_not_match_the_partitions_are_an_error_not_a_guess() {
+        let mut w = tracker();
+        let err = w.observe(0, &vec![rows(&[1])], Some(&[0, 1])).unwrap_err();
+        assert!(
+            err.to_string().contains("named 2 partitions but read 1"),
+            "{err}"
+        );
+    }
 }

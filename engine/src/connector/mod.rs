@@ -12,6 +12,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::SchemaRef;
 
 use crate::error::{Result, SluiceError};
+use crate::lookup::{LookupArgs, LookupSource};
 use crate::options::{closest, Options};
 use crate::output_mode::OutputMode;
 use crate::sink::Sink;
@@ -115,6 +116,22 @@ pub trait Connector: Send + Sync + Debug {
         let _ = args;
         Err(SluiceError::config(format!(
             "connector '{}' can only be written to, not read from",
+            self.name()
+        )))
+    }
+
+    /// Whether the connector answers lookups by key (a table joined `FOR
+    /// SYSTEM_TIME AS OF` a processing time). Default `false`.
+    fn is_lookup(&self) -> bool {
+        false
+    }
+
+    /// Builds a lookup table's source. The default says the connector
+    /// cannot be looked up.
+    fn lookup(&self, args: LookupArgs) -> Result<Arc<dyn LookupSource>> {
+        let _ = args;
+        Err(SluiceError::config(format!(
+            "connector '{}' cannot be looked up by key",
             self.name()
         )))
     }

@@ -49,13 +49,16 @@ impl EpochLoop {
     ) -> Result<Option<Result<Option<Planned>>>> {
         let epoch = record.epoch;
         let mut watermarks = BTreeMap::new();
+        let mut partition_watermarks = BTreeMap::new();
         for statement in &self.statements {
             watermarks.extend(statement.plan.watermarks.to_record());
+            partition_watermarks.extend(statement.plan.watermarks.partitions_to_record());
         }
         let commit = EpochCommit {
             plan: record.clone(),
             state_files: staged.chains.concat(),
             watermarks,
+            partition_watermarks,
             committed_at_ms: chrono::Utc::now().timestamp_millis(),
             output_rows: output_rows(outputs),
             fingerprint: Some(self.fingerprint.clone()),

@@ -202,14 +202,16 @@ impl EpochLoop {
                         (0, EpochInput::Lazy(counting(partitions, counted)))
                     }
                     None => {
-                        let partitions = if empty {
-                            Vec::new()
+                        let (partitions, ids) = if empty {
+                            (Vec::new(), None)
                         } else {
-                            let read = input.source.read(range.start.as_ref(), &range.end);
-                            input.table.compute(read.await?)?
+                            let (start, end) = (range.start.as_ref(), &range.end);
+                            let read = input.source.read(start, end).await?;
+                            let ids = input.source.partition_ids(start, end)?;
+                            (input.table.compute(read)?, ids)
                         };
                         let rows = partitions.iter().flatten().map(|b| b.num_rows() as u64);
-                        (rows.sum(), EpochInput::Read(partitions))
+                        (rows.sum(), EpochInput::Read(partitions, ids))
                     }
                 };
                 read.rows += rows;

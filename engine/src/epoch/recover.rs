@@ -54,13 +54,21 @@ impl EpochLoop {
         // Everything in memory goes back to the committed epoch (nothing,
         // before the first commit): recovery also runs in-process after a
         // failed epoch (see `run_with_retries`).
-        let (files, watermarks) = committed_epoch
+        let (files, watermarks, partition_watermarks) = committed_epoch
             .as_ref()
-            .map(|c| (c.state_files.clone(), c.watermarks.clone()))
+            .map(|c| {
+                let c = c.clone();
+                (c.state_files, c.watermarks, c.partition_watermarks)
+            })
             .unwrap_or_default();
         for statement in &mut self.statements {
             statement
-                .restore(self.checkpoint.dir(), &files, &watermarks)
+                .restore(
+                    self.checkpoint.dir(),
+                    &files,
+                    &watermarks,
+                    &partition_watermarks,
+                )
                 .await?;
         }
         let cp = &self.checkpoint;

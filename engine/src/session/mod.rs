@@ -190,6 +190,11 @@ impl Session {
     /// names the column `emailAddress`, not `emailaddress` (function names
     /// stay case-insensitive); joins stay the joins the query wrote.
     pub fn with_context(ctx: SessionContext) -> Self {
+        // Joins with a lookup table ask it for their rows' keys only.
+        let state = datafusion::execution::SessionStateBuilder::new_from_existing(ctx.state())
+            .with_physical_optimizer_rule(Arc::new(crate::lookup::LookupJoinRule))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
         ctx.state_ref()
             .write()
             .config_mut()

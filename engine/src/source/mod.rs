@@ -227,6 +227,18 @@ pub trait Source: Send + Sync + Debug {
         BTreeMap::new()
     }
 
+    /// The ids of the partitions [`Source::read`] returns for `[start,
+    /// end)`, in its order, when they name the same partitions from epoch
+    /// to epoch (Kafka's partition numbers). An event-time watermark then
+    /// advances per partition and the input's is the least of them, as in
+    /// Flink (see the `watermark` module): rows of a partition that an
+    /// epoch read less far into than another are not late for it. `None`
+    /// (the default): the input's rows are one sequence.
+    fn partition_ids(&self, start: Option<&Offset>, end: &Offset) -> Result<Option<Vec<u32>>> {
+        let _ = (start, end);
+        Ok(None)
+    }
+
     /// How many partitions the input has now, when it can be divided into
     /// one task per partition (see [`SourceFactory::create_task`]); `None`
     /// (the default) when it cannot.

@@ -145,6 +145,15 @@ struct PlannedRanges {
 }
 
 impl PlannedRanges {
+    /// The ranges with records to read, `(partition, from, to)`, in
+    /// partition order: the order a read returns its partitions in.
+    fn to_read(&self) -> impl Iterator<Item = (i32, i64, i64)> + '_ {
+        self.ranges
+            .iter()
+            .filter(|(_, (from, to))| to > from)
+            .map(|(p, (from, to))| (*p, *from, *to))
+    }
+
     fn to_offset(&self) -> Result<Offset> {
         serde_json::to_value(self).map_err(|e| SluiceError::Internal(e.to_string()))
     }
@@ -346,6 +355,14 @@ impl Source for KafkaSource {
         end: &Offset,
     ) -> Result<Option<Vec<LazyPartition>>> {
         self.0.read_lazily(&parse(end)?)
+    }
+
+    /// Kafka's partition numbers: the watermark advances per partition.
+    fn partition_ids(&self, _start: Option<&Offset>, end: &Offset) -> Result<Option<Vec<u32>>> {
+        let plan = parse(end)?;
+        Ok(Some(
+            plan.to_read().map(|(p, ..)| p.unsigned_abs()).collect(),
+        ))
     }
 
     /// Side by side, lazy reads lost to whole epochs in the suite on JSON

@@ -168,12 +168,7 @@ impl SourceInner {
     /// partition. A range whose start is gone by now (deleted since it was
     /// planned, or before a replay) is data loss, as at planning.
     pub(super) fn read(&self, plan: &PlannedRanges) -> Result<Partitions> {
-        let mut wanted: Vec<(i32, i64, i64)> = plan
-            .ranges
-            .iter()
-            .filter(|(_, (from, to))| to > from)
-            .map(|(p, (from, to))| (*p, *from, *to))
-            .collect();
+        let mut wanted: Vec<(i32, i64, i64)> = plan.to_read().collect();
         let mut starts: BTreeMap<i32, i64> = plan
             .ranges
             .iter()
