@@ -73,6 +73,7 @@ impl Session {
         session.register_connector(Arc::new(sluice_kafka::KafkaConnector));
         session.register_connector(Arc::new(sluice_kafka::UpsertKafkaConnector));
         session.register_connector(Arc::new(sluice_nexmark::NexmarkConnector));
+        session.register_connector(Arc::new(sluice_jdbc::JdbcConnector));
         // Flink's Nexmark q14 declares it with CREATE FUNCTION, which
         // resolves to a function registered here.
         session.context().register_udf(sluice_nexmark::count_char());

@@ -20,7 +20,10 @@ use datafusion::sql::sqlparser::ast::{ColumnDef, ColumnOption};
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{IsOptional, Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::Token;
-use sluice_engine::{ComputedColumn, Options, SluiceError, StreamDefinition, WatermarkSpec};
+use sluice_engine::{
+    ComputedColumn, LookupArgs, LookupCacheConfig, LookupTable, Options, SluiceError,
+    StreamDefinition, WatermarkSpec,
+};
 
 /// Flink's older option spellings and today's; an empty one is dropped
 /// (it chose what is now the only choice).
@@ -292,6 +295,13 @@ impl SqlRunner<'_> {
         // header line.
         let flink = options.get("connector").is_some();
         if let Some(c) = options.take("connector") {
+            let lookup = self.session.connectors().get(&c).ok();
+            if let Some(connector) = lookup.filter(|c| c.is_lookup()) {
+                let declared = (name, name_pos, columns);
+                return self
+                    .create_lookup_table(text, declared, options, connector, &config)
+                    .await;
+            }
             if !c.eq_ignore_ascii_case("filesystem") {
                 return Err(self.err(
                     text,
@@ -343,19 +353,7 @@ impl SqlRunner<'_> {
         } else {
             Some(self.schema(text, &columns).await?)
         };
-        if self.session.stream(&name).is_some()
-            || self
-                .session
-                .context()
-                .table_exist(name.as_str())
-                .unwrap_or(false)
-        {
-            return Err(self.err(
-                text,
-                name_pos,
-                format!("'{name}' already exists; DROP it or pick another name"),
-            ));
-        }
+        self.check_free(text, &name, name_pos)?;
         // Flink's filesystem table is read and written: an INSERT INTO it
         // runs the `filesystem` sink, and a query reading it reads the
         // files there when it is declared.
@@ -394,6 +392,60 @@ impl SqlRunner<'_> {
             self.file_tables.insert(name.clone(), written);
         }
         Ok(StatementOutcome::TableCreated { table: name })
+    }
+
+    /// `CREATE TABLE` of a connector that answers lookups (`'jdbc'`): a
+    /// table joined `FOR SYSTEM_TIME AS OF` a processing time, reached now
+    /// so that one that cannot be fails here. `config` places an option's
+    /// error in the statement.
+    async fn create_lookup_table(
+        &self,
+        text: &str,
+        (name, name_pos, columns): (String, Pos, Vec<(ColumnDef, Pos)>),
+        mut options: Options,
+        connector: Arc<dyn sluice_engine::Connector>,
+        config: &dyn Fn(SluiceError, &str) -> SqlError,
+    ) -> Result<StatementOutcome, SqlError> {
+        if columns.is_empty() {
+            return Err(self.err(
+                text,
+                name_pos,
+                format!(
+                    "table '{name}' of connector '{}' needs its columns declared",
+                    connector.name()
+                ),
+            ));
+        }
+        self.check_free(text, &name, name_pos)?;
+        let schema = self.schema(text, &columns).await?;
+        let cache =
+            LookupCacheConfig::from_options(&mut options).map_err(|e| config(e, "lookup.cache"))?;
+        let args = LookupArgs {
+            table: name.clone(),
+            schema,
+            options,
+        };
+        let source = connector.lookup(args).map_err(|e| config(e, "url"))?;
+        source.check().await.map_err(|e| config(e, "url"))?;
+        let table = LookupTable::new(&name, source, cache);
+        self.session
+            .context()
+            .register_table(name.as_str(), Arc::new(table))
+            .map_err(|e| self.err(text, name_pos, e.to_string()))?;
+        Ok(StatementOutcome::TableCreated { table: name })
+    }
+
+    /// Refuses a table `name` that a stream or table already has.
+    fn check_free(&self, text: &str, name: &str, name_pos: Pos) -> Result<(), SqlError> {
+        let ctx = self.session.context();
+        if self.session.stream(name).is_some() || ctx.table_exist(name).unwrap_or(false) {
+            return Err(self.err(
+                text,
+                name_pos,
+                format!("'{name}' already exists; DROP it or pick another name"),
+            ));
+        }
+        Ok(())
     }
 
     /// `PARTITIONED BY (column, ...)`, if it comes next.

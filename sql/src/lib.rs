@@ -47,7 +47,7 @@ use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::keywords::Keyword;
 use datafusion::sql::sqlparser::parser::{Parser, ParserError};
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
-use sluice_engine::{Session, SluiceError, StreamDefinition, StreamingQuery};
+use sluice_engine::{ConnectorRegistry, Session, SluiceError, StreamDefinition, StreamingQuery};
 
 pub use error::SqlError;
 use error::{parser_location, strip_location};
@@ -321,7 +321,7 @@ impl<'a> SqlRunner<'a> {
             if p.parse_keyword(Keyword::TABLE) {
                 // Flink declares a Kafka topic as a table with a connector:
                 // that is a stream here. Files stay static tables.
-                return if names_a_stream_connector(p) {
+                return if names_a_stream_connector(p, &self.session.connectors()) {
                     self.create_stream(p, text).await.map(Prepared::Done)
                 } else {
                     self.create_table(p, text).await.map(Prepared::Done)
@@ -498,8 +498,9 @@ fn locate_word(text: &str, from: Pos, word: &str) -> Option<Pos> {
 }
 
 /// True when the `CREATE TABLE` ahead declares `'connector' = '...'` other
-/// than `'filesystem'`: Flink's way to declare a Kafka topic.
-fn names_a_stream_connector(p: &Parser<'_>) -> bool {
+/// than `'filesystem'` or one that answers lookups (`'jdbc'`): Flink's way
+/// to declare a Kafka topic.
+fn names_a_stream_connector(p: &Parser<'_>, connectors: &ConnectorRegistry) -> bool {
     let text = |t: &Token| match t {
         Token::SingleQuotedString(s) | Token::DoubleQuotedString(s) => Some(s.clone()),
         Token::Word(w) => Some(w.value.clone()),
@@ -514,8 +515,10 @@ fn names_a_stream_connector(p: &Parser<'_>) -> bool {
             k.eq_ignore_ascii_case("connector") || k.eq_ignore_ascii_case("connector.type")
         });
         if is_key && p.peek_nth_token(n + 1).token == Token::Eq {
-            return text(&p.peek_nth_token(n + 2).token)
-                .is_some_and(|v| !v.eq_ignore_ascii_case("filesystem"));
+            return text(&p.peek_nth_token(n + 2).token).is_some_and(|v| {
+                let lookup = connectors.get(&v).is_ok_and(|c| c.is_lookup());
+                !v.eq_ignore_ascii_case("filesystem") && !lookup
+            });
         }
     }
     false

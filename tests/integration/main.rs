@@ -13,6 +13,7 @@ mod golden;
 mod joins;
 mod kafka;
 mod kafka_options;
+mod lookup;
 mod nexmark;
 mod no_silent_loss;
 mod pipelines;

@@ -34,6 +34,7 @@ const CRATES: &[(&str, &[&str])] = &[
     ("sluice-kafka", &["kafka-sink/src/lib.rs"]),
     ("sluice-sql", &["sql/src/lib.rs"]),
     ("sluice-nexmark", &["nexmark/src/lib.rs"]),
+    ("sluice-jdbc", &["jdbc/src/lib.rs"]),
     ("sluice", &["src/lib.rs", "src/main.rs"]),
 ];
 

@@ -221,24 +221,10 @@ pub struct ObjectStore {
 /// 19400) unless it runs, and returns how to reach it.
 pub async fn object_store() -> ObjectStore {
     let port = port_from_env("SLUICE_TEST_S3_PORT", 19400).to_string();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/s3proxy");
-    let run = move |command: &str| {
-        let out = Command::new(script)
-            .arg(command)
-            .env("SLUICE_S3_PORT", &port)
-            .output()
-            .expect("scripts/s3proxy runs");
-        assert!(
-            out.status.success(),
-            "scripts/s3proxy {command}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
     let env = tokio::task::spawn_blocking(move || {
-        run("start");
-        run("env")
+        let port = ("SLUICE_S3_PORT", port.as_str());
+        run_script("s3proxy", port, "start");
+        run_script("s3proxy", port, "env")
     })
     .await
     .unwrap();
@@ -262,6 +248,46 @@ pub async fn object_store() -> ObjectStore {
             .filter(|(k, _)| k.starts_with("AWS_"))
             .collect(),
     }
+}
+
+/// `scripts/<script> <command>` with `port` (its variable and value) set;
+/// its stdout, once it succeeded.
+fn run_script(script: &str, port: (&str, &str), command: &str) -> String {
+    let path = format!("{}/scripts/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(&path)
+        .arg(command)
+        .env(port.0, port.1)
+        .output()
+        .unwrap_or_else(|e| panic!("scripts/{script} runs: {e}"));
+    assert!(
+        out.status.success(),
+        "scripts/{script} {command}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Starts the tests' PostgreSQL (`scripts/postgres`) on
+/// `SLUICE_TEST_POSTGRES_PORT` (default 19600) unless it runs; returns its
+/// port and the URL clients use (`postgres://sluice:sluice@...`).
+pub async fn postgres() -> (u16, String) {
+    let port = port_from_env("SLUICE_TEST_POSTGRES_PORT", 19600);
+    let out = tokio::task::spawn_blocking(move || {
+        run_script(
+            "postgres",
+            ("SLUICE_POSTGRES_PORT", &port.to_string()),
+            "start",
+        )
+    })
+    .await
+    .unwrap();
+    let url = out.lines().last().unwrap_or_default().to_string();
+    assert!(
+        url.starts_with("postgres://"),
+        "scripts/postgres start said: {out}"
+    );
+    (port, url)
 }
 
 /// A Kafka stream of `topic` with columns [`schema`] and the extra
