@@ -77,6 +77,11 @@ pub struct OffsetRecord {
     pub sources: BTreeMap<String, SourceRange>,
 }
 
+/// Per input (keyed like the offsets), each partition's watermark as
+/// `(partition, ns)`, for the commit record (pairs, not a map: the record
+/// is read through `#[serde(flatten)]`, which keeps JSON keys strings).
+pub type PartitionWatermarks = BTreeMap<String, Vec<(u32, i64)>>;
+
 /// Epoch N committed: the one record of that fact.
 ///
 /// The checkpoint keeps it as `commits/N`; a sink that records its own
@@ -113,7 +118,7 @@ pub struct EpochCommit {
     /// Per input whose source names its partitions (Kafka's), each
     /// partition's watermark; the input's own is in `watermarks`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub partition_watermarks: crate::watermark::PartitionWatermarks,
+    pub partition_watermarks: PartitionWatermarks,
     /// Wall-clock time of the commit (ms since the Unix epoch).
     #[serde(default)]
     pub committed_at_ms: i64,

@@ -15,6 +15,7 @@ use datafusion::physical_expr::PhysicalExpr;
 
 use crate::error::{Result, SluiceError};
 use crate::source::Partitions;
+use crate::watermark::processing_time;
 
 /// A computed column as declared.
 ///
@@ -78,11 +79,16 @@ impl Computed {
             let logical = state
                 .create_logical_expr(&c.expression, &df_schema)
                 .map_err(|e| named(&e))?;
+            let proctime = processing_time::is_call(&logical);
             let physical = state
                 .create_physical_expr(logical, &df_schema)
                 .map_err(|e| named(&e))?;
             let data_type = physical.data_type(source).map_err(|e| named(&e))?;
-            fields.push(Field::new(&c.name, data_type, true));
+            let field = Field::new(&c.name, data_type, true);
+            fields.push(match proctime {
+                true => processing_time::mark_computed(field),
+                false => field,
+            });
             expressions.push(physical);
         }
         Ok(Some(Self {

@@ -73,7 +73,8 @@ mod watermark;
 mod window;
 
 pub use checkpoint::{
-    Checkpoint, EpochCommit, Metadata, OffsetRecord, SourceRange, FORMAT_VERSION,
+    Checkpoint, EpochCommit, Metadata, OffsetRecord, PartitionWatermarks, SourceRange,
+    FORMAT_VERSION,
 };
 pub use computed::ComputedColumn;
 pub use connector::{
@@ -113,7 +114,7 @@ pub use task::{TaskAssigner, TaskId, Tasks};
 pub use trigger::Trigger;
 pub use upsert::{DELETED as UPSERT_DELETED, KEY_METADATA as UPSERT_KEY_METADATA};
 pub use watermark::processing_time::columns as processing_time_columns;
-pub use watermark::{CurrentWatermark, PartitionWatermarks, Proctime, WatermarkSpec};
+pub use watermark::{CurrentWatermark, Proctime, WatermarkSpec};
 pub use window::Window;
 
 pub use datafusion;

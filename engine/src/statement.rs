@@ -17,6 +17,7 @@ use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::{collect_partitioned, execute_stream};
 use futures::StreamExt;
 
+use crate::checkpoint::PartitionWatermarks;
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::{AggregateConfig, AggregateOperator};
 use crate::operator::changelog_join::ChangelogJoinOperator;
@@ -32,7 +33,6 @@ use crate::planner::{IncrementalPlan, StageConfig};
 use crate::sink::{EpochOutput, Sink};
 use crate::state::chain::{Chain, SnapshotPolicy};
 use crate::table::EpochInput;
-use crate::watermark::PartitionWatermarks;
 
 /// One statement of a query: its plan, and its state.
 pub(crate) struct Statement {

@@ -39,6 +39,7 @@ use datafusion::arrow::compute::{cast, filter_record_batch, max, not};
 use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
 use datafusion::arrow::record_batch::RecordBatch;
 
+use crate::checkpoint::PartitionWatermarks;
 use crate::error::{Result, SluiceError};
 use crate::source::Partitions;
 
@@ -118,11 +119,6 @@ struct Tracked {
     /// Per partition of a source that names them, its own watermark.
     partitions: BTreeMap<u32, i64>,
 }
-
-/// Per input (keyed like the offsets), each partition's watermark as
-/// `(partition, ns)`, for the commit record (pairs, not a map: the record
-/// is read through `#[serde(flatten)]`, which keeps JSON keys strings).
-pub type PartitionWatermarks = BTreeMap<String, Vec<(u32, i64)>>;
 
 /// The watermarks of one query's inputs (nanoseconds since the Unix epoch).
 #[derive(Debug, Default)]

@@ -98,7 +98,7 @@ async fn a_lookup_join_asks_postgres_for_each_rows_key_as_the_table_is_when_its_
         &format!(
             "SET 'checkpoint.location' = '{cp}';\n\
              SET 'trigger' = 'available-now';\n\
-             CREATE TABLE orders (id BIGINT, customer BIGINT, amount BIGINT) \
+             CREATE TABLE orders (id BIGINT, customer BIGINT, amount BIGINT, p AS PROCTIME()) \
                WITH ('connector' = 'kafka', 'topic' = '{orders_topic}', \
                'properties.bootstrap.servers' = '{bootstrap}', 'format' = 'json', \
                'scan.startup.mode' = 'earliest-offset', 'max-records-per-epoch' = '40');\n\
@@ -110,8 +110,7 @@ async fn a_lookup_join_asks_postgres_for_each_rows_key_as_the_table_is_when_its_
              CREATE STREAM out WITH (connector = 'kafka', topic = '{output}', \
                'bootstrap.servers' = '{bootstrap}');\n\
              INSERT INTO out SELECT o.id, o.amount, c.name, c.tier \
-             FROM (SELECT *, PROCTIME() AS p FROM orders) AS o \
-               LEFT JOIN customers FOR SYSTEM_TIME AS OF o.p AS c \
+             FROM orders AS o LEFT JOIN customers FOR SYSTEM_TIME AS OF o.p AS c \
                ON o.customer = c.id AND c.tier <> 2;\n",
             cp = dir.path().join("cp").display()
         ),

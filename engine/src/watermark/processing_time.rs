@@ -28,14 +28,14 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::{DataType, TimeUnit};
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::{plan_err, ScalarValue};
+use datafusion::arrow::datatypes::{DataType, Field, TimeUnit};
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{plan_err, Column, ScalarValue};
 use datafusion::error::Result as DfResult;
 use datafusion::logical_expr::expr::ScalarFunction;
 use datafusion::logical_expr::{
-    ColumnarValue, Expr, LogicalPlan, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
-    Volatility,
+    ColumnarValue, Expr, LogicalPlan, LogicalPlanBuilder, ScalarFunctionArgs, ScalarUDF,
+    ScalarUDFImpl, Signature, TableScan, Volatility,
 };
 
 use super::current::give_own;
@@ -142,8 +142,62 @@ impl ScalarUDFImpl for Proctime {
 pub(crate) fn for_query(plan: LogicalPlan) -> Result<(LogicalPlan, Option<Arc<AtomicI64>>)> {
     let value = Arc::new(AtomicI64::new(WALL_CLOCK));
     let own = ScalarUDF::new_from_impl(Proctime::with_value(Arc::clone(&value)));
-    let (plan, calls) = give_own(plan, own)?;
+    let (plan, calls) = give_own(call_computed(plan)?, own)?;
     Ok((plan, (calls > 0).then_some(value)))
+}
+
+/// `plan` with each stream's computed `PROCTIME()` columns called above
+/// its scan: read, they would hold the wall clock of the read, not the
+/// epoch's planned time that [`for_query`] gives the calls.
+fn call_computed(plan: LogicalPlan) -> Result<LogicalPlan> {
+    let plan = plan.transform_up(|node| {
+        let LogicalPlan::TableScan(scan) = &node else {
+            return Ok(Transformed::no(node));
+        };
+        let names = computed(scan);
+        if names.is_empty() {
+            return Ok(Transformed::no(node));
+        }
+        let exprs: Vec<Expr> = scan
+            .projected_schema
+            .iter()
+            .map(|(qualifier, field)| {
+                let column = Column::new(qualifier.cloned(), field.name());
+                match names.contains(field.name()) {
+                    true => Proctime::call().alias_qualified(qualifier.cloned(), field.name()),
+                    false => Expr::Column(column),
+                }
+            })
+            .collect();
+        let projected = LogicalPlanBuilder::from(node).project(exprs)?.build()?;
+        Ok(Transformed::yes(projected))
+    })?;
+    Ok(plan.data)
+}
+
+/// The metadata that marks a stream's column computed as `PROCTIME()`.
+const COMPUTED_METADATA: &str = "sluice.proctime";
+
+/// `field`, a stream's column computed as `PROCTIME()`, marked so.
+pub(crate) fn mark_computed(field: Field) -> Field {
+    let mut metadata = field.metadata().clone();
+    metadata.insert(COMPUTED_METADATA.into(), "true".into());
+    field.with_metadata(metadata)
+}
+
+/// Whether `expr` is a `PROCTIME()` call.
+pub(crate) fn is_call(expr: &Expr) -> bool {
+    matches!(expr, Expr::ScalarFunction(f) if f.func.name() == NAME)
+}
+
+/// The computed `PROCTIME()` columns `scan` reads.
+fn computed(scan: &TableScan) -> Vec<String> {
+    scan.projected_schema
+        .fields()
+        .iter()
+        .filter(|f| f.metadata().contains_key(COMPUTED_METADATA))
+        .map(|f| f.name().clone())
+        .collect()
 }
 
 /// Gives a query's `PROCTIME()` the time its epoch was planned (ms since
@@ -153,8 +207,9 @@ pub(crate) fn set(value: &AtomicI64, planned_at_ms: i64) {
 }
 
 /// The columns of `plan` that are a `PROCTIME()` call under a name (`SELECT
-/// *, PROCTIME() AS p_time FROM s`): the processing-time attributes a
-/// window may be over, or a lookup join be as of.
+/// *, PROCTIME() AS p_time FROM s`, or a stream's computed column `p_time
+/// AS PROCTIME()`): the processing-time attributes a window may be over,
+/// or a lookup join be as of.
 ///
 /// ```
 /// # use sluice_engine::datafusion::prelude::*;
@@ -170,11 +225,13 @@ pub(crate) fn set(value: &AtomicI64, planned_at_ms: i64) {
 pub fn columns(plan: &LogicalPlan) -> Vec<String> {
     let mut names = Vec::new();
     let _ = plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            names.extend(computed(scan));
+        }
         if let LogicalPlan::Projection(p) = node {
             for e in &p.expr {
                 if let Expr::Alias(alias) = e {
-                    if matches!(alias.expr.as_ref(), Expr::ScalarFunction(f) if f.func.name() == NAME)
-                    {
+                    if is_call(&alias.expr) {
                         names.push(alias.name.clone());
                     }
                 }
@@ -183,4 +240,41 @@ pub fn columns(plan: &LogicalPlan) -> Vec<String> {
         Ok(TreeNodeRecursion::Continue)
     });
     names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::Schema;
+    use datafusion::datasource::{provider_as_source, MemTable};
+
+    #[test]
+    fn a_streams_computed_proctime_column_is_called_with_the_querys_own_time() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            mark_computed(Field::new(
+                "p",
+                DataType::Timestamp(TimeUnit::Millisecond, None),
+                true,
+            )),
+        ]));
+        let table = MemTable::try_new(schema, vec![vec![]]).unwrap();
+        let scan = LogicalPlanBuilder::scan("orders", provider_as_source(Arc::new(table)), None)
+            .unwrap()
+            .build()
+            .unwrap();
+        assert_eq!(columns(&scan), ["p"]);
+        let (plan, value) = for_query(scan).unwrap();
+        let value = value.expect("the computed column is a call of the query's PROCTIME()");
+        set(&value, 1_234);
+        // The scan's column is replaced above it by the call, same name.
+        let LogicalPlan::Projection(p) = &plan else {
+            panic!("{plan}");
+        };
+        assert_eq!(p.schema.field(1).name(), "p");
+        assert!(
+            matches!(&p.expr[1], Expr::Alias(a) if is_call(&a.expr)),
+            "{plan}"
+        );
+    }
 }
