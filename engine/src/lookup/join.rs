@@ -107,13 +107,10 @@ struct Lookup {
 impl LookupJoinExec {
     /// The lookup join `join` is, if one of its sides reads a lookup table.
     fn try_new(join: &HashJoinExec) -> DfResult<Option<Self>> {
-        let (probe_is_left, lookup_side) = match (scan_of(&join.left), scan_of(&join.right)) {
-            (None, Some(_)) => (true, Arc::clone(&join.right)),
-            (Some(_), None) => (false, Arc::clone(&join.left)),
+        let (probe_is_left, lookup_side, scan) = match (scan_of(&join.left), scan_of(&join.right)) {
+            (None, Some(scan)) => (true, Arc::clone(&join.right), scan),
+            (Some(scan), None) => (false, Arc::clone(&join.left), scan),
             _ => return Ok(None),
-        };
-        let Some(scan) = scan_of(&lookup_side) else {
-            return Ok(None);
         };
         let table = &scan.table.name;
         let keeps_probe = match join.join_type {
