@@ -140,9 +140,10 @@ BIDS_BIDDERS_AUCTIONS_BY_PRICE = (
 # watermark); q10 writes Spark's partitioned CSV file sink; q13 joins the
 # side-input CSV file (--side-input) as a static table, Spark's
 # stream-static join, as FOR SYSTEM_TIME AS OF a processing time is in
-# Sluice. Spark refuses to stream q4, q9, q15,
-# q16, q18 and q19 (a join feeding an aggregation, count(DISTINCT),
-# ROW_NUMBER): they run once as batch jobs, and the report says why.
+# Sluice. Spark refuses to stream q4, q6, q9, q15,
+# q16, q18 and q19 (a join feeding an aggregation, an OVER window,
+# count(DISTINCT), ROW_NUMBER): they run once as batch jobs, and the report
+# says why.
 FLINK_QUERIES = {
     "q0": "SELECT auction, bidder, price, dateTime, extra FROM bid",
     "q1": "SELECT auction, bidder, 0.908 * price AS price, dateTime, extra FROM bid",
@@ -158,6 +159,11 @@ FLINK_QUERIES = {
           "SELECT c.auction, c.num FROM c "
           "JOIN (SELECT window, max(num) AS maxn FROM c GROUP BY window) m "
           "ON c.window = m.window AND c.num >= m.maxn",
+    "q6": "SELECT Q.seller, avg(Q.final) OVER (PARTITION BY Q.seller ORDER BY Q.dateTime "
+          "ROWS BETWEEN 10 PRECEDING AND CURRENT ROW) AS avg_price FROM ("
+          "SELECT max(B.price) AS final, A.seller, A.expires AS dateTime FROM auction A "
+          "JOIN bid B ON A.id = B.auction AND B.dateTime BETWEEN A.dateTime AND A.expires "
+          "GROUP BY A.id, A.seller, A.expires) Q",
     "q7": "SELECT B.auction, B.price, B.bidder, B.dateTime, B.extra FROM bid B "
           "JOIN (SELECT window.end AS window_end, max(price) AS maxprice FROM bid "
           "GROUP BY window(dateTime, '10 seconds')) B1 ON B.price = B1.maxprice "

@@ -195,6 +195,7 @@ fn json(record: &ReadRecord) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_through_kill_9() {
+    let _one_at_a_time = crate::util::MANY_TASKS.lock().await;
     let d = Divided::new().await;
     produce_keyed(&d.bootstrap, &d.input, 0..RECORDS);
     let sql = d.sql("per-partition", &key_from_value());
@@ -466,6 +467,7 @@ async fn complete(d: &Divided) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processes_of_one_query_share_its_tasks_through_the_kafka_group_and_take_over_the_killed_ones(
 ) {
+    let _one_at_a_time = crate::util::MANY_TASKS.lock().await;
     let d = Divided::new().await;
     share_and_take_over(&d).await;
 }
@@ -475,6 +477,7 @@ async fn processes_of_one_query_share_its_tasks_through_the_kafka_group_and_take
 /// `sluice checkpoint inspect` reads every task back from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_from_there() {
+    let _one_at_a_time = crate::util::MANY_TASKS.lock().await;
     let mut d = Divided::new().await;
     let s3 = crate::util::object_store().await;
     let prefix = fresh_topic("tasks-checkpoints");

@@ -200,6 +200,12 @@ pub fn port_from_env(var: &str, default: u16) -> u16 {
 }
 
 /// The tests' Kafka broker's bootstrap address, starting it if needed.
+/// Held by the tests whose Sluice processes run many transactions at once
+/// (a query divided into tasks, a task group of several processes), one
+/// such test at a time: two side by side on a 2-core machine once starved
+/// the broker until creating a topic timed out.
+pub static MANY_TASKS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub async fn broker() -> String {
     tokio::task::spawn_blocking(|| sluice::broker::ensure_broker_on(test_broker_port()))
         .await

@@ -131,6 +131,49 @@ impl TimeBounds {
     pub(crate) fn expiry_columns(&self) -> [&Column; 2] {
         [&self.lower.left, &self.upper.right]
     }
+
+    /// The columns that close the joined rows carrying them, each with
+    /// `to_end`: no joined row still to come carries a value `c` with `c +
+    /// to_end <= W` (the watermark). So an aggregation grouped by one
+    /// (Nexmark q6's `A.expires` under `B.ts BETWEEN A.ts AND A.expires`)
+    /// has final groups, as a window does.
+    ///
+    /// A pair still to come has a new right row, whose time column `y` is
+    /// at least `W - lower.to_end`, or a new left row, whose `x` (the
+    /// upper bound's left column) is at least `W - upper.to_end`. Where
+    /// the two halves bound the same right column, a new left row meets
+    /// only right rows with `y >= x - hi`: every pair to come has `y >= W -
+    /// dy`. Then the lower bound's left column `x'` (`x' - y >= lo`) is at
+    /// least `W - dy + lo`. The same from the other side gives `dx` and
+    /// the upper bound's right column.
+    pub(crate) fn closing_columns(&self) -> Vec<(&Column, i64)> {
+        let (lower, upper) = (&self.lower, &self.upper);
+        let mut behind: Vec<(&Column, i64)> = Vec::new();
+        if lower.right == upper.right {
+            let dy = lower
+                .to_end_ns
+                .max(upper.to_end_ns.saturating_add(upper.ns));
+            behind.push((&lower.right, dy));
+            behind.push((&lower.left, dy.saturating_sub(lower.ns)));
+        }
+        if lower.left == upper.left {
+            let dx = upper
+                .to_end_ns
+                .max(lower.to_end_ns.saturating_sub(lower.ns));
+            behind.push((&upper.left, dx));
+            behind.push((&upper.right, dx.saturating_add(upper.ns)));
+        }
+        // A column closed both ways closes at the earlier.
+        let mut closing: Vec<(&Column, i64)> = Vec::new();
+        for (c, d) in behind {
+            let to_end = d.saturating_add(1);
+            match closing.iter_mut().find(|(k, _)| *k == c) {
+                Some(found) => found.1 = found.1.min(to_end),
+                None => closing.push((c, to_end)),
+            }
+        }
+        closing
+    }
 }
 
 /// What does not change while the query runs.
@@ -788,5 +831,56 @@ fn interval_ns(e: &Expr) -> Option<i64> {
             Some(v.days as i64 * 86_400_000_000_000 + v.milliseconds as i64 * 1_000_000)
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bound(left: &str, right: &str, ns: i64) -> Bound {
+        Bound {
+            left: Column::from_qualified_name(left),
+            right: Column::from_qualified_name(right),
+            ns,
+            to_end_ns: 0,
+        }
+    }
+
+    fn closing(bounds: &TimeBounds) -> Vec<(String, i64)> {
+        bounds
+            .closing_columns()
+            .into_iter()
+            .map(|(c, ns)| (c.flat_name(), ns))
+            .collect()
+    }
+
+    #[test]
+    fn an_expiry_closes_its_pairs_once_the_watermark_passes_it() {
+        // b.ts BETWEEN a.ts AND a.expires (Nexmark q4 and q6).
+        let bounds = TimeBounds {
+            lower: bound("a.expires", "b.ts", 0),
+            upper: bound("a.ts", "b.ts", 0),
+        };
+        assert_eq!(
+            closing(&bounds),
+            [("b.ts".to_string(), 1), ("a.expires".to_string(), 1)]
+        );
+    }
+
+    #[test]
+    fn a_left_time_column_closes_only_after_the_bound_lets_a_right_row_reach_it() {
+        // b.ts BETWEEN a.ts AND a.ts + 10 s: a kept `a` row meets bids up to
+        // 10 s after it, so a pair to come has `a.ts` up to 10 s behind the
+        // watermark; a bid's time is never behind it.
+        const TEN_S: i64 = 10_000_000_000;
+        let bounds = TimeBounds {
+            lower: bound("a.ts", "b.ts", -TEN_S),
+            upper: bound("a.ts", "b.ts", 0),
+        };
+        assert_eq!(
+            closing(&bounds),
+            [("b.ts".to_string(), 1), ("a.ts".to_string(), TEN_S + 1)]
+        );
     }
 }

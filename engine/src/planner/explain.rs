@@ -217,13 +217,13 @@ fn explain_aggregate(out: &mut String, header: &str, agg: &AggregateConfig, mode
                 "  event-time windows on '{}': a window's group is final when the watermark \
                  reaches {key}{}; {} then evicted\n",
                 w.time_column,
-                if w.to_end_ns == 0 {
-                    String::new()
-                } else {
-                    format!(
-                        " + {:?}",
-                        std::time::Duration::from_nanos(w.to_end_ns as u64)
-                    )
+                match w.to_end_ns {
+                    0 => String::new(),
+                    ns => format!(
+                        " {} {:?}",
+                        if ns < 0 { '-' } else { '+' },
+                        std::time::Duration::from_nanos(ns.unsigned_abs())
+                    ),
                 },
                 if mode == OutputMode::Append {
                     "emitted once and"

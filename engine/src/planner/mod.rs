@@ -46,6 +46,7 @@ use crate::watermark::WatermarkTracker;
 
 mod bind;
 mod check;
+mod closing;
 mod explain;
 mod over;
 mod rank;
@@ -366,8 +367,8 @@ pub(crate) fn plan_query(
     };
     let unsplit = logical.clone();
     let temporal = temporal::split_temporal(&logical)?;
-    let (logical, mut stages) = match temporal {
-        Some(_) => (logical, Vec::new()),
+    let (logical, mut stages, joins) = match temporal {
+        Some(_) => (logical, Vec::new(), closing::JoinStages::default()),
         None => split_stages(logical, &watermarked)?,
     };
     let unsplit = (!stages.is_empty()).then_some(unsplit);
@@ -386,6 +387,10 @@ pub(crate) fn plan_query(
         Some(_) => None,
         None => split_aggregate(&logical, mode, dedup, &watermarked)?,
     };
+    let mode = match &mut aggregate {
+        Some(a) => closing::close_over_joins(a, &joins, requested)?,
+        None => mode,
+    };
     let join = match (&aggregate, &temporal) {
         (None, None) => split_join(&logical, &logical, &watermarked, true)?,
         _ => None,
@@ -402,7 +407,7 @@ pub(crate) fn plan_query(
         output_schema
     };
     let over = match (&rank, &aggregate, &join, &temporal) {
-        (None, None, None, None) => split_over(&logical, &watermarked)?,
+        (None, None, None, None) => split_over(&logical, &watermarked, &stages)?,
         _ => None,
     };
     let key_columns = output_key(upsert.as_ref(), rank_key, aggregate.as_ref(), join.as_ref());

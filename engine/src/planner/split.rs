@@ -14,6 +14,7 @@ use datafusion::common::{Column, DFSchema, JoinType};
 use datafusion::logical_expr::{Expr, Join, LogicalPlan, LogicalPlanBuilder, Window};
 
 use super::check::{emits_changes, reads_stream, streaming_nodes, STAGE_OUTPUT};
+use super::closing::{arrives_in_order, JoinStages};
 use super::over::over_reach;
 use super::rank::{rank_function, top_ns, trace, window_problem};
 use super::{Stage, StageConfig};
@@ -63,16 +64,19 @@ fn stateful_nodes(plan: &LogicalPlan) -> Vec<&LogicalPlan> {
 /// the operator above takes each as a new row. An aggregation without a
 /// window changes its rows every epoch: it emits a changelog, which only an
 /// aggregation can read (see [`over_changelog`]); under a join it is
-/// refused.
+/// refused. An aggregation over a join closes its groups only by a column
+/// the join's bound closes (see `closing`): the join stages are returned
+/// for the last operator's sake.
 pub(super) fn split_stages(
     mut plan: LogicalPlan,
     watermarked: &[String],
-) -> Result<(LogicalPlan, Vec<Stage>)> {
+) -> Result<(LogicalPlan, Vec<Stage>, JoinStages)> {
     let mut stages = Vec::new();
+    let mut joins = JoinStages::default();
     loop {
         let nodes = stateful_nodes(&plan);
         if nodes.len() <= 1 {
-            return Ok((plan, stages));
+            return Ok((plan, stages, joins));
         }
         // Pre-order: the last node has no stateful node below it.
         let inner = nodes[nodes.len() - 1];
@@ -117,8 +121,9 @@ pub(super) fn split_stages(
             }
             _ => {
                 let vanished = || SluiceError::Internal("a stage's aggregate vanished".into());
-                let agg = split_aggregate(&child, OutputMode::Append, false, watermarked)?
+                let mut agg = split_aggregate(&child, OutputMode::Append, false, watermarked)?
                     .ok_or_else(vanished)?;
+                agg.window = joins.window_key(&agg);
                 if agg.window.is_some() {
                     (StageConfig::Aggregate(Box::new(agg)), false)
                 } else {
@@ -137,6 +142,9 @@ pub(super) fn split_stages(
             changelog_link(&name, &parent, &child, &keys)?
         } else {
             let (scan, link) = batches_scan(&name, child.schema(), &[])?;
+            if let StageConfig::Join(join) = &config {
+                joins.add(join, inner, child.schema(), &link);
+            }
             (link, child, scan)
         };
         plan = plan
@@ -642,7 +650,7 @@ fn changelog_join(
 }
 
 /// The table name the query after a join reads its rows under.
-const JOIN_OUTPUT: &str = "__sluice_join";
+pub(super) const JOIN_OUTPUT: &str = "__sluice_join";
 
 /// Whether `node` scans a changelog: a Debezium stream, or rows a stage
 /// signs.
@@ -763,7 +771,7 @@ fn side_key(side: &LogicalPlan) -> Vec<Column> {
 /// The column of a stateful operator's output (read through the scan
 /// named `scan`, see [`cut_at`]) that column `i` of `plan` passes on
 /// unchanged, if any.
-fn origin(plan: &LogicalPlan, i: usize, scan: &str) -> Option<usize> {
+pub(super) fn origin(plan: &LogicalPlan, i: usize, scan: &str) -> Option<usize> {
     match plan {
         LogicalPlan::Projection(p) => {
             if let LogicalPlan::TableScan(s) = p.input.as_ref() {
@@ -787,7 +795,12 @@ fn origin(plan: &LogicalPlan, i: usize, scan: &str) -> Option<usize> {
 
 /// The OVER aggregation of `plan` (not a Top-N's window), cut out: its
 /// input, the window over the rows the operator hands it, and the tail.
-pub(super) fn split_over(plan: &LogicalPlan, watermarked: &[String]) -> Result<Option<OverConfig>> {
+/// `stages` are those under it.
+pub(super) fn split_over(
+    plan: &LogicalPlan,
+    watermarked: &[String],
+    stages: &[Stage],
+) -> Result<Option<OverConfig>> {
     let Some(node) = streaming_nodes(plan)
         .into_iter()
         .find(|n| matches!(n, LogicalPlan::Window(_)))
@@ -802,28 +815,6 @@ pub(super) fn split_over(plan: &LogicalPlan, watermarked: &[String]) -> Result<O
         SluiceError::plan(format!("this query cannot run on a stream: it {problem}"))
     })?;
     let input = w.input.schema();
-    // A stateful operator's rows may arrive behind the watermark (an
-    // interval join pairs a new row with a buffered one), which would
-    // change rows already emitted.
-    let over_stage = w.input.exists(|n| {
-        Ok(matches!(n, LogicalPlan::TableScan(s) if s.table_name.table().starts_with(STAGE_OUTPUT)))
-    })?;
-    if over_stage {
-        return Err(SluiceError::plan(
-            "this query cannot run on a stream: it computes an OVER window over another \
-             stateful operator (an aggregation or a join), whose rows may arrive behind the \
-             watermark; write that operator's output to a stream and compute the OVER window \
-             over it",
-        ));
-    }
-    if input.fields().iter().any(|f| f.name() == SIGN) {
-        return Err(SluiceError::plan(
-            "this query cannot run on a stream: it computes an OVER window over rows that \
-             change (an aggregation without a window, a join over changes, a Debezium or \
-             upsert stream), which Sluice does not run yet; OVER windows read append-only \
-             rows",
-        ));
-    }
     let column = |e: &Expr| match e {
         Expr::Column(c) => Ok(input.index_of_column(c)?),
         other => Err(SluiceError::Internal(format!(
@@ -837,12 +828,6 @@ pub(super) fn split_over(plan: &LogicalPlan, watermarked: &[String]) -> Result<O
     else {
         return Err(SluiceError::Internal("an OVER window vanished".into()));
     };
-    let partitions = f
-        .params
-        .partition_by
-        .iter()
-        .map(column)
-        .collect::<Result<Vec<_>>>()?;
     let time = match f.params.order_by.first() {
         Some(o) => column(&o.expr)?,
         None => {
@@ -851,6 +836,36 @@ pub(super) fn split_over(plan: &LogicalPlan, watermarked: &[String]) -> Result<O
             ))
         }
     };
+    // A stateful operator's rows may arrive behind the watermark (an
+    // interval join pairs a new row with a buffered one), which would
+    // change rows already emitted; an aggregation whose groups close
+    // emits them in the order of the key that closes them.
+    let over_stage = w.input.exists(|n| {
+        Ok(matches!(n, LogicalPlan::TableScan(s) if s.table_name.table().starts_with(STAGE_OUTPUT)))
+    })?;
+    if over_stage && !arrives_in_order(&w.input, time, stages) {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: it computes an OVER window over another \
+             stateful operator (an aggregation or a join), whose rows may arrive behind the \
+             watermark; order the window by the window bound of an aggregation under it (or \
+             by a column an interval join's bound closes, which it groups by), or write that \
+             operator's output to a stream and compute the OVER window over it",
+        ));
+    }
+    if input.fields().iter().any(|f| f.name() == SIGN) {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: it computes an OVER window over rows that \
+             change (an aggregation without a window, a join over changes, a Debezium or \
+             upsert stream), which Sluice does not run yet; OVER windows read append-only \
+             rows",
+        ));
+    }
+    let partitions = f
+        .params
+        .partition_by
+        .iter()
+        .map(column)
+        .collect::<Result<Vec<_>>>()?;
     let emit = Field::new(OVER_EMIT, DataType::Boolean, false);
     let (scan, rows) = batches_scan(OVER_ROWS, input, &[emit])?;
     let window = LogicalPlan::Window(Window::try_new(w.window_expr.clone(), Arc::new(scan))?);
