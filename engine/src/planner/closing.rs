@@ -23,7 +23,7 @@ use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::{Column, DFSchema};
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
-use super::split::{origin, AGGREGATE_OUTPUT, JOIN_OUTPUT};
+use super::outputs::{origin, AGGREGATE_OUTPUT, JOIN_OUTPUT};
 use super::{Stage, StageConfig};
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::AggregateConfig;

@@ -48,6 +48,7 @@ mod bind;
 mod check;
 mod closing;
 mod explain;
+mod outputs;
 mod over;
 mod rank;
 mod split;

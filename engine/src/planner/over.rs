@@ -9,6 +9,8 @@ use datafusion::logical_expr::{
     Expr, Window, WindowFrameBound, WindowFrameUnits, WindowFunctionDefinition,
 };
 
+use crate::window::time_offset;
+
 /// How far back an OVER window's frames reach.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Reach {
@@ -98,8 +100,17 @@ pub(super) fn over_reach(w: &Window, watermarked: &[String]) -> Result<Reach, St
              partition by its name"
         ));
     }
+    // An event-time column, or a window's bound (an aggregation above a
+    // window emits its groups in the bound's order, see `closing`).
+    let is_time = |c: &datafusion::common::Column| {
+        watermarked.contains(&c.name)
+            || w.input
+                .schema()
+                .qualified_field_from_column(c)
+                .is_ok_and(|(_, f)| time_offset(f, watermarked).is_some())
+    };
     match order_by.as_slice() {
-        [o] if o.asc && matches!(&o.expr, Expr::Column(c) if watermarked.contains(&c.name)) => {}
+        [o] if o.asc && matches!(&o.expr, Expr::Column(c) if is_time(c)) => {}
         _ => {
             return Err(
                 "orders an OVER window by something other than one watermarked \

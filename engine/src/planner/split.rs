@@ -15,6 +15,7 @@ use datafusion::logical_expr::{Expr, Join, LogicalPlan, LogicalPlanBuilder, Wind
 
 use super::check::{emits_changes, reads_stream, streaming_nodes, STAGE_OUTPUT};
 use super::closing::{arrives_in_order, JoinStages};
+use super::outputs::{origin, AGGREGATE_OUTPUT, JOIN_OUTPUT};
 use super::over::over_reach;
 use super::rank::{rank_function, top_ns, trace, window_problem};
 use super::{Stage, StageConfig};
@@ -301,9 +302,6 @@ pub(super) fn group_key_columns(agg: &AggregateConfig) -> Vec<String> {
         Vec::new()
     }
 }
-
-/// The table name the query after an aggregate reads its output under.
-pub(super) const AGGREGATE_OUTPUT: &str = "__sluice_aggregate";
 
 /// Splits `plan` at its `Aggregate`: the aggregate itself, and the tail
 /// after it reading the aggregate's values from an [`EpochBatches`].
@@ -649,9 +647,6 @@ fn changelog_join(
     })
 }
 
-/// The table name the query after a join reads its rows under.
-pub(super) const JOIN_OUTPUT: &str = "__sluice_join";
-
 /// Whether `node` scans a changelog: a Debezium stream, or rows a stage
 /// signs.
 fn is_changelog_scan(node: &LogicalPlan) -> bool {
@@ -766,31 +761,6 @@ fn side_key(side: &LogicalPlan) -> Vec<Column> {
         return Vec::new();
     }
     keys
-}
-
-/// The column of a stateful operator's output (read through the scan
-/// named `scan`, see [`cut_at`]) that column `i` of `plan` passes on
-/// unchanged, if any.
-pub(super) fn origin(plan: &LogicalPlan, i: usize, scan: &str) -> Option<usize> {
-    match plan {
-        LogicalPlan::Projection(p) => {
-            if let LogicalPlan::TableScan(s) = p.input.as_ref() {
-                if s.table_name.table() == scan {
-                    return Some(i);
-                }
-            }
-            let Expr::Column(c) = p.expr.get(i)?.clone().unalias_nested().data else {
-                return None;
-            };
-            let at = p.input.schema().index_of_column(&c).ok()?;
-            origin(&p.input, at, scan)
-        }
-        LogicalPlan::Filter(_)
-        | LogicalPlan::Sort(_)
-        | LogicalPlan::Limit(_)
-        | LogicalPlan::SubqueryAlias(_) => origin(plan.inputs()[0], i, scan),
-        _ => None,
-    }
 }
 
 /// The OVER aggregation of `plan` (not a Top-N's window), cut out: its
