@@ -9,7 +9,8 @@
 //!
 //! - [`aggregate`]: GROUP BY, windowed aggregation and deduplication, through
 //!   DataFusion's accumulators, over a [`KeyedState`](crate::KeyedState);
-//! - [`join`]: stream–stream joins, interval-bounded or not;
+//! - [`join`]: stream–stream joins, interval-bounded or not (the bound:
+//!   [`time_bounds`]);
 //! - [`changelog_join`]: joins whose inputs change (aggregations, Debezium
 //!   and upsert streams) and outer joins without a time bound;
 //! - [`normalize`]: an upsert stream's rows as a changelog (each key's
@@ -54,6 +55,7 @@ pub(crate) mod over;
 pub(crate) mod pipeline;
 pub(crate) mod rank;
 pub(crate) mod temporal_join;
+pub(crate) mod time_bounds;
 
 /// Row `i` of `batch` as a table, for an error message.
 pub(crate) fn row_text(batch: &datafusion::arrow::record_batch::RecordBatch, i: usize) -> String {

@@ -11,7 +11,7 @@ use super::over::over_reach;
 use super::rank::{top_ns, window_problem};
 use crate::error::{Result, SluiceError};
 use crate::operator::changelog::SIGN;
-use crate::operator::join::time_bounds;
+use crate::operator::time_bounds::time_bounds;
 use crate::output_mode::OutputMode;
 use crate::table::as_stream_table;
 use crate::upsert::DELETED;

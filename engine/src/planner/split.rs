@@ -22,13 +22,12 @@ use super::{Stage, StageConfig};
 use crate::error::{Result, SluiceError};
 use crate::operator::aggregate::AggregateConfig;
 use crate::operator::changelog::{counts_live_rows, over_changelog, SIGN};
-use crate::operator::join::{
-    is_time_column, left_state_fields, time_bounds, ChangelogSides, JoinConfig, JoinEmit,
-};
+use crate::operator::join::{left_state_fields, ChangelogSides, JoinConfig, JoinEmit};
 use crate::operator::normalize::NormalizeConfig;
 use crate::operator::over::OverConfig;
 use crate::operator::rank::{RankConfig, RankFunction};
 use crate::operator::sort_options;
+use crate::operator::time_bounds::{is_time_column, time_bounds};
 use crate::output_mode::OutputMode;
 use crate::table::EpochBatches;
 use crate::upsert::{is_upsert_scan, DELETED, KEY_METADATA};
