@@ -17,6 +17,11 @@ use crate::error::{Result, SluiceError};
 use crate::source::Partitions;
 use crate::watermark::processing_time;
 
+/// The field metadata key of a computed column: the source's columns its
+/// expression reads, comma-separated (the planner asks where a column's
+/// values come from, e.g. whether a deletion carries a version's time).
+pub(crate) const COMPUTED_FROM: &str = "sluice.computed.from";
+
 /// A computed column as declared.
 ///
 /// ```
@@ -80,11 +85,22 @@ impl Computed {
                 .create_logical_expr(&c.expression, &df_schema)
                 .map_err(|e| named(&e))?;
             let proctime = processing_time::is_call(&logical);
+            let mut reads: Vec<String> = logical
+                .column_refs()
+                .into_iter()
+                .map(|c| c.name.clone())
+                .collect();
+            reads.sort();
+            reads.dedup();
             let physical = state
                 .create_physical_expr(logical, &df_schema)
                 .map_err(|e| named(&e))?;
             let data_type = physical.data_type(source).map_err(|e| named(&e))?;
-            let field = Field::new(&c.name, data_type, true);
+            let field = Field::new(&c.name, data_type, true).with_metadata(
+                [(COMPUTED_FROM.to_string(), reads.join(","))]
+                    .into_iter()
+                    .collect(),
+            );
             fields.push(match proctime {
                 true => processing_time::mark_computed(field),
                 false => field,

@@ -4,7 +4,8 @@
 //! Such a source marks its key columns in their field metadata
 //! ([`KEY_METADATA`]) and each row with [`DELETED`]: `false` for a key's
 //! new value, `true` for its deletion (the key columns set, the others
-//! null). It gives at most one row per key per epoch, the last.
+//! null). It gives every record as a row, in the order of its partition:
+//! a key may change several times in one epoch, and its last row decides.
 //!
 //! A query over it keeps the keys and their values as they are, and is a
 //! stateless view of the table: [`plan`] carries the marker through its
@@ -159,34 +160,7 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
     if let Some(problem) = problem {
         return Err(problem);
     }
-    // Each projection passes the marker on; each filter marks what it
-    // would drop.
-    let carried = plan
-        .clone()
-        .transform_up(|p| {
-            if let LogicalPlan::Filter(filter) = &p {
-                return Ok(Transformed::yes(deleting(filter)?));
-            }
-            let LogicalPlan::Projection(projection) = &p else {
-                return Ok(Transformed::no(p));
-            };
-            if projection
-                .schema
-                .field_with_unqualified_name(DELETED)
-                .is_ok()
-            {
-                return Ok(Transformed::no(p));
-            }
-            let (qualifier, field) = projection
-                .input
-                .schema()
-                .qualified_field_with_unqualified_name(DELETED)?;
-            let mut exprs = projection.expr.clone();
-            exprs.push(Expr::Column(Column::new(qualifier.cloned(), field.name())));
-            let projection = Projection::try_new(exprs, Arc::clone(&projection.input))?;
-            Ok(Transformed::yes(LogicalPlan::Projection(projection)))
-        })?
-        .data;
+    let carried = carry_marker(plan.clone())?;
     let output = carried.schema().as_arrow().clone();
     let marker = output.index_of(DELETED)?;
     let rest: Vec<usize> = (0..output.fields().len())
@@ -224,6 +198,37 @@ pub(crate) fn plan(plan: &LogicalPlan) -> Result<Option<(LogicalPlan, UpsertOutp
             key_columns,
         },
     )))
+}
+
+/// `plan` (projections and filters over upsert streams) with [`DELETED`]
+/// carried to its output: each projection passes the marker on, and each
+/// filter marks what it would drop as its key's deletion.
+pub(crate) fn carry_marker(plan: LogicalPlan) -> Result<LogicalPlan> {
+    Ok(plan
+        .transform_up(|p| {
+            if let LogicalPlan::Filter(filter) = &p {
+                return Ok(Transformed::yes(deleting(filter)?));
+            }
+            let LogicalPlan::Projection(projection) = &p else {
+                return Ok(Transformed::no(p));
+            };
+            if projection
+                .schema
+                .field_with_unqualified_name(DELETED)
+                .is_ok()
+            {
+                return Ok(Transformed::no(p));
+            }
+            let (qualifier, field) = projection
+                .input
+                .schema()
+                .qualified_field_with_unqualified_name(DELETED)?;
+            let mut exprs = projection.expr.clone();
+            exprs.push(Expr::Column(Column::new(qualifier.cloned(), field.name())));
+            let projection = Projection::try_new(exprs, Arc::clone(&projection.input))?;
+            Ok(Transformed::yes(LogicalPlan::Projection(projection)))
+        })?
+        .data)
 }
 
 /// A filter over an upsert stream as the projection that passes every row

@@ -117,18 +117,34 @@ fn keyed(events: &[Option<String>]) -> Vec<(String, Option<String>)> {
 
 /// Sends `(key, value)` records (no value: a tombstone), in order.
 pub(crate) fn send_keyed(bootstrap: &str, topic: &str, records: &[(String, Option<String>)]) {
+    let records: Vec<_> = records
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone(), None))
+        .collect();
+    send_keyed_at(bootstrap, topic, &records);
+}
+
+/// Sends `(key, value, timestamp ms)` records (no value: a tombstone; no
+/// timestamp: the producer's clock), in order.
+pub(crate) fn send_keyed_at(
+    bootstrap: &str,
+    topic: &str,
+    records: &[(String, Option<String>, Option<i64>)],
+) {
     use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
     let producer: ThreadedProducer<DefaultProducerContext> = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("enable.idempotence", "true")
         .create()
         .unwrap();
-    for (key, value) in records {
-        let record = BaseRecord::<String, str>::to(topic).key(key);
-        let record = match value {
-            Some(v) => record.payload(v.as_str()),
-            None => record,
-        };
+    for (key, value, timestamp) in records {
+        let mut record = BaseRecord::<String, str>::to(topic).key(key);
+        if let Some(v) = value {
+            record = record.payload(v.as_str());
+        }
+        if let Some(t) = timestamp {
+            record = record.timestamp(*t);
+        }
         producer.send(record).map_err(|(e, _)| e).unwrap();
     }
     producer.flush(Duration::from_secs(30)).unwrap();

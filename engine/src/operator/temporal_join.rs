@@ -10,7 +10,13 @@
 //! ```
 //!
 //! The versioned side is a stream whose rows are each a new version of
-//! their key (the join's equality columns), at its event time. A probe
+//! their key (the join's equality columns), at its event time; or an
+//! upsert stream or Debezium changelog, whose deletions (a tombstone, a
+//! row taken back) end their key's versions at their time, so that a
+//! probe row after a deletion finds no version until the next. A
+//! deletion and a version at the same time take effect in the order they
+//! were read (a Debezium update's old row taken back, then its new row
+//! added, leaves the new one). A probe
 //! row's answer is final once no version at or before its time can still
 //! arrive: when the query's watermark W (the least of both sides') passes
 //! it, since later rows of either side are at W or after it (older ones
@@ -21,8 +27,9 @@
 //! 2. the pending rows before W are joined, each with its key's latest
 //!    version at or before its time (an inner join drops a row without
 //!    one; a LEFT join pads it with nulls), emitted once and forgotten;
-//! 3. of each key's versions before W only the latest stays: a future
-//!    probe row, at W or after it, can reach no older one.
+//! 3. of each key's versions before W only the latest stays (none, if it
+//!    is a deletion): a future probe row, at W or after it, can reach no
+//!    older one.
 //!
 //! The output is append-only. Both buffers are bounded by the watermark
 //! (plus one version per key), and are written whole each epoch.
@@ -40,6 +47,7 @@ use async_trait::async_trait;
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt32Array};
 use datafusion::arrow::compute::{cast, concat_batches, filter_record_batch, take};
 use datafusion::arrow::datatypes::{DataType, Int64Type, SchemaRef, TimeUnit};
+use datafusion::arrow::util::display::array_value_to_string;
 use datafusion::common::{plan_err, JoinType};
 use datafusion::error::Result as DfResult;
 use datafusion::execution::SessionState;
@@ -52,7 +60,7 @@ use datafusion::logical_expr::{
 use datafusion::physical_plan::collect;
 
 use super::{buffers, Operator};
-use crate::error::Result;
+use crate::error::{Result, SluiceError};
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
 use crate::state::{compact_views, row_converter};
@@ -162,6 +170,9 @@ pub(crate) struct TemporalJoinConfig {
     /// The probe rows' time, and the versions'.
     pub left_time: usize,
     pub right_time: usize,
+    /// The versioned side's deletion marker (`upsert::DELETED`), for an
+    /// upsert stream or a changelog.
+    pub right_deleted: Option<usize>,
     /// The rest of the query, reading `output`: the joined rows (the probe
     /// side's columns, then the versioned side's).
     pub tail: LogicalPlan,
@@ -214,8 +225,38 @@ impl TemporalJoinOperator {
             .collect()
     }
 
+    /// Which rows of `versions` are deletions; an error for one without a
+    /// time, which would end its key's versions at no known time.
+    fn deletions(&self, versions: &RecordBatch) -> Result<Vec<bool>> {
+        let Some(marker) = self.config.right_deleted else {
+            return Ok(vec![false; versions.num_rows()]);
+        };
+        let marker = versions.column(marker).as_boolean();
+        let times = versions.column(self.config.right_time);
+        let deleted: Vec<bool> = (0..versions.num_rows())
+            .map(|i| marker.is_valid(i) && marker.value(i))
+            .collect();
+        if let Some(i) = (0..deleted.len()).find(|&i| deleted[i] && times.is_null(i)) {
+            let key: Vec<String> = self
+                .config
+                .right_keys
+                .iter()
+                .map(|&k| {
+                    array_value_to_string(versions.column(k), i).unwrap_or_else(|e| e.to_string())
+                })
+                .collect();
+            return Err(SluiceError::plan(format!(
+                "the temporal join's versioned side deletes key ({}) at no time: its time \
+                 column is NULL in the deletion; take the versions' time from the record's \
+                 timestamp (METADATA FROM 'timestamp')",
+                key.join(", ")
+            )));
+        }
+        Ok(deleted)
+    }
+
     /// For each row of `probes`, the row of `versions` it joins: its key's
-    /// latest version at or before its time.
+    /// latest version at or before its time, unless that is a deletion.
     fn match_versions(
         &self,
         probes: &RecordBatch,
@@ -233,6 +274,7 @@ impl TemporalJoinOperator {
         );
         let vt = nanos(versions.column(c.right_time))?;
         let vt = vt.as_primitive::<Int64Type>();
+        let deleted = self.deletions(versions)?;
         let mut by_key: HashMap<&[u8], Vec<(i64, u32)>> = HashMap::new();
         for i in 0..versions.num_rows() {
             // A key with a NULL joins nothing, as in an equi-join.
@@ -244,6 +286,7 @@ impl TemporalJoinOperator {
                     .push((vt.value(i), i as u32));
             }
         }
+        // By time, then in the order read.
         for list in by_key.values_mut() {
             list.sort_unstable();
         }
@@ -254,7 +297,8 @@ impl TemporalJoinOperator {
                 let list = by_key.get(pk.row(i).data())?;
                 let t = pt.value(i);
                 let n = list.partition_point(|(vt, _)| *vt <= t);
-                (n > 0).then(|| list[n - 1].1)
+                let (_, at) = *list.get(n.checked_sub(1)?)?;
+                (!deleted[at as usize]).then_some(at)
             })
             .collect())
     }
@@ -296,7 +340,7 @@ impl TemporalJoinOperator {
     }
 
     /// Of `versions`, those at or after `watermark`, and each key's latest
-    /// before it.
+    /// before it unless that is a deletion.
     fn reachable(&self, versions: &RecordBatch, watermark: i64) -> Result<RecordBatch> {
         let c = &self.config;
         let keys: Vec<_> = c
@@ -307,6 +351,7 @@ impl TemporalJoinOperator {
         let encoded = row_converter(keys.iter().map(|k| k.data_type()))?.convert_columns(&keys)?;
         let times = nanos(versions.column(c.right_time))?;
         let times = times.as_primitive::<Int64Type>();
+        let deleted = self.deletions(versions)?;
         let mut latest: HashMap<&[u8], (i64, usize)> = HashMap::new();
         let mut keep = vec![false; versions.num_rows()];
         for (i, k) in keep.iter_mut().enumerate() {
@@ -324,7 +369,7 @@ impl TemporalJoinOperator {
             }
         }
         for (_, i) in latest.into_values() {
-            keep[i] = true;
+            keep[i] = !deleted[i];
         }
         Ok(filter_record_batch(versions, &BooleanArray::from(keep))?)
     }

@@ -201,12 +201,13 @@ pub(super) fn changes(plan: &LogicalPlan, watermarked: &[String]) -> bool {
 /// without a time bound, whose unmatched rows may find a partner at any
 /// time. Such a join runs as `operator::changelog_join`.
 pub(super) fn emits_changes(j: &Join, watermarked: &[String]) -> bool {
+    // A temporal join emits each row once, final (see `temporal`): its
+    // versioned side's changes are versions, not rows taken back.
+    if crate::operator::temporal_join::is_temporal(j) {
+        return changes(&j.left, watermarked);
+    }
     if changes(&j.left, watermarked) || changes(&j.right, watermarked) {
         return true;
-    }
-    // A temporal join emits each row once, final (see `temporal`).
-    if crate::operator::temporal_join::is_temporal(j) {
-        return false;
     }
     j.join_type != JoinType::Inner
         && time_bounds(

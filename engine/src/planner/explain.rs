@@ -66,6 +66,27 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
         explain_join(&mut out, &header, j);
         return out;
     }
+    if let Some(t) = &plan.temporal {
+        out.push_str(&format!(
+            "{header}\n  temporal join ({}) FOR SYSTEM_TIME AS OF: each row joins its key's \
+             version at its time once the watermark passes it, and is emitted once; kept: the \
+             rows not yet passed, and the versions at or after the watermark with each key's \
+             latest before it{}\n",
+            t.join_type,
+            if t.right_deleted.is_some() {
+                " (the versioned side's deletions end their key's versions)"
+            } else {
+                ""
+            }
+        ));
+        out.push_str("rows looked up (per epoch):\n");
+        indent(&mut out, &t.left);
+        out.push_str("versions (per epoch):\n");
+        indent(&mut out, &t.right);
+        out.push_str("after the join:\n");
+        indent(&mut out, &t.tail);
+        return out;
+    }
     if let Some(o) = &plan.over {
         out.push_str(&format!(
             "{header}\n  OVER aggregation over event time: a row is computed and emitted once \

@@ -188,6 +188,16 @@ struct Changes {
 /// stateless copy of upsert rows with their deletion marker
 /// (`upsert::plan`).
 fn read_changes(bound: LogicalPlan, watermarked: &[String]) -> Result<Changes> {
+    // A temporal join, the query's only stateful operator, reads its
+    // versioned side's upserts or changes as they are: each a version.
+    if let Some(bound) = temporal::versioned_changes(&bound)? {
+        return Ok(Changes {
+            bound,
+            normalize: Vec::new(),
+            upsert: None,
+            joins_changes: false,
+        });
+    }
     let (bound, normalize) = split::normalize_upserts(bound)?;
     let stream_join = |p: &LogicalPlan| matches!(p, LogicalPlan::Join(j) if check::reads_stream(&j.left) && check::reads_stream(&j.right));
     let bound = if split::has_stateful(&bound)? {
@@ -367,7 +377,10 @@ pub(crate) fn plan_query(
         None => Arc::new(logical.schema().as_arrow().clone()),
     };
     let unsplit = logical.clone();
-    let temporal = temporal::split_temporal(&logical)?;
+    // From the query as written: the optimizer would push a filter above
+    // the join into its versioned side, dropping versions, and a row would
+    // join an older version that passes instead of being filtered out.
+    let temporal = temporal::split_temporal(&bound)?;
     let (logical, mut stages, joins) = match temporal {
         Some(_) => (logical, Vec::new(), closing::JoinStages::default()),
         None => split_stages(logical, &watermarked)?,

@@ -92,7 +92,7 @@ pub(crate) struct SourceConfig {
     pub value_schema: SchemaRef,
     /// The declared columns.
     pub declared: SchemaRef,
-    /// `connector = 'upsert-kafka'`: each key's last record per epoch, a
+    /// `connector = 'upsert-kafka'`: each record a key's new value, a
     /// tombstone deleting it.
     pub upsert: bool,
     /// The columns the message value holds: all declared ones, or those

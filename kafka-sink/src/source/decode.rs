@@ -2,18 +2,17 @@
 //! in parallel, all at once on the fast path and one at a time when a
 //! record is bad (to name it, skip it or dead-letter it, as
 //! `format.on-error` says); the declared columns taken from the value or
-//! the key; Debezium change events as signed rows; an upsert stream's last
-//! record per key; then the virtual columns.
+//! the key; Debezium change events as signed rows; an upsert stream's
+//! records as values and deletions; then the virtual columns.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
     new_null_array, ArrayRef, BooleanArray, Int32Array, Int64Array, RecordBatch, StringArray,
-    TimestampNanosecondArray,
+    TimestampNanosecondArray, UInt32Array,
 };
 use datafusion::arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
-use datafusion::arrow::compute::concat_batches;
+use datafusion::arrow::compute::{concat_batches, take_record_batch};
 use sluice_engine::{DeadLetter, Partitions, Result, SluiceError};
 
 use super::columns::{KeyColumns, KeyFormat, SourceFormat};
@@ -27,8 +26,7 @@ impl SourceInner {
     /// (JSON decoding is most of a read) on at most one thread per core,
     /// whatever the number of partitions: a 2,000-partition topic gets a
     /// few threads, not 2,000, and one partition's chunks share the cores.
-    /// An upsert stream's partition is decoded whole, in one batch: it
-    /// keeps each key's last record of the epoch.
+    /// An upsert stream's partition is decoded whole, in one batch.
     pub(super) fn decode_partitions(&self, partitions: Taken) -> Result<Partitions> {
         // (index in `partitions`, partition, the chunks that make one batch)
         let mut items: Vec<(usize, i32, &[Fetched])> = Vec::new();
@@ -168,26 +166,24 @@ impl SourceInner {
         Ok((batch, (0..records.len()).collect()))
     }
 
-    /// An upsert stream's records: each key's last one in `records`, as
-    /// its value (marked not deleted) or, for a tombstone, its key columns
-    /// marked deleted.
+    /// An upsert stream's records, every one in order: a value as its row
+    /// marked not deleted, a tombstone as its key columns marked deleted.
+    /// Every record is kept, not only each key's last: a temporal join
+    /// reads each version (the engine keeps each key's last where it
+    /// needs only that, `upsert::split` and `operator::normalize`).
     fn decode_upserts(&self, records: &[Record]) -> Result<(RecordBatch, Vec<usize>)> {
         let Some(key) = &self.config.key else {
             return Err(SluiceError::Internal(
                 "an upsert stream without its key".into(),
             ));
         };
-        let mut last: HashMap<&[u8], usize> = HashMap::new();
-        for (i, r) in records.iter().enumerate() {
-            let k = r.key.ok_or_else(|| {
-                SluiceError::plan("an upsert record without a key (the key says which row it is)")
-            })?;
-            last.insert(k, i);
+        if records.iter().any(|r| r.key.is_none()) {
+            return Err(SluiceError::plan(
+                "an upsert record without a key (the key says which row it is)",
+            ));
         }
-        let mut kept: Vec<usize> = last.into_values().collect();
-        kept.sort_unstable();
         let (dead, live): (Vec<usize>, Vec<usize>) =
-            kept.into_iter().partition(|&i| records[i].tombstone);
+            (0..records.len()).partition(|&i| records[i].tombstone);
         let pick = |idx: &[usize]| idx.iter().map(|&i| &records[i]).collect::<Vec<_>>();
         let schema = &self.config.value_schema;
         let marker = |n: usize, deleted: bool| -> ArrayRef {
@@ -215,8 +211,17 @@ impl SourceInner {
             columns.push(marker(dead.len(), true));
             batches.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
         }
-        let from = live.into_iter().chain(dead).collect();
-        Ok((concat_batches(schema, &batches)?, from))
+        let both = concat_batches(schema, &batches)?;
+        if dead.is_empty() || live.is_empty() {
+            return Ok((both, (0..records.len()).collect()));
+        }
+        // Back in the records' order: row `live.len() + j` is `dead[j]`.
+        let mut at = vec![0u32; records.len()];
+        for (row, &i) in live.iter().chain(&dead).enumerate() {
+            at[i] = row as u32;
+        }
+        let ordered = take_record_batch(&both, &UInt32Array::from(at))?;
+        Ok((ordered, (0..records.len()).collect()))
     }
 
     /// The rows of records that hold one each.

@@ -21,8 +21,8 @@ impl SourceInner {
     /// The rows of `plan`'s ranges as streams (under `'epoch.pipeline' =
     /// 'true'`: see `pipelines_by_default`),
     /// one per Kafka partition, when the lanes stand at its starts (the steady state; `None`
-    /// otherwise, and for an upsert stream, which keeps each key's last
-    /// record of the epoch). A thread takes the records from the lanes
+    /// otherwise, and for an upsert stream, whose partitions are decoded
+    /// whole). A thread takes the records from the lanes
     /// as they arrive and hands them over chunk by chunk; each stream's
     /// chunks are decoded off the async threads as they arrive.
     /// A range found gone meanwhile fails the epoch as an outage, so that
