@@ -925,3 +925,62 @@ async fn debezium_events_without_op_or_before_follow_format_on_error() {
     want.insert("a".to_string(), (3, 95, 25, 40));
     assert_eq!(latest(&bootstrap, &output).await, want);
 }
+
+/// A key's changes keep their order from the upsert source to the upsert
+/// sink within one epoch, whatever bytes encode the key: `{"id":1}` set,
+/// then `{ "id": 1 }` deleted, then `{"id":1}` set again ends set (keys
+/// told apart by their bytes once ended it deleted), and set then deleted
+/// ends deleted; also when a bad record in the epoch has it decoded one
+/// record at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_changes_keep_their_order_within_an_epoch_whatever_bytes_encode_the_key() {
+    let bootstrap = broker().await;
+    for bad in [false, true] {
+        let (input, output) = (fresh_topic("upsert-order"), fresh_topic("upsert-order-out"));
+        create_topic(&bootstrap, &input, 1).await.unwrap();
+        create_topic(&bootstrap, &output, 1).await.unwrap();
+        let row = |id: i64, v: i64| Some(format!(r#"{{"id": {id}, "name": "n", "v": {v}}}"#));
+        let mut records = vec![
+            (r#"{"id":1}"#.to_string(), row(1, 1)),
+            (r#"{ "id": 1 }"#.to_string(), None),
+            (r#"{"id":1}"#.to_string(), row(1, 2)),
+            (r#"{"id":2}"#.to_string(), row(2, 1)),
+            (r#"{"id": 2}"#.to_string(), None),
+            (r#"{"id":3}"#.to_string(), None),
+            (r#"{"id": 3}"#.to_string(), row(3, 7)),
+        ];
+        if bad {
+            records.insert(3, (r#"{"id":9}"#.to_string(), Some("{oops".to_string())));
+        }
+        let (b, t) = (bootstrap.clone(), input.clone());
+        tokio::task::spawn_blocking(move || send_keyed(&b, &t, &records))
+            .await
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let sql = format!(
+            "SET 'checkpoint.location' = '{cp}';\n\
+             SET 'trigger' = 'available-now';\n\
+             CREATE TABLE users (id BIGINT NOT NULL, name VARCHAR, v BIGINT, \
+               PRIMARY KEY (id) NOT ENFORCED) \
+               WITH ('connector' = 'upsert-kafka', 'topic' = '{input}', \
+               'properties.bootstrap.servers' = '{bootstrap}', 'format.on-error' = 'skip');\n\
+             CREATE STREAM out WITH (connector = 'upsert-kafka', topic = '{output}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             INSERT INTO out SELECT id, name, v FROM users;\n",
+            cp = dir.path().join("cp").display()
+        );
+        let running = start_sql(&Session::new(), &sql).await;
+        running.await_termination().await.unwrap();
+        assert_eq!(running.recent_progress().len(), 1, "one epoch");
+        let actual: BTreeMap<i64, i64> = compacted(&bootstrap, &output)
+            .await
+            .into_values()
+            .map(|v| (v["id"].as_i64().unwrap(), v["v"].as_i64().unwrap()))
+            .collect();
+        assert_eq!(
+            actual,
+            BTreeMap::from([(1, 2), (3, 7)]),
+            "bad record: {bad}"
+        );
+    }
+}

@@ -258,22 +258,33 @@ fn produce_values(bootstrap: &str, topic: &str, values: &[Option<&str>]) {
 /// One message, one value: a message holding two JSON objects is a bad
 /// record (named, skipped or dead-lettered like any), never two rows that
 /// push a later message's row out. A tombstone (no value) on an append
-/// stream is no row: skipped and counted, it never stops the query.
+/// stream is no row: skipped and counted, it never stops the query. An
+/// empty value is not a tombstone but a bad record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_is_one_value_and_a_tombstone_is_skipped_and_counted() {
+async fn a_message_is_one_value_a_tombstone_is_skipped_and_an_empty_value_is_malformed() {
     let bootstrap = crate::util::broker().await;
-    let (doubled, tombstoned) = (fresh_topic("two-in-one"), fresh_topic("tombstone"));
-    for topic in [&doubled, &tombstoned] {
+    let (doubled, tombstoned, emptied) = (
+        fresh_topic("two-in-one"),
+        fresh_topic("tombstone"),
+        fresh_topic("empty-value"),
+    );
+    for topic in [&doubled, &tombstoned, &emptied] {
         create_topic(&bootstrap, topic, 1).await.unwrap();
     }
     {
-        let (b, d, t) = (bootstrap.clone(), doubled.clone(), tombstoned.clone());
+        let (b, d, t, e) = (
+            bootstrap.clone(),
+            doubled.clone(),
+            tombstoned.clone(),
+            emptied.clone(),
+        );
         tokio::task::spawn_blocking(move || {
             let row = |i: i64| format!("{{\"id\": {i}, \"name\": \"n{i}\"}}");
             let two = format!("{}{}", row(1), row(100));
             let (r0, r2, r3) = (row(0), row(2), row(3));
             produce_values(&b, &d, &[Some(&r0), Some(&two), Some(&r2), Some(&r3)]);
-            produce_values(&b, &t, &[Some(&r0), None, Some(&r2), Some(""), Some(&r3)]);
+            produce_values(&b, &t, &[Some(&r0), None, Some(&r2), None, Some(&r3)]);
+            produce_values(&b, &e, &[Some(&r0), None, Some(&r2), Some(""), Some(&r3)]);
         })
         .await
         .unwrap();
@@ -321,6 +332,24 @@ async fn a_message_is_one_value_and_a_tombstone_is_skipped_and_counted() {
     assert_eq!(crate::util::ints(&batches, "id"), vec![0, 2, 3]);
     assert_eq!(crate::util::ints(&batches, "_offset"), vec![0, 2, 4]);
     assert_eq!(crate::util::skipped(&progress), 2, "tombstones are counted");
+
+    // An empty value is a bad record: it stops the query under 'fail',
+    // and is skipped only when asked.
+    let (result, _, _) = run(&emptied, "fail").await;
+    let err = result.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("topic '{emptied}', partition 0, offset 3"))
+            && err.contains("an empty value"),
+        "{err}"
+    );
+    let (result, out, progress) = run(&emptied, "skip").await;
+    result.unwrap();
+    assert_eq!(crate::util::ints(&out.batches(), "_offset"), vec![0, 2, 4]);
+    assert_eq!(
+        crate::util::skipped(&progress),
+        2,
+        "a tombstone, a bad record"
+    );
 }
 
 /// `scan.startup.mode = 'latest'` is resolved once, when the query first

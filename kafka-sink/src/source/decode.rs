@@ -79,15 +79,14 @@ impl SourceInner {
         self.decode(p, &self.records(chunks))
     }
 
-    /// The records of `chunks` that make rows: a tombstone (no value;
-    /// for formats other than `raw` also an empty one) deletes a key in a
-    /// compacted topic, so on an append stream it is no row, and is
-    /// skipped and counted; an upsert stream keeps it to delete its key.
+    /// The records of `chunks` that make rows: a tombstone (no value, as
+    /// Kafka defines it) deletes a key in a compacted topic, so on an
+    /// append stream it is no row, and is skipped and counted; an upsert
+    /// stream keeps it to delete its key.
     fn records<'a>(&self, chunks: &'a [Fetched]) -> Vec<Record<'a>> {
-        let raw = self.config.format == SourceFormat::Raw;
         let mut records = Vec::with_capacity(chunks.iter().map(Fetched::len).sum());
         for chunk in chunks {
-            records.extend(chunk.records(move |v| v.is_empty() && !raw));
+            records.extend(chunk.records());
         }
         if !self.config.upsert {
             let before = records.len();
@@ -257,6 +256,15 @@ impl SourceInner {
 
     /// The columns the records' values hold.
     fn decode_values(&self, records: &[&Record]) -> Result<RecordBatch> {
+        // No JSON, Avro or Protobuf value is empty: an empty one is a bad
+        // record (a tombstone has no value at all), as Flink's formats
+        // find it.
+        if self.config.format != SourceFormat::Raw && records.iter().any(|r| r.value.is_empty()) {
+            return Err(SluiceError::plan(
+                "an empty value, which no record of this format has (a tombstone has no value \
+                 at all, and is skipped on a stream that is not upsert-kafka)",
+            ));
+        }
         match self.config.format {
             SourceFormat::Raw => Ok(RecordBatch::try_new(
                 Arc::clone(&self.config.value_part),

@@ -90,18 +90,15 @@ impl Fetched {
         self.slots.len() >= CHUNK_RECORDS || self.bytes.len() >= CHUNK_BYTES
     }
 
-    /// Each record, with `tombstone(value)` saying whether a present value
-    /// counts as none (format-dependent).
-    pub(super) fn records<'a>(
-        &'a self,
-        tombstone: impl Fn(&[u8]) -> bool + 'a,
-    ) -> impl Iterator<Item = Record<'a>> + 'a {
+    /// Each record; a tombstone is one without a value (an empty value is
+    /// a value, which a format other than `raw` finds malformed).
+    pub(super) fn records(&self) -> impl Iterator<Item = Record<'_>> + '_ {
         self.slots.iter().map(move |s| {
             let value = s.value.map(|(at, len)| &self.bytes[at..at + len]);
             Record {
                 key: s.key.map(|(at, len)| &self.bytes[at..at + len]),
                 value: value.unwrap_or_default(),
-                tombstone: value.is_none_or(&tombstone),
+                tombstone: value.is_none(),
                 offset: s.offset,
                 timestamp_ms: s.timestamp_ms,
             }
@@ -613,7 +610,7 @@ mod tests {
     }
 
     fn seen(f: &Fetched) -> Vec<(i64, Option<String>, String, bool)> {
-        f.records(|v| v.is_empty())
+        f.records()
             .map(|r| {
                 let key = r.key.map(|k| String::from_utf8_lossy(k).into_owned());
                 let value = String::from_utf8_lossy(r.value).into_owned();
@@ -625,7 +622,7 @@ mod tests {
     fn offsets(chunks: &[Fetched]) -> Vec<Vec<i64>> {
         chunks
             .iter()
-            .map(|c| c.records(|_| false).map(|r| r.offset).collect())
+            .map(|c| c.records().map(|r| r.offset).collect())
             .collect()
     }
 
@@ -692,11 +689,11 @@ mod tests {
             vec![
                 (10, Some("k10".into()), "a".into(), false),
                 (11, None, "".into(), true),
-                (12, Some("k12".into()), "".into(), true),
+                (12, Some("k12".into()), "".into(), false),
             ]
         );
         assert_eq!(seen(&rest), vec![(15, None, "d".into(), false)]);
-        let first = rest.records(|_| false).next().map(|r| r.timestamp_ms);
+        let first = rest.records().next().map(|r| r.timestamp_ms);
         assert_eq!(first, Some(Some(150)));
         // Nothing at or past the offset: an empty rest, the records intact.
         let mut g = fetched(&[(1, Some("x"))]);
