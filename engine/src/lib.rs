@@ -90,7 +90,7 @@ pub use operator::changelog::SIGN as CHANGELOG_SIGN;
 pub use operator::temporal_join::TemporalAsOf;
 pub use options::{
     closest, columns, is_sensitive, parse_duration, quoted_list, redact_secrets, register_secret,
-    Options, REDACTED,
+    url_userinfo, Options, REDACTED,
 };
 pub use output_mode::OutputMode;
 pub use progress::{

@@ -52,6 +52,14 @@ impl Options {
         if is_sensitive(key) {
             register_secret(&value);
         }
+        // Credentials in a URL (`https://user:secret@registry`, as
+        // Confluent's clients take them) are secret whatever the key.
+        if let Some(userinfo) = url_userinfo(&value) {
+            register_secret(userinfo);
+            if let Some((_, password)) = userinfo.split_once(':') {
+                register_secret(password);
+            }
+        }
         self.values.insert(key.to_ascii_lowercase(), value);
     }
 
@@ -181,20 +189,44 @@ impl Options {
     }
 }
 
-/// Shows keys, and values except those of [sensitive](is_sensitive) keys.
+/// Shows keys, and values except those of [sensitive](is_sensitive) keys
+/// and the secrets within others (a URL's credentials).
 impl std::fmt::Debug for Options {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_map()
             .entries(self.values.iter().map(|(k, v)| {
                 let v = if is_sensitive(k) {
-                    REDACTED
+                    REDACTED.to_string()
                 } else {
-                    v.as_str()
+                    redact_secrets(v)
                 };
                 (k, v)
             }))
             .finish()
     }
+}
+
+/// The user info of a URL (`user:password` in `https://user:password@host/`),
+/// if `value` is a URL that has one.
+///
+/// ```
+/// use sluice_engine::url_userinfo;
+/// assert_eq!(url_userinfo("https://ann:s3cret@registry:8081/apis"), Some("ann:s3cret"));
+/// assert_eq!(url_userinfo("https://registry:8081/a@b"), None);
+/// assert_eq!(url_userinfo("plain text"), None);
+/// ```
+pub fn url_userinfo(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.split_once("://")?;
+    if scheme.is_empty()
+        || !scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c))
+    {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let (userinfo, _) = authority.rsplit_once('@')?;
+    (!userinfo.is_empty()).then_some(userinfo)
 }
 
 /// True for an option or client property whose value is a secret:

@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 
 use reqwest::{StatusCode, Url};
 use serde::Deserialize;
-use sluice_engine::{register_secret, Options, Result, SluiceError};
+use sluice_engine::{register_secret, url_userinfo, Options, Result, SluiceError, REDACTED};
 
 /// How a stream or sink reaches its registry: the `<format>.url`,
 /// `.subject`, `.basic-auth.user-info` and `.ssl.*` options
 /// (`key.<format>.*` for the key's).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct RegistryOptions {
     /// What the options start with: `avro-confluent` or
     /// `key.avro-confluent`.
@@ -47,6 +47,22 @@ pub(crate) struct RegistryOptions {
     key_location: Option<String>,
     /// How long a call may keep retrying a registry that does not answer.
     pub(crate) timeout: Duration,
+}
+
+/// Everything but the user info's value.
+impl std::fmt::Debug for RegistryOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryOptions")
+            .field("prefix", &self.prefix)
+            .field("url", &self.url)
+            .field("subject", &self.subject)
+            .field("user_info", &self.user_info.as_ref().map(|_| REDACTED))
+            .field("ca_location", &self.ca_location)
+            .field("certificate_location", &self.certificate_location)
+            .field("key_location", &self.key_location)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
 }
 
 /// The options [`RegistryOptions::take`] reads for `avro-confluent` and
@@ -103,7 +119,7 @@ impl RegistryOptions {
             Part::Key => (format!("key.{format}"), "key"),
         };
         let key = |name: &str| format!("{prefix}.{name}");
-        let url = o
+        let mut url = o
             .take(&key("url"))
             .ok_or_else(|| {
                 SluiceError::config(format!(
@@ -113,17 +129,46 @@ impl RegistryOptions {
             })?
             .trim_end_matches('/')
             .to_string();
-        let parsed = Url::parse(&url).map_err(|e| {
+        // Never the credentials a URL holds, whatever prints it.
+        let shown = match url_userinfo(&url) {
+            Some(info) => url.replacen(info, REDACTED, 1),
+            None => url.clone(),
+        };
+        let mut parsed = Url::parse(&url).map_err(|e| {
             SluiceError::config(format!(
-                "{what}: '{prefix}.url' = '{url}' is not a URL: {e}"
+                "{what}: '{prefix}.url' = '{shown}' is not a URL: {e}"
             ))
         })?;
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(SluiceError::config(format!(
-                "{what}: '{prefix}.url' = '{url}' must start with http:// or https://"
+                "{what}: '{prefix}.url' = '{shown}' must start with http:// or https://"
             )));
         }
-        let user_info = o.take(&key("basic-auth.user-info"));
+        let mut user_info = o.take(&key("basic-auth.user-info"));
+        // Credentials in the URL, as Confluent's clients take them, are the
+        // basic-auth user info: sent as such, and kept out of the URL that
+        // errors and logs name.
+        if let Some(info) = url_userinfo(&url).map(str::to_string) {
+            if user_info.is_some() {
+                return Err(SluiceError::config(format!(
+                    "{what}: '{prefix}.url' = '{shown}' holds credentials and \
+                     '{prefix}.basic-auth.user-info' gives them too: give them once"
+                )));
+            }
+            let info = if info.contains(':') {
+                info
+            } else {
+                format!("{info}:")
+            };
+            register_secret(&info);
+            if parsed.set_username("").is_err() || parsed.set_password(None).is_err() {
+                return Err(SluiceError::config(format!(
+                    "{what}: '{prefix}.url' = '{shown}' cannot hold credentials"
+                )));
+            }
+            url = parsed.as_str().trim_end_matches('/').to_string();
+            user_info = Some(info);
+        }
         if let Some(info) = &user_info {
             if !info.contains(':') {
                 return Err(SluiceError::config(format!(
@@ -545,4 +590,52 @@ fn with_causes(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Credentials in a registry URL become its basic-auth user info, and
+    /// appear in nothing printed: not the URL, Debug, or a redacted error.
+    #[test]
+    fn credentials_in_the_url_are_the_user_info_and_never_printed() {
+        let take = |url: &str, extra: &[(&str, &str)]| {
+            let mut pairs = vec![("avro-confluent.url", url)];
+            pairs.extend_from_slice(extra);
+            let mut o = Options::from_pairs(pairs);
+            RegistryOptions::take(
+                &mut o,
+                "avro-confluent",
+                Part::Value,
+                "t",
+                "stream 's'",
+                Duration::from_secs(1),
+            )
+        };
+        let options = take("https://ann:Zq9-s3cret@registry:8081/apis/ccompat/v7/", &[]).unwrap();
+        assert_eq!(options.url, "https://registry:8081/apis/ccompat/v7");
+        assert_eq!(options.user_info.as_deref(), Some("ann:Zq9-s3cret"));
+        assert!(!format!("{options:?}").contains("Zq9-s3cret"));
+        let said = sluice_engine::redact_secrets("401 from https://ann:Zq9-s3cret@registry");
+        assert!(!said.contains("Zq9-s3cret"), "{said}");
+
+        let twice = take(
+            "https://ann:Zq9-s3cret@registry:8081",
+            &[("avro-confluent.basic-auth.user-info", "bob:other")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            twice.contains("give them once") && !twice.contains("Zq9-s3cret"),
+            "{twice}"
+        );
+        let bad = take("ftp://ann:Zq9-s3cret@registry", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.contains("must start with http") && !bad.contains("Zq9-s3cret"),
+            "{bad}"
+        );
+    }
 }

@@ -574,8 +574,12 @@ async fn avro_confluent_bad_records_a_down_registry_and_an_incompatible_sink_sch
         assert!(error.contains(&part), "'{part}' in: {error}");
     }
 
-    // 'skip' drops the three and counts them; the good ones go on.
-    let query = start_sql(&Session::new(), &run("skip", stream("skip", ""))).await;
+    // 'skip' drops the three and counts them; the good ones go on. Here
+    // the registry's URL holds credentials, as Confluent's clients take
+    // them: sent as basic auth (this registry does not ask for any).
+    let with_credentials = registry.replacen("://", "://ann:Zq9-s3cret@", 1);
+    let skip = stream("skip", "").replace(&registry, &with_credentials);
+    let query = start_sql(&Session::new(), &run("skip", skip)).await;
     query.await_termination().await.unwrap();
     assert_eq!(crate::util::skipped(&query.recent_progress()), 3);
 
@@ -629,11 +633,14 @@ async fn avro_confluent_bad_records_a_down_registry_and_an_incompatible_sink_sch
     );
 
     // A registry that does not answer is retried for 'connect.timeout',
-    // then named.
+    // then named, without the credentials its URL holds.
     let down = "http://127.0.0.1:9/apis/ccompat/v7";
     let sql = run(
         "down",
-        stream("fail", ", 'connect.timeout' = '2 s'").replace(&registry, down),
+        stream("fail", ", 'connect.timeout' = '2 s'").replace(
+            &registry,
+            "http://ann:Zq9-s3cret@127.0.0.1:9/apis/ccompat/v7",
+        ),
     );
     let started = std::time::Instant::now();
     let error = Session::new().sql(&sql).await.err().map(|e| e.to_string());
@@ -648,6 +655,7 @@ async fn avro_confluent_bad_records_a_down_registry_and_an_incompatible_sink_sch
         "{error}"
     );
     assert!(error.contains("no answer within"), "{error}");
+    assert!(!error.contains("Zq9-s3cret"), "{error}");
 
     // A sink whose schema the subject's rule refuses fails with the
     // registry's reason.
