@@ -562,3 +562,90 @@ async fn an_epoch_reads_at_most_its_record_and_byte_caps() {
         (0..30).collect::<Vec<_>>()
     );
 }
+
+/// A checkpoint store that refuses the query (credentials it does not
+/// accept, a bucket that does not exist) stops it at once with the reason:
+/// no retry changes a refusal, so it is no outage to wait out for
+/// 'outage.limit' (set to 10 minutes here), whether it refuses at the
+/// start or while the query runs (its bucket deleted). Against the tests'
+/// real S3-compatible server, which checks signatures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_store_that_refuses_the_query_stops_it_at_once() {
+    let (bootstrap, input) = topic_with("store-refuses", 0..5).await;
+    let s3 = crate::util::object_store().await;
+    let dir = tempfile::tempdir().unwrap();
+    // A bucket of this test's own (the server's buckets are directories),
+    // deleted while the query runs.
+    let bucket = fresh_topic("own-bucket");
+    std::fs::create_dir_all(s3.data.join(&bucket)).unwrap();
+    for (case, location, secret, reason) in [
+        (
+            "wrong secret",
+            format!("s3://{}/{bucket}", s3.bucket),
+            Some("not-the-secret"),
+            "refuses these credentials",
+        ),
+        (
+            "no bucket",
+            format!("s3://no-such-{bucket}/cp"),
+            None,
+            "does not exist",
+        ),
+        (
+            "bucket deleted",
+            format!("s3://{bucket}/cp"),
+            None,
+            "does not exist",
+        ),
+    ] {
+        let sql = dir.path().join(format!("{}.sql", case.replace(' ', "-")));
+        std::fs::write(
+            &sql,
+            format!(
+                "SET 'checkpoint.location' = '{location}';\n\
+                 SET 'outage.limit' = '10 minutes';\n\
+                 SET 'trigger.interval' = '100 ms';\n\
+                 CREATE STREAM events (id BIGINT) WITH (connector = 'kafka', topic = '{input}', \
+                   'bootstrap.servers' = '{bootstrap}', format = 'json');\n\
+                 CREATE STREAM out WITH (connector = 'kafka', topic = '{}', \
+                   'bootstrap.servers' = '{bootstrap}');\n\
+                 INSERT INTO out SELECT id FROM events;\n",
+                fresh_topic("store-refuses-out")
+            ),
+        )
+        .unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("run").arg(&sql).stdout(std::process::Stdio::null());
+        for (k, v) in &s3.env {
+            match (k.as_str(), secret) {
+                ("AWS_SECRET_ACCESS_KEY", Some(wrong)) => cmd.env(k, wrong),
+                _ => cmd.env(k, v),
+            };
+        }
+        let mut run = crate::util::Run::new(cmd);
+        if case == "bucket deleted" {
+            // Once it has committed there, the bucket goes, and new input
+            // makes an epoch that must write to it.
+            let commits = s3.data.join(&bucket).join("cp");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while std::fs::read_dir(&commits).map_or(0, |d| d.count()) == 0 {
+                assert!(run.running(), "{}", run.stderr());
+                assert!(Instant::now() < deadline, "no commit: {}", run.stderr());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+            std::fs::remove_dir_all(s3.data.join(&bucket)).unwrap();
+            let (b, t) = (bootstrap.clone(), input.clone());
+            tokio::task::spawn_blocking(move || produce_plain(&b, &t, 5..10))
+                .await
+                .unwrap();
+        }
+        let status = run.wait(Duration::from_secs(120));
+        let stderr = run.stderr();
+        assert!(!status.success(), "{case}: {stderr}");
+        assert!(
+            stderr.contains("checkpoint store") && stderr.contains(reason),
+            "{case}: {stderr}"
+        );
+    }
+}

@@ -139,7 +139,31 @@ fn run<T: Send + 'static>(
 }
 
 impl Remote {
+    /// `e` as the query's error: the store's refusal (credentials it does
+    /// not accept, a bucket that does not exist) stops the query at once,
+    /// since no retry changes it; any other failure is an outage, retried
+    /// until `outage.limit`.
     fn failed(&self, what: &str, e: object_store::Error) -> SluiceError {
+        let refused = match &e {
+            object_store::Error::Unauthenticated { .. }
+            | object_store::Error::PermissionDenied { .. } => Some(
+                "the store refuses these credentials: check AWS_ACCESS_KEY_ID and \
+                 AWS_SECRET_ACCESS_KEY (or the store's own variables) and the bucket's policy",
+            ),
+            // Only writing can miss: a missing object is read as none.
+            object_store::Error::NotFound { .. } => Some(
+                "the bucket (or container) does not exist: create it, or name an existing one \
+                 in 'checkpoint.location'",
+            ),
+            _ => None,
+        };
+        if let Some(hint) = refused {
+            return SluiceError::External {
+                what: format!("checkpoint store, {what} {}", self.url),
+                message: e.to_string(),
+                hint: Some(hint.into()),
+            };
+        }
         SluiceError::Unreachable {
             what: format!("checkpoint store, {what} {}", self.url),
             message: e.to_string(),
