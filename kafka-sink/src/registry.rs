@@ -263,8 +263,28 @@ pub(crate) struct Registry {
     /// background on drop (dropping a runtime inside another one's task
     /// would panic).
     runtime: Option<tokio::runtime::Runtime>,
-    /// Writer schemas by id; `None` for an id the registry does not know.
-    by_id: Mutex<HashMap<u32, Option<Arc<str>>>>,
+    /// Writer schemas by id; for an id the registry said it does not
+    /// know, when it said so (asked again after [`MISS_KEPT`]: a replica
+    /// may not have caught up).
+    by_id: Mutex<HashMap<u32, Known>>,
+}
+
+/// What the registry said about a schema id.
+#[derive(Clone)]
+enum Known {
+    Schema(Arc<str>),
+    Missing(Instant),
+}
+
+/// How long the registry's "no such schema id" holds before it is asked
+/// again.
+const MISS_KEPT: Duration = Duration::from_secs(10);
+
+/// The registry's own error codes for a subject, version or schema it does
+/// not have (40401, 40402, 40403): a 404 without one (a proxy's page, the
+/// wrong path) is not the registry's answer.
+fn registry_not_found(code: i64) -> bool {
+    (40401..=40403).contains(&code)
 }
 
 impl std::fmt::Debug for Registry {
@@ -293,7 +313,8 @@ struct ErrorBody {
 }
 
 enum Failure {
-    /// No answer, or a server error: worth retrying.
+    /// No answer, a server error, or a 404 that is not the registry's
+    /// own: worth retrying.
     Unreachable(String),
     /// An answer that will not change on retry.
     Refused {
@@ -357,8 +378,10 @@ impl Registry {
     /// The schema with `id`, or `None` when the registry has none by
     /// that id (the record naming it is malformed, not the registry).
     pub(crate) fn schema_by_id(&self, id: u32) -> Result<Option<Arc<str>>> {
-        if let Some(known) = self.lock().get(&id) {
-            return Ok(known.clone());
+        match self.lock().get(&id) {
+            Some(Known::Schema(schema)) => return Ok(Some(Arc::clone(schema))),
+            Some(Known::Missing(at)) if at.elapsed() < MISS_KEPT => return Ok(None),
+            _ => {}
         }
         #[derive(Deserialize)]
         struct ById {
@@ -370,10 +393,14 @@ impl Registry {
             None,
         ) {
             Ok(body) => Some(Arc::<str>::from(body.schema)),
-            Err(Failure::Refused { status, .. }) if status == StatusCode::NOT_FOUND => None,
+            Err(Failure::Refused { code: 40403, .. }) => None,
             Err(f) => return Err(self.error(&format!("looking up schema id {id}"), f)),
         };
-        self.lock().insert(id, found.clone());
+        let known = match &found {
+            Some(schema) => Known::Schema(Arc::clone(schema)),
+            None => Known::Missing(Instant::now()),
+        };
+        self.lock().insert(id, known);
         Ok(found)
     }
 
@@ -392,14 +419,15 @@ impl Registry {
             None,
         ) {
             Ok(l) => {
-                self.lock().insert(l.id, Some(Arc::from(l.schema.as_str())));
+                let schema = Known::Schema(Arc::from(l.schema.as_str()));
+                self.lock().insert(l.id, schema);
                 Ok(Some(SubjectSchema {
                     id: l.id,
                     version: l.version,
                     schema: l.schema,
                 }))
             }
-            Err(Failure::Refused { status, .. }) if status == StatusCode::NOT_FOUND => Ok(None),
+            Err(Failure::Refused { code, .. }) if registry_not_found(code) => Ok(None),
             Err(f) => Err(self.error(&format!("reading subject '{subject}'"), f)),
         }
     }
@@ -423,7 +451,7 @@ impl Registry {
             Some(body.to_string()),
         ) {
             Ok(r) => {
-                self.lock().insert(r.id, Some(Arc::from(schema)));
+                self.lock().insert(r.id, Known::Schema(Arc::from(schema)));
                 Ok(r.id)
             }
             Err(Failure::Refused {
@@ -441,14 +469,15 @@ impl Registry {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Option<Arc<str>>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Known>> {
         self.by_id.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn error(&self, doing: &str, failure: Failure) -> SluiceError {
         let what = format!("schema registry '{}'", self.options.url);
         match failure {
-            Failure::Unreachable(message) => SluiceError::External {
+            // A running query retries its epoch, until 'outage.limit'.
+            Failure::Unreachable(message) => SluiceError::Unreachable {
                 what,
                 message: format!(
                     "{doing}: no answer within {:?}: {message}",
@@ -536,7 +565,11 @@ impl Registry {
                     error_code: i64::from(status.as_u16()),
                     message: String::from_utf8_lossy(&bytes).into_owned(),
                 });
-                if status.is_server_error() {
+                // A server error, or a 404 that is not the registry's own
+                // (a proxy's page while the registry restarts): no answer.
+                let foreign_404 =
+                    status == StatusCode::NOT_FOUND && !registry_not_found(error.error_code);
+                if status.is_server_error() || foreign_404 {
                     return Err(Failure::Unreachable(format!("{status}: {}", error.message)));
                 }
                 Err(Failure::Refused {

@@ -722,3 +722,88 @@ async fn avro_confluent_bad_records_a_down_registry_and_an_incompatible_sink_sch
         "{error}"
     );
 }
+
+/// A small HTTP server put in front of the real registry: it answers the
+/// first `refusals` connections with a proxy's 404 page (HTML, none of
+/// the registry's error codes), as a proxy may while the registry
+/// restarts, and passes every later one through. Returns the registry's
+/// URL through it.
+async fn proxy_answering_404_first(registry: &str, refusals: usize) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = registry.strip_prefix("http://").unwrap();
+    let (upstream, path) = rest.split_once('/').unwrap();
+    let upstream = upstream.to_string();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        for n in 0.. {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                if n < refusals {
+                    let mut request = vec![0; 16 * 1024];
+                    let _ = client.read(&mut request).await;
+                    let page = "<html><body><h1>404 Not Found</h1><hr>nginx</body></html>";
+                    let answer = format!(
+                        "HTTP/1.1 404 Not Found\r\nContent-Type: text/html\r\n\
+                         Content-Length: {}\r\nConnection: close\r\n\r\n{page}",
+                        page.len()
+                    );
+                    let _ = client.write_all(answer.as_bytes()).await;
+                    return;
+                }
+                if let Ok(mut server) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    format!("http://{addr}/{path}")
+}
+
+/// A 404 that is not the registry's own answer (a proxy's page) is no
+/// answer: retried, never taken as "no such schema id", which would make
+/// every record of that schema malformed (here: skipped) for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxys_404_is_retried_not_taken_for_an_unknown_schema_id() {
+    let bootstrap = broker().await;
+    let registry = schema_registry().await;
+    let (input, output) = (fresh_topic("cf-proxied"), fresh_topic("cf-proxied-out"));
+    for t in [&input, &output] {
+        create_topic(&bootstrap, t, 1).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = schema_file(dir.path(), "v1.avsc", V1);
+    produce(
+        &bootstrap,
+        &registry,
+        &input,
+        &v1,
+        &[bid(0, None), bid(1, None)],
+    )
+    .await;
+    let proxied = proxy_answering_404_first(&registry, 2).await;
+    let sql = format!(
+        "SET 'checkpoint.location' = '{cp}';\n\
+         SET 'trigger' = 'available-now';\n\
+         CREATE STREAM bids (id BIGINT NOT NULL, name VARCHAR) \
+           WITH (connector = 'kafka', topic = '{input}', 'bootstrap.servers' = '{bootstrap}', \
+           format = 'avro-confluent', 'avro-confluent.url' = '{proxied}', \
+           'format.on-error' = 'skip');\n\
+         CREATE STREAM good WITH (connector = 'kafka', topic = '{output}', \
+           'bootstrap.servers' = '{bootstrap}');\n\
+         INSERT INTO good SELECT id, name FROM bids;\n",
+        cp = dir.path().join("cp").display()
+    );
+    let query = start_sql(&Session::new(), &sql).await;
+    query.await_termination().await.unwrap();
+    assert_eq!(crate::util::skipped(&query.recent_progress()), 0);
+    let ids: Vec<i64> = json_values(&bootstrap, &output)
+        .await
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, [0, 1]);
+}
