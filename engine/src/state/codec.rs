@@ -22,7 +22,7 @@
 //! that the integration tests restore.
 
 use std::fs;
-use std::io::{Cursor, Seek, Write};
+use std::io::{Seek, Write};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -31,7 +31,7 @@ use datafusion::arrow::buffer::Buffer;
 use datafusion::arrow::compute::concat_batches;
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::arrow::error::ArrowError;
-use datafusion::arrow::ipc::reader::{read_footer_length, FileDecoder, FileReader};
+use datafusion::arrow::ipc::reader::{read_footer_length, FileDecoder};
 use datafusion::arrow::ipc::writer::FileWriter;
 use datafusion::arrow::ipc::{root_as_footer, Block};
 
@@ -378,9 +378,12 @@ pub(crate) fn two_parts_with(
 pub(crate) fn split_two_parts<'a>(bytes: &'a [u8], what: &str) -> Result<(&'a [u8], &'a [u8])> {
     let damaged = || SluiceError::Internal(format!("{what} is truncated"));
     let len = bytes.get(..8).ok_or_else(damaged)?;
-    let len = u64::from_le_bytes(len.try_into().map_err(|_| damaged())?) as usize;
-    let first = bytes.get(8..8 + len).ok_or_else(damaged)?;
-    let second = bytes.get(8 + len..).ok_or_else(damaged)?;
+    let len = usize::try_from(u64::from_le_bytes(len.try_into().map_err(|_| damaged())?))
+        .map_err(|_| damaged())?;
+    // A damaged length may be any u64 (found by `state::fuzz`).
+    let end = len.checked_add(8).ok_or_else(damaged)?;
+    let first = bytes.get(8..end).ok_or_else(damaged)?;
+    let second = bytes.get(end..).ok_or_else(damaged)?;
     Ok((first, second))
 }
 
@@ -425,15 +428,23 @@ const IPC_SLICE_ROWS: usize = 1 << 16;
 
 /// Arrow IPC file bytes as one batch of `schema` (the stored schema may
 /// differ in field metadata from the current plan's; the columns match).
+///
+/// Read as [`read_ipc_owned`] reads: arrow's `FileReader` allocates what
+/// a damaged block's length says (a file whose checksum matches, found by
+/// `state::fuzz`: 120 TB, and the process aborts), where the footer's
+/// blocks are checked against the file here first.
 pub(crate) fn read_ipc(bytes: &[u8], schema: &SchemaRef) -> Result<RecordBatch> {
-    let reader = FileReader::try_new(Cursor::new(bytes), None)?;
-    let batches = reader
-        .map(|b| {
-            let b = b?;
-            RecordBatch::try_new(Arc::clone(schema), b.columns().to_vec())
-        })
-        .collect::<std::result::Result<Vec<_>, _>>()?;
-    Ok(concat_batches(schema, &batches)?)
+    read_ipc_owned(bytes.to_vec(), schema)
+}
+
+/// Arrow's IPC reader, given bytes that pass the file's checksum but are
+/// not what Sluice wrote (a bug, a file made by hand), can panic instead
+/// of failing (a buffer sliced past its end, found by `state::fuzz`):
+/// that is a damaged file too, and an error.
+fn guarded<T>(read: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
+        Err(ArrowError::IpcError("an Arrow IPC file that does not read".into()).into())
+    })
 }
 
 /// [`read_ipc`] of bytes it may keep: the batches are decoded in place
@@ -441,6 +452,10 @@ pub(crate) fn read_ipc(bytes: &[u8], schema: &SchemaRef) -> Result<RecordBatch> 
 /// held twice while it is restored, not three times (file, decoded
 /// batches, concatenation).
 pub(crate) fn read_ipc_owned(bytes: Vec<u8>, schema: &SchemaRef) -> Result<RecordBatch> {
+    guarded(|| read_ipc_owned_unguarded(bytes, schema))
+}
+
+fn read_ipc_owned_unguarded(bytes: Vec<u8>, schema: &SchemaRef) -> Result<RecordBatch> {
     let buffer = Buffer::from_vec(bytes);
     let damaged = |what: &str| ArrowError::IpcError(format!("{what} of an Arrow IPC file"));
     let trailer_start = buffer

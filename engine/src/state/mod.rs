@@ -20,6 +20,8 @@
 pub(crate) mod chain;
 pub(crate) mod codec;
 mod columns;
+#[cfg(test)]
+mod fuzz;
 pub(crate) mod keyed;
 pub(crate) mod remote;
 

@@ -141,7 +141,11 @@ fn framing(message: &[u8]) -> std::result::Result<(u32, Vec<usize>, usize), Stri
 
 /// Writer messages by schema id and message indexes; `None` for an id the
 /// registry does not have.
-type Compiled = HashMap<(u32, Vec<usize>), Option<MessageDescriptor>>;
+/// By schema id and message indexes: the message's descriptor, none for
+/// an id the registry does not have, or why it does not compile (a record
+/// naming a message its schema lacks: the record's fault, not the
+/// registry's).
+type Compiled = HashMap<(u32, Vec<usize>), std::result::Result<Option<MessageDescriptor>, String>>;
 
 /// Decodes Protobuf in the Confluent wire format
 /// (`format = 'protobuf-confluent'`) into columns, compiling each writer
@@ -225,20 +229,29 @@ impl ProtobufConfluentDecoder {
     pub(crate) fn resolve<'a>(&self, messages: impl Iterator<Item = &'a [u8]>) -> Result<()> {
         for m in messages {
             if let Ok((id, indexes, _)) = framing(m) {
-                self.descriptor(id, indexes)?;
+                // A message the schema lacks is the record's fault: its
+                // decoding says so.
+                let _record_fault = self.descriptor(id, indexes)?;
             }
         }
         Ok(())
     }
 
-    fn descriptor(&self, id: u32, indexes: Vec<usize>) -> Result<Option<MessageDescriptor>> {
+    /// The descriptor of message `indexes` of schema `id`; an error only
+    /// when the registry cannot be asked (the inner one: when the record's
+    /// schema and indexes name no message).
+    fn descriptor(
+        &self,
+        id: u32,
+        indexes: Vec<usize>,
+    ) -> Result<std::result::Result<Option<MessageDescriptor>, String>> {
         let key = (id, indexes);
         if let Some(known) = self.lock().get(&key) {
             return Ok(known.clone());
         }
         let found = match self.writers.schema_by_id(id)? {
-            Some(text) => Some(compile(&text, &key.1)?),
-            None => None,
+            Some(text) => compile(&text, &key.1).map(Some).map_err(|e| e.to_string()),
+            None => Ok(None),
         };
         self.lock().insert(key, found.clone());
         Ok(found)
@@ -261,9 +274,12 @@ impl ProtobufConfluentDecoder {
         let mut rows = Vec::with_capacity(messages.len());
         for m in messages {
             let (id, indexes, start) = framing(m).map_err(SluiceError::plan)?;
-            let descriptor = self.descriptor(id, indexes)?.ok_or_else(|| {
-                SluiceError::plan(format!("schema id {id} is not in {}", self.writers.name()))
-            })?;
+            let descriptor = self
+                .descriptor(id, indexes)?
+                .map_err(SluiceError::plan)?
+                .ok_or_else(|| {
+                    SluiceError::plan(format!("schema id {id} is not in {}", self.writers.name()))
+                })?;
             let message = DynamicMessage::decode(descriptor, &m[start..]).map_err(|e| {
                 SluiceError::plan(format!("not a Protobuf message of schema id {id}: {e}"))
             })?;

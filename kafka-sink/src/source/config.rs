@@ -115,11 +115,23 @@ pub(crate) struct SourceConfig {
 /// the columns the stream reads and how ([`Columns::plan`]).
 pub(crate) fn factory(
     stream: &str,
-    mut o: Options,
+    o: Options,
     declared: Option<SchemaRef>,
     connect_timeout_default: Duration,
     upsert: bool,
 ) -> Result<Arc<dyn SourceFactory>> {
+    let config = source_config(stream, o, declared, connect_timeout_default, upsert)?;
+    Ok(Arc::new(KafkaSourceFactory(config)))
+}
+
+/// What [`factory`] builds its sources from.
+pub(super) fn source_config(
+    stream: &str,
+    mut o: Options,
+    declared: Option<SchemaRef>,
+    connect_timeout_default: Duration,
+    upsert: bool,
+) -> Result<SourceConfig> {
     let options = SourceOptions::take(stream, &mut o, connect_timeout_default)?;
     leave_out_other_use(stream, &mut o, SINK_OPTIONS, &["sink.*"]);
     o.finish(
@@ -127,7 +139,7 @@ pub(crate) fn factory(
         &[STREAM_OPTIONS, SOURCE_OPTIONS, REGISTRY_OPTIONS].concat(),
     )?;
     let columns = Columns::plan(stream, &options.columns, declared, upsert)?;
-    Ok(Arc::new(KafkaSourceFactory(SourceConfig {
+    Ok(SourceConfig {
         stream: stream.to_string(),
         topic: options.topic,
         client: options.client,
@@ -148,7 +160,7 @@ pub(crate) fn factory(
         confluent: columns.confluent,
         protobuf: columns.protobuf,
         schema: columns.schema,
-    })))
+    })
 }
 
 /// A Kafka stream's options, each taken and checked, before its columns

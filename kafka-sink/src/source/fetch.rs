@@ -73,6 +73,31 @@ struct Slot {
 }
 
 impl Fetched {
+    /// Records of `(offset, key, value)` as a fetch would hold them, each
+    /// stamped at ten times its offset (tests).
+    #[cfg(test)]
+    pub(super) fn of<'a>(
+        records: impl IntoIterator<Item = (i64, Option<&'a [u8]>, Option<&'a [u8]>)>,
+    ) -> Self {
+        let mut f = Fetched::default();
+        for (offset, key, value) in records {
+            let mut put = |bytes: &[u8]| {
+                let at = f.bytes.len();
+                f.bytes.extend_from_slice(bytes);
+                (at, bytes.len())
+            };
+            let key = key.map(&mut put);
+            let value = value.map(&mut put);
+            f.slots.push(Slot {
+                key,
+                value,
+                offset,
+                timestamp_ms: Some(offset * 10),
+            });
+        }
+        f
+    }
+
     pub(super) fn len(&self) -> usize {
         self.slots.len()
     }
@@ -587,26 +612,17 @@ mod tests {
 
     /// Records of `(offset, value)`, a key on every other one.
     fn fetched(records: &[(i64, Option<&str>)]) -> Fetched {
-        let mut f = Fetched::default();
-        for (i, &(offset, value)) in records.iter().enumerate() {
-            let key = (i % 2 == 0).then(|| {
-                let at = f.bytes.len();
-                f.bytes.extend_from_slice(format!("k{offset}").as_bytes());
-                (at, f.bytes.len() - at)
-            });
-            let value = value.map(|v| {
-                let at = f.bytes.len();
-                f.bytes.extend_from_slice(v.as_bytes());
-                (at, v.len())
-            });
-            f.slots.push(Slot {
-                key,
-                value,
-                offset,
-                timestamp_ms: Some(offset * 10),
-            });
-        }
-        f
+        let keys: Vec<String> = records.iter().map(|(o, _)| format!("k{o}")).collect();
+        Fetched::of(
+            records
+                .iter()
+                .zip(&keys)
+                .enumerate()
+                .map(|(i, ((o, v), k))| {
+                    let key = (i % 2 == 0).then_some(k.as_bytes());
+                    (*o, key, v.map(str::as_bytes))
+                }),
+        )
     }
 
     fn seen(f: &Fetched) -> Vec<(i64, Option<String>, String, bool)> {

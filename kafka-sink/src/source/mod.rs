@@ -43,6 +43,8 @@ mod config;
 mod debezium;
 mod decode;
 mod fetch;
+#[cfg(test)]
+mod fuzz;
 mod group_offsets;
 mod metadata;
 mod plan;
@@ -86,22 +88,10 @@ impl SourceFactory for KafkaSourceFactory {
 impl KafkaSourceFactory {
     /// A source of its own consumers, reading every partition or `task`'s.
     fn open(&self, task: Option<TaskId>) -> Result<Arc<dyn Source>> {
-        let c = &self.0;
-        let consumer = new_consumer(c)?;
-        Ok(Arc::new(KafkaSource(Arc::new(SourceInner {
-            config: c.clone(),
+        Ok(Arc::new(KafkaSource(Arc::new(SourceInner::new(
+            self.0.clone(),
             task,
-            consumer: Mutex::new(Detached::new(consumer)),
-            lanes: Mutex::new(None),
-            partitions: Mutex::default(),
-            initial: Mutex::new(BTreeMap::new()),
-            cap: Mutex::new(None),
-            record_bytes: Mutex::new(None),
-            lag: Mutex::new(BTreeMap::new()),
-            rejected: Mutex::default(),
-            purger: Purger::new(c),
-            group: GroupCommitter::new(c),
-        }))))
+        )?))))
     }
 }
 
@@ -195,6 +185,26 @@ struct SourceInner {
     /// With 'group.id', what commits the group's offsets when the sink
     /// cannot take them with the epoch.
     group: Option<GroupCommitter>,
+}
+
+impl SourceInner {
+    fn new(config: SourceConfig, task: Option<TaskId>) -> Result<Self> {
+        let consumer = new_consumer(&config)?;
+        Ok(Self {
+            task,
+            consumer: Mutex::new(Detached::new(consumer)),
+            lanes: Mutex::new(None),
+            partitions: Mutex::default(),
+            initial: Mutex::new(BTreeMap::new()),
+            cap: Mutex::new(None),
+            record_bytes: Mutex::new(None),
+            lag: Mutex::new(BTreeMap::new()),
+            rejected: Mutex::default(),
+            purger: Purger::new(&config),
+            group: GroupCommitter::new(&config),
+            config,
+        })
+    }
 }
 
 impl Drop for SourceInner {
