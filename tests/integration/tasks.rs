@@ -634,3 +634,85 @@ async fn share_and_take_over(d: &Divided) {
     }
     check_output(d).await;
 }
+
+/// NaN and the infinities cross a repartition step as themselves: its
+/// channel is JSON, which has no such numbers, and carried them as null
+/// (so `count`, NaN and infinity counts differed from `'tasks' = '1'`).
+/// Per group, the counts equal a plain loop's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
+    let bootstrap = broker().await;
+    let (input, output) = (fresh_topic("floats-in"), fresh_topic("floats-out"));
+    create_topic(&bootstrap, &input, 2).await.unwrap();
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    let ids = 0..200i64;
+    let records: Vec<(String, Option<String>)> = ids
+        .clone()
+        .map(|id| (id.to_string(), Some(format!(r#"{{"id": {id}}}"#))))
+        .collect();
+    let (b, t) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || crate::changelog::send_keyed(&b, &t, &records))
+        .await
+        .unwrap();
+    // Per group: (values, NaNs, infinities), none of them null.
+    let mut want: BTreeMap<i64, (i64, i64, i64)> = BTreeMap::new();
+    for id in ids {
+        let counts = want.entry(id % 3).or_default();
+        counts.0 += 1;
+        counts.1 += i64::from(id % 4 == 0);
+        counts.2 += i64::from(id % 4 == 1);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sql = dir.path().join("floats.sql");
+    std::fs::write(
+        &sql,
+        format!(
+            "SET 'checkpoint.location' = '{cp}';\n\
+             SET 'pipeline.name' = '{output}';\n\
+             SET 'tasks' = 'per-partition';\n\
+             SET 'trigger.interval' = '200 ms';\n\
+             CREATE STREAM events (id BIGINT, \
+               r AS CASE WHEN id % 4 = 0 THEN CAST('NaN' AS DOUBLE) \
+                 WHEN id % 4 = 1 THEN CAST('inf' AS DOUBLE) \
+                 WHEN id % 4 = 2 THEN CAST('-inf' AS DOUBLE) ELSE id * 0.1 END) \
+               WITH (connector = 'kafka', topic = '{input}', \
+               'bootstrap.servers' = '{bootstrap}', format = 'json');\n\
+             CREATE STREAM out WITH (connector = 'kafka', topic = '{output}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             INSERT INTO out SELECT g, count(r) AS present, \
+               sum(CASE WHEN isnan(r) THEN 1 ELSE 0 END) AS nans, \
+               sum(CASE WHEN r = CAST('inf' AS DOUBLE) THEN 1 ELSE 0 END) AS infs \
+             FROM (SELECT id % 3 AS g, r FROM events) GROUP BY g;\n",
+            cp = dir.path().join("cp").display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("run").arg(&sql).stdout(Stdio::null());
+    let mut run = Run::new(cmd);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut got = BTreeMap::new();
+    while got != want {
+        assert!(run.running(), "{}", run.stderr());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{got:?} != {want:?}: {}",
+            run.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        got = crate::changelog::compacted(&bootstrap, &output)
+            .await
+            .into_values()
+            .map(|v| {
+                let n = |name: &str| v[name].as_i64().unwrap();
+                (n("g"), (n("present"), n("nans"), n("infs")))
+            })
+            .collect();
+    }
+    run.terminate();
+    assert!(
+        run.wait(Duration::from_secs(60)).success(),
+        "{}",
+        run.stderr()
+    );
+}

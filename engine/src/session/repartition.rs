@@ -32,10 +32,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Column;
-use datafusion::logical_expr::{Aggregate, Distinct, Expr, LogicalPlan, LogicalPlanBuilder};
+use datafusion::logical_expr::{cast, Aggregate, Distinct, Expr, LogicalPlan, LogicalPlanBuilder};
 
 use super::frame::DataStreamWriter;
 use super::Session;
@@ -175,10 +176,25 @@ fn split(
         .filter(|c| needed.contains(c))
         .collect();
     let carried = |c: &Column| needed.iter().position(|n| n == c).map(|i| format!("c{i}"));
+    let input_schema = aggregate.input.schema();
+    // The channel is JSON, which has no NaN or infinity: a float crosses
+    // as its text (shortest exact form, "NaN", "inf"), read back exactly.
+    let float = |c: &Column| {
+        input_schema
+            .qualified_field_from_column(c)
+            .map(|(_, f)| f)
+            .is_ok_and(|f| f.data_type().is_floating())
+    };
     let mut crossing: Vec<Expr> = needed
         .iter()
         .enumerate()
-        .map(|(i, c)| Expr::Column(c.clone()).alias(format!("c{i}")))
+        .map(|(i, c)| {
+            let column = Expr::Column(c.clone());
+            match float(c) {
+                true => cast(column, DataType::Utf8).alias(format!("c{i}")),
+                false => column.alias(format!("c{i}")),
+            }
+        })
         .collect();
     let mut key_fields = Vec::new();
     for (j, g) in aggregate.group_expr.iter().enumerate() {
@@ -236,8 +252,12 @@ fn split(
         .iter()
         .enumerate()
         .map(|(i, c)| {
-            Expr::Column(Column::from_name(format!("c{i}")))
-                .alias_qualified(c.relation.clone(), c.name.clone())
+            let column = Expr::Column(Column::from_name(format!("c{i}")));
+            let column = match input_schema.qualified_field_from_column(c).map(|(_, f)| f) {
+                Ok(f) if f.data_type().is_floating() => cast(column, f.data_type().clone()),
+                _ => column,
+            };
+            column.alias_qualified(c.relation.clone(), c.name.clone())
         })
         .collect();
     let new_input = LogicalPlanBuilder::from(read_back.logical_plan().clone())
@@ -308,5 +328,42 @@ fn input_stream(plan: &LogicalPlan) -> Result<StreamDefinition> {
     match <[_; 1]>::try_from(found) {
         Ok([one]) => Ok(one),
         Err(_) => Err(refuse("it reads several streams")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Array, AsArray, Float64Array};
+    use datafusion::arrow::compute::cast;
+    use datafusion::arrow::datatypes::{DataType, Float64Type};
+
+    /// What a float becomes on the channel and back: the same bits, NaN
+    /// and the infinities included (JSON numbers would make them null).
+    #[test]
+    fn a_float_crosses_the_channel_as_text_exactly() {
+        let values = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -0.0,
+            0.1,
+            1e308,
+            f64::MIN_POSITIVE,
+            5e-324,
+            -123456.789e-30,
+        ];
+        let floats = Float64Array::from(values.to_vec());
+        let text = cast(&floats, &DataType::Utf8).unwrap();
+        let back = cast(&text, &DataType::Float64).unwrap();
+        let back = back.as_primitive::<Float64Type>();
+        assert_eq!(back.null_count(), 0);
+        for (i, v) in values.iter().enumerate() {
+            let got = back.value(i);
+            assert!(
+                got.to_bits() == v.to_bits() || (got.is_nan() && v.is_nan()),
+                "{v} came back as {got} (text {:?})",
+                text.as_string::<i32>().value(i)
+            );
+        }
     }
 }
