@@ -200,14 +200,27 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     produce_keyed(&d.bootstrap, &d.input, 0..RECORDS);
     let sql = d.sql("per-partition", &key_from_value());
 
-    // Kill -9 at random moments, then run to the end of the input.
+    // Kill -9 at random moments, then run to the end of the input. Where
+    // each kill landed is read from the checkpoint: it must have hit, at
+    // least once, a process past its first commit and a task between an
+    // epoch's plan and its commit record (more kills until it has, up to
+    // 20).
     let mut rng = Lcg(crash_seed("kill -9", || 0x7a5c));
-    for _ in 0..6 {
+    let (mut after_commit, mut mid_epoch) = (0, 0);
+    for kill in 0..20 {
+        if kill >= 6 && after_commit > 0 && mid_epoch > 0 {
+            break;
+        }
         let mut run = Run::new(d.command(&sql));
         std::thread::sleep(Duration::from_millis(700 + rng.next(2_500)));
         assert!(run.running(), "the run ended: {}", run.stderr());
         run.kill_9();
+        let landed = landed(d.dir.path());
+        after_commit += usize::from(landed.0);
+        mid_epoch += usize::from(landed.1);
     }
+    assert!(after_commit > 0, "no kill landed after a first commit");
+    assert!(mid_epoch > 0, "no kill landed inside an epoch");
     let mut last = Run::new(d.command(&sql));
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     while !complete(&d).await {
@@ -291,9 +304,25 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     assert!(plan.contains(&topic), "{plan}");
     assert!(plan.contains("-- sub-topology 1"), "{plan}");
     // It was created with a partition per task, and the records the
-    // tasks had committed past were deleted.
+    // tasks had committed past were deleted: every partition's start
+    // moved past records it held (and the output is exact, above, so none
+    // the query still needed went).
     let left = d.read(&topic).await;
     assert!(left.len() < RECORDS as usize, "{} records left", left.len());
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &d.bootstrap)
+        .create()
+        .unwrap();
+    for p in 0..PARTITIONS {
+        use rdkafka::consumer::Consumer;
+        let (low, high) = consumer
+            .fetch_watermarks(&topic, p, Duration::from_secs(10))
+            .unwrap();
+        assert!(
+            0 < low && low <= high,
+            "{topic} partition {p}: {low}..{high}"
+        );
+    }
 
     // An event-time window on what does not decide the partition is
     // refused: its watermark cannot cross the repartition step yet.
@@ -352,6 +381,30 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
             refused.stderr()
         );
     }
+}
+
+/// Where a kill left the checkpoints under `dir`: whether any task had
+/// committed an epoch, and whether any had planned an epoch (`offsets/N`)
+/// it had not recorded as committed (`commits/N`).
+fn landed(dir: &Path) -> (bool, bool) {
+    let last = |path: PathBuf| {
+        std::fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+    };
+    let (mut committed, mut inside) = (false, false);
+    for query in ["copy", "counts", "windows"] {
+        for task in 0..PARTITIONS {
+            let task = dir.join(query).join("tasks").join(task.to_string());
+            let (planned, done) = (last(task.join("offsets")), last(task.join("commits")));
+            committed |= done.is_some();
+            inside |= planned > done;
+        }
+    }
+    (committed, inside)
 }
 
 /// The outputs of [`Divided`]'s queries are exact: the copy holds every
@@ -484,6 +537,7 @@ async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_
     d.checkpoints = format!("s3://{}/{prefix}", s3.bucket);
     d.env = s3.env.clone();
     share_and_take_over(&d).await;
+    state_files_were_deleted(&s3.data.join(&s3.bucket).join(&prefix));
     // The checkpoints are objects on the server (its files, one per
     // object), every task's.
     for query in ["copy", "counts", "windows"] {
@@ -566,7 +620,24 @@ async fn share_and_take_over(d: &Divided) {
             }
             // One dies with SIGKILL, its tasks in hand, and comes back.
             _ => {
-                let victim = rng.next(running.len() as u64) as usize;
+                // The victim is one that was given tasks: after a kill the
+                // group hands them on only once the dead member's session
+                // expires, and a kill of a process without tasks tests
+                // nothing.
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                let holders = loop {
+                    let holders: Vec<usize> =
+                        (0..running.len()).filter(|&i| given(&running[i])).collect();
+                    if !holders.is_empty() {
+                        break holders;
+                    }
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "no process was given a task within 60 s:\n{log}"
+                    );
+                    std::thread::sleep(Duration::from_millis(500));
+                };
+                let victim = holders[rng.next(holders.len() as u64) as usize];
                 running[victim].kill_9();
                 log.push_str(&format!("killed:\n{}\n", running[victim].stderr()));
                 std::thread::sleep(Duration::from_millis(rng.next(2_000)));
@@ -610,16 +681,22 @@ async fn share_and_take_over(d: &Divided) {
             let report = d.inspect(query);
             let owners: Vec<&str> = report.lines().filter(|l| l.contains("owner: ")).collect();
             assert_eq!(owners.len(), PARTITIONS as usize, "{report}");
-            assert!(report.contains("lag: "), "{report}");
+            // Each task's lag, in records: none is behind its input.
+            let lags: Vec<Option<u64>> = report
+                .lines()
+                .filter_map(|l| l.trim().strip_prefix("lag: "))
+                .map(|l| l.split(' ').next()?.parse().ok())
+                .collect();
+            assert_eq!(lags.len(), PARTITIONS as usize, "{report}");
             let owned_live = owners
                 .iter()
                 .all(|o| live.iter().any(|l| o.contains(l.as_str())));
-            if owned_live {
+            if owned_live && lags.iter().all(|l| *l == Some(0)) {
                 break;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "a task owned by no live process ({live:?}): {report}"
+                "a task owned by no live process ({live:?}) or behind its input: {report}"
             );
             std::thread::sleep(Duration::from_millis(500));
         }
@@ -633,6 +710,34 @@ async fn share_and_take_over(d: &Divided) {
         assert!(status.success(), "{}", run.stderr());
     }
     check_output(d).await;
+    if !d.checkpoints.starts_with("s3://") {
+        state_files_were_deleted(Path::new(&d.checkpoints));
+    }
+}
+
+/// Every epoch of a stateful task snapshots its state and deletes what it
+/// retains no more (`state.retained.snapshots` = 1): each operator's
+/// state folder under `root` holds a snapshot or two, not one per epoch.
+fn state_files_were_deleted(root: &Path) {
+    for query in ["counts", "windows"] {
+        for task in 0..PARTITIONS {
+            let state = root.join(query).join(format!("tasks/{task}/state"));
+            let operators: Vec<PathBuf> = std::fs::read_dir(&state)
+                .unwrap_or_else(|e| panic!("{}: {e}", state.display()))
+                .flatten()
+                .map(|e| e.path())
+                .collect();
+            assert!(!operators.is_empty(), "no state in {}", state.display());
+            for operator in operators {
+                let files = std::fs::read_dir(&operator).map_or(0, |d| d.count());
+                assert!(
+                    (1..=3).contains(&files),
+                    "{files} files in {}: deletions did not run",
+                    operator.display()
+                );
+            }
+        }
+    }
 }
 
 /// NaN and the infinities cross a repartition step as themselves: its
