@@ -207,17 +207,35 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     // 20).
     let mut rng = Lcg(crash_seed("kill -9", || 0x7a5c));
     let (mut after_commit, mut mid_epoch) = (0, 0);
+    // Each task's last planned epoch after the previous kill: an epoch
+    // left open by an earlier kill is not this one's.
+    let mut before = epochs(d.dir.path());
+    let inside = |now: &BTreeMap<String, (Option<u64>, Option<u64>)>,
+                  before: &BTreeMap<String, (Option<u64>, Option<u64>)>| {
+        now.iter().any(|(task, (planned, done))| {
+            planned > done && *planned > before.get(task).and_then(|b| b.0)
+        })
+    };
     for kill in 0..20 {
         if kill >= 6 && after_commit > 0 && mid_epoch > 0 {
             break;
         }
         let mut run = Run::new(d.command(&sql));
         std::thread::sleep(Duration::from_millis(700 + rng.next(2_500)));
+        // Every other kill waits for a task to be inside an epoch (planned,
+        // its commit not recorded), then strikes at once.
+        if kill % 2 == 1 {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while !inside(&epochs(d.dir.path()), &before) && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
         assert!(run.running(), "the run ended: {}", run.stderr());
         run.kill_9();
-        let landed = landed(d.dir.path());
-        after_commit += usize::from(landed.0);
-        mid_epoch += usize::from(landed.1);
+        let now = epochs(d.dir.path());
+        after_commit += usize::from(now.values().any(|(_, done)| done.is_some()));
+        mid_epoch += usize::from(inside(&now, &before));
+        before = now;
     }
     assert!(after_commit > 0, "no kill landed after a first commit");
     assert!(mid_epoch > 0, "no kill landed inside an epoch");
@@ -383,10 +401,9 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     }
 }
 
-/// Where a kill left the checkpoints under `dir`: whether any task had
-/// committed an epoch, and whether any had planned an epoch (`offsets/N`)
-/// it had not recorded as committed (`commits/N`).
-fn landed(dir: &Path) -> (bool, bool) {
+/// Each task's last planned epoch (`offsets/N`) and last epoch recorded
+/// as committed (`commits/N`) in the checkpoints under `dir`.
+fn epochs(dir: &Path) -> BTreeMap<String, (Option<u64>, Option<u64>)> {
     let last = |path: PathBuf| {
         std::fs::read_dir(path)
             .into_iter()
@@ -395,16 +412,15 @@ fn landed(dir: &Path) -> (bool, bool) {
             .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
             .max()
     };
-    let (mut committed, mut inside) = (false, false);
+    let mut out = BTreeMap::new();
     for query in ["copy", "counts", "windows"] {
         for task in 0..PARTITIONS {
-            let task = dir.join(query).join("tasks").join(task.to_string());
-            let (planned, done) = (last(task.join("offsets")), last(task.join("commits")));
-            committed |= done.is_some();
-            inside |= planned > done;
+            let dir = dir.join(query).join("tasks").join(task.to_string());
+            let planned_done = (last(dir.join("offsets")), last(dir.join("commits")));
+            out.insert(format!("{query}/{task}"), planned_done);
         }
     }
-    (committed, inside)
+    out
 }
 
 /// The outputs of [`Divided`]'s queries are exact: the copy holds every
