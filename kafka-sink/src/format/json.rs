@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::json::{LineDelimitedWriter, ReaderBuilder};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -58,6 +58,73 @@ impl JsonLines {
     }
 }
 
+/// Whether `t` holds a DECIMAL, at any depth.
+fn has_decimal(t: &DataType) -> bool {
+    match t {
+        DataType::Decimal32(..)
+        | DataType::Decimal64(..)
+        | DataType::Decimal128(..)
+        | DataType::Decimal256(..) => true,
+        DataType::Struct(fields) => fields.iter().any(|f| has_decimal(f.data_type())),
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _)
+        | DataType::Map(f, _) => has_decimal(f.data_type()),
+        _ => false,
+    }
+}
+
+/// The largest exponent a number may be written with: no DECIMAL holds
+/// more than 76 digits, and arrow's decimal parser keeps the exponent in
+/// an `i16`, which one past 32 767 overflows (in a release build it wraps
+/// and gives a wrong value; found by the source's fuzz target).
+const MAX_EXPONENT: u32 = 1_000;
+
+/// An error for a number of `value` (outside its strings) written with an
+/// exponent beyond [`MAX_EXPONENT`].
+fn refuse_huge_exponents(value: &[u8]) -> Result<()> {
+    let (mut in_string, mut escaped) = (false, false);
+    let mut i = 0;
+    while i < value.len() {
+        let b = value[i];
+        i += 1;
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'e' | b'E' if i >= 2 && (value[i - 2].is_ascii_digit() || value[i - 2] == b'.') => {
+                if matches!(value.get(i), Some(b'+' | b'-')) {
+                    i += 1;
+                }
+                let mut exponent: u32 = 0;
+                while let Some(d) = value.get(i).filter(|d| d.is_ascii_digit()) {
+                    exponent = exponent
+                        .saturating_mul(10)
+                        .saturating_add(u32::from(d - b'0'));
+                    i += 1;
+                }
+                if exponent > MAX_EXPONENT {
+                    return Err(ArrowError::JsonError(format!(
+                        "a number with an exponent beyond {MAX_EXPONENT}, which no DECIMAL holds"
+                    ))
+                    .into());
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Decodes JSON message values, one object each, into one batch of
 /// `schema` (arrow-json's vectorised decoder): the Kafka source's fast
 /// path, public so that `benches/micro.rs` can measure it alone. Every
@@ -81,10 +148,14 @@ pub fn decode_json<'a>(
     values: impl IntoIterator<Item = &'a [u8]>,
 ) -> Result<RecordBatch> {
     let values = values.into_iter();
+    let decimals = schema.fields().iter().any(|f| has_decimal(f.data_type()));
     let mut decoder = ReaderBuilder::new(Arc::clone(schema))
         .with_batch_size(values.size_hint().0.max(1))
         .build_decoder()?;
     for value in values {
+        if decimals {
+            refuse_huge_exponents(value)?;
+        }
         // One message, one value: the decoder stops early once its batch
         // is full, so a message of two values would push the last
         // message's row out unseen, and a message of half a value would
@@ -104,4 +175,36 @@ pub fn decode_json<'a>(
     Ok(decoder
         .flush()?
         .unwrap_or_else(|| RecordBatch::new_empty(Arc::clone(schema))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exponents_beyond_any_decimal_are_refused_outside_strings_only() {
+        for ok in [
+            &b"{\"a\": 1e5}"[..],
+            b"{\"a\": 1.5E-1000}",
+            b"{\"s\": \"x1e99999\"}",
+            b"{\"e\": 3}",
+        ] {
+            assert!(
+                refuse_huge_exponents(ok).is_ok(),
+                "{}",
+                String::from_utf8_lossy(ok)
+            );
+        }
+        for bad in [
+            &b"{\"a\": -0.1e3090001}"[..],
+            b"[1E+32768]",
+            b"{\"s\": \"\\\"\", \"a\": 2e1001}",
+        ] {
+            assert!(
+                refuse_huge_exponents(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
 }
