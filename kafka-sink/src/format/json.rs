@@ -82,44 +82,69 @@ fn has_decimal(t: &DataType) -> bool {
 /// and gives a wrong value; found by the source's fuzz target).
 const MAX_EXPONENT: u32 = 1_000;
 
-/// An error for a number of `value` (outside its strings) written with an
-/// exponent beyond [`MAX_EXPONENT`].
+/// An error for a number of `value` written with an exponent beyond
+/// [`MAX_EXPONENT`]: a number token, or a string that is one (arrow reads
+/// a DECIMAL from either). Arrow's tokenizer takes every `[0-9+-]` after
+/// the `e` as the exponent's (`1e3-9001` is read as exponent 39001), so
+/// all of them count.
 fn refuse_huge_exponents(value: &[u8]) -> Result<()> {
-    let (mut in_string, mut escaped) = (false, false);
+    let huge = |number: &[u8]| {
+        let Some(e) = number.iter().position(|b| matches!(b, b'e' | b'E')) else {
+            return false;
+        };
+        let mantissa = &number[..e];
+        let numeric = !mantissa.is_empty()
+            && mantissa
+                .iter()
+                .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+'))
+            && mantissa.iter().any(u8::is_ascii_digit);
+        let mut exponent: u32 = 0;
+        for d in number[e + 1..].iter().filter(|d| d.is_ascii_digit()) {
+            exponent = exponent
+                .saturating_mul(10)
+                .saturating_add(u32::from(d - b'0'));
+        }
+        numeric
+            && number[e + 1..]
+                .iter()
+                .all(|b| b.is_ascii_digit() || matches!(b, b'+' | b'-'))
+            && exponent > MAX_EXPONENT
+    };
+    let refuse = || {
+        Err(ArrowError::JsonError(format!(
+            "a number with an exponent beyond {MAX_EXPONENT}, which no DECIMAL holds"
+        ))
+        .into())
+    };
     let mut i = 0;
     while i < value.len() {
-        let b = value[i];
-        i += 1;
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'e' | b'E' if i >= 2 && (value[i - 2].is_ascii_digit() || value[i - 2] == b'.') => {
-                if matches!(value.get(i), Some(b'+' | b'-')) {
+        match value[i] {
+            b'"' => {
+                let start = i + 1;
+                let mut escaped = false;
+                i += 1;
+                while i < value.len() && (escaped || value[i] != b'"') {
+                    escaped = !escaped && value[i] == b'\\';
                     i += 1;
                 }
-                let mut exponent: u32 = 0;
-                while let Some(d) = value.get(i).filter(|d| d.is_ascii_digit()) {
-                    exponent = exponent
-                        .saturating_mul(10)
-                        .saturating_add(u32::from(d - b'0'));
+                if huge(&value[start..i.min(value.len())]) {
+                    return refuse();
+                }
+                i += 1;
+            }
+            b if b.is_ascii_digit() || b == b'-' => {
+                let start = i;
+                while i < value.len()
+                    && (value[i].is_ascii_digit()
+                        || matches!(value[i], b'.' | b'e' | b'E' | b'+' | b'-'))
+                {
                     i += 1;
                 }
-                if exponent > MAX_EXPONENT {
-                    return Err(ArrowError::JsonError(format!(
-                        "a number with an exponent beyond {MAX_EXPONENT}, which no DECIMAL holds"
-                    ))
-                    .into());
+                if huge(&value[start..i]) {
+                    return refuse();
                 }
             }
-            _ => {}
+            _ => i += 1,
         }
     }
     Ok(())
