@@ -76,43 +76,54 @@ fn has_decimal(t: &DataType) -> bool {
     }
 }
 
-/// The largest exponent a number may be written with: no DECIMAL holds
-/// more than 76 digits, and arrow's decimal parser keeps the exponent in
-/// an `i16`, which one past 32 767 overflows (in a release build it wraps
-/// and gives a wrong value; found by the source's fuzz target).
+/// The largest exponent a number may be written with, and the most
+/// digits: no DECIMAL holds more than 76 digits, and arrow's decimal
+/// parser counts digits in a `u8` and keeps the exponent in an `i16`,
+/// which overflow (a panic in a debug build; in release they wrap and
+/// give a wrong value; found by the source's fuzz target).
 const MAX_EXPONENT: u32 = 1_000;
+const MAX_DIGITS: usize = 200;
 
-/// An error for a number of `value` written with an exponent beyond
-/// [`MAX_EXPONENT`]: a number token, or a string that is one (arrow reads
-/// a DECIMAL from either). Arrow's tokenizer takes every `[0-9+-]` after
-/// the `e` as the exponent's (`1e3-9001` is read as exponent 39001), so
-/// all of them count.
+/// An error for a number of `value` written with more than [`MAX_DIGITS`]
+/// digits before its exponent, or an exponent beyond [`MAX_EXPONENT`]: a
+/// number token, or a string that is one (arrow reads a DECIMAL from
+/// either). Arrow's tokenizer takes every `[0-9+-]` after the `e` as the
+/// exponent's (`1e3-9001` is read as exponent 39001), so all of them
+/// count.
 fn refuse_huge_exponents(value: &[u8]) -> Result<()> {
     let huge = |number: &[u8]| {
-        let Some(e) = number.iter().position(|b| matches!(b, b'e' | b'E')) else {
-            return false;
-        };
+        let e = number
+            .iter()
+            .position(|b| matches!(b, b'e' | b'E'))
+            .unwrap_or(number.len());
         let mantissa = &number[..e];
-        let numeric = !mantissa.is_empty()
-            && mantissa
-                .iter()
-                .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+'))
+        let numeric = mantissa
+            .iter()
+            .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+'))
             && mantissa.iter().any(u8::is_ascii_digit);
+        if !numeric {
+            return false;
+        }
+        if mantissa.iter().filter(|b| b.is_ascii_digit()).count() > MAX_DIGITS {
+            return true;
+        }
         let mut exponent: u32 = 0;
-        for d in number[e + 1..].iter().filter(|d| d.is_ascii_digit()) {
+        let run = number
+            .get(e + 1..)
+            .unwrap_or_default()
+            .iter()
+            .take_while(|b| b.is_ascii_digit() || matches!(b, b'+' | b'-'));
+        for d in run.filter(|d| d.is_ascii_digit()) {
             exponent = exponent
                 .saturating_mul(10)
                 .saturating_add(u32::from(d - b'0'));
         }
-        numeric
-            && number[e + 1..]
-                .iter()
-                .all(|b| b.is_ascii_digit() || matches!(b, b'+' | b'-'))
-            && exponent > MAX_EXPONENT
+        exponent > MAX_EXPONENT
     };
     let refuse = || {
         Err(ArrowError::JsonError(format!(
-            "a number with an exponent beyond {MAX_EXPONENT}, which no DECIMAL holds"
+            "a number with more than {MAX_DIGITS} digits or an exponent beyond {MAX_EXPONENT}, \
+             which no DECIMAL holds"
         ))
         .into())
     };
@@ -207,7 +218,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn exponents_beyond_any_decimal_are_refused_outside_strings_only() {
+    fn numbers_no_decimal_holds_are_refused_in_numbers_and_numeric_strings() {
+        let long = format!("{{\"a\": {}}}", "9".repeat(MAX_DIGITS + 1));
+        assert!(refuse_huge_exponents(long.as_bytes()).is_err());
+        let fine = format!("{{\"a\": {}}}", "9".repeat(MAX_DIGITS));
+        assert!(refuse_huge_exponents(fine.as_bytes()).is_ok());
         for ok in [
             &b"{\"a\": 1e5}"[..],
             b"{\"a\": 1.5E-1000}",
@@ -224,6 +239,9 @@ mod tests {
             &b"{\"a\": -0.1e3090001}"[..],
             b"[1E+32768]",
             b"{\"s\": \"\\\"\", \"a\": 2e1001}",
+            b"{\"a\": -0.01e3-9001}",
+            b"{\"a\": \"1e99999\"}",
+            b"{\"a\": 1999999999999999999991e3099999999999999999992.5}",
         ] {
             assert!(
                 refuse_huge_exponents(bad).is_err(),
