@@ -60,6 +60,12 @@ pub(crate) struct UpsertOutput {
     pub key_columns: Vec<String>,
 }
 
+/// Whether `f` is one of an upsert stream's (or keyed changelog's) key
+/// columns ([`KEY_METADATA`]).
+pub(crate) fn is_key_column(f: &datafusion::arrow::datatypes::Field) -> bool {
+    f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true")
+}
+
 pub(crate) fn is_upsert_scan(plan: &LogicalPlan) -> bool {
     matches!(plan, LogicalPlan::TableScan(s) if s.source.schema().field_with_name(DELETED).is_ok())
 }
@@ -92,9 +98,7 @@ pub(crate) fn changes_as_upserts(plan: LogicalPlan) -> Result<LogicalPlan> {
         matches!(p, LogicalPlan::TableScan(s) if {
             let schema = s.source.schema();
             schema.field_with_name(SIGN).is_ok()
-                && schema.fields().iter().any(|f| {
-                    f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true")
-                })
+                && schema.fields().iter().any(|f| is_key_column(f))
         })
     };
     Ok(plan
@@ -256,7 +260,7 @@ fn deleting(filter: &Filter) -> datafusion::error::Result<LogicalPlan> {
 }
 
 /// The names of the upsert streams' key columns in the plan's scans.
-fn key_names(plan: &LogicalPlan) -> Vec<String> {
+pub(crate) fn key_names(plan: &LogicalPlan) -> Vec<String> {
     let mut names = Vec::new();
     let _ = plan.apply(|p| {
         if let LogicalPlan::TableScan(s) = p {
@@ -267,9 +271,7 @@ fn key_names(plan: &LogicalPlan) -> Vec<String> {
                         .schema()
                         .fields()
                         .iter()
-                        .filter(|f| {
-                            f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true")
-                        })
+                        .filter(|f| is_key_column(f))
                         .map(|f| f.name().clone()),
                 );
             }

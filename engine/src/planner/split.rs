@@ -30,7 +30,7 @@ use crate::operator::sort_options;
 use crate::operator::time_bounds::{is_time_column, time_bounds};
 use crate::output_mode::OutputMode;
 use crate::table::EpochBatches;
-use crate::upsert::{is_upsert_scan, DELETED, KEY_METADATA};
+use crate::upsert::{is_key_column, is_upsert_scan, DELETED, KEY_METADATA};
 use crate::window::event_time_key;
 
 /// Whether `node` keeps state across epochs: an aggregation (GROUP BY,
@@ -732,7 +732,7 @@ fn join_output_key(join: &Join, tail: &LogicalPlan) -> Result<Vec<String>> {
 /// passes every key column on and only selects, renames and filters the
 /// scan's rows (a union or a join inside would repeat a key); else none.
 fn side_key(side: &LogicalPlan) -> Vec<Column> {
-    let is_key = |f: &Field| f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true");
+    let is_key = is_key_column;
     let mut scans = Vec::new();
     let mut plain = true;
     let _ = side.apply(|n| {
@@ -1082,7 +1082,7 @@ pub(super) fn normalize_upserts(plan: LogicalPlan) -> Result<(LogicalPlan, Vec<S
 fn normalize(scan: &LogicalPlan, name: &str) -> Result<Option<(LogicalPlan, Stage)>> {
     // The stream's rows: its key columns, its values, the marker.
     let schema = scan.schema();
-    let is_key = |f: &Field| f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true");
+    let is_key = is_key_column;
     let columns: Vec<(usize, bool)> = schema
         .fields()
         .iter()

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::Field;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, JoinType};
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{BinaryExpr, Expr, LogicalPlan, Operator, Projection};
@@ -27,7 +27,9 @@ use crate::computed::COMPUTED_FROM;
 use crate::error::{Result, SluiceError};
 use crate::operator::changelog::SIGN;
 use crate::operator::temporal_join::{is_marker, is_temporal, TemporalJoinConfig};
-use crate::upsert::{carry_marker, changes_as_upserts, is_upsert_scan, DELETED, KEY_METADATA};
+use crate::upsert::{
+    carry_marker, changes_as_upserts, is_key_column, is_upsert_scan, key_names, DELETED,
+};
 
 /// The table name the rest of the query reads the joined rows under.
 const TEMPORAL_OUTPUT: &str = "__sluice_temporal";
@@ -240,34 +242,16 @@ fn equated(e: &Expr, left: &DFSchema, right: &DFSchema) -> Option<(Expr, Expr)> 
     }
 }
 
-/// Whether `f` is a column of an upsert stream's or changelog's key.
-fn is_key(f: &Field) -> bool {
-    f.metadata().get(KEY_METADATA).map(String::as_str) == Some("true")
-}
-
 /// Refuses a versioned side of upserts or changes whose join key is not
 /// its primary key: a deletion ends its key's versions, so the rows one
 /// probe row can reach must be those of one key.
 fn versioned_by_key(right: &LogicalPlan, right_keys: &[usize]) -> Result<()> {
     let schema = right.schema();
-    let mut primary = Vec::new();
-    right.apply(|p| {
-        if let LogicalPlan::TableScan(s) = p {
-            let fields = s.source.schema();
-            primary.extend(
-                fields
-                    .fields()
-                    .iter()
-                    .filter(|f| is_key(f))
-                    .map(|f| f.name().clone()),
-            );
-        }
-        Ok(TreeNodeRecursion::Continue)
-    })?;
+    let primary = key_names(right);
     let equated: Vec<&String> = right_keys
         .iter()
         .map(|&i| schema.field(i))
-        .filter(|f| is_key(f))
+        .filter(|f| is_key_column(f))
         .map(|f| f.name())
         .collect();
     if equated.len() == right_keys.len() && primary.iter().all(|k| equated.contains(&k)) {
@@ -292,7 +276,12 @@ fn deletions_have_time(right: &LogicalPlan, time: usize) -> Result<()> {
     let name = right.schema().field(time).name().clone();
     let mut from = Vec::new();
     let traced = read_from(right, &name, &mut from)?;
-    if traced && !from.is_empty() && from.iter().all(|f| f.name() == "_timestamp" || is_key(f)) {
+    if traced
+        && !from.is_empty()
+        && from
+            .iter()
+            .all(|f| f.name() == "_timestamp" || is_key_column(f))
+    {
         return Ok(());
     }
     Err(SluiceError::plan(format!(
