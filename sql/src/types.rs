@@ -18,7 +18,9 @@ use datafusion::sql::sqlparser::tokenizer::Token;
 /// `name type [NOT NULL | NULL] [COMMENT '...']`, with Flink's nested types.
 pub(crate) fn column_def(p: &mut Parser<'_>) -> Result<ColumnDef, ParserError> {
     if !nested_ahead(p, 1) {
-        return p.parse_column_def();
+        let mut def = p.parse_column_def()?;
+        def.data_type = flink_scalar(def.data_type);
+        return Ok(def);
     }
     let name = p.parse_identifier()?;
     let mut nested = Nested::default();
@@ -95,6 +97,15 @@ pub(crate) fn metadata_column(p: &mut Parser<'_>) -> Result<Option<(Ident, Strin
     Ok(Some((name, format!("CAST({column} AS {data_type})"))))
 }
 
+/// Flink's names for the scalar types DataFusion knows by another:
+/// `BYTES` is `BYTEA` (a binary string).
+fn flink_scalar(t: DataType) -> DataType {
+    match t {
+        DataType::Bytes(_) => DataType::Bytea,
+        t => t,
+    }
+}
+
 /// Whether the `n`-th token ahead opens a `ROW` or `ARRAY` type.
 fn nested_ahead(p: &Parser<'_>, n: usize) -> bool {
     let Token::Word(w) = p.peek_nth_token(n).token else {
@@ -118,7 +129,7 @@ struct Nested {
 impl Nested {
     fn data_type(&mut self, p: &mut Parser<'_>) -> Result<DataType, ParserError> {
         if !nested_ahead(p, 0) {
-            return p.parse_data_type();
+            return p.parse_data_type().map(flink_scalar);
         }
         let word = p.next_token().token.to_string().to_ascii_uppercase();
         let angle = p.next_token().token == Token::Lt;
@@ -254,5 +265,14 @@ mod tests {
             "x ARRAY<STRUCT<a INT, b ARRAY<INT>>>"
         );
         assert_eq!(parse("price BIGINT NOT NULL"), "price BIGINT NOT NULL");
+    }
+
+    #[test]
+    fn flinks_bytes_is_bytea_alone_and_nested() {
+        assert_eq!(parse("k BYTES NOT NULL"), "k BYTEA NOT NULL");
+        assert_eq!(
+            parse("x ROW<k BYTES, ks ARRAY<BYTES>>"),
+            "x STRUCT<k BYTEA, ks ARRAY<BYTEA>>"
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! range gone, a topic recreated), one JSON value per message and
 //! tombstones, `latest` resolved once, and the progress topic's shape.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice::broker::{create_topic, fresh_topic};
@@ -350,6 +351,142 @@ async fn a_message_is_one_value_a_tombstone_is_skipped_and_an_empty_value_is_mal
         2,
         "a tombstone, a bad record"
     );
+}
+
+/// Produces one JSON row `{"id": i}` per key, keyed by its bytes.
+fn produce_keyed(bootstrap: &str, topic: &str, keys: &[&[u8]]) {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    for (i, key) in keys.iter().enumerate() {
+        let value = format!("{{\"id\": {i}, \"name\": \"n{i}\"}}");
+        producer
+            .send(BaseRecord::to(topic).key(*key).payload(&value).partition(0))
+            .unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+/// A key that is not UTF-8 text is never merged with another: `_key` is a
+/// VARCHAR, so where a query reads it such a record is a bad record (named,
+/// skipped or dead-lettered), and where it does not the record is read as
+/// any other. A `BYTES` key column (`'key.format' = 'raw'`) reads binary
+/// keys exactly: two keys that text with replacement characters would make
+/// one stay two groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_keys_are_never_merged_as_text() {
+    use sluice::arrow::array::{Array, AsArray};
+    use sluice::arrow::datatypes::{DataType, Field, Schema};
+    let bootstrap = crate::util::broker().await;
+    let topic = fresh_topic("binary-keys");
+    create_topic(&bootstrap, &topic, 1).await.unwrap();
+    // 0xff 0x01 and 0xfe 0x01 are both "\u{fffd}\u{1}" as lossy text.
+    let keys: Vec<&[u8]> = vec![&[0xff, 0x01], &[0xfe, 0x01], b"a", &[0xff, 0x01]];
+    assert_eq!(
+        String::from_utf8_lossy(keys[0]),
+        String::from_utf8_lossy(keys[1])
+    );
+    {
+        let (b, t) = (bootstrap.clone(), topic.clone());
+        let owned: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+        tokio::task::spawn_blocking(move || {
+            let keys: Vec<&[u8]> = owned.iter().map(Vec::as_slice).collect();
+            produce_keyed(&b, &t, &keys)
+        })
+        .await
+        .unwrap();
+    }
+    let run = |columns: Vec<Expr>, on_error: &str| {
+        let (bootstrap, topic, on_error) = (bootstrap.clone(), topic.clone(), on_error.to_string());
+        async move {
+            let out = sluice::MemorySink::new();
+            let query =
+                crate::util::kafka_stream(&bootstrap, &topic, &[("format.on-error", &on_error)])
+                    .select(columns)
+                    .unwrap()
+                    .write_stream()
+                    .memory(&out)
+                    .trigger(Trigger::AvailableNow)
+                    .start()
+                    .await
+                    .unwrap();
+            let result = query.await_termination().await;
+            (result, out, query.recent_progress())
+        }
+    };
+    // Not reading `_key`: every record is a row.
+    let (result, out, progress) = run(vec![col("id")], "fail").await;
+    result.unwrap();
+    assert_eq!(crate::util::ints(&out.batches(), "id"), vec![0, 1, 2, 3]);
+    assert_eq!(crate::util::skipped(&progress), 0);
+    // Reading it: the binary keys are bad records.
+    let (result, _, _) = run(vec![col("id"), col("_key")], "fail").await;
+    let err = result.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("topic '{topic}', partition 0, offset 0"))
+            && err.contains("not UTF-8 text")
+            && err.contains("BYTES"),
+        "{err}"
+    );
+    let (result, out, progress) = run(vec![col("id"), col("_key")], "skip").await;
+    result.unwrap();
+    let batches = out.batches();
+    assert_eq!(crate::util::ints(&batches, "id"), vec![2]);
+    assert_eq!(crate::util::skipped(&progress), 3);
+
+    // The key as a BYTES column: one group per distinct key.
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("k", DataType::Binary, false),
+        Field::new("id", DataType::Int64, false),
+    ]));
+    let out = sluice::MemorySink::new();
+    let query = Session::new()
+        .read_stream()
+        .format("kafka")
+        .option("topic", topic.clone())
+        .option("bootstrap.servers", bootstrap.clone())
+        .option("key.format", "raw")
+        .option("key.fields", "k")
+        .option("value.fields-include", "EXCEPT_KEY")
+        .schema(schema)
+        .load()
+        .unwrap()
+        .aggregate(
+            vec![col("k")],
+            vec![sluice::datafusion::functions_aggregate::expr_fn::count(col("id")).alias("n")],
+        )
+        .unwrap()
+        .write_stream()
+        .memory(&out)
+        .output_mode(sluice::OutputMode::Update)
+        .trigger(Trigger::AvailableNow)
+        .start()
+        .await
+        .unwrap();
+    query.await_termination().await.unwrap();
+    let mut groups: Vec<(Vec<u8>, i64)> = Vec::new();
+    for b in out.batches() {
+        let k = b.column_by_name("k").unwrap().as_binary::<i32>();
+        let n = crate::util::ints(std::slice::from_ref(&b), "n");
+        for (i, n) in n.into_iter().enumerate() {
+            assert!(k.is_valid(i));
+            groups.retain(|(key, _)| key.as_slice() != k.value(i));
+            groups.push((k.value(i).to_vec(), n));
+        }
+    }
+    groups.sort();
+    let mut want: Vec<(Vec<u8>, i64)> = Vec::new();
+    for k in &keys {
+        match want.iter_mut().find(|(w, _)| w.as_slice() == *k) {
+            Some((_, n)) => *n += 1,
+            None => want.push((k.to_vec(), 1)),
+        }
+    }
+    want.sort();
+    assert_eq!(groups, want);
+    assert_eq!(groups.len(), 3);
 }
 
 /// `scan.startup.mode = 'latest'` is resolved once, when the query first

@@ -1,9 +1,11 @@
 //! Binding: each stream scan of a query gets the query's own source and
 //! table instance, so that each epoch's input reaches exactly this query.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::catalog::TableProvider;
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::logical_expr::LogicalPlan;
 
 use super::Input;
@@ -27,6 +29,7 @@ pub(super) fn bind_inputs(
     // The stream tables bound so far (by identity: a DataFrame's streams may
     // share a name) and their inputs.
     let mut bound_tables: Vec<(*const (), usize)> = Vec::new();
+    let read = names_read(plan)?;
     let bound = replace_stream_scans(plan.clone(), |table, provider| {
         // A stream scanned again reads the same input: one read per epoch,
         // and every path sees the same rows (and the same late ones),
@@ -42,6 +45,7 @@ pub(super) fn bind_inputs(
             Some(task) => factory.create_task(task)?,
             None => factory.create()?,
         };
+        source.columns_read(&read);
         let instance = table.for_query();
         bound_tables.push((identity, inputs.len()));
         inputs.push(Input {
@@ -55,4 +59,25 @@ pub(super) fn bind_inputs(
         Ok(Some(instance))
     })?;
     Ok((bound, inputs))
+}
+
+/// Every column name an expression of `plan` mentions, and the names of
+/// its output columns (a stream written out whole reads every column):
+/// more than each scan reads, never less, which is what
+/// [`Source::columns_read`](crate::Source::columns_read) asks for.
+fn names_read(plan: &LogicalPlan) -> Result<BTreeSet<String>> {
+    let mut names: BTreeSet<String> = plan
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    plan.apply_with_subqueries(|node| {
+        node.apply_expressions(|e| {
+            names.extend(e.column_refs().into_iter().map(|c| c.name.clone()));
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(names)
 }

@@ -12,7 +12,7 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -137,6 +137,17 @@ pub trait Source: Send + Sync + Debug {
     /// whose lazy read costs nothing over a whole one.
     fn pipelines_by_default(&self) -> bool {
         true
+    }
+
+    /// The names of the columns the query reads from this source, told once,
+    /// before the first read. Conservative: every column name the query
+    /// mentions anywhere, and every column it writes out unnamed (a bare
+    /// `SELECT *`). A source can then fill a column it cannot always give
+    /// exactly only where no one reads it, and refuse a record whose
+    /// value that column cannot hold where someone does (Kafka's `_key`,
+    /// a VARCHAR, for a key that is not UTF-8). The default ignores it.
+    fn columns_read(&self, names: &BTreeSet<String>) {
+        let _ = names;
     }
 
     /// Where this source starts, resolved now, when it depends on the

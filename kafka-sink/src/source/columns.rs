@@ -356,7 +356,8 @@ pub(crate) struct KeyColumns {
 pub(crate) enum KeyFormat {
     /// A JSON object holding the key fields.
     Json,
-    /// The key's bytes as the one key field, a VARCHAR.
+    /// The key's bytes as the one key field: a VARCHAR, the key as UTF-8
+    /// text, or BYTES, the key as it is.
     Raw,
     /// Avro in the Confluent wire format, schemas from the registry
     /// (subject `<topic>-key`).
@@ -374,15 +375,21 @@ impl KeyColumns {
         let schema = Arc::new(declared.project(&fields)?);
         let format = match (format, registry) {
             ("raw", _) => {
-                let text = schema.fields().len() == 1
+                let one = schema.fields().len() == 1
                     && matches!(
                         schema.field(0).data_type(),
-                        DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8
+                        DataType::Utf8
+                            | DataType::Utf8View
+                            | DataType::LargeUtf8
+                            | DataType::Binary
+                            | DataType::LargeBinary
+                            | DataType::BinaryView
                     );
-                if !text {
+                if !one {
                     return Err(SluiceError::config(format!(
                         "stream '{stream}': 'key.format' = 'raw' reads the key's bytes as one \
-                         VARCHAR column; 'key.fields' names {}",
+                         VARCHAR column (UTF-8 text) or BYTES column (any bytes); 'key.fields' \
+                         names {}",
                         sluice_engine::columns(&schema)
                     )));
                 }

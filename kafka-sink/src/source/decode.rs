@@ -5,11 +5,12 @@
 //! the key; Debezium change events as signed rows; an upsert stream's
 //! records as values and deletions; then the virtual columns.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    new_null_array, ArrayRef, BooleanArray, Int32Array, Int64Array, RecordBatch, StringArray,
-    TimestampNanosecondArray, UInt32Array,
+    new_null_array, ArrayRef, BinaryArray, BooleanArray, Int32Array, Int64Array, RecordBatch,
+    StringArray, TimestampNanosecondArray, UInt32Array,
 };
 use datafusion::arrow::buffer::{Buffer, OffsetBuffer, ScalarBuffer};
 use datafusion::arrow::compute::{concat_batches, take_record_batch};
@@ -148,6 +149,9 @@ impl SourceInner {
     /// All records at once, the fast path: their rows, and the record each
     /// row came from (one row each, but a Debezium update's two).
     fn decode_all(&self, records: &[Record]) -> Result<(RecordBatch, Vec<usize>)> {
+        if self.key_read.load(Ordering::Relaxed) {
+            text_keys(records)?;
+        }
         if self.config.upsert {
             return self.decode_upserts(records);
         }
@@ -379,6 +383,23 @@ fn raw_strings(records: &[&Record]) -> Result<StringArray> {
     .map_err(|e| SluiceError::plan(format!("the value is not UTF-8 text: {e}")))
 }
 
+/// Refuses a record whose key is not UTF-8 text where the query reads
+/// `_key`, a VARCHAR: given with replacement characters, distinct binary
+/// keys (Avro, a `LongSerializer`'s) would become one, and be grouped or
+/// joined as one.
+fn text_keys(records: &[Record]) -> Result<()> {
+    for key in records.iter().filter_map(|r| r.key) {
+        if let Err(e) = std::str::from_utf8(key) {
+            return Err(SluiceError::plan(format!(
+                "the record key is not UTF-8 text ({e}), and the query reads it as _key, a \
+                 VARCHAR: read a binary key as a BYTES key column ('key.format' = 'raw', \
+                 'key.fields', 'value.fields-include' = 'EXCEPT_KEY'), or leave _key out"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// The key columns of `records`, decoded from their keys.
 fn decode_keys(key: &KeyColumns, records: &[&Record]) -> Result<RecordBatch> {
     let keys = records
@@ -394,6 +415,11 @@ fn decode_keys(key: &KeyColumns, records: &[&Record]) -> Result<RecordBatch> {
         .collect::<Result<Vec<&[u8]>>>()?;
     match &key.format {
         KeyFormat::Json => decode_json(&key.schema, keys),
+        KeyFormat::Raw if key.schema.field(0).data_type().is_binary() => {
+            let bytes = BinaryArray::from_iter_values(keys);
+            let bytes = datafusion::arrow::compute::cast(&bytes, key.schema.field(0).data_type())?;
+            Ok(RecordBatch::try_new(Arc::clone(&key.schema), vec![bytes])?)
+        }
         KeyFormat::Raw => {
             let text = keys
                 .into_iter()

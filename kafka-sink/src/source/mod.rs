@@ -25,7 +25,8 @@
 //! `format.on-error = 'skip'`, to drop it. Virtual columns `_key`, `_topic`,
 //! `_partition`, `_offset`, `_timestamp` follow the declared ones.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -180,6 +181,10 @@ struct SourceInner {
     lag: Mutex<BTreeMap<String, i64>>,
     /// What the last read could not decode and set aside.
     rejected: Mutex<Rejected>,
+    /// Whether the query reads `_key`: a key that is not UTF-8 text is
+    /// then a bad record (`_key` is a VARCHAR, and two such keys given as
+    /// text with replacement characters could become one).
+    key_read: AtomicBool,
     /// With 'purge-committed', what deletes the records it committed past.
     purger: Option<Purger>,
     /// With 'group.id', what commits the group's offsets when the sink
@@ -200,6 +205,7 @@ impl SourceInner {
             record_bytes: Mutex::new(None),
             lag: Mutex::new(BTreeMap::new()),
             rejected: Mutex::default(),
+            key_read: AtomicBool::new(false),
             purger: Purger::new(&config),
             group: GroupCommitter::new(&config),
             config,
@@ -451,6 +457,12 @@ impl Source for KafkaSource {
         if let Some(group) = &self.0.group {
             group.commit_apart();
         }
+    }
+
+    fn columns_read(&self, names: &BTreeSet<String>) {
+        self.0
+            .key_read
+            .store(names.contains("_key"), Ordering::Relaxed);
     }
 
     fn take_rejected(&self) -> Rejected {
