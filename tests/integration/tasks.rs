@@ -731,6 +731,141 @@ async fn share_and_take_over(d: &Divided) {
     }
 }
 
+/// The settings of a query whose tasks processes share through the group.
+const GROUP_SETTINGS: &str = "SET 'tasks' = 'per-partition';\n\
+     SET 'tasks.group' = 'true';\n\
+     SET 'tasks.group.session.timeout' = '6 s';\n\
+     SET 'trigger' = '200 ms';\n";
+
+/// Waits until the copy query's output holds `want` records (read
+/// committed), at most 120 s; returns how many it holds.
+async fn copied(d: &Divided, want: usize) -> usize {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let copied = d.read(&d.copy).await.len();
+        if copied >= want {
+            return copied;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{copied} of {want} records copied within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A task fenced while the group still gives it to its process is started
+/// again, not left without a runner while the process looks healthy. The
+/// fence comes from outside here (a producer initialising the tasks'
+/// transactional ids), which is what the sink hears when an abort is
+/// answered as fenced after an outage longer than the transaction timeout.
+/// Every task of the copy query is fenced, then the second half of the
+/// input arrives: it must all be copied, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_fenced_while_its_process_still_owns_it_is_started_again() {
+    use rdkafka::producer::{BaseProducer, Producer};
+    let _one_at_a_time = crate::util::MANY_TASKS.lock().await;
+    let d = Divided::new().await;
+    let sql = d.sql_with("fenced", GROUP_SETTINGS, "_key");
+    let mut cmd = d.command(&sql);
+    cmd.env("SLUICE_LOG", "sluice_kafka::group=info,warn");
+    let mut run = Run::new(cmd);
+    let half = RECORDS / 2;
+    produce_keyed(&d.bootstrap, &d.input, 0..half);
+    copied(&d, half as usize).await;
+    assert!(run.running(), "{}", run.stderr());
+    let fencers: Vec<BaseProducer> = (0..PARTITIONS)
+        .map(|task| {
+            let producer: BaseProducer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &d.bootstrap)
+                .set(
+                    "transactional.id",
+                    format!("sluice-{}-copy-{task}", d.pipeline),
+                )
+                .create()
+                .unwrap();
+            producer.init_transactions(Duration::from_secs(30)).unwrap();
+            producer
+        })
+        .collect();
+    produce_keyed(&d.bootstrap, &d.input, half..RECORDS);
+    assert_eq!(copied(&d, RECORDS as usize).await, RECORDS as usize);
+    let log = run.stderr();
+    assert!(
+        log.contains("a task this process still owns was fenced; starting it again"),
+        "the tasks were not fenced, so this tests nothing: {log}"
+    );
+    drop(fencers);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !complete(&d).await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not complete: {}",
+            run.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    run.terminate();
+    let status = run.wait(Duration::from_secs(60));
+    assert!(status.success(), "{}", run.stderr());
+    check_output(&d).await;
+}
+
+/// A task taken from a process that is not running it (here: waiting to
+/// retry its start, its sink's brokers unreachable) is released to the
+/// group at once: a process that joins gets its share in seconds, not
+/// after the revoke's release wait (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_is_not_running_is_handed_over_without_waiting() {
+    let _one_at_a_time = crate::util::MANY_TASKS.lock().await;
+    let d = Divided::new().await;
+    let path = d.dir.path().join("q-idle.sql");
+    std::fs::write(
+        &path,
+        format!(
+            "CREATE STREAM input (id BIGINT) WITH (connector = 'kafka', topic = '{input}', \
+               'bootstrap.servers' = '{b}');\n\
+             CREATE STREAM copy WITH (connector = 'kafka', topic = '{copy}', \
+               'bootstrap.servers' = '127.0.0.1:1', 'connect.timeout' = '1 s');\n\
+             {GROUP_SETTINGS}\
+             SET 'outage.limit' = '10 min';\n\
+             SET 'pipeline.name' = '{p}-idle';\n\
+             SET 'checkpoint.location' = '{cp}/idle';\n\
+             INSERT INTO copy SELECT id FROM input;\n",
+            input = d.input,
+            copy = d.copy,
+            b = d.bootstrap,
+            p = d.pipeline,
+            cp = d.checkpoints,
+        ),
+    )
+    .unwrap();
+    let spawn = || {
+        let mut cmd = d.command(&path);
+        cmd.env("SLUICE_LOG", "sluice_kafka::group=info,warn");
+        Run::new(cmd)
+    };
+    let given = "tasks come to this process";
+    let mut first = spawn();
+    first.wait_for_line(given);
+    first.wait_for_line("a task could not start; retrying");
+    let joined_at = std::time::Instant::now();
+    let mut second = spawn();
+    second.wait_for_line(given);
+    let handed = joined_at.elapsed();
+    assert!(first.running(), "{}", first.stderr());
+    assert!(
+        handed < Duration::from_secs(20),
+        "the joining process got its tasks after {handed:?}: {}",
+        first.stderr()
+    );
+    assert!(
+        !first.stderr().contains("did not stop within"),
+        "{}",
+        first.stderr()
+    );
+}
+
 /// Every epoch of a stateful task snapshots its state and deletes what it
 /// retains no more (`state.retained.snapshots` = 1): each operator's
 /// state folder under `root` holds a snapshot or two, not one per epoch.

@@ -114,11 +114,18 @@ pub(crate) async fn run_group(launcher: Arc<Launcher>, group: TaskGroup) -> Resu
                         failed.get_or_insert(e);
                     }
                 }
-                // Those gone, and any waiting to retry that went with them.
-                for t in (0..group.count).filter(|t| !now.contains(t) && !running.contains(t)) {
+                // Every task neither owned nor running is released, not only
+                // those just stopped: the group's revoke waits on each, and
+                // one waiting to retry its start, one that had ended, or one
+                // handed here and taken away before this loop looked would
+                // otherwise hold the hand-over for the whole release wait.
+                let idle: BTreeSet<u32> = (0..group.count)
+                    .filter(|t| !now.contains(t) && !running.contains(t))
+                    .collect();
+                for &t in &idle {
                     shared.task_left(t as usize, OWNED_ELSEWHERE);
                 }
-                assigner.released(&gone);
+                assigner.released(&idle);
                 if let Some(e) = failed {
                     break Err(e);
                 }
@@ -139,8 +146,27 @@ pub(crate) async fn run_group(launcher: Arc<Launcher>, group: TaskGroup) -> Resu
                 }
             }
             Some(end) = ended.next(), if !ended.is_empty() => {
-                if let Err(e) = task_ended(&shared, &mut running, end) {
-                    break Err(e);
+                match task_ended(&shared, &mut running, end) {
+                    Err(e) => break Err(e),
+                    Ok(Some(t)) if owned.borrow().contains(&t) => {
+                        // Fenced while the group still gives it here: no
+                        // one took it over (an abort answered as fenced
+                        // after an outage longer than the transaction
+                        // timeout, an outside producer with its id). Left
+                        // alone, its partition would have no runner; a new
+                        // start fences whoever holds the id and resumes from
+                        // the checkpoint. Had another process taken it, the
+                        // group's revoke comes first and it is not started.
+                        tracing::warn!(query = %shared.name, task = t, "a task this process still owns was fenced; starting it again");
+                        shared.task_left(t as usize, "Fenced while owned here; starting again");
+                        let now = tokio::time::Instant::now();
+                        retry.get_or_insert(Retry {
+                            since: std::time::Instant::now(),
+                            at: now + MIN_BACKOFF,
+                            backoff: MIN_BACKOFF,
+                        });
+                    }
+                    Ok(_) => {}
                 }
             }
         }
@@ -273,21 +299,22 @@ async fn start(
 }
 
 /// Takes note of a task's end: a failure fails the query, except a task
-/// fenced by its next owner, which is gone from this process.
+/// fenced by a newer producer of its transactional id (usually its next
+/// owner, which is gone from this process), returned.
 fn task_ended(
     shared: &QueryShared,
     running: &mut BTreeSet<u32>,
     end: std::result::Result<(u32, Result<()>), tokio::task::JoinError>,
-) -> Result<()> {
+) -> Result<Option<u32>> {
     let (index, result) =
         end.map_err(|e| SluiceError::Internal(format!("a task's epoch loop ended: {e}")))?;
     running.remove(&index);
     match result {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(None),
         Err(SluiceError::Stopped(why)) => {
-            tracing::warn!(query = %shared.name, task = index, "task taken over: {why}");
+            tracing::warn!(query = %shared.name, task = index, "task fenced: {why}");
             shared.task_left(index as usize, "Taken over by another process");
-            Ok(())
+            Ok(Some(index))
         }
         Err(e) => Err(e),
     }
