@@ -1,5 +1,6 @@
 //! Fuzz targets for the Kafka record decoders, one per format and key
-//! format: records go through the source's own decode path
+//! format (json, raw, avro, avro-confluent, protobuf-confluent,
+//! debezium-json; JSON, raw and avro-confluent keys): records go through the source's own decode path
 //! (`SourceInner::decode_chunks`, as a query reads them: the fast path,
 //! then one record at a time when one is bad), mutated at random from
 //! valid ones (bytes flipped, cut, repeated, spliced with another record,
@@ -25,7 +26,7 @@ use datafusion::arrow::array::{ArrayRef, Float64Array, Int64Array, RecordBatch, 
 use datafusion::arrow::datatypes::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use sluice_engine::Options;
 
-use super::columns::SourceFormat;
+use super::columns::{KeyFormat, SourceFormat};
 use super::config::source_config;
 use super::fetch::Fetched;
 use super::SourceInner;
@@ -46,6 +47,9 @@ struct Target {
     /// Every record that decodes is one row (not so for Debezium's
     /// updates, two rows each).
     one_row_each: bool,
+    /// The key is what this target decodes: mutated in most records,
+    /// not one in four.
+    key_target: bool,
 }
 
 /// Bytes a mutation drops in: the formats' own punctuation, escapes,
@@ -197,6 +201,7 @@ fn targets() -> Vec<Target> {
                 r#"{"id": 3, "unknown": [1, {"deep": true}]}"#,
             ]),
             one_row_each: true,
+            key_target: false,
         },
         Target {
             name: "raw",
@@ -205,6 +210,7 @@ fn targets() -> Vec<Target> {
             upsert: false,
             seeds: text(&["a line", "", "é"]),
             one_row_each: true,
+            key_target: false,
         },
         Target {
             name: "avro",
@@ -213,6 +219,7 @@ fn targets() -> Vec<Target> {
             upsert: false,
             seeds: values(Format::Avro, &rows),
             one_row_each: true,
+            key_target: false,
         },
         Target {
             name: "avro-confluent",
@@ -223,6 +230,7 @@ fn targets() -> Vec<Target> {
             upsert: false,
             seeds: values(Format::AvroConfluent { schema_id: 1 }, &rows),
             one_row_each: true,
+            key_target: false,
         },
         Target {
             name: "protobuf-confluent",
@@ -231,6 +239,7 @@ fn targets() -> Vec<Target> {
             upsert: false,
             seeds: values(Format::ProtobufConfluent { schema_id: 1 }, &rows),
             one_row_each: true,
+            key_target: false,
         },
         Target {
             name: "debezium-json",
@@ -243,6 +252,7 @@ fn targets() -> Vec<Target> {
                 r#"{"before": {"id": 1, "name": "b", "price": null}, "after": null, "op": "d", "ts_ms": 1}"#,
             ]),
             one_row_each: false,
+            key_target: false,
         },
         Target {
             name: "upsert-json-key",
@@ -257,10 +267,11 @@ fn targets() -> Vec<Target> {
                 (Some(br#"{"k": "b"}"#.to_vec()), None),
                 (
                     Some(br#"{ "k" : "a" }"#.to_vec()),
-                    Some(br#"{"v": 2}"#.to_vec()),
+                    Some(br#"{"k": "a", "v": 2}"#.to_vec()),
                 ),
             ],
             one_row_each: true,
+            key_target: true,
         },
         Target {
             name: "raw-key-except-key",
@@ -269,16 +280,54 @@ fn targets() -> Vec<Target> {
                 ("key.format", "raw".into()),
                 ("value.fields-include", "EXCEPT_KEY".into()),
             ],
-            declared: kv,
+            declared: Arc::clone(&kv),
             upsert: false,
             seeds: vec![
                 (Some(b"a".to_vec()), Some(br#"{"v": 1}"#.to_vec())),
                 (Some(Vec::new()), Some(br#"{"v": null}"#.to_vec())),
-                (None, Some(br#"{"v": 3}"#.to_vec())),
+                (Some(b"c".to_vec()), Some(br#"{"v": 3}"#.to_vec())),
             ],
             one_row_each: true,
+            key_target: true,
+        },
+        Target {
+            name: "avro-confluent-key",
+            // Set up as JSON keys, then given the registry format's key
+            // decoder and the key's schema by id.
+            options: vec![
+                ("key.fields", "k".into()),
+                ("value.fields-include", "EXCEPT_KEY".into()),
+            ],
+            declared: Arc::clone(&kv),
+            upsert: true,
+            seeds: avro_keys(&kv)
+                .into_iter()
+                .zip([
+                    Some(br#"{"v": 1}"#.to_vec()),
+                    None,
+                    Some(br#"{"v": null}"#.to_vec()),
+                ])
+                .map(|(key, value)| (Some(key), value))
+                .collect(),
+            one_row_each: true,
+            key_target: true,
         },
     ]
+}
+
+/// The key schema of `kv` (its column `k`) and keys in the Confluent
+/// Avro wire format, schema id 1.
+fn avro_keys(kv: &SchemaRef) -> Vec<Vec<u8>> {
+    let key = Arc::new(kv.project(&[0]).expect("the key column"));
+    let rows = RecordBatch::try_new(
+        Arc::clone(&key),
+        vec![Arc::new(StringArray::from(vec!["a", "", "é\u{0}"])) as ArrayRef],
+    )
+    .expect("keys");
+    values(Format::AvroConfluent { schema_id: 1 }, &rows)
+        .into_iter()
+        .filter_map(|(_, v)| v)
+        .collect()
 }
 
 /// The source `target` reads with under `on_error`, its registry
@@ -317,12 +366,24 @@ fn source(target: &Target, on_error: &str) -> SourceInner {
             config.format = SourceFormat::ProtobufConfluent;
             config.protobuf = Some(Arc::new(decoder));
         }
+        "avro-confluent-key" => {
+            let key = config.key.as_mut().expect("key columns");
+            let schema = schema_json(&key.schema).expect("an Avro key schema");
+            let decoder = AvroConfluentDecoder::with_schemas(
+                &schema,
+                [(1, schema.clone())],
+                Some(Arc::clone(&key.schema)),
+            )
+            .expect("a key decoder");
+            key.format = KeyFormat::AvroConfluent(Arc::new(decoder));
+        }
         _ => {}
     }
     SourceInner::new(config, None).expect("a source")
 }
 
-/// Records of one case: valid, mutated, random or tombstones.
+/// Records of one case: valid, mutated, random or tombstones, and for a
+/// key target some without a key.
 fn case(rng: &mut Rng, target: &Target) -> Vec<Record> {
     let seeds = &target.seeds;
     (0..1 + rng.below(6))
@@ -334,8 +395,11 @@ fn case(rng: &mut Rng, target: &Target) -> Vec<Record> {
                 1 | 2 => value,
                 _ => Some(mutate(rng, value.as_deref().unwrap_or_default(), &other)),
             };
+            let mutated = if target.key_target { 3 } else { 1 };
             let key = match (key, rng.below(4)) {
-                (Some(k), 0) => Some(mutate(rng, &k, b"")),
+                // A record without a key, where the columns need one.
+                (Some(_), 0) if target.key_target && rng.below(8) == 0 => None,
+                (Some(k), n) if n < mutated => Some(mutate(rng, &k, b"")),
                 (key, _) => key,
             };
             (key, value)
@@ -376,6 +440,26 @@ fn check(target: &Target, skip: &SourceInner, fail: &SourceInner, records: &[Rec
             target.name
         );
     }
+}
+
+/// The target's valid records decode, none skipped: a decoder refusing
+/// everything would pass the fuzzing without reading a byte of it.
+fn seeds_are_rows(target: &Target, skip: &SourceInner) {
+    let fetched = Fetched::of(
+        target
+            .seeds
+            .iter()
+            .enumerate()
+            .map(|(i, (k, v))| (i as i64, k.as_deref(), v.as_deref())),
+    );
+    let skipped = || skip.rejected.lock().map(|r| r.skipped).unwrap_or(0);
+    let before = skipped();
+    let rows = skip
+        .decode_chunks(0, std::slice::from_ref(&fetched))
+        .unwrap_or_else(|e| panic!("{}: the seeds fail: {e}", target.name))
+        .num_rows();
+    assert_eq!(skipped(), before, "{}: a seed was skipped", target.name);
+    assert!(rows >= target.seeds.len(), "{}: {rows} rows", target.name);
 }
 
 /// The regression seeds of `target` (one value per file).
@@ -421,6 +505,7 @@ fn no_record_makes_a_decoder_panic_lose_a_record_or_go_unnamed() {
             continue;
         }
         let (skip, fail) = (source(&target, "skip"), source(&target, "fail"));
+        seeds_are_rows(&target, &skip);
         for record in kept(&target).into_iter().chain(target.seeds.clone()) {
             check(&target, &skip, &fail, &[record]);
         }
