@@ -158,15 +158,23 @@ fn split(
         )));
     }
 
-    // What crosses: the columns the aggregates and the group key read, as
-    // `c<i>`, and each group expression that is not one of them as `k<j>`
-    // (names that cannot clash with a connector's own columns).
+    // What crosses: the columns the aggregates read and the group columns,
+    // as `c<i>`, and each computed group key as its value, `k<j>` (names
+    // that cannot clash with a connector's own columns). A column only a
+    // computed key reads does not cross: downstream groups by the value.
     let mut needed: BTreeSet<Column> = BTreeSet::new();
     for e in aggregate.group_expr.iter().chain(&aggregate.aggr_expr) {
         if matches!(e, Expr::GroupingSet(_)) {
             return Err(refuse("it has GROUPING SETS, ROLLUP or CUBE"));
         }
+    }
+    for e in &aggregate.aggr_expr {
         needed.extend(e.column_refs().into_iter().cloned());
+    }
+    for g in &aggregate.group_expr {
+        if let Expr::Column(c) = g.clone().unalias() {
+            needed.insert(c);
+        }
     }
     let needed: Vec<Column> = aggregate
         .input
@@ -197,12 +205,25 @@ fn split(
         })
         .collect();
     let mut key_fields = Vec::new();
+    // Downstream's group keys: a group column as itself, a computed key
+    // as the value that crossed, under the name the nodes above read.
+    let mut regroup = Vec::with_capacity(aggregate.group_expr.len());
+    let mut computed = Vec::new();
     for (j, g) in aggregate.group_expr.iter().enumerate() {
         match g.clone().unalias() {
-            Expr::Column(c) if carried(&c).is_some() => key_fields.extend(carried(&c)),
+            Expr::Column(c) if carried(&c).is_some() => {
+                key_fields.extend(carried(&c));
+                regroup.push(g.clone());
+            }
             other => {
+                let (relation, name) = g.qualified_name();
                 crossing.push(other.alias(format!("k{j}")));
                 key_fields.push(format!("k{j}"));
+                computed.push(Expr::Column(Column::from_name(format!("k{j}"))));
+                regroup.push(
+                    Expr::Column(Column::from_name(format!("k{j}")))
+                        .alias_qualified(relation, name),
+                );
             }
         }
     }
@@ -248,7 +269,7 @@ fn split(
         late_sink: None,
         computed: Vec::new(),
     })?;
-    let restored: Vec<Expr> = needed
+    let mut restored: Vec<Expr> = needed
         .iter()
         .enumerate()
         .map(|(i, c)| {
@@ -260,6 +281,7 @@ fn split(
             column.alias_qualified(c.relation.clone(), c.name.clone())
         })
         .collect();
+    restored.extend(computed);
     let new_input = LogicalPlanBuilder::from(read_back.logical_plan().clone())
         .project(restored)?
         .build()?;
@@ -267,7 +289,7 @@ fn split(
         LogicalPlan::Distinct(_) => LogicalPlan::Distinct(Distinct::All(Arc::new(new_input))),
         _ => LogicalPlan::Aggregate(Aggregate::try_new(
             Arc::new(new_input),
-            aggregate.group_expr.clone(),
+            regroup,
             aggregate.aggr_expr.clone(),
         )?),
     };
