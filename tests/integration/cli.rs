@@ -135,6 +135,38 @@ fn explain_prints_the_incremental_plan() {
     );
 }
 
+/// Planning needs no broker: EXPLAIN of a query divided through a
+/// repartition step, its brokers unreachable, prints the plan (the
+/// sub-topologies too) and no Kafka client error, without waiting for
+/// `connect.timeout` (30 s).
+#[test]
+fn explain_of_a_divided_kafka_query_opens_no_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = sql_file(
+        dir.path(),
+        "SET 'tasks' = 'per-partition';\n\
+         CREATE STREAM input (id BIGINT, name VARCHAR) WITH (connector = 'kafka', \
+           topic = 'in', 'bootstrap.servers' = '127.0.0.1:1');\n\
+         CREATE STREAM out WITH (connector = 'kafka', topic = 'out', \
+           'bootstrap.servers' = '127.0.0.1:1');\n\
+         INSERT INTO out SELECT name, count(*) AS n FROM input GROUP BY name;\n",
+    );
+    let started = std::time::Instant::now();
+    let out = sluice().arg("explain").arg(&file).output().unwrap();
+    let took = started.elapsed();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains("-- sub-topology 1"), "{stdout}");
+    assert!(
+        !stderr.contains("librdkafka") && !stderr.contains("127.0.0.1:1"),
+        "{stderr}"
+    );
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+}
+
 #[test]
 fn every_sql_example_plans() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");

@@ -91,7 +91,7 @@ impl SourceInner {
     /// as the broker says now.
     fn fetch_partitions(&self) -> Result<Vec<i32>> {
         self.check_connection()?;
-        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
+        let consumer = self.consumer()?;
         let timeout = self.config.client.timeout();
         let metadata = consumer
             .fetch_metadata(Some(&self.config.topic), timeout)

@@ -27,12 +27,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
 use serde::{Deserialize, Serialize};
 use sluice_engine::{
     GroupOffsets, LazyPartition, Offset, Partitions, Rejected, Result, SluiceError, Source,
@@ -99,6 +100,12 @@ impl KafkaSourceFactory {
 /// A `read_committed` consumer of the stream's connection that never
 /// commits offsets: Sluice plans them.
 fn new_consumer(c: &SourceConfig) -> Result<BaseConsumer> {
+    c.client
+        .create(&consumer_config(c), &format!("kafka source '{}'", c.stream))
+}
+
+/// The configuration of a source's consumers (see [`new_consumer`]).
+fn consumer_config(c: &SourceConfig) -> ClientConfig {
     let mut config = c.client.config(Role::Consumer);
     config
         // Never used for offsets. librdkafka wants one.
@@ -125,8 +132,7 @@ fn new_consumer(c: &SourceConfig) -> Result<BaseConsumer> {
             config.set(key, value);
         }
     }
-    c.client
-        .create(&config, &format!("kafka source '{}'", c.stream))
+    config
 }
 
 /// `{"ranges": {"<partition>": [from, to]}}`.
@@ -162,8 +168,9 @@ struct SourceInner {
     config: SourceConfig,
     /// The task whose partition this source reads; `None`: all of them.
     task: Option<TaskId>,
-    /// For metadata and offset lookups.
-    consumer: Mutex<Detached<BaseConsumer>>,
+    /// For metadata and offset lookups; made on first use, so that
+    /// planning a query (EXPLAIN) opens no connection.
+    consumer: OnceLock<Mutex<Detached<BaseConsumer>>>,
     /// The partitions being read, on a consumer of their own; none before
     /// the first plan and after an error.
     lanes: Mutex<Option<Lanes>>,
@@ -194,10 +201,18 @@ struct SourceInner {
 
 impl SourceInner {
     fn new(config: SourceConfig, task: Option<TaskId>) -> Result<Self> {
-        let consumer = new_consumer(&config)?;
+        // What librdkafka refuses of the settings is said now, at
+        // planning, though the consumer connects only when first used.
+        consumer_config(&config)
+            .create_native_config()
+            .map_err(|e| {
+                config
+                    .client
+                    .creation_error(&format!("kafka source '{}'", config.stream), &e)
+            })?;
         Ok(Self {
             task,
-            consumer: Mutex::new(Detached::new(consumer)),
+            consumer: OnceLock::new(),
             lanes: Mutex::new(None),
             partitions: Mutex::default(),
             initial: Mutex::new(BTreeMap::new()),
@@ -232,6 +247,19 @@ impl std::fmt::Debug for SourceInner {
 }
 
 impl SourceInner {
+    /// The consumer for metadata and offset lookups, made now if this is
+    /// its first use.
+    fn consumer(&self) -> Result<std::sync::MutexGuard<'_, Detached<BaseConsumer>>> {
+        let consumer = match self.consumer.get() {
+            Some(c) => c,
+            None => {
+                let made = Detached::new(new_consumer(&self.config)?);
+                self.consumer.get_or_init(|| Mutex::new(made))
+            }
+        };
+        Ok(consumer.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
     fn unreachable(&self, what: &str, e: impl std::fmt::Display) -> SluiceError {
         SluiceError::Unreachable {
             what: format!(
@@ -283,7 +311,7 @@ impl SourceInner {
 
     fn watermarks(&self) -> Result<BTreeMap<i32, (i64, i64)>> {
         let partitions = self.partitions()?;
-        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
+        let consumer = self.consumer()?;
         let timeout = self.config.client.timeout();
         let mut out = BTreeMap::new();
         for p in partitions {
@@ -314,7 +342,7 @@ impl SourceInner {
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_uncommitted");
         let uncommitted: BaseConsumer = self.config.client.create(&config, "consumer")?;
-        let consumer = self.consumer.lock().unwrap_or_else(|p| p.into_inner());
+        let consumer = self.consumer()?;
         let timeout = self.config.client.timeout();
         crate::position::settle_stable_offsets(
             &consumer,
@@ -512,7 +540,7 @@ impl Source for KafkaSource {
             if let Err(e) = inner.partitions() {
                 tracing::debug!(error = %e, "no metadata of the topic yet");
             }
-            let consumer = inner.consumer.lock().unwrap_or_else(|p| p.into_inner());
+            let consumer = inner.consumer()?;
             Ok(consumer
                 .client()
                 .fetch_cluster_id(inner.config.client.timeout()))

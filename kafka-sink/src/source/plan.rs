@@ -89,9 +89,7 @@ impl SourceInner {
                         .map_err(|e| self.unreachable("looking up offsets by time", e))?;
                 }
                 let found = self
-                    .consumer
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                    .consumer()?
                     .offsets_for_times(query, self.config.client.timeout())
                     .map_err(|e| self.unreachable("looking up offsets by time", e))?;
                 // No record at or after the time: start at the end.
