@@ -22,7 +22,9 @@
 # binary ($SLUICE, default the release build under ~/.cache/sluice/bench-target).
 # ROUNDS (default 2) alternates the cases; SHAPES and CASES select some.
 # The case `baseline` runs the query undivided with the binary $BASELINE
-# (an older build, to compare one process with what it was).
+# (an older build, to compare one process with what it was);
+# `tasks-t2-baseline` runs it as `tasks-t2` does, with $BASELINE (to
+# compare a divided query, the repartition hop, with what it was).
 set -euo pipefail
 B="${SLUICE_KAFKA_BOOTSTRAP:-127.0.0.1:19092}"
 N="${N:-2000000}"
@@ -61,6 +63,7 @@ run() {
     one) settings="SET 'tasks' = '1';" ;;
     tasks-t1) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '1';" ;;
     tasks-t2) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '2';" ;;
+    tasks-t2-baseline) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '2';"; sluice=$BASELINE ;;
     group-*) procs=${case#group-}
       settings="SET 'tasks' = 'per-partition'; SET 'tasks.group' = 'true'; SET 'tasks.group.session.timeout' = '6 s';" ;;
   esac
