@@ -321,18 +321,24 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     let topic = format!("sluice-{}-counts-repartition-0", d.pipeline);
     assert!(plan.contains(&topic), "{plan}");
     assert!(plan.contains("-- sub-topology 1"), "{plan}");
+    assert!(
+        plan.contains("sub-topology 0: aggregates each epoch's rows"),
+        "{plan}"
+    );
     // It was created with a partition per task, and the records the
     // tasks had committed past were deleted: every partition's start
     // moved past records it held (and the output is exact, above, so none
     // the query still needed went).
     let left = d.read(&topic).await;
     assert!(left.len() < RECORDS as usize, "{} records left", left.len());
-    // Only the group key's value crossed (count(*) reads no column), not
-    // the `id` it is computed from.
+    // Each epoch's rows were counted per group upstream: a record is the
+    // group key's value and its partial count, not the `id` it is
+    // computed from.
     for r in &left {
         let v = json(r);
         let fields: Vec<&String> = v.as_object().unwrap().keys().collect();
-        assert_eq!(fields, ["k0"], "{v}");
+        assert_eq!(fields, ["k0", "p0"], "{v}");
+        assert!(v["p0"].as_i64().unwrap() >= 1, "{v}");
     }
     let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", &d.bootstrap)
@@ -901,13 +907,17 @@ fn state_files_were_deleted(root: &Path) {
 /// NaN and the infinities cross a repartition step as themselves: its
 /// channel is JSON, which has no such numbers, and carried them as null
 /// (so `count`, NaN and infinity counts differed from `'tasks' = '1'`).
-/// Per group, the counts equal a plain loop's.
+/// Per group, the counts, the largest finite value and the sum of ids
+/// equal a plain loop's: each epoch's partials (counts, sums, a float
+/// maximum, NULL where an epoch has no value) merge into the answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
     let bootstrap = broker().await;
     let (input, output) = (fresh_topic("floats-in"), fresh_topic("floats-out"));
     create_topic(&bootstrap, &input, 2).await.unwrap();
     create_topic(&bootstrap, &output, 1).await.unwrap();
+    let rows_out = fresh_topic("floats-rows-out");
+    create_topic(&bootstrap, &rows_out, 1).await.unwrap();
     let ids = 0..200i64;
     let records: Vec<(String, Option<String>)> = ids
         .clone()
@@ -917,13 +927,35 @@ async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
     tokio::task::spawn_blocking(move || crate::changelog::send_keyed(&b, &t, &records))
         .await
         .unwrap();
-    // Per group: (values, NaNs, infinities), none of them null.
-    let mut want: BTreeMap<i64, (i64, i64, i64)> = BTreeMap::new();
-    for id in ids {
+    // Per group: (values, NaNs, infinities), none of them null; the
+    // largest finite value (a float partial crossing, NULL in epochs
+    // where the group has none) and the sum of ids.
+    let mut want: BTreeMap<i64, (i64, i64, i64, String, i64)> = BTreeMap::new();
+    for id in ids.clone() {
         let counts = want.entry(id % 3).or_default();
         counts.0 += 1;
         counts.1 += i64::from(id % 4 == 0);
         counts.2 += i64::from(id % 4 == 1);
+        if id % 4 == 3 {
+            // SQL's `id * 0.1` is decimal arithmetic, then a DOUBLE: the
+            // double nearest id / 10.
+            let top = counts
+                .3
+                .parse::<f64>()
+                .unwrap_or(f64::MIN)
+                .max(id as f64 / 10.0);
+            counts.3 = top.to_string();
+        }
+        counts.4 += id;
+    }
+    // A DISTINCT count does not merge from partials: that query's rows
+    // cross one by one. Per group: the distinct `id % 7`, the mean id.
+    let mut rows_want: BTreeMap<i64, (i64, String)> = BTreeMap::new();
+    for g in 0..3 {
+        let of_g: Vec<i64> = ids.clone().filter(|id| id % 3 == g).collect();
+        let kinds: BTreeSet<i64> = of_g.iter().map(|id| id % 7).collect();
+        let mean = of_g.iter().sum::<i64>() as f64 / of_g.len() as f64;
+        rows_want.insert(g, (kinds.len() as i64, mean.to_string()));
     }
     let dir = tempfile::tempdir().unwrap();
     let sql = dir.path().join("floats.sql");
@@ -944,8 +976,15 @@ async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
                'bootstrap.servers' = '{bootstrap}');\n\
              INSERT INTO out SELECT g, count(r) AS present, \
                sum(CASE WHEN isnan(r) THEN 1 ELSE 0 END) AS nans, \
-               sum(CASE WHEN r = CAST('inf' AS DOUBLE) THEN 1 ELSE 0 END) AS infs \
-             FROM (SELECT id % 3 AS g, r FROM events) GROUP BY g;\n",
+               sum(CASE WHEN r = CAST('inf' AS DOUBLE) THEN 1 ELSE 0 END) AS infs, \
+               max(CASE WHEN id % 4 = 3 THEN r END) AS top, sum(id) AS ids \
+             FROM (SELECT id % 3 AS g, r, id FROM events) GROUP BY g;\n\
+             CREATE STREAM rows_out WITH (connector = 'kafka', topic = '{rows_out}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             SET 'checkpoint.location' = '{cp}-rows';\n\
+             SET 'pipeline.name' = '{rows_out}';\n\
+             INSERT INTO rows_out SELECT g, count(DISTINCT id % 7) AS kinds, avg(id) AS mean \
+             FROM (SELECT id % 3 AS g, id FROM events) GROUP BY g;\n",
             cp = dir.path().join("cp").display()
         ),
     )
@@ -968,9 +1007,31 @@ async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
             .into_values()
             .map(|v| {
                 let n = |name: &str| v[name].as_i64().unwrap();
-                (n("g"), (n("present"), n("nans"), n("infs")))
+                let top = v["top"].as_f64().unwrap().to_string();
+                (n("g"), (n("present"), n("nans"), n("infs"), top, n("ids")))
             })
             .collect();
+    }
+    let mut rows_got = BTreeMap::new();
+    while rows_got != rows_want {
+        assert!(run.running(), "{}", run.stderr());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{rows_got:?} != {rows_want:?}: {}",
+            run.stderr()
+        );
+        rows_got = crate::changelog::compacted(&bootstrap, &rows_out)
+            .await
+            .into_values()
+            .map(|v| {
+                let mean = v["mean"].as_f64().unwrap().to_string();
+                (
+                    v["g"].as_i64().unwrap(),
+                    (v["kinds"].as_i64().unwrap(), mean),
+                )
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     run.terminate();
     assert!(

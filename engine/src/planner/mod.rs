@@ -284,6 +284,51 @@ fn retract_ended_groups(a: &mut AggregateConfig, key_columns: &[String]) -> Resu
     Ok(())
 }
 
+/// `plan` run over each epoch's rows alone, whatever it holds (a GROUP
+/// BY too), keeping nothing between epochs: its output is appended, each
+/// epoch's rows once. The upstream of a repartition step pre-aggregates so
+/// (Flink's local-global aggregation): one partial row per group crosses
+/// the channel, not one per record. Never a user's query: an aggregation
+/// over one epoch alone is no streaming answer.
+pub(crate) fn plan_per_epoch(
+    state: &SessionState,
+    registry: &ConnectorRegistry,
+    plan: &LogicalPlan,
+    key_prefix: &str,
+    task: Option<TaskId>,
+) -> Result<IncrementalPlan> {
+    let planning = without_rules(state, &[UNSUPPORTED_RULES]);
+    let state = without_rules(state, &[UNSUPPORTED_RULES, PLANNING_ONLY_RULES]);
+    let (bound, inputs) = bind::bind_inputs(
+        plan,
+        registry,
+        key_prefix,
+        state.config().target_partitions(),
+        task,
+    )?;
+    let watermarks = watermarks_of(&inputs, false)?;
+    let logical = planning.optimize(&bound)?;
+    Ok(IncrementalPlan {
+        key_columns: Vec::new(),
+        output_schema: Arc::new(logical.schema().as_arrow().clone()),
+        logical,
+        inputs,
+        mode: OutputMode::Append,
+        aggregate: None,
+        join: None,
+        rank: None,
+        over: None,
+        temporal: None,
+        stages: Vec::new(),
+        unsplit: None,
+        state,
+        watermarks,
+        upsert: None,
+        current_watermark: None,
+        proctime: None,
+    })
+}
+
 /// The watermarks of a query's `inputs` (see `WatermarkTracker::new`).
 fn watermarks_of(inputs: &[Input], processing_time: bool) -> Result<WatermarkTracker> {
     let declared = inputs.iter().map(|i| {

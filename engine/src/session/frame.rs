@@ -239,6 +239,7 @@ impl StreamFrame {
             sink: SinkChoice::None,
             options: Options::new(),
             output_mode: None,
+            per_epoch: false,
             settings: QuerySettings::default(),
         }
     }
@@ -254,6 +255,10 @@ pub struct DataStreamWriter {
     pub(crate) sink: SinkChoice,
     pub(crate) options: Options,
     output_mode: Option<OutputMode>,
+    /// Runs the statement over each epoch's rows alone, its GROUP BY
+    /// included, keeping nothing between epochs (see
+    /// [`planner::plan_per_epoch`]): a repartition step's pre-aggregation.
+    pub(crate) per_epoch: bool,
     pub(crate) settings: QuerySettings,
 }
 
@@ -298,10 +303,18 @@ impl DataStreamWriter {
         key_prefix: &str,
         task: Option<TaskId>,
     ) -> Result<IncrementalPlan> {
+        let (state, connectors) = (
+            self.frame.session.context().state(),
+            self.frame.session.connectors(),
+        );
+        let plan = self.frame.logical_plan();
+        if self.per_epoch {
+            return planner::plan_per_epoch(&state, &connectors, plan, key_prefix, task);
+        }
         planner::plan_query(
-            &self.frame.session.context().state(),
-            &self.frame.session.connectors(),
-            self.frame.logical_plan(),
+            &state,
+            &connectors,
+            plan,
             self.output_mode,
             key_prefix,
             task,

@@ -10,13 +10,18 @@
 //! ```
 //!
 //! becomes two sub-topologies, run as two statements of one set:
-//! 1. **upstream**: each task reads its partition of `bids`, evaluates the
-//!    group key and the columns the aggregates need, and writes them to a
+//! 1. **upstream**: each task reads its partition of `bids`, aggregates
+//!    each epoch's rows per group (count, sum, min and max; Flink's
+//!    local-global aggregation), and writes one partial row per group to a
 //!    channel the input's connector provides (a Kafka topic of the query's
 //!    task count, `…-repartition-<n>`), keyed by the group key, so that all
-//!    of a group's rows reach one partition of it;
+//!    of a group's partials reach one partition of it. Aggregates that do
+//!    not merge so (DISTINCT, FILTER, other functions) and changelog inputs
+//!    send every row instead: the group key's value and the columns the
+//!    aggregates read;
 //! 2. **downstream**: task *i* reads partition *i* of the channel and
-//!    aggregates it, as the statement did.
+//!    aggregates it, as the statement did (merging partials: a count's
+//!    by summing them).
 //!
 //! Both run in every task and commit in its one transaction: the rows a
 //! task wrote to the channel, the channel offsets it read and its output
@@ -36,7 +41,12 @@ use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::default_table_source::source_as_provider;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::common::Column;
-use datafusion::logical_expr::{cast, Aggregate, Distinct, Expr, LogicalPlan, LogicalPlanBuilder};
+use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
+use datafusion::functions_aggregate::sum::sum_udaf;
+use datafusion::logical_expr::expr::AggregateFunction;
+use datafusion::logical_expr::{
+    cast, Aggregate, Distinct, Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder,
+};
 
 use super::frame::DataStreamWriter;
 use super::Session;
@@ -114,12 +124,20 @@ pub(crate) fn explain(
         .clone()
         .unwrap_or_else(|| "<query id>".into());
     let step = split(&session, writer, &id, 0, 0)?;
+    let upstream = match step.upstream.per_epoch {
+        true => {
+            "aggregates each epoch's rows of its partition of the input per group, writes one \
+             partial row per group to the partition of its group key"
+        }
+        false => {
+            "reads its partition of the input, writes each row to the partition of its group key"
+        }
+    };
     Ok(format!(
         "repartition step: the GROUP BY is not on the record key, so each task runs two \
          sub-topologies joined by '{}' (one partition per task), committed in its one \
-         transaction\n-- sub-topology 0: reads its partition of the input, writes each row to the \
-         partition of its group key\n{}-- sub-topology 1: reads its partition of '{}', aggregates \
-         it\n{}",
+         transaction\n-- sub-topology 0: {upstream}\n{}-- sub-topology 1: reads its partition of \
+         '{}', aggregates it\n{}",
         step.channel,
         step.upstream
             .explain_plan(&step.upstream.plan_with_keys("", None)?),
@@ -157,79 +175,20 @@ fn split(
             input.name
         )));
     }
-
-    // What crosses: the columns the aggregates read and the group columns,
-    // as `c<i>`, and each computed group key as its value, `k<j>` (names
-    // that cannot clash with a connector's own columns). A column only a
-    // computed key reads does not cross: downstream groups by the value.
-    let mut needed: BTreeSet<Column> = BTreeSet::new();
     for e in aggregate.group_expr.iter().chain(&aggregate.aggr_expr) {
         if matches!(e, Expr::GroupingSet(_)) {
             return Err(refuse("it has GROUPING SETS, ROLLUP or CUBE"));
         }
     }
-    for e in &aggregate.aggr_expr {
-        needed.extend(e.column_refs().into_iter().cloned());
-    }
-    for g in &aggregate.group_expr {
-        if let Expr::Column(c) = g.clone().unalias() {
-            needed.insert(c);
-        }
-    }
-    let needed: Vec<Column> = aggregate
-        .input
-        .schema()
-        .columns()
-        .into_iter()
-        .filter(|c| needed.contains(c))
-        .collect();
-    let carried = |c: &Column| needed.iter().position(|n| n == c).map(|i| format!("c{i}"));
-    let input_schema = aggregate.input.schema();
-    // The channel is JSON, which has no NaN or infinity: a float crosses
-    // as its text (shortest exact form, "NaN", "inf"), read back exactly.
-    let float = |c: &Column| {
-        input_schema
-            .qualified_field_from_column(c)
-            .map(|(_, f)| f)
-            .is_ok_and(|f| f.data_type().is_floating())
+    let crossing = match &original {
+        LogicalPlan::Aggregate(_) => pre_aggregated(&aggregate)?,
+        _ => None,
     };
-    let mut crossing: Vec<Expr> = needed
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let column = Expr::Column(c.clone());
-            match float(c) {
-                true => cast(column, DataType::Utf8).alias(format!("c{i}")),
-                false => column.alias(format!("c{i}")),
-            }
-        })
-        .collect();
-    let mut key_fields = Vec::new();
-    // Downstream's group keys: a group column as itself, a computed key
-    // as the value that crossed, under the name the nodes above read.
-    let mut regroup = Vec::with_capacity(aggregate.group_expr.len());
-    let mut computed = Vec::new();
-    for (j, g) in aggregate.group_expr.iter().enumerate() {
-        match g.clone().unalias() {
-            Expr::Column(c) if carried(&c).is_some() => {
-                key_fields.extend(carried(&c));
-                regroup.push(g.clone());
-            }
-            other => {
-                let (relation, name) = g.qualified_name();
-                crossing.push(other.alias(format!("k{j}")));
-                key_fields.push(format!("k{j}"));
-                computed.push(Expr::Column(Column::from_name(format!("k{j}"))));
-                regroup.push(
-                    Expr::Column(Column::from_name(format!("k{j}")))
-                        .alias_qualified(relation, name),
-                );
-            }
-        }
-    }
-    let upstream_plan = LogicalPlanBuilder::from(aggregate.input.as_ref().clone())
-        .project(crossing)?
-        .build()?;
+    let crossing = match crossing {
+        Some(c) => c,
+        None => row_by_row(&aggregate)?,
+    };
+    let upstream_plan = crossing.upstream;
     let channel_schema = Arc::new(upstream_plan.schema().as_arrow().clone());
 
     let connector = session.connectors().get(&input.connector)?;
@@ -244,7 +203,7 @@ fn split(
             query_id: query_id.to_string(),
             index,
             partitions,
-            key_fields,
+            key_fields: crossing.key_fields,
         })?
         .ok_or_else(|| {
             refuse(format!(
@@ -253,12 +212,13 @@ fn split(
             ))
         })?;
 
-    let upstream = session
+    let mut upstream = session
         .frame(upstream_plan)
         .write_stream()
         .format(&input.connector)
         .options(channel.sink.iter().map(|(k, v)| (k, v.to_string())))
         .query_name(&step_name(index));
+    upstream.per_epoch = crossing.per_epoch;
 
     let read_back = session.read_definition(StreamDefinition {
         name: step_name(index),
@@ -269,28 +229,15 @@ fn split(
         late_sink: None,
         computed: Vec::new(),
     })?;
-    let mut restored: Vec<Expr> = needed
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let column = Expr::Column(Column::from_name(format!("c{i}")));
-            let column = match input_schema.qualified_field_from_column(c).map(|(_, f)| f) {
-                Ok(f) if f.data_type().is_floating() => cast(column, f.data_type().clone()),
-                _ => column,
-            };
-            column.alias_qualified(c.relation.clone(), c.name.clone())
-        })
-        .collect();
-    restored.extend(computed);
     let new_input = LogicalPlanBuilder::from(read_back.logical_plan().clone())
-        .project(restored)?
+        .project(crossing.restored)?
         .build()?;
     let regrouped = match &original {
         LogicalPlan::Distinct(_) => LogicalPlan::Distinct(Distinct::All(Arc::new(new_input))),
         _ => LogicalPlan::Aggregate(Aggregate::try_new(
             Arc::new(new_input),
-            regroup,
-            aggregate.aggr_expr.clone(),
+            crossing.group,
+            crossing.aggr,
         )?),
     };
     let downstream_plan = plan
@@ -308,6 +255,211 @@ fn split(
         upstream,
         downstream,
         channel: channel.name,
+    })
+}
+
+/// What crosses a repartition step, and how each side reads it.
+struct Crossing {
+    /// The upstream sub-topology's plan: its output is the channel's rows.
+    upstream: LogicalPlan,
+    /// Whether upstream runs over each epoch's rows alone (it
+    /// pre-aggregates).
+    per_epoch: bool,
+    /// The channel's columns that make the group key (the message key).
+    key_fields: Vec<String>,
+    /// Downstream's projection of the channel's columns.
+    restored: Vec<Expr>,
+    /// Downstream's group keys and aggregates, under the names the nodes
+    /// above the statement's aggregation read.
+    group: Vec<Expr>,
+    aggr: Vec<Expr>,
+}
+
+/// The channel is JSON, which has no NaN or infinity: a float crosses as
+/// its text (shortest exact form, "NaN", "inf"), read back exactly.
+fn to_channel(e: Expr, data_type: &DataType, name: String) -> Expr {
+    match data_type.is_floating() {
+        true => cast(e, DataType::Utf8).alias(name),
+        false => e.alias(name),
+    }
+}
+
+/// Channel column `name` read back as `data_type` (see [`to_channel`]).
+fn from_channel(name: &str, data_type: &DataType) -> Expr {
+    let column = Expr::Column(Column::from_name(name));
+    match data_type.is_floating() {
+        true => cast(column, data_type.clone()),
+        false => column,
+    }
+}
+
+/// Each epoch's rows aggregated per group upstream (Flink's local-global
+/// aggregation): one partial row per group, task and epoch crosses, and
+/// downstream merges the partials (a count's by summing them, a sum's,
+/// min's and max's by their own function). `None` when an aggregate does
+/// not merge so (DISTINCT, FILTER, ORDER BY, a decimal sum whose precision
+/// would grow, anything but count, sum, min and max) or the input is a
+/// changelog: then the rows cross as they are.
+fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
+    let schema = aggregate.input.schema();
+    let changes = schema
+        .fields()
+        .iter()
+        .any(|f| f.name() == crate::CHANGELOG_SIGN || f.name() == crate::UPSERT_DELETED);
+    if changes {
+        return Ok(None);
+    }
+    let mut partials = Vec::new();
+    let mut merged = Vec::new();
+    let mut carried = Vec::new();
+    let mut restored = Vec::new();
+    for (m, e) in aggregate.aggr_expr.iter().enumerate() {
+        let Expr::AggregateFunction(f) = e.clone().unalias() else {
+            return Ok(None);
+        };
+        let p = &f.params;
+        if p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
+            return Ok(None);
+        }
+        let merge = match f.func.name() {
+            "count" => sum_udaf(),
+            "sum" => {
+                let summed = match p.args.as_slice() {
+                    [arg] => arg.get_type(schema)?,
+                    _ => return Ok(None),
+                };
+                if !(summed.is_integer() || summed.is_floating()) {
+                    return Ok(None);
+                }
+                sum_udaf()
+            }
+            "min" => min_udaf(),
+            "max" => max_udaf(),
+            _ => return Ok(None),
+        };
+        let name = format!("p{m}");
+        let data_type = e.get_type(schema)?;
+        partials.push(e.clone().unalias().alias(&name));
+        carried.push(to_channel(
+            Expr::Column(Column::from_name(&name)),
+            &data_type,
+            name.clone(),
+        ));
+        restored.push(from_channel(&name, &data_type).alias(&name));
+        let (relation, output) = e.qualified_name();
+        let call = AggregateFunction::new_udf(
+            merge,
+            vec![Expr::Column(Column::from_name(&name))],
+            false,
+            None,
+            Vec::new(),
+            None,
+        );
+        merged.push(Expr::AggregateFunction(call).alias_qualified(relation, output));
+    }
+    let mut keys = Vec::new();
+    let mut key_fields = Vec::new();
+    let mut group = Vec::new();
+    for (j, g) in aggregate.group_expr.iter().enumerate() {
+        let name = format!("k{j}");
+        let data_type = g.get_type(schema)?;
+        keys.push(g.clone().unalias().alias(&name));
+        carried.push(to_channel(
+            Expr::Column(Column::from_name(&name)),
+            &data_type,
+            name.clone(),
+        ));
+        restored.push(from_channel(&name, &data_type).alias(&name));
+        let (relation, output) = g.qualified_name();
+        group.push(Expr::Column(Column::from_name(&name)).alias_qualified(relation, output));
+        key_fields.push(name);
+    }
+    let upstream = LogicalPlanBuilder::from(aggregate.input.as_ref().clone())
+        .aggregate(keys, partials)?
+        .project(carried)?
+        .build()?;
+    Ok(Some(Crossing {
+        upstream,
+        per_epoch: true,
+        key_fields,
+        restored,
+        group,
+        aggr: merged,
+    }))
+}
+
+/// Every row crosses: the columns the aggregates read and the group
+/// columns, as `c<i>`, and each computed group key as its value, `k<j>`
+/// (names that cannot clash with a connector's own columns). A column only
+/// a computed key reads does not cross: downstream groups by the value.
+fn row_by_row(aggregate: &Aggregate) -> Result<Crossing> {
+    let mut needed: BTreeSet<Column> = BTreeSet::new();
+    for e in &aggregate.aggr_expr {
+        needed.extend(e.column_refs().into_iter().cloned());
+    }
+    for g in &aggregate.group_expr {
+        if let Expr::Column(c) = g.clone().unalias() {
+            needed.insert(c);
+        }
+    }
+    let input_schema = aggregate.input.schema();
+    let needed: Vec<Column> = input_schema
+        .columns()
+        .into_iter()
+        .filter(|c| needed.contains(c))
+        .collect();
+    let carried = |c: &Column| needed.iter().position(|n| n == c).map(|i| format!("c{i}"));
+    let type_of = |c: &Column| {
+        input_schema
+            .qualified_field_from_column(c)
+            .map(|(_, f)| f.data_type().clone())
+    };
+    let mut crossing = Vec::with_capacity(needed.len());
+    let mut restored = Vec::with_capacity(needed.len());
+    for (i, c) in needed.iter().enumerate() {
+        let data_type = type_of(c)?;
+        crossing.push(to_channel(
+            Expr::Column(c.clone()),
+            &data_type,
+            format!("c{i}"),
+        ));
+        restored.push(
+            from_channel(&format!("c{i}"), &data_type)
+                .alias_qualified(c.relation.clone(), c.name.clone()),
+        );
+    }
+    let mut key_fields = Vec::new();
+    // Downstream's group keys: a group column as itself, a computed key
+    // as the value that crossed, under the name the nodes above read.
+    let mut group = Vec::with_capacity(aggregate.group_expr.len());
+    for (j, g) in aggregate.group_expr.iter().enumerate() {
+        match g.clone().unalias() {
+            Expr::Column(c) if carried(&c).is_some() => {
+                key_fields.extend(carried(&c));
+                group.push(g.clone());
+            }
+            other => {
+                let (relation, name) = g.qualified_name();
+                crossing.push(other.alias(format!("k{j}")));
+                key_fields.push(format!("k{j}"));
+                restored.push(Expr::Column(Column::from_name(format!("k{j}"))));
+                group.push(
+                    Expr::Column(Column::from_name(format!("k{j}")))
+                        .alias_qualified(relation, name),
+                );
+            }
+        }
+    }
+    let upstream = LogicalPlanBuilder::from(aggregate.input.as_ref().clone())
+        .project(crossing)?
+        .build()?;
+    Ok(Crossing {
+        upstream,
+        per_epoch: false,
+        key_fields,
+        restored,
+        group,
+        aggr: aggregate.aggr_expr.clone(),
     })
 }
 
