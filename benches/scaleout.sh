@@ -24,7 +24,8 @@
 # The case `baseline` runs the query undivided with the binary $BASELINE
 # (an older build, to compare one process with what it was);
 # `tasks-t2-baseline` runs it as `tasks-t2` does, with $BASELINE (to
-# compare a divided query, the repartition hop, with what it was).
+# compare a divided query, the repartition hop, with what it was);
+# `tasks-t2-baseline2` the same with $BASELINE2 (a second older build).
 set -euo pipefail
 B="${SLUICE_KAFKA_BOOTSTRAP:-127.0.0.1:19092}"
 N="${N:-2000000}"
@@ -64,6 +65,7 @@ run() {
     tasks-t1) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '1';" ;;
     tasks-t2) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '2';" ;;
     tasks-t2-baseline) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '2';"; sluice=$BASELINE ;;
+    tasks-t2-baseline2) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '2';"; sluice=$BASELINE2 ;;
     group-*) procs=${case#group-}
       settings="SET 'tasks' = 'per-partition'; SET 'tasks.group' = 'true'; SET 'tasks.group.session.timeout' = '6 s';" ;;
   esac
