@@ -907,9 +907,10 @@ fn state_files_were_deleted(root: &Path) {
 /// NaN and the infinities cross a repartition step as themselves: its
 /// channel is JSON, which has no such numbers, and carried them as null
 /// (so `count`, NaN and infinity counts differed from `'tasks' = '1'`).
-/// Per group, the counts, the largest finite value and the sum of ids
-/// equal a plain loop's: each epoch's partials (counts, sums, a float
-/// maximum, NULL where an epoch has no value) merge into the answer.
+/// Per group, the counts, the largest finite value, the sum and the mean
+/// of ids equal a plain loop's: each epoch's partials (counts, sums, a
+/// float maximum, NULL where an epoch has no value, an average's sum and
+/// count) merge into the answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
     let bootstrap = broker().await;
@@ -930,7 +931,7 @@ async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
     // Per group: (values, NaNs, infinities), none of them null; the
     // largest finite value (a float partial crossing, NULL in epochs
     // where the group has none) and the sum of ids.
-    let mut want: BTreeMap<i64, (i64, i64, i64, String, i64)> = BTreeMap::new();
+    let mut want: BTreeMap<i64, (i64, i64, i64, String, i64, String)> = BTreeMap::new();
     for id in ids.clone() {
         let counts = want.entry(id % 3).or_default();
         counts.0 += 1;
@@ -947,6 +948,10 @@ async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
             counts.3 = top.to_string();
         }
         counts.4 += id;
+    }
+    for (g, counts) in want.iter_mut() {
+        let of_g = ids.clone().filter(|id| id % 3 == *g).count();
+        counts.5 = (counts.4 as f64 / of_g as f64).to_string();
     }
     // A DISTINCT count does not merge from partials: that query's rows
     // cross one by one. Per group: the distinct `id % 7`, the mean id.
@@ -977,7 +982,7 @@ async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
              INSERT INTO out SELECT g, count(r) AS present, \
                sum(CASE WHEN isnan(r) THEN 1 ELSE 0 END) AS nans, \
                sum(CASE WHEN r = CAST('inf' AS DOUBLE) THEN 1 ELSE 0 END) AS infs, \
-               max(CASE WHEN id % 4 = 3 THEN r END) AS top, sum(id) AS ids \
+               max(CASE WHEN id % 4 = 3 THEN r END) AS top, sum(id) AS ids, avg(id) AS mean \
              FROM (SELECT id % 3 AS g, r, id FROM events) GROUP BY g;\n\
              CREATE STREAM rows_out WITH (connector = 'kafka', topic = '{rows_out}', \
                'bootstrap.servers' = '{bootstrap}');\n\
@@ -1007,8 +1012,18 @@ async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
             .into_values()
             .map(|v| {
                 let n = |name: &str| v[name].as_i64().unwrap();
-                let top = v["top"].as_f64().unwrap().to_string();
-                (n("g"), (n("present"), n("nans"), n("infs"), top, n("ids")))
+                let f = |name: &str| v[name].as_f64().unwrap().to_string();
+                (
+                    n("g"),
+                    (
+                        n("present"),
+                        n("nans"),
+                        n("infs"),
+                        f("top"),
+                        n("ids"),
+                        f("mean"),
+                    ),
+                )
             })
             .collect();
     }

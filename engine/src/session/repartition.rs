@@ -11,7 +11,7 @@
 //!
 //! becomes two sub-topologies, run as two statements of one set:
 //! 1. **upstream**: each task reads its partition of `bids`, aggregates
-//!    each epoch's rows per group (count, sum, min and max; Flink's
+//!    each epoch's rows per group (count, sum, min, max and avg; Flink's
 //!    local-global aggregation), and writes one partial row per group to a
 //!    channel the input's connector provides (a Kafka topic of the query's
 //!    task count, `…-repartition-<n>`), keyed by the group key, so that all
@@ -240,6 +240,12 @@ fn split(
             crossing.aggr,
         )?),
     };
+    let regrouped = match crossing.finish {
+        Some(exprs) => LogicalPlanBuilder::from(regrouped)
+            .project(exprs)?
+            .build()?,
+        None => regrouped,
+    };
     let downstream_plan = plan
         .transform_up(|node| {
             if node == original {
@@ -273,6 +279,10 @@ struct Crossing {
     /// above the statement's aggregation read.
     group: Vec<Expr>,
     aggr: Vec<Expr>,
+    /// A projection over downstream's aggregation giving the statement's
+    /// aggregates from merged partials (an `avg` from its sum and count),
+    /// when one needs it.
+    finish: Option<Vec<Expr>>,
 }
 
 /// The channel is JSON, which has no NaN or infinity: a float crosses as
@@ -296,10 +306,11 @@ fn from_channel(name: &str, data_type: &DataType) -> Expr {
 /// Each epoch's rows aggregated per group upstream (Flink's local-global
 /// aggregation): one partial row per group, task and epoch crosses, and
 /// downstream merges the partials (a count's by summing them, a sum's,
-/// min's and max's by their own function). `None` when an aggregate does
-/// not merge so (DISTINCT, FILTER, ORDER BY, a decimal sum whose precision
-/// would grow, anything but count, sum, min and max) or the input is a
-/// changelog: then the rows cross as they are.
+/// min's and max's by their own function, an avg from its sum and count).
+/// `None` when an aggregate does not merge so (DISTINCT, FILTER, ORDER BY,
+/// a decimal sum or avg whose precision would grow, anything but count,
+/// sum, min, max and avg) or the input is a changelog: then the rows
+/// cross as they are.
 fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
     let schema = aggregate.input.schema();
     let changes = schema
@@ -313,40 +324,19 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
     let mut merged = Vec::new();
     let mut carried = Vec::new();
     let mut restored = Vec::new();
-    for (m, e) in aggregate.aggr_expr.iter().enumerate() {
-        let Expr::AggregateFunction(f) = e.clone().unalias() else {
-            return Ok(None);
-        };
-        let p = &f.params;
-        if p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
-            return Ok(None);
-        }
-        let merge = match f.func.name() {
-            "count" => sum_udaf(),
-            "sum" => {
-                let summed = match p.args.as_slice() {
-                    [arg] => arg.get_type(schema)?,
-                    _ => return Ok(None),
-                };
-                if !(summed.is_integer() || summed.is_floating()) {
-                    return Ok(None);
-                }
-                sum_udaf()
-            }
-            "min" => min_udaf(),
-            "max" => max_udaf(),
-            _ => return Ok(None),
-        };
-        let name = format!("p{m}");
-        let data_type = e.get_type(schema)?;
-        partials.push(e.clone().unalias().alias(&name));
+    // The statement's aggregates over the merged ones, by output name.
+    let mut finished = Vec::new();
+    let mut averaged = false;
+    // Partial `name` of `partial` (of `data_type`) crosses, and downstream
+    // merges it with `merge` under `output`.
+    let mut cross = |partial: Expr, name: String, data_type: DataType, merge, output: Expr| {
+        partials.push(partial.alias(&name));
         carried.push(to_channel(
             Expr::Column(Column::from_name(&name)),
             &data_type,
             name.clone(),
         ));
         restored.push(from_channel(&name, &data_type).alias(&name));
-        let (relation, output) = e.qualified_name();
         let call = AggregateFunction::new_udf(
             merge,
             vec![Expr::Column(Column::from_name(&name))],
@@ -355,11 +345,79 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
             Vec::new(),
             None,
         );
-        merged.push(Expr::AggregateFunction(call).alias_qualified(relation, output));
+        merged.push(match output {
+            Expr::Column(c) => Expr::AggregateFunction(call).alias_qualified(c.relation, c.name),
+            _ => Expr::AggregateFunction(call),
+        });
+    };
+    for (m, e) in aggregate.aggr_expr.iter().enumerate() {
+        let Expr::AggregateFunction(f) = e.clone().unalias() else {
+            return Ok(None);
+        };
+        let p = &f.params;
+        if p.distinct || p.filter.is_some() || !p.order_by.is_empty() {
+            return Ok(None);
+        }
+        // Sums of integers and floats only: a decimal sum's precision
+        // would grow with each merge.
+        let numeric = match p.args.as_slice() {
+            [arg] => {
+                let t = arg.get_type(schema)?;
+                t.is_integer() || t.is_floating()
+            }
+            _ => false,
+        };
+        let (relation, output) = e.qualified_name();
+        let named = Expr::Column(Column::new(relation.clone(), output.clone()));
+        let merge = match f.func.name() {
+            "count" => sum_udaf(),
+            "sum" if numeric => sum_udaf(),
+            "min" => min_udaf(),
+            "max" => max_udaf(),
+            "avg" if numeric => {
+                // Its sum and count cross; the division comes after the
+                // merge, in double precision as `avg` itself computes.
+                let arg = p.args[0].clone();
+                let (sum, count) = (format!("s{m}"), format!("n{m}"));
+                let sum_type = sum_udaf().return_type(&[arg.get_type(schema)?])?;
+                let summed = Expr::Column(Column::from_name(format!("__sum_{m}")));
+                let counted = Expr::Column(Column::from_name(format!("__count_{m}")));
+                cross(
+                    datafusion::functions_aggregate::expr_fn::sum(arg.clone()),
+                    sum,
+                    sum_type,
+                    sum_udaf(),
+                    summed.clone(),
+                );
+                cross(
+                    datafusion::functions_aggregate::expr_fn::count(arg),
+                    count,
+                    DataType::Int64,
+                    sum_udaf(),
+                    counted.clone(),
+                );
+                finished.push(
+                    (cast(summed, DataType::Float64) / cast(counted, DataType::Float64))
+                        .alias_qualified(relation, output),
+                );
+                averaged = true;
+                continue;
+            }
+            _ => return Ok(None),
+        };
+        cross(
+            e.clone().unalias(),
+            format!("p{m}"),
+            e.get_type(schema)?,
+            merge,
+            named.clone(),
+        );
+        finished.push(named);
     }
     let mut keys = Vec::new();
     let mut key_fields = Vec::new();
     let mut group = Vec::new();
+    let mut passed = Vec::new();
     for (j, g) in aggregate.group_expr.iter().enumerate() {
         let name = format!("k{j}");
         let data_type = g.get_type(schema)?;
@@ -371,6 +429,7 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
         ));
         restored.push(from_channel(&name, &data_type).alias(&name));
         let (relation, output) = g.qualified_name();
+        passed.push(Expr::Column(Column::new(relation.clone(), output.clone())));
         group.push(Expr::Column(Column::from_name(&name)).alias_qualified(relation, output));
         key_fields.push(name);
     }
@@ -385,6 +444,7 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
         restored,
         group,
         aggr: merged,
+        finish: averaged.then(|| passed.into_iter().chain(finished).collect()),
     }))
 }
 
@@ -460,6 +520,7 @@ fn row_by_row(aggregate: &Aggregate) -> Result<Crossing> {
         restored,
         group,
         aggr: aggregate.aggr_expr.clone(),
+        finish: None,
     })
 }
 
