@@ -284,6 +284,48 @@ fn retract_ended_groups(a: &mut AggregateConfig, key_columns: &[String]) -> Resu
     Ok(())
 }
 
+/// A query bound to its inputs, with the session states it is planned
+/// and run with.
+struct Bound {
+    /// Optimises the query as written.
+    planning: SessionState,
+    /// Plans each epoch's physical plan.
+    state: SessionState,
+    bound: LogicalPlan,
+    inputs: Vec<Input>,
+}
+
+/// `plan` with each stream scan bound to a source of its own (see
+/// `bind`), refused if it reads no stream.
+fn bind_query(
+    state: &SessionState,
+    registry: &ConnectorRegistry,
+    plan: &LogicalPlan,
+    key_prefix: &str,
+    task: Option<TaskId>,
+) -> Result<Bound> {
+    let planning = without_rules(state, &[UNSUPPORTED_RULES]);
+    let state = without_rules(state, &[UNSUPPORTED_RULES, PLANNING_ONLY_RULES]);
+    let (bound, inputs) = bind::bind_inputs(
+        plan,
+        registry,
+        key_prefix,
+        state.config().target_partitions(),
+        task,
+    )?;
+    if inputs.is_empty() {
+        return Err(SluiceError::plan(
+            "the query reads no stream: a continuous query needs at least one stream in FROM",
+        ));
+    }
+    Ok(Bound {
+        planning,
+        state,
+        bound,
+        inputs,
+    })
+}
+
 /// `plan` run over each epoch's rows alone, whatever it holds (a GROUP
 /// BY too), keeping nothing between epochs: its output is appended, each
 /// epoch's rows once. The upstream of a repartition step pre-aggregates so
@@ -297,15 +339,12 @@ pub(crate) fn plan_per_epoch(
     key_prefix: &str,
     task: Option<TaskId>,
 ) -> Result<IncrementalPlan> {
-    let planning = without_rules(state, &[UNSUPPORTED_RULES]);
-    let state = without_rules(state, &[UNSUPPORTED_RULES, PLANNING_ONLY_RULES]);
-    let (bound, inputs) = bind::bind_inputs(
-        plan,
-        registry,
-        key_prefix,
-        state.config().target_partitions(),
-        task,
-    )?;
+    let Bound {
+        planning,
+        state,
+        bound,
+        inputs,
+    } = bind_query(state, registry, plan, key_prefix, task)?;
     let watermarks = watermarks_of(&inputs, false)?;
     let logical = planning.optimize(&bound)?;
     Ok(IncrementalPlan {
@@ -361,20 +400,12 @@ pub(crate) fn plan_query(
         watermarked,
         processing_time,
     } = check_incremental(plan, mode)?;
-    let planning = without_rules(state, &[UNSUPPORTED_RULES]);
-    let state = without_rules(state, &[UNSUPPORTED_RULES, PLANNING_ONLY_RULES]);
-    let (bound, inputs) = bind::bind_inputs(
-        plan,
-        registry,
-        key_prefix,
-        state.config().target_partitions(),
-        task,
-    )?;
-    if inputs.is_empty() {
-        return Err(SluiceError::plan(
-            "the query reads no stream: a continuous query needs at least one stream in FROM",
-        ));
-    }
+    let Bound {
+        planning,
+        state,
+        bound,
+        inputs,
+    } = bind_query(state, registry, plan, key_prefix, task)?;
     let watermarks = watermarks_of(&inputs, processing_time)?;
     let (bound, current_watermark) = crate::watermark::current::for_query(bound)?;
     let (bound, proctime) = crate::watermark::processing_time::for_query(bound)?;
