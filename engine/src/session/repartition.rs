@@ -303,6 +303,17 @@ fn from_channel(name: &str, data_type: &DataType) -> Expr {
     }
 }
 
+/// How upstream's output column `name` (of `data_type`) is written to the
+/// channel, and how downstream reads it back under the same name.
+fn through_channel(name: &str, data_type: &DataType) -> (Expr, Expr) {
+    let written = to_channel(
+        Expr::Column(Column::from_name(name)),
+        data_type,
+        name.to_string(),
+    );
+    (written, from_channel(name, data_type).alias(name))
+}
+
 /// Each epoch's rows aggregated per group upstream (Flink's local-global
 /// aggregation): one partial row per group, task and epoch crosses, and
 /// downstream merges the partials (a count's by summing them, a sum's,
@@ -329,14 +340,11 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
     let mut averaged = false;
     // Partial `name` of `partial` (of `data_type`) crosses, and downstream
     // merges it with `merge` under `output`.
-    let mut cross = |partial: Expr, name: String, data_type: DataType, merge, output: Expr| {
+    let mut cross = |partial: Expr, name: String, data_type: DataType, merge, output: Column| {
         partials.push(partial.alias(&name));
-        carried.push(to_channel(
-            Expr::Column(Column::from_name(&name)),
-            &data_type,
-            name.clone(),
-        ));
-        restored.push(from_channel(&name, &data_type).alias(&name));
+        let (written, read) = through_channel(&name, &data_type);
+        carried.push(written);
+        restored.push(read);
         let call = AggregateFunction::new_udf(
             merge,
             vec![Expr::Column(Column::from_name(&name))],
@@ -345,10 +353,7 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
             Vec::new(),
             None,
         );
-        merged.push(match output {
-            Expr::Column(c) => Expr::AggregateFunction(call).alias_qualified(c.relation, c.name),
-            _ => Expr::AggregateFunction(call),
-        });
+        merged.push(Expr::AggregateFunction(call).alias_qualified(output.relation, output.name));
     };
     for (m, e) in aggregate.aggr_expr.iter().enumerate() {
         let Expr::AggregateFunction(f) = e.clone().unalias() else {
@@ -368,7 +373,7 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
             _ => false,
         };
         let (relation, output) = e.qualified_name();
-        let named = Expr::Column(Column::new(relation.clone(), output.clone()));
+        let named = Column::new(relation.clone(), output.clone());
         let merge = match f.func.name() {
             "count" => sum_udaf(),
             "sum" if numeric => sum_udaf(),
@@ -380,8 +385,8 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
                 let arg = p.args[0].clone();
                 let (sum, count) = (format!("s{m}"), format!("n{m}"));
                 let sum_type = sum_udaf().return_type(&[arg.get_type(schema)?])?;
-                let summed = Expr::Column(Column::from_name(format!("__sum_{m}")));
-                let counted = Expr::Column(Column::from_name(format!("__count_{m}")));
+                let summed = Column::from_name(format!("__sum_{m}"));
+                let counted = Column::from_name(format!("__count_{m}"));
                 cross(
                     datafusion::functions_aggregate::expr_fn::sum(arg.clone()),
                     sum,
@@ -396,10 +401,8 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
                     sum_udaf(),
                     counted.clone(),
                 );
-                finished.push(
-                    (cast(summed, DataType::Float64) / cast(counted, DataType::Float64))
-                        .alias_qualified(relation, output),
-                );
+                let double = |c: Column| cast(Expr::Column(c), DataType::Float64);
+                finished.push((double(summed) / double(counted)).alias_qualified(relation, output));
                 averaged = true;
                 continue;
             }
@@ -412,7 +415,7 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
             merge,
             named.clone(),
         );
-        finished.push(named);
+        finished.push(Expr::Column(named));
     }
     let mut keys = Vec::new();
     let mut key_fields = Vec::new();
@@ -422,12 +425,9 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
         let name = format!("k{j}");
         let data_type = g.get_type(schema)?;
         keys.push(g.clone().unalias().alias(&name));
-        carried.push(to_channel(
-            Expr::Column(Column::from_name(&name)),
-            &data_type,
-            name.clone(),
-        ));
-        restored.push(from_channel(&name, &data_type).alias(&name));
+        let (written, read) = through_channel(&name, &data_type);
+        carried.push(written);
+        restored.push(read);
         let (relation, output) = g.qualified_name();
         passed.push(Expr::Column(Column::new(relation.clone(), output.clone())));
         group.push(Expr::Column(Column::from_name(&name)).alias_qualified(relation, output));
