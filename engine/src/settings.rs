@@ -66,6 +66,12 @@ pub struct QuerySettings {
     /// move to the others (SQL: `tasks.group.session.timeout`; default
     /// 10 s).
     pub task_group_session_timeout: Duration,
+    /// Through a repartition step, how long an upstream task may send no
+    /// watermark before the downstream tasks' watermarks go on without it
+    /// (SQL: `watermark.idle-timeout`, or Flink's
+    /// `table.exec.source.idle-timeout`); `None` (the default): it holds
+    /// them back until it sends again.
+    pub watermark_idle_timeout: Option<Duration>,
     /// With tasks, how many run an epoch at once in this process (SQL:
     /// `tasks.threads`); `None` (the default): one per core.
     pub task_threads: Option<usize>,
@@ -313,8 +319,8 @@ pub const SETTINGS: &[Setting] = &[
             (which must have equal partition counts), each with its own epochs, state, \
             checkpoint folder and Kafka transaction, run side by side (see *Scaling out* \
             in docs/operations.md). A `GROUP BY` not on the record key `_key` (or \
-            `_partition`) goes through a repartition topic (not yet with event-time \
-            windows or `available-now`); joins are not divided yet",
+            `_partition`) goes through a repartition topic (windowed ones too; not yet \
+            with `available-now`); joins are not divided yet",
         default: "`'1'`",
         kind: Kind::Query {
             apply: set_tasks,
@@ -358,6 +364,19 @@ pub const SETTINGS: &[Setting] = &[
         kind: Kind::Query {
             apply: set_task_group_session_timeout,
             is_set: |s| s.task_group_session_timeout != DEFAULT.task_group_session_timeout,
+        },
+    },
+    Setting {
+        name: "watermark.idle-timeout",
+        aliases: &["table.exec.source.idle-timeout"],
+        values: "through a repartition step, how long an upstream task may send no watermark \
+            (its partition of the input has no new rows) before the downstream tasks' \
+            watermarks go on without it, as Flink's source idleness; rows it sends after \
+            that may be late. `'0'` turns it off",
+        default: "off: every upstream task holds the watermark until it sends one",
+        kind: Kind::Query {
+            apply: set_watermark_idle_timeout,
+            is_set: |s| s.watermark_idle_timeout.is_some(),
         },
     },
     Setting {
@@ -462,6 +481,7 @@ const DEFAULT: QuerySettings = QuerySettings {
     tasks: Tasks::One,
     task_group: false,
     task_group_session_timeout: Duration::from_secs(10),
+    watermark_idle_timeout: None,
     task_threads: None,
     read_ahead: true,
     pipelining: Pipelining::Auto,
@@ -568,6 +588,13 @@ fn switch(value: &str) -> Option<bool> {
 fn set_task_group_session_timeout(s: &mut QuerySettings, value: &str) -> Result<()> {
     s.task_group_session_timeout = parse_duration(value)
         .map_err(|e| SluiceError::config(format!("'tasks.group.session.timeout': {e}")))?;
+    Ok(())
+}
+
+fn set_watermark_idle_timeout(s: &mut QuerySettings, value: &str) -> Result<()> {
+    let timeout = parse_duration(value)
+        .map_err(|e| SluiceError::config(format!("'watermark.idle-timeout': {e}")))?;
+    s.watermark_idle_timeout = Some(timeout).filter(|t| !t.is_zero());
     Ok(())
 }
 

@@ -47,6 +47,8 @@ pub(crate) struct Statement {
     /// Per input whose late rows go to a sink (`'late.sink'`), the rows
     /// the epoch dropped as late, until the epoch loop takes them.
     late: BTreeMap<usize, Vec<RecordBatch>>,
+    /// Whether the epoch being computed read any row.
+    read_rows: bool,
 }
 
 impl Statement {
@@ -67,6 +69,7 @@ impl Statement {
             chain: Chain::new(folder),
             fingerprint,
             late: BTreeMap::new(),
+            read_rows: false,
         })
     }
 
@@ -127,14 +130,19 @@ impl Statement {
         }
         let mut late_rows = 0;
         let mut admitted = Vec::with_capacity(read.len());
+        self.read_rows = false;
         for (index, input) in read.into_iter().enumerate() {
             let (partitions, ids) = match input {
                 EpochInput::Read(partitions, ids) => (partitions, ids),
                 lazy @ EpochInput::Lazy(_) => {
+                    self.read_rows = true;
                     admitted.push(lazy);
                     continue;
                 }
             };
+            let partitions =
+                watermarks.take_upstream_watermarks(index, partitions, planned_at_ms)?;
+            self.read_rows |= partitions.iter().flatten().any(|b| b.num_rows() > 0);
             watermarks.observe(index, &partitions, ids.as_deref())?;
             let partitions = if drops_late {
                 let rows = self.late.get_mut(&index);
@@ -178,12 +186,13 @@ impl Statement {
         let physical = ctx.create_physical_plan(&self.plan.logical).await?;
         let ahead = ahead.filter(|_| self.plan.upsert.is_none());
         let Some((sink, epoch, index)) = ahead else {
-            let rows = collect_partitioned(physical, ctx.task_ctx())
+            let mut rows: Vec<RecordBatch> = collect_partitioned(physical, ctx.task_ctx())
                 .await?
                 .into_iter()
                 .flatten()
                 .filter(|b| b.num_rows() > 0)
                 .collect();
+            rows.extend(self.watermark_rows()?);
             return match &self.plan.upsert {
                 Some(upsert) => crate::upsert::split(rows, upsert),
                 None => Ok(EpochOutput {
@@ -202,10 +211,30 @@ impl Statement {
                 rows.push(batch);
             }
         }
+        if let Some(batch) = self.watermark_rows()? {
+            sink.send_ahead(epoch, index, &batch).await?;
+            rows.push(batch);
+        }
         Ok(EpochOutput {
             rows,
             retracted: None,
         })
+    }
+
+    /// A repartition step's upstream, after an epoch that read rows: its
+    /// watermark, as one row to each partition of its channel, after the
+    /// epoch's rows (see `watermark::aligned`).
+    fn watermark_rows(&self) -> Result<Option<RecordBatch>> {
+        let (Some(task), Some(watermark)) =
+            (self.plan.watermark_out, self.plan.watermarks.current())
+        else {
+            return Ok(None);
+        };
+        if !self.read_rows {
+            return Ok(None);
+        }
+        crate::watermark::aligned::rows(&self.plan.output_schema, task.index, task.count, watermark)
+            .map(Some)
     }
 
     /// Writes the operator's state of `epoch` into the checkpoint at `dir`:

@@ -43,8 +43,10 @@ use crate::checkpoint::PartitionWatermarks;
 use crate::error::{Result, SluiceError};
 use crate::source::Partitions;
 
+pub(crate) mod aligned;
 pub(crate) mod current;
 pub(crate) mod processing_time;
+pub(crate) use aligned::Aligned;
 pub use current::CurrentWatermark;
 pub use processing_time::Proctime;
 
@@ -62,6 +64,9 @@ pub struct WatermarkSpec {
     pub column: String,
     /// How far behind the latest event time the watermark trails.
     pub delay: Duration,
+    /// On a repartition channel read back: the watermark is not the rows'
+    /// progress but what the upstream tasks say (see [`aligned`]).
+    pub(crate) aligned: Option<Aligned>,
 }
 
 impl WatermarkSpec {
@@ -70,6 +75,16 @@ impl WatermarkSpec {
         Self {
             column: column.into(),
             delay,
+            aligned: None,
+        }
+    }
+
+    /// This spec, its watermark taken from the upstream tasks' watermark
+    /// rows instead of the rows' times.
+    pub(crate) fn aligned(self, aligned: Aligned) -> Self {
+        Self {
+            aligned: Some(aligned),
+            ..self
         }
     }
 
@@ -116,8 +131,15 @@ struct Tracked {
     column: usize,
     delay_ns: i64,
     current: Option<i64>,
-    /// Per partition of a source that names them, its own watermark.
+    /// Per partition of a source that names them, its own watermark; on a
+    /// channel read back, per upstream task.
     partitions: BTreeMap<u32, i64>,
+    /// On a channel read back, its upstream tasks (see [`aligned`]).
+    upstream: Option<aligned::Upstream>,
+    /// Whether the input's watermark judges rows and moves the query's:
+    /// not on processing time, where a channel's watermark rows are only
+    /// taken out.
+    judges: bool,
 }
 
 /// The watermarks of one query's inputs (nanoseconds since the Unix epoch).
@@ -148,7 +170,7 @@ impl WatermarkTracker {
     ) -> Result<Self> {
         let mut tracked = Vec::new();
         for (key, stream, schema, spec) in inputs {
-            let spec = spec.filter(|_| !processing_time);
+            let spec = spec.filter(|s| !processing_time || s.aligned.is_some());
             tracked.push(match spec {
                 None => None,
                 Some(spec) => Some(Tracked {
@@ -157,6 +179,11 @@ impl WatermarkTracker {
                     delay_ns: i64::try_from(spec.delay.as_nanos()).unwrap_or(i64::MAX),
                     current: None,
                     partitions: BTreeMap::new(),
+                    upstream: spec
+                        .aligned
+                        .map(|a| aligned::Upstream::new(&schema, a))
+                        .transpose()?,
+                    judges: !processing_time,
                 }),
             });
         }
@@ -172,7 +199,7 @@ impl WatermarkTracker {
 
     /// Whether input `index` has a watermark.
     pub(crate) fn tracks(&self, index: usize) -> bool {
-        matches!(self.inputs.get(index), Some(Some(_)))
+        matches!(self.inputs.get(index), Some(Some(t)) if t.judges)
     }
 
     /// The query's watermark: the minimum over inputs that have one, or on
@@ -182,6 +209,29 @@ impl WatermarkTracker {
             Clock::Event => self.inputs.iter().flatten().filter_map(|t| t.current).min(),
             Clock::Processing { now } => now,
         }
+    }
+
+    /// On input `index`, a repartition channel read back at `now_ms` (the
+    /// epoch's planned time): takes its upstream tasks' watermark rows out
+    /// of `partitions`, and moves its watermark to what they say (see
+    /// [`aligned`]). Any other input's rows are returned as they are.
+    pub(crate) fn take_upstream_watermarks(
+        &mut self,
+        index: usize,
+        partitions: Partitions,
+        now_ms: i64,
+    ) -> Result<Partitions> {
+        let Some(Some(t)) = self.inputs.get_mut(index) else {
+            return Ok(partitions);
+        };
+        let Some(upstream) = &mut t.upstream else {
+            return Ok(partitions);
+        };
+        let kept = upstream.take(partitions, &mut t.partitions, now_ms)?;
+        if t.judges {
+            t.current = t.current.max(upstream.watermark(&t.partitions, now_ms));
+        }
+        Ok(kept)
     }
 
     /// On processing time, moves the watermark to the planned time of the
@@ -208,6 +258,9 @@ impl WatermarkTracker {
         let (Some(Some(t)), Some(watermark)) = (self.inputs.get(index), watermark) else {
             return Ok((partitions, 0, Vec::new()));
         };
+        if !t.judges {
+            return Ok((partitions, 0, Vec::new()));
+        }
         let mut dropped = 0;
         let mut late = Vec::new();
         let mut kept = Vec::with_capacity(partitions.len());
@@ -248,6 +301,10 @@ impl WatermarkTracker {
         let Some(Some(t)) = self.inputs.get_mut(index) else {
             return Ok(());
         };
+        // A channel's watermark is its upstream tasks', not its rows'.
+        if t.upstream.is_some() || !t.judges {
+            return Ok(());
+        }
         let latest = |batches: &[RecordBatch]| -> Result<Option<i64>> {
             let mut latest = None;
             for batch in batches {

@@ -476,6 +476,34 @@ pub(crate) fn is_session_bound(field: &Field) -> bool {
     field.metadata().contains_key(SESSION_BY)
 }
 
+/// `schema` with its window bounds over event-time column `from` said to
+/// be over `to`: the same column under another name, as a repartition
+/// channel carries it.
+pub(crate) fn rename_time_column(
+    schema: &datafusion::arrow::datatypes::Schema,
+    from: &str,
+    to: &str,
+) -> datafusion::arrow::datatypes::SchemaRef {
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let mut md = f.metadata().clone();
+            match md.get_mut(TIME_COLUMN) {
+                Some(column) if column == from => {
+                    *column = to.to_string();
+                    f.as_ref().clone().with_metadata(md)
+                }
+                _ => f.as_ref().clone(),
+            }
+        })
+        .collect();
+    Arc::new(datafusion::arrow::datatypes::Schema::new_with_metadata(
+        fields,
+        schema.metadata().clone(),
+    ))
+}
+
 fn find<'a>(
     schema: &'a DFSchema,
     name: &str,

@@ -67,6 +67,7 @@ pub(crate) const SINK_OPTIONS: &[&str] = &[
     "progress.topic",
     "sink.transactional-id-prefix",
     "sink.epoch-headers",
+    "sink.partition-field",
 ];
 
 /// Leaves out of `o` the options of the stream's other use, as Flink

@@ -95,6 +95,9 @@ impl Connector for KafkaConnector {
         sink.set("format", "json");
         sink.set("key.fields", args.key_fields.join(","));
         sink.set("topic.partitions", args.partitions.to_string());
+        if let Some(field) = &args.partition_field {
+            sink.set("sink.partition-field", field);
+        }
         let mut source = client;
         source.set("topic", &topic);
         source.set("format", "json");

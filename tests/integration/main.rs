@@ -20,6 +20,7 @@ mod pipelines;
 mod prefetch;
 mod processing_time;
 mod registry;
+mod repartition;
 mod secure;
 mod send_ahead;
 mod shape;

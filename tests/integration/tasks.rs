@@ -51,8 +51,10 @@ fn key_from_value() -> String {
     format!("concat('k', CAST(id % {KEYS} AS VARCHAR))")
 }
 
-/// The windowed query's window size and watermark delay, in ms.
-const WINDOW_MS: i64 = 1_000;
+/// The windowed query's HOP window (its slide and size) and watermark
+/// delay, in ms.
+const SLIDE_MS: i64 = 1_000;
+const WINDOW_MS: i64 = 2_000;
 const DELAY_MS: i64 = 1_000;
 
 struct Divided {
@@ -68,6 +70,10 @@ struct Divided {
     counts: String,
     windows: String,
     pipeline: String,
+    /// Whether the last SQL file's GROUP BYs go through a repartition
+    /// step (not on `_key`): its windows then close by the watermark of
+    /// every partition, not their own partition's.
+    through_hop: std::sync::atomic::AtomicBool,
 }
 
 impl Divided {
@@ -94,13 +100,14 @@ impl Divided {
             copy,
             counts,
             windows,
+            through_hop: false.into(),
         }
     }
 
     /// The SQL file: a stateless copy, a count per record key (update mode)
-    /// and a count per key and 1 s tumbling window (append mode), each a
-    /// query of its own, divided as `tasks` says, running until stopped;
-    /// `group_by` is the count's key.
+    /// and a count per key and 2 s window sliding by 1 s (append mode), each
+    /// a query of its own, divided as `tasks` says, running until stopped;
+    /// `group_by` is both counts' key.
     fn sql(&self, tasks: &str, group_by: &str) -> PathBuf {
         let settings = format!("SET 'tasks' = '{tasks}';\nSET 'trigger' = '200 ms';\n");
         self.sql_with(&format!("{tasks}-{group_by}"), &settings, group_by)
@@ -108,6 +115,8 @@ impl Divided {
 
     /// The SQL file named `name` with `settings` before the queries.
     fn sql_with(&self, name: &str, settings: &str, group_by: &str) -> PathBuf {
+        self.through_hop
+            .store(group_by != "_key", std::sync::atomic::Ordering::Relaxed);
         let path = self.dir.path().join(format!("q-{name}.sql"));
         let checkpoint = |name: &str| format!("{}/{name}", self.checkpoints);
         std::fs::write(
@@ -134,11 +143,12 @@ impl Divided {
                    GROUP BY {group_by};\n\
                  SET 'pipeline.name' = '{p}-windows';\n\
                  SET 'checkpoint.location' = '{windows_cp}';\n\
-                 INSERT INTO windows SELECT _key AS k, window_start, count(*) AS n \
-                   FROM TABLE(TUMBLE(TABLE timed, DESCRIPTOR(ts), INTERVAL '{size}' SECOND)) \
-                   GROUP BY _key, window_start, window_end;\n",
+                 INSERT INTO windows SELECT {group_by} AS k, window_start, count(*) AS n \
+                   FROM TABLE(HOP(TABLE timed, DESCRIPTOR(ts), INTERVAL '{slide}' SECOND, \
+                   INTERVAL '{size}' SECOND)) GROUP BY {group_by}, window_start, window_end;\n",
                 windows = self.windows,
                 delay = DELAY_MS / 1_000,
+                slide = SLIDE_MS / 1_000,
                 size = WINDOW_MS / 1_000,
                 windows_cp = checkpoint("windows"),
                 input = self.input,
@@ -315,11 +325,20 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
         3,
         "{plan}"
     );
-    // The count's GROUP BY is not on `_key`: two sub-topologies and the
-    // repartition topic between them.
-    assert_eq!(plan.matches("repartition step").count(), 1, "{plan}");
+    // The counts' GROUP BYs are not on `_key`: two sub-topologies and the
+    // repartition topic between them, for each.
+    assert_eq!(plan.matches("repartition step").count(), 2, "{plan}");
     let topic = format!("sluice-{}-counts-repartition-0", d.pipeline);
     assert!(plan.contains(&topic), "{plan}");
+    let windows_topic = format!("sluice-{}-windows-repartition-0", d.pipeline);
+    assert!(plan.contains(&windows_topic), "{plan}");
+    // The windows' rows cross one by one, each upstream task's watermark
+    // after them.
+    assert!(
+        plan.contains("then its watermark to every partition")
+            && plan.contains("its watermark the least of every upstream task's"),
+        "{plan}"
+    );
     assert!(plan.contains("-- sub-topology 1"), "{plan}");
     assert!(
         plan.contains("sub-topology 0: aggregates each epoch's rows"),
@@ -355,8 +374,8 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
         );
     }
 
-    // An event-time window on what does not decide the partition is
-    // refused: its watermark cannot cross the repartition step yet.
+    // A GROUP BY on the event-time column itself, not on a window of it,
+    // is refused through a repartition step.
     let (input, counts, windows, b) = (&d.input, &d.counts, &d.windows, &d.bootstrap);
     let streams = format!(
         "CREATE STREAM input (id BIGINT) WITH (connector = 'kafka', topic = '{input}', \
@@ -372,12 +391,9 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     let count = "INSERT INTO counts SELECT id % 7 AS k, count(*) AS n FROM input GROUP BY id % 7;";
     for (name, statements, message) in [
         (
-            "window",
-            "INSERT INTO windows SELECT id % 7 AS k, window_start, count(*) AS n \
-               FROM TABLE(TUMBLE(TABLE timed, DESCRIPTOR(ts), INTERVAL '1' SECOND)) \
-               GROUP BY id % 7, window_start, window_end;"
-                .to_string(),
-            "watermark, which cannot cross a repartition step",
+            "event-time",
+            "INSERT INTO windows SELECT ts, count(*) AS n FROM timed GROUP BY ts;".to_string(),
+            "groups by the event-time column 'ts' itself",
         ),
         // 'available-now' through a repartition step: a task could end
         // before the others sent it everything.
@@ -484,10 +500,12 @@ async fn check_output(d: &Divided) {
     assert_eq!(emitted, expected, "windows emitted vs expected");
 }
 
-/// Per key and window start (ms), the count the windowed query must emit:
-/// a window closes once its partition's watermark (its latest event time
-/// less the delay) reaches the window's end, so the last windows of each
-/// partition stay open. Computed here from the input topic as written.
+/// Per key and window start (ms), the count the windowed query must emit,
+/// computed here from the input topic as written. A window closes once
+/// its watermark (latest event time less the delay) reaches the window's
+/// end, so the last windows stay open. Grouped by `_key`, the watermark is
+/// the partition's own; through a repartition step, the least over every
+/// partition's, and none while a partition has no rows.
 async fn expected_windows(d: &Divided) -> BTreeMap<(String, i64), i64> {
     let input = d.read(&d.input).await;
     let mut latest: BTreeMap<i32, i64> = BTreeMap::new();
@@ -495,12 +513,25 @@ async fn expected_windows(d: &Divided) -> BTreeMap<(String, i64), i64> {
         let at = latest.entry(r.partition).or_insert(i64::MIN);
         *at = (*at).max(event_ms(json(r)["id"].as_i64().unwrap()));
     }
+    let every = match latest.len() == PARTITIONS as usize {
+        true => latest.values().min().map(|l| l - DELAY_MS),
+        false => None,
+    };
+    let through_hop = d.through_hop.load(std::sync::atomic::Ordering::Relaxed);
     let mut expected = BTreeMap::new();
     for r in &input {
-        let start = event_ms(json(r)["id"].as_i64().unwrap()) / WINDOW_MS * WINDOW_MS;
-        if start + WINDOW_MS <= latest[&r.partition] - DELAY_MS {
-            let key = String::from_utf8(r.key.clone().unwrap()).unwrap();
-            *expected.entry((key, start)).or_insert(0) += 1;
+        let ts = event_ms(json(r)["id"].as_i64().unwrap());
+        let watermark = match through_hop {
+            true => every,
+            false => Some(latest[&r.partition] - DELAY_MS),
+        };
+        // Every window holding `ts`: the last starts at or before it.
+        let last = ts.div_euclid(SLIDE_MS) * SLIDE_MS;
+        for start in (0..WINDOW_MS / SLIDE_MS).map(|k| last - k * SLIDE_MS) {
+            if watermark.is_some_and(|w| start + WINDOW_MS <= w) {
+                let key = String::from_utf8(r.key.clone().unwrap()).unwrap();
+                *expected.entry((key, start)).or_insert(0) += 1;
+            }
         }
     }
     expected
@@ -512,11 +543,16 @@ async fn emitted_windows(d: &Divided) -> BTreeMap<(String, i64), Vec<i64>> {
     let mut emitted: BTreeMap<(String, i64), Vec<i64>> = BTreeMap::new();
     for r in d.read(&d.windows).await {
         let v = json(&r);
-        // `2026-01-01T00:MM:SS[.fff][Z]`: the time of day, in ms.
+        // `2026-01-01T00:MM:SS[.fff][Z]`: ms after 2026-01-01; the first
+        // HOP window starts the second before.
         let start = v["window_start"].as_str().unwrap();
-        let time = start.split('T').nth(1).unwrap().trim_end_matches('Z');
+        let (day, time) = start.split_once('T').unwrap();
+        let time = time.trim_end_matches('Z');
         let parts: Vec<f64> = time.split(':').map(|p| p.parse().unwrap()).collect();
-        let ms = ((parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]) * 1000.0).round() as i64;
+        let mut ms = ((parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]) * 1000.0).round() as i64;
+        if day == "2025-12-31" {
+            ms -= 86_400_000;
+        }
         emitted
             .entry((v["k"].as_str().unwrap().to_string(), ms))
             .or_default()

@@ -80,6 +80,10 @@ pub struct RepartitionArgs {
     pub partitions: u32,
     /// The columns whose values decide a row's partition.
     pub key_fields: Vec<String>,
+    /// An integer column that, where it is not null, names the partition
+    /// a row must go to instead: the watermark rows an upstream task
+    /// writes to every partition (see `watermark::aligned`).
+    pub partition_field: Option<String>,
 }
 
 /// Where a repartition step's rows go and come back from: the options of

@@ -124,6 +124,10 @@ pub(crate) struct IncrementalPlan {
     /// The value of the query's `PROCTIME()`, when it calls it (see
     /// `watermark::processing_time`).
     pub proctime: Option<Arc<AtomicI64>>,
+    /// A repartition step's upstream (task): it writes its watermark to
+    /// every partition of its channel after each epoch's rows (see
+    /// `watermark::aligned`).
+    pub watermark_out: Option<TaskId>,
 }
 
 /// A stateful operator that feeds another one (see `split`).
@@ -365,6 +369,7 @@ pub(crate) fn plan_per_epoch(
         upsert: None,
         current_watermark: None,
         proctime: None,
+        watermark_out: None,
     })
 }
 
@@ -522,5 +527,6 @@ pub(crate) fn plan_query(
         upsert,
         current_watermark,
         proctime,
+        watermark_out: None,
     })
 }

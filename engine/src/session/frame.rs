@@ -240,6 +240,7 @@ impl StreamFrame {
             options: Options::new(),
             output_mode: None,
             per_epoch: false,
+            sends_watermarks: false,
             settings: QuerySettings::default(),
         }
     }
@@ -259,6 +260,9 @@ pub struct DataStreamWriter {
     /// included, keeping nothing between epochs (see
     /// [`planner::plan_per_epoch`]): a repartition step's pre-aggregation.
     pub(crate) per_epoch: bool,
+    /// Writes its watermark after each epoch's rows to every partition of
+    /// its sink, a repartition channel (see `watermark::aligned`).
+    pub(crate) sends_watermarks: bool,
     pub(crate) settings: QuerySettings,
 }
 
@@ -308,17 +312,22 @@ impl DataStreamWriter {
             self.frame.session.connectors(),
         );
         let plan = self.frame.logical_plan();
-        if self.per_epoch {
-            return planner::plan_per_epoch(&state, &connectors, plan, key_prefix, task);
+        let mut planned = if self.per_epoch {
+            planner::plan_per_epoch(&state, &connectors, plan, key_prefix, task)?
+        } else {
+            planner::plan_query(
+                &state,
+                &connectors,
+                plan,
+                self.output_mode,
+                key_prefix,
+                task,
+            )?
+        };
+        if self.sends_watermarks {
+            planned.watermark_out = task;
         }
-        planner::plan_query(
-            &state,
-            &connectors,
-            plan,
-            self.output_mode,
-            key_prefix,
-            task,
-        )
+        Ok(planned)
     }
 
     /// `plan`, planned from this writer, described with its sink.

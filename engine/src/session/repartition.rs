@@ -30,12 +30,18 @@
 //! the epoch after the one that read it. Once a task has committed past a
 //! channel record, the record is deleted.
 //!
-//! Not yet: event-time windows and watermarks through the channel (each
-//! upstream task's watermark would have to reach every downstream task),
-//! stacked stateful operators and joins.
+//! Event time crosses too. Over a stream with a watermark, every row
+//! crosses with its event time, and each upstream task writes its
+//! watermark to every partition of the channel after its rows; a
+//! downstream task's watermark is the least of its upstream tasks' (see
+//! `watermark::aligned`). Downstream judges rows late, closes windows and
+//! counts late rows as the statement would.
+//!
+//! Not yet: stacked stateful operators and joins.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::catalog::default_table_source::source_as_provider;
@@ -55,6 +61,7 @@ use crate::error::{Result, SluiceError};
 use crate::launch::SinkChoice;
 use crate::planner::IncrementalPlan;
 use crate::table::{as_stream_table, StreamDefinition};
+use crate::watermark::{aligned, Aligned, WatermarkSpec};
 
 /// A channel's stream name (and its statements' checkpoint keys).
 fn step_name(index: usize) -> String {
@@ -79,6 +86,7 @@ pub(crate) fn divide(
     plans: &[IncrementalPlan],
     query_id: &str,
     partitions: u32,
+    idle_timeout: Option<Duration>,
 ) -> Result<Vec<DataStreamWriter>> {
     let mut divided = Vec::with_capacity(writers.len() + 1);
     let mut steps = 0;
@@ -90,7 +98,7 @@ pub(crate) fn divide(
         // The same output mode as undivided, though the regrouped plan
         // might derive another (`SELECT DISTINCT` is append).
         let writer = writer.output_mode(plan.mode);
-        let step = split(session, writer, query_id, steps, partitions)?;
+        let step = split(session, writer, query_id, steps, partitions, idle_timeout)?;
         tracing::info!(channel = %step.channel, partitions, "repartition step");
         divided.extend([step.upstream, step.downstream]);
         steps += 1;
@@ -123,21 +131,29 @@ pub(crate) fn explain(
         .pipeline_name
         .clone()
         .unwrap_or_else(|| "<query id>".into());
-    let step = split(&session, writer, &id, 0, 0)?;
-    let upstream = match step.upstream.per_epoch {
-        true => {
+    let step = split(&session, writer, &id, 0, 0, None)?;
+    let upstream = match (step.upstream.per_epoch, step.upstream.sends_watermarks) {
+        (true, _) => {
             "aggregates each epoch's rows of its partition of the input per group, writes one \
              partial row per group to the partition of its group key"
         }
-        false => {
+        (false, false) => {
             "reads its partition of the input, writes each row to the partition of its group key"
         }
+        (false, true) => {
+            "reads its partition of the input, writes each row to the partition of its group \
+             key, then its watermark to every partition"
+        }
+    };
+    let downstream = match step.upstream.sends_watermarks {
+        true => ", its watermark the least of every upstream task's",
+        false => "",
     };
     Ok(format!(
         "repartition step: the GROUP BY is not on the record key, so each task runs two \
          sub-topologies joined by '{}' (one partition per task), committed in its one \
          transaction\n-- sub-topology 0: {upstream}\n{}-- sub-topology 1: reads its partition of \
-         '{}', aggregates it\n{}",
+         '{}', aggregates it{downstream}\n{}",
         step.channel,
         step.upstream
             .explain_plan(&step.upstream.plan_with_keys("", None)?),
@@ -165,31 +181,38 @@ fn split(
     query_id: &str,
     index: usize,
     partitions: u32,
+    idle_timeout: Option<Duration>,
 ) -> Result<Step> {
     let plan = writer.frame.logical_plan().clone();
     let (original, aggregate) = only_aggregate(&plan)?;
     let input = input_stream(&aggregate.input)?;
-    if input.watermark.is_some() {
-        return Err(refuse(format!(
-            "stream '{}' has an event-time watermark, which cannot cross a repartition step yet",
-            input.name
-        )));
-    }
     for e in aggregate.group_expr.iter().chain(&aggregate.aggr_expr) {
         if matches!(e, Expr::GroupingSet(_)) {
             return Err(refuse("it has GROUPING SETS, ROLLUP or CUBE"));
         }
     }
-    let crossing = match &original {
-        LogicalPlan::Aggregate(_) => pre_aggregated(&aggregate)?,
+    // Per-epoch partials cannot say which of their rows were late: over
+    // event time, the rows cross.
+    let crossing = match (&original, &input.watermark) {
+        (LogicalPlan::Aggregate(_), None) => pre_aggregated(&aggregate)?,
         _ => None,
     };
+    let event_time = input.watermark.as_ref().map(|w| w.column.as_str());
     let crossing = match crossing {
         Some(c) => c,
-        None => row_by_row(&aggregate)?,
+        None => row_by_row(&aggregate, event_time)?,
     };
     let upstream_plan = crossing.upstream;
-    let channel_schema = Arc::new(upstream_plan.schema().as_arrow().clone());
+    let channel_schema = upstream_plan.schema().as_arrow().clone();
+    // Downstream's window bounds are over the event time as it crossed.
+    let channel_schema = match (&crossing.event_time, event_time) {
+        (Some(carried), Some(original)) => crate::window::rename_time_column(
+            &aligned::nullable(&channel_schema),
+            original,
+            carried,
+        ),
+        _ => Arc::new(channel_schema),
+    };
 
     let connector = session.connectors().get(&input.connector)?;
     let sink = match &writer.sink {
@@ -204,6 +227,10 @@ fn split(
             index,
             partitions,
             key_fields: crossing.key_fields,
+            partition_field: crossing
+                .event_time
+                .as_ref()
+                .map(|_| aligned::TO.to_string()),
         })?
         .ok_or_else(|| {
             refuse(format!(
@@ -219,13 +246,20 @@ fn split(
         .options(channel.sink.iter().map(|(k, v)| (k, v.to_string())))
         .query_name(&step_name(index));
     upstream.per_epoch = crossing.per_epoch;
+    upstream.sends_watermarks = crossing.event_time.is_some();
+    let watermark = crossing.event_time.map(|column| {
+        WatermarkSpec::new(column, Duration::ZERO).aligned(Aligned {
+            tasks: partitions,
+            idle_timeout,
+        })
+    });
 
     let read_back = session.read_definition(StreamDefinition {
         name: step_name(index),
         connector: input.connector.clone(),
         options: channel.source,
         schema: Some(channel_schema),
-        watermark: None,
+        watermark,
         late_sink: None,
         computed: Vec::new(),
     })?;
@@ -283,6 +317,9 @@ struct Crossing {
     /// aggregates from merged partials (an `avg` from its sum and count),
     /// when one needs it.
     finish: Option<Vec<Expr>>,
+    /// Over event time, the channel column carrying the rows' event time
+    /// (the upstream output then ends with the watermark rows' columns).
+    event_time: Option<String>,
 }
 
 /// The channel is JSON, which has no NaN or infinity: a float crosses as
@@ -445,6 +482,7 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
         group,
         aggr: merged,
         finish: averaged.then(|| passed.into_iter().chain(finished).collect()),
+        event_time: None,
     }))
 }
 
@@ -452,17 +490,43 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
 /// columns, as `c<i>`, and each computed group key as its value, `k<j>`
 /// (names that cannot clash with a connector's own columns). A column only
 /// a computed key reads does not cross: downstream groups by the value.
-fn row_by_row(aggregate: &Aggregate) -> Result<Crossing> {
+/// Over event time (`event_time`, the input's watermarked column), that
+/// column crosses too, and the watermark rows' columns follow.
+fn row_by_row(aggregate: &Aggregate, event_time: Option<&str>) -> Result<Crossing> {
     let mut needed: BTreeSet<Column> = BTreeSet::new();
     for e in &aggregate.aggr_expr {
         needed.extend(e.column_refs().into_iter().cloned());
     }
     for g in &aggregate.group_expr {
         if let Expr::Column(c) = g.clone().unalias() {
+            if event_time == Some(c.name.as_str()) {
+                return Err(refuse(format!(
+                    "it groups by the event-time column '{}' itself; group by a window of it \
+                     (TUMBLE, HOP, CUMULATE) instead",
+                    c.name
+                )));
+            }
             needed.insert(c);
         }
     }
     let input_schema = aggregate.input.schema();
+    let timed = match event_time {
+        Some(name) => {
+            let column = input_schema
+                .columns()
+                .into_iter()
+                .find(|c| c.name == name)
+                .ok_or_else(|| {
+                    refuse(format!(
+                        "its GROUP BY does not see the event-time column '{name}'; keep it in \
+                         the rows the GROUP BY reads"
+                    ))
+                })?;
+            needed.insert(column.clone());
+            Some(column)
+        }
+        None => None,
+    };
     let needed: Vec<Column> = input_schema
         .columns()
         .into_iter()
@@ -510,6 +574,10 @@ fn row_by_row(aggregate: &Aggregate) -> Result<Crossing> {
             }
         }
     }
+    let event_time = timed.as_ref().and_then(carried);
+    if event_time.is_some() {
+        crossing.extend(aligned::columns());
+    }
     let upstream = LogicalPlanBuilder::from(aggregate.input.as_ref().clone())
         .project(crossing)?
         .build()?;
@@ -521,6 +589,7 @@ fn row_by_row(aggregate: &Aggregate) -> Result<Crossing> {
         group,
         aggr: aggregate.aggr_expr.clone(),
         finish: None,
+        event_time,
     })
 }
 

@@ -150,7 +150,14 @@ impl StatementSet {
                         ));
                     }
                     let id = query_id(&self.settings)?;
-                    writers = repartition::divide(&self.session, writers, &undivided, &id, tasks)?;
+                    writers = repartition::divide(
+                        &self.session,
+                        writers,
+                        &undivided,
+                        &id,
+                        tasks,
+                        self.settings.watermark_idle_timeout,
+                    )?;
                     new_id = Some(id);
                 }
                 if self.settings.task_group {

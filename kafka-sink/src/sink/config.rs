@@ -148,6 +148,10 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
     let epoch_headers = o
         .take_choice("sink.epoch-headers", &["true", "false"])?
         .is_some_and(|v| v == "true");
+    let partition_field = o
+        .take("sink.partition-field")
+        .map(|name| partition_field(&name, &args.schema, &topic))
+        .transpose()?;
     leave_out_other_use(
         &topic,
         &mut o,
@@ -171,9 +175,30 @@ pub(crate) fn sink_settings(args: SinkArgs) -> Result<SinkSettings> {
             partitions,
             dead_letter,
             epoch_headers,
+            partition_field,
         },
         delivery,
     })
+}
+
+/// `'sink.partition-field'` = `name`: the index of the output column that
+/// names each record's partition, which must be an integer.
+fn partition_field(name: &str, schema: &SchemaRef, topic: &str) -> Result<usize> {
+    let (index, field) = schema.column_with_name(name).ok_or_else(|| {
+        SluiceError::config(format!(
+            "sink topic '{topic}': 'sink.partition-field' = '{name}' is not an output column; \
+             the output columns are: {}",
+            sluice_engine::columns(schema)
+        ))
+    })?;
+    if !field.data_type().is_integer() {
+        return Err(SluiceError::config(format!(
+            "sink topic '{topic}': 'sink.partition-field' column '{name}' is {}, but a \
+             partition is a whole number; cast it to INT",
+            field.data_type()
+        )));
+    }
+    Ok(index)
 }
 
 /// `sink.delivery`, and for exactly-once its transactions: the timeout,

@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::array::{Array, AsArray};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Int32Type, SchemaRef};
 use datafusion::arrow::record_batch::RecordBatch;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -70,6 +72,10 @@ pub(crate) struct SinkConfig {
     /// pass-through's rate, and `sluice verify` needs them only to check a
     /// query that commits while it reads.
     pub epoch_headers: bool,
+    /// `'sink.partition-field'`: the output column naming each record's
+    /// partition (a null: the record goes where its key sends it). A
+    /// repartition step's watermark rows use it to reach every partition.
+    pub partition_field: Option<usize>,
 }
 
 impl SinkConfig {
@@ -297,9 +303,17 @@ impl SinkConfig {
                 ),
                 way_out: "change the query so that its output fits the sink's format".into(),
             })?;
+            let partitions = match self.partition_field {
+                Some(column) => Some(cast(batch.column(column), &DataType::Int32)?),
+                None => None,
+            };
+            let partitions = partitions.as_ref().map(|p| p.as_primitive::<Int32Type>());
             for i in 0..messages.len() {
                 let (key, value) = (messages.key(i), messages.value(i));
                 let mut record = BaseRecord::to(&self.topic).payload(value);
+                if let Some(p) = partitions.filter(|p| p.is_valid(i)) {
+                    record = record.partition(p.value(i));
+                }
                 if let Some(headers) = &headers {
                     record = record.headers(headers.clone());
                 }

@@ -82,6 +82,7 @@ pub fn last_committed(
         partitions: None,
         dead_letter: None,
         epoch_headers: false,
+        partition_field: None,
     };
     Ok(read_last(&config, &topic, query_id, timeout)?
         .map(|r| (r.commit.epoch(), r.commit.plan.sources)))
