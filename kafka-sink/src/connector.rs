@@ -44,6 +44,10 @@ macro_rules! kafka_streams {
     };
 }
 
+/// How a repartition topic's values are written (see
+/// [`KafkaConnector::repartition`]).
+const CHANNEL_FORMAT: &str = "avro";
+
 /// The `kafka` connector.
 #[derive(Debug, Default)]
 pub struct KafkaConnector;
@@ -59,9 +63,11 @@ impl Connector for KafkaConnector {
     /// prefix is the sink's 'sink.transactional-id-prefix', so that a
     /// cluster's prefixed ACLs cover it), on the statement's sink's
     /// cluster when it writes to Kafka (the rows travel in its
-    /// transaction), else on the input's. It is written keyed by the
-    /// group key in JSON, read from the beginning, and purged as the
-    /// reading tasks commit.
+    /// transaction), else on the input's. Its values are Avro, the schema
+    /// derived from the channel's columns on both sides (exact for every
+    /// type, NaN, nanoseconds and decimals included, and each message's
+    /// schema fingerprint checked); it is keyed by the group key (JSON),
+    /// read from the beginning, and purged as the reading tasks commit.
     fn repartition(&self, args: RepartitionArgs) -> Result<Option<RepartitionChannel>> {
         let from = args.sink.as_ref().unwrap_or(&args.input);
         let mut client = Options::new();
@@ -92,7 +98,7 @@ impl Connector for KafkaConnector {
             .unwrap_or(DEFAULT_TRANSACTIONAL_ID_PREFIX);
         let topic = format!("{prefix}{}-repartition-{}", args.query_id, args.index);
         sink.set("topic", &topic);
-        sink.set("format", "json");
+        sink.set("format", CHANNEL_FORMAT);
         sink.set("key.fields", args.key_fields.join(","));
         sink.set("topic.partitions", args.partitions.to_string());
         if let Some(field) = &args.partition_field {
@@ -100,11 +106,12 @@ impl Connector for KafkaConnector {
         }
         let mut source = client;
         source.set("topic", &topic);
-        source.set("format", "json");
+        source.set("format", CHANNEL_FORMAT);
         source.set("scan.startup.mode", "earliest");
         source.set("purge-committed", "true");
         Ok(Some(RepartitionChannel {
             name: topic,
+            format: CHANNEL_FORMAT.into(),
             sink,
             source,
         }))

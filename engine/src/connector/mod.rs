@@ -94,6 +94,9 @@ pub struct RepartitionArgs {
 pub struct RepartitionChannel {
     /// A name for messages and EXPLAIN (a Kafka topic's).
     pub name: String,
+    /// How rows are written on it (`"avro"`), for EXPLAIN and the query's
+    /// fingerprint: a changed format is a changed query.
+    pub format: String,
     /// The writing sink's options.
     pub sink: Options,
     /// The reading stream's options.

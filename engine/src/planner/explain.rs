@@ -18,21 +18,34 @@ pub(crate) fn explain(plan: &IncrementalPlan, sink: &str) -> String {
     for i in &plan.inputs {
         out.push_str(&format!("  {}\n", i.description));
     }
-    let marks: Vec<String> = plan
-        .inputs
-        .iter()
-        .filter_map(|i| {
-            let def = i.table.definition();
-            let spec = def.watermark.as_ref()?;
-            Some(format!("{}.{} - {:?}", def.name, spec.column, spec.delay))
-        })
-        .collect();
+    // An input's own watermark follows the event times it reads; a
+    // repartition channel's is what its upstream tasks send.
+    let mut marks = Vec::new();
+    let mut sent = Vec::new();
+    for i in &plan.inputs {
+        let def = i.table.definition();
+        let Some(spec) = def.watermark.as_ref() else {
+            continue;
+        };
+        match spec.aligned {
+            Some(_) => sent.push(format!(
+                "{}.{}: the least of every upstream task's",
+                def.name, spec.column
+            )),
+            None => marks.push(format!("{}.{} - {:?}", def.name, spec.column, spec.delay)),
+        }
+    }
+    if !marks.is_empty() {
+        sent.insert(
+            0,
+            format!("min({}) of the largest event time read", marks.join(", ")),
+        );
+    }
     out.push_str(&format!(
         "watermark: {}\n",
-        if marks.is_empty() {
-            "none".to_string()
-        } else {
-            format!("min({}) of the largest event time read", marks.join(", "))
+        match sent.is_empty() {
+            true => "none".to_string(),
+            false => sent.join("; "),
         }
     ));
     let n = plan.stages.len() + 1;

@@ -151,13 +151,12 @@ pub(crate) fn explain(
     };
     Ok(format!(
         "repartition step: the GROUP BY is not on the record key, so each task runs two \
-         sub-topologies joined by '{}' (one partition per task), committed in its one \
+         sub-topologies joined by {}, committed in its one \
          transaction\n-- sub-topology 0: {upstream}\n{}-- sub-topology 1: reads its partition of \
-         '{}', aggregates it{downstream}\n{}",
+         the channel, aggregates it{downstream}\n{}",
         step.channel,
         step.upstream
             .explain_plan(&step.upstream.plan_with_keys("", None)?),
-        step.channel,
         step.downstream
             .explain_plan(&step.downstream.plan_with_keys("", None)?),
     ))
@@ -169,7 +168,7 @@ struct Step {
     upstream: DataStreamWriter,
     /// Reads the channel, aggregates, writes the statement's sink.
     downstream: DataStreamWriter,
-    /// The channel's name.
+    /// The channel's name, format and columns.
     channel: String,
 }
 
@@ -254,11 +253,14 @@ fn split(
         })
     });
 
+    // The format is in the read-back stream's name, so in its offsets'
+    // keys and the query's fingerprint: a restart that would read the
+    // channel in another format than it was written in is refused.
     let read_back = session.read_definition(StreamDefinition {
-        name: step_name(index),
+        name: format!("{}-{}", step_name(index), channel.format),
         connector: input.connector.clone(),
         options: channel.source,
-        schema: Some(channel_schema),
+        schema: Some(Arc::clone(&channel_schema)),
         watermark,
         late_sink: None,
         computed: Vec::new(),
@@ -294,7 +296,12 @@ fn split(
     Ok(Step {
         upstream,
         downstream,
-        channel: channel.name,
+        channel: format!(
+            "'{}' (one partition per task; {}: {})",
+            channel.name,
+            channel.format,
+            crate::options::columns(&channel_schema)
+        ),
     })
 }
 
@@ -322,33 +329,10 @@ struct Crossing {
     event_time: Option<String>,
 }
 
-/// The channel is JSON, which has no NaN or infinity: a float crosses as
-/// its text (shortest exact form, "NaN", "inf"), read back exactly.
-fn to_channel(e: Expr, data_type: &DataType, name: String) -> Expr {
-    match data_type.is_floating() {
-        true => cast(e, DataType::Utf8).alias(name),
-        false => e.alias(name),
-    }
-}
-
-/// Channel column `name` read back as `data_type` (see [`to_channel`]).
-fn from_channel(name: &str, data_type: &DataType) -> Expr {
-    let column = Expr::Column(Column::from_name(name));
-    match data_type.is_floating() {
-        true => cast(column, data_type.clone()),
-        false => column,
-    }
-}
-
-/// How upstream's output column `name` (of `data_type`) is written to the
-/// channel, and how downstream reads it back under the same name.
-fn through_channel(name: &str, data_type: &DataType) -> (Expr, Expr) {
-    let written = to_channel(
-        Expr::Column(Column::from_name(name)),
-        data_type,
-        name.to_string(),
-    );
-    (written, from_channel(name, data_type).alias(name))
+/// Channel column `name`, as upstream writes it and downstream reads it:
+/// the channel carries every type exactly (see `Connector::repartition`).
+fn channel_column(name: &str) -> Expr {
+    Expr::Column(Column::from_name(name))
 }
 
 /// Each epoch's rows aggregated per group upstream (Flink's local-global
@@ -370,21 +354,18 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
     }
     let mut partials = Vec::new();
     let mut merged = Vec::new();
-    let mut carried = Vec::new();
     let mut restored = Vec::new();
     // The statement's aggregates over the merged ones, by output name.
     let mut finished = Vec::new();
     let mut averaged = false;
-    // Partial `name` of `partial` (of `data_type`) crosses, and downstream
-    // merges it with `merge` under `output`.
-    let mut cross = |partial: Expr, name: String, data_type: DataType, merge, output: Column| {
+    // Partial `name` of `partial` crosses, and downstream merges it with
+    // `merge` under `output`.
+    let mut cross = |partial: Expr, name: String, merge, output: Column| {
         partials.push(partial.alias(&name));
-        let (written, read) = through_channel(&name, &data_type);
-        carried.push(written);
-        restored.push(read);
+        restored.push(channel_column(&name));
         let call = AggregateFunction::new_udf(
             merge,
-            vec![Expr::Column(Column::from_name(&name))],
+            vec![channel_column(&name)],
             false,
             None,
             Vec::new(),
@@ -421,20 +402,17 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
                 // merge, in double precision as `avg` itself computes.
                 let arg = p.args[0].clone();
                 let (sum, count) = (format!("s{m}"), format!("n{m}"));
-                let sum_type = sum_udaf().return_type(&[arg.get_type(schema)?])?;
                 let summed = Column::from_name(format!("__sum_{m}"));
                 let counted = Column::from_name(format!("__count_{m}"));
                 cross(
                     datafusion::functions_aggregate::expr_fn::sum(arg.clone()),
                     sum,
-                    sum_type,
                     sum_udaf(),
                     summed.clone(),
                 );
                 cross(
                     datafusion::functions_aggregate::expr_fn::count(arg),
                     count,
-                    DataType::Int64,
                     sum_udaf(),
                     counted.clone(),
                 );
@@ -445,13 +423,7 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
             }
             _ => return Ok(None),
         };
-        cross(
-            e.clone().unalias(),
-            format!("p{m}"),
-            e.get_type(schema)?,
-            merge,
-            named.clone(),
-        );
+        cross(e.clone().unalias(), format!("p{m}"), merge, named.clone());
         finished.push(Expr::Column(named));
     }
     let mut keys = Vec::new();
@@ -460,11 +432,8 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
     let mut passed = Vec::new();
     for (j, g) in aggregate.group_expr.iter().enumerate() {
         let name = format!("k{j}");
-        let data_type = g.get_type(schema)?;
         keys.push(g.clone().unalias().alias(&name));
-        let (written, read) = through_channel(&name, &data_type);
-        carried.push(written);
-        restored.push(read);
+        restored.push(channel_column(&name));
         let (relation, output) = g.qualified_name();
         passed.push(Expr::Column(Column::new(relation.clone(), output.clone())));
         group.push(Expr::Column(Column::from_name(&name)).alias_qualified(relation, output));
@@ -472,7 +441,6 @@ fn pre_aggregated(aggregate: &Aggregate) -> Result<Option<Crossing>> {
     }
     let upstream = LogicalPlanBuilder::from(aggregate.input.as_ref().clone())
         .aggregate(keys, partials)?
-        .project(carried)?
         .build()?;
     Ok(Some(Crossing {
         upstream,
@@ -533,24 +501,12 @@ fn row_by_row(aggregate: &Aggregate, event_time: Option<&str>) -> Result<Crossin
         .filter(|c| needed.contains(c))
         .collect();
     let carried = |c: &Column| needed.iter().position(|n| n == c).map(|i| format!("c{i}"));
-    let type_of = |c: &Column| {
-        input_schema
-            .qualified_field_from_column(c)
-            .map(|(_, f)| f.data_type().clone())
-    };
     let mut crossing = Vec::with_capacity(needed.len());
     let mut restored = Vec::with_capacity(needed.len());
     for (i, c) in needed.iter().enumerate() {
-        let data_type = type_of(c)?;
-        crossing.push(to_channel(
-            Expr::Column(c.clone()),
-            &data_type,
-            format!("c{i}"),
-        ));
-        restored.push(
-            from_channel(&format!("c{i}"), &data_type)
-                .alias_qualified(c.relation.clone(), c.name.clone()),
-        );
+        let name = format!("c{i}");
+        crossing.push(Expr::Column(c.clone()).alias(&name));
+        restored.push(channel_column(&name).alias_qualified(c.relation.clone(), c.name.clone()));
     }
     let mut key_fields = Vec::new();
     // Downstream's group keys: a group column as itself, a computed key
@@ -566,11 +522,8 @@ fn row_by_row(aggregate: &Aggregate, event_time: Option<&str>) -> Result<Crossin
                 let (relation, name) = g.qualified_name();
                 crossing.push(other.alias(format!("k{j}")));
                 key_fields.push(format!("k{j}"));
-                restored.push(Expr::Column(Column::from_name(format!("k{j}"))));
-                group.push(
-                    Expr::Column(Column::from_name(format!("k{j}")))
-                        .alias_qualified(relation, name),
-                );
+                restored.push(channel_column(&format!("k{j}")));
+                group.push(channel_column(&format!("k{j}")).alias_qualified(relation, name));
             }
         }
     }
@@ -632,42 +585,5 @@ fn input_stream(plan: &LogicalPlan) -> Result<StreamDefinition> {
     match <[_; 1]>::try_from(found) {
         Ok([one]) => Ok(one),
         Err(_) => Err(refuse("it reads several streams")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use datafusion::arrow::array::{Array, AsArray, Float64Array};
-    use datafusion::arrow::compute::cast;
-    use datafusion::arrow::datatypes::{DataType, Float64Type};
-
-    /// What a float becomes on the channel and back: the same bits, NaN
-    /// and the infinities included (JSON numbers would make them null).
-    #[test]
-    fn a_float_crosses_the_channel_as_text_exactly() {
-        let values = [
-            f64::NAN,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-            -0.0,
-            0.1,
-            1e308,
-            f64::MIN_POSITIVE,
-            5e-324,
-            -123456.789e-30,
-        ];
-        let floats = Float64Array::from(values.to_vec());
-        let text = cast(&floats, &DataType::Utf8).unwrap();
-        let back = cast(&text, &DataType::Float64).unwrap();
-        let back = back.as_primitive::<Float64Type>();
-        assert_eq!(back.null_count(), 0);
-        for (i, v) in values.iter().enumerate() {
-            let got = back.value(i);
-            assert!(
-                got.to_bits() == v.to_bits() || (got.is_nan() && v.is_nan()),
-                "{v} came back as {got} (text {:?})",
-                text.as_string::<i32>().value(i)
-            );
-        }
     }
 }
