@@ -10,7 +10,13 @@
 #   copy        SELECT value (stateless)
 #   keyed       GROUP BY _partition, substr(value, 1, 2): co-partitioned
 #   repartition GROUP BY substr(value, 1, 2): through a repartition topic
-# (both GROUP BYs count 676 groups in update mode, exactly-once to Kafka).
+#   hop-keyed   a HOP window count (1 s slide, 2 s size, event time the
+#               record's timestamp, 1 s watermark delay) per _partition
+#               and substr(value, 1, 2): co-partitioned
+#   hop         the same per substr(value, 1, 2): through a repartition
+#               topic, every row crossing with its watermark
+# (the GROUP BYs count 676 groups in update mode, the windows in append
+# mode, exactly-once to Kafka).
 # Rate = records read after the first committed epoch / the time from that
 # commit to the last one (startup and the group's first join excluded);
 # CPU = the processes' user+system CPU seconds, whole run, per million
@@ -58,13 +64,18 @@ run() {
     copy) select="SELECT value FROM input" ;;
     keyed) select="SELECT _partition AS p, substr(value, 1, 2) AS g, count(*) AS n FROM input GROUP BY _partition, substr(value, 1, 2)" ;;
     repartition) select="SELECT substr(value, 1, 2) AS g, count(*) AS n FROM input GROUP BY substr(value, 1, 2)" ;;
+    hop-keyed) select="SELECT _partition AS p, substr(value, 1, 2) AS g, window_start, count(*) AS n FROM TABLE(HOP(TABLE input, DESCRIPTOR(ts), INTERVAL '1' SECOND, INTERVAL '2' SECOND)) GROUP BY _partition, substr(value, 1, 2), window_start, window_end" ;;
+    hop) select="SELECT substr(value, 1, 2) AS g, window_start, count(*) AS n FROM TABLE(HOP(TABLE input, DESCRIPTOR(ts), INTERVAL '1' SECOND, INTERVAL '2' SECOND)) GROUP BY substr(value, 1, 2), window_start, window_end" ;;
   esac
+  local columns=""
+  [[ $shape == hop* ]] && columns="(value VARCHAR, ts TIMESTAMP(3) METADATA FROM 'timestamp', WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) "
   local sluice=$SLUICE
   case $case in
     baseline) settings=""; sluice=$BASELINE ;;
     one) settings="SET 'tasks' = '1';" ;;
     tasks-t1) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '1';" ;;
     tasks-t2) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '2';" ;;
+    tasks-t4) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '4';" ;;
     tasks-t2-baseline) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '2';"; sluice=$BASELINE ;;
     tasks-t2-baseline2) settings="SET 'tasks' = 'per-partition'; SET 'tasks.threads' = '2';"; sluice=$BASELINE2 ;;
     group-*) procs=${case#group-}
@@ -73,7 +84,7 @@ run() {
   local format=raw
   [[ $shape == copy ]] || format=json
   cat >"$dir/q.sql" <<SQL
-CREATE STREAM input WITH (connector = 'kafka', topic = '$T-in', 'bootstrap.servers' = '$B', format = 'raw', 'max-records-per-epoch' = '100000');
+CREATE STREAM input ${columns}WITH (connector = 'kafka', topic = '$T-in', 'bootstrap.servers' = '$B', format = 'raw', 'max-records-per-epoch' = '100000');
 CREATE STREAM out WITH (connector = 'kafka', topic = '$name-out', 'bootstrap.servers' = '$B', format = '$format');
 $settings
 SET 'trigger' = '100 ms';
@@ -92,7 +103,7 @@ SQL
   # for 3 s (the downstream reads one row per record, or one partial row per
   # group and epoch where upstream pre-aggregates, so its count is not known).
   local want=$N last=-1 still=0 hop=0
-  [[ $shape == repartition && $case != baseline && $case != one ]] && hop=1
+  [[ ($shape == repartition || $shape == hop) && $case != baseline && $case != one ]] && hop=1
   local deadline=$(( $(date +%s) + 900 ))
   while :; do
     local got

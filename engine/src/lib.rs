@@ -100,7 +100,8 @@ pub use progress::{
 pub use query::{QueryStatus, StreamingQuery};
 pub use reference::BatchQuery;
 pub use session::frame::{DataStreamWriter, StreamFrame};
-pub use session::statement_set::StatementSet;
+pub use session::repartition::repartition_step_of;
+pub use session::statement_set::{unprefixed_key, StatementSet};
 pub use session::{DataStreamReader, Session};
 pub use settings::{unknown_setting, Pipelining, QuerySettings, Setting, SETTINGS};
 pub use sink::{CommittedEpoch, EpochOutput, FanOut, MemorySink, Sink};

@@ -126,6 +126,17 @@ impl BatchQuery {
             .collect()
     }
 
+    /// Whether the batch answer depends on the watermark: an append-mode
+    /// windowed aggregation emits only the windows it closed.
+    pub fn closes_windows(&self) -> bool {
+        self.plan.mode == OutputMode::Append
+            && self
+                .plan
+                .aggregate
+                .as_ref()
+                .is_some_and(|a| a.window.is_some())
+    }
+
     /// Why the batch answer would not be what this query emits, if it
     /// would not.
     pub fn unsupported(&self) -> Option<String> {

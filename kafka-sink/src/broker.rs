@@ -13,6 +13,7 @@
 //! Tests get unique topics from [`fresh_topic`] and read them back with
 //! [`read_topic`].
 
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::Command;
@@ -415,7 +416,35 @@ pub fn read_topic(
     read_committed: bool,
     timeout: Duration,
 ) -> Result<Vec<ReadRecord>> {
-    let client = client.into();
+    read_topic_from(client.into(), topic, read_committed, timeout, None)
+}
+
+/// How many committed records each of `starts`' partitions of `topic`
+/// holds from its offset on (records deleted before it do not count);
+/// only partitions that hold some. Blocking, as [`read_topic`].
+pub(crate) fn count_committed_after(
+    client: &ClientOptions,
+    topic: &str,
+    starts: &[(i32, i64)],
+) -> Result<Vec<(i32, usize)>> {
+    let starts: BTreeMap<i32, i64> = starts.iter().copied().collect();
+    let records = read_topic_from(client.clone(), topic, true, client.timeout(), Some(&starts))?;
+    let mut counts: BTreeMap<i32, usize> = BTreeMap::new();
+    for r in records {
+        *counts.entry(r.partition).or_default() += 1;
+    }
+    Ok(counts.into_iter().collect())
+}
+
+/// [`read_topic`], of the partitions `starts` names from their offsets
+/// when given.
+fn read_topic_from(
+    client: ClientOptions,
+    topic: &str,
+    read_committed: bool,
+    timeout: Duration,
+    starts: Option<&BTreeMap<i32, i64>>,
+) -> Result<Vec<ReadRecord>> {
     let bootstrap = &client;
     let mut config = client.config(Role::Consumer);
     config
@@ -444,10 +473,17 @@ pub fn read_topic(
         .collect();
     let mut ranges = Vec::new();
     for &p in &partitions {
+        let from = match starts {
+            None => 0,
+            Some(starts) => match starts.get(&p) {
+                Some(&from) => from,
+                None => continue,
+            },
+        };
         let (low, high) = consumer
             .fetch_watermarks(topic, p, timeout)
             .map_err(|e| kafka_error("fetching offsets", bootstrap, e))?;
-        ranges.push((p, low, high));
+        ranges.push((p, low.max(from), high));
     }
     if read_committed {
         config.set("isolation.level", "read_uncommitted");

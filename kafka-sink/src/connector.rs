@@ -44,6 +44,12 @@ macro_rules! kafka_streams {
     };
 }
 
+/// The name of query `query_id`'s repartition topic `index`, its
+/// transactional ids starting with `prefix`.
+pub(crate) fn repartition_topic(prefix: &str, query_id: &str, index: usize) -> String {
+    format!("{prefix}{query_id}-repartition-{index}")
+}
+
 /// How a repartition topic's values are written (see
 /// [`KafkaConnector::repartition`]).
 const CHANNEL_FORMAT: &str = "avro";
@@ -96,7 +102,7 @@ impl Connector for KafkaConnector {
         let prefix = sink
             .get("sink.transactional-id-prefix")
             .unwrap_or(DEFAULT_TRANSACTIONAL_ID_PREFIX);
-        let topic = format!("{prefix}{}-repartition-{}", args.query_id, args.index);
+        let topic = repartition_topic(prefix, &args.query_id, args.index);
         sink.set("topic", &topic);
         sink.set("format", CHANNEL_FORMAT);
         sink.set("key.fields", args.key_fields.join(","));

@@ -25,13 +25,20 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use sluice_engine::{BatchQuery, Checkpoint, OutputMode, Result, SluiceError};
+use sluice_engine::{
+    repartition_step_of, unprefixed_key, BatchQuery, Checkpoint, EpochCommit, OutputMode, Result,
+    SluiceError,
+};
 
 use crate::broker::ReadRecord;
+use crate::connector::repartition_topic;
 use crate::format::Format;
-use crate::sink::config::{sink_settings, Delivery, Transactions};
+use crate::sink::config::{
+    sink_settings, task_identity, Delivery, Transactions, DEFAULT_TRANSACTIONAL_ID_PREFIX,
+};
 use crate::sink::progress_topic::read_last;
 use crate::sink::{Message, SinkConfig, EPOCH_HEADER, QUERY_ID_HEADER};
+use crate::source::{ends as source_ends, union};
 
 /// How many differences a report shows.
 const SHOWN: usize = 10;
@@ -127,26 +134,24 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
         target.query_id,
         target.dir.display()
     )];
-    let progress_topic = &target.progress_topic;
-    let Some(last) = target.read_progress().await?.map(|r| r.commit) else {
+    let Some(committed) = target.committed(query, &name, &mut lines).await? else {
         lines.push(format!(
-            "  nothing committed yet (progress topic '{progress_topic}' has no record of it)"
+            "  nothing committed yet (progress topic '{}' has no record of it)",
+            target.progress_topic
         ));
         lines.push("OK: nothing to compare".into());
         return Ok(Verdict { ok: true, lines });
     };
-    lines.push(format!(
-        "  last committed epoch {} (progress topic '{progress_topic}')",
-        last.epoch()
-    ));
-    let inputs = read_inputs_again(query, &last, &mut lines).await?;
-    let answer = query.answer(inputs, &last.watermarks).await?;
+    let inputs = read_inputs_again(query, &committed, &mut lines).await?;
+    let answer = query.answer(inputs, &committed.watermarks).await?;
     let config = &target.config;
     let mut expected = Vec::new();
     for batch in &answer {
         expected.extend(config.encode(batch)?.to_vec());
     }
-    let records = target.committed_output(&name, &last, &mut lines).await?;
+    let records = target
+        .committed_output(&name, &committed, &mut lines)
+        .await?;
     let differences = compare(query, &name, config, &records, &expected, &mut lines)?;
     if differences.is_empty() {
         lines.push(format!(
@@ -172,12 +177,30 @@ pub async fn verify(query: &mut BatchQuery) -> Result<Verdict> {
 }
 
 /// A query verify can check, and where its commits and output are: an
-/// exactly-once query to Kafka, not divided, with a checkpoint.
+/// exactly-once query to Kafka with a checkpoint.
 struct Target {
     dir: std::path::PathBuf,
     query_id: String,
     config: SinkConfig,
     progress_topic: String,
+    /// Who commits: the query, or each of its tasks (their identities,
+    /// which key their progress records and epoch headers).
+    writers: Vec<String>,
+    /// A divided query's tasks, by number; empty when it is not divided.
+    tasks: Vec<u32>,
+    /// What its repartition topics' names start with.
+    repartition_prefix: String,
+}
+
+/// What a query committed, all its tasks together.
+struct Committed {
+    /// Per input of the batch query, where the committed ranges end.
+    ends: BTreeMap<String, serde_json::Value>,
+    /// The watermarks the batch answer's windows close by, keyed like the
+    /// inputs.
+    watermarks: BTreeMap<String, i64>,
+    /// Per writer (see [`Target::writers`]), its last committed epoch.
+    epochs: BTreeMap<String, u64>,
 }
 
 impl Target {
@@ -201,16 +224,19 @@ impl Target {
             ))
         })?;
         let checkpoint = Checkpoint::open_existing(dir)?;
-        if !checkpoint.tasks()?.is_empty() {
-            return Err(SluiceError::config(format!(
-                "query '{name}' is divided into tasks ('tasks' = 'per-partition'), and verify \
-                 does not yet put their committed ranges together; `sluice checkpoint inspect \
-                 {}` shows each task's",
-                dir.display()
-            )));
-        }
+        let tasks = checkpoint.tasks()?;
         let query_id = checkpoint.metadata().query_id.clone();
-        let settings = sink_settings(query.sink_args(&query_id))?;
+        let writers = match tasks.is_empty() {
+            true => vec![query_id.clone()],
+            false => tasks.iter().map(|&i| task_identity(&query_id, i)).collect(),
+        };
+        let args = query.sink_args(&query_id);
+        let repartition_prefix = args
+            .options
+            .get("sink.transactional-id-prefix")
+            .unwrap_or(DEFAULT_TRANSACTIONAL_ID_PREFIX)
+            .to_string();
+        let settings = sink_settings(args)?;
         let Delivery::ExactlyOnce(Transactions { progress_topic, .. }) = settings.delivery else {
             return Err(SluiceError::config(format!(
                 "query '{name}' writes with 'sink.delivery' = 'at-least-once', which may repeat \
@@ -223,15 +249,188 @@ impl Target {
             query_id,
             config: settings.config,
             progress_topic,
+            writers,
+            tasks,
+            repartition_prefix,
         })
     }
 
-    /// The query's last progress record, if it committed any.
-    async fn read_progress(&self) -> Result<Option<crate::sink::progress_topic::ProgressRecord>> {
-        let (config, topic) = (self.config.clone(), self.progress_topic.clone());
-        let id = self.query_id.clone();
-        let wait = config.client.timeout();
-        blocking(move || read_last(&config, &topic, &id, wait)).await
+    /// Each writer's last committed epoch, if it committed any.
+    async fn read_commits(&self) -> Result<BTreeMap<String, Option<EpochCommit>>> {
+        let mut commits = BTreeMap::new();
+        for id in &self.writers {
+            let (config, topic) = (self.config.clone(), self.progress_topic.clone());
+            let (key, wait) = (id.clone(), config.client.timeout());
+            let last = blocking(move || read_last(&config, &topic, &key, wait)).await?;
+            commits.insert(id.clone(), last.map(|r| r.commit));
+        }
+        Ok(commits)
+    }
+
+    /// What the query committed (`None`: nothing yet): its last epoch's
+    /// ends, or for a divided query every task's put together. A divided
+    /// query's rows still crossing a repartition topic are not in its
+    /// output yet, so while any are, it cannot be checked.
+    async fn committed(
+        &self,
+        query: &BatchQuery,
+        name: &str,
+        lines: &mut Vec<String>,
+    ) -> Result<Option<Committed>> {
+        let commits = self.read_commits().await?;
+        let epochs: BTreeMap<String, u64> = commits
+            .iter()
+            .filter_map(|(id, c)| Some((id.clone(), c.as_ref()?.epoch())))
+            .collect();
+        if epochs.is_empty() {
+            return Ok(None);
+        }
+        let progress_topic = &self.progress_topic;
+        let inputs: Vec<&str> = query.inputs().into_iter().map(|(k, _)| k).collect();
+        if self.tasks.is_empty() {
+            let Some(Some(last)) = commits.into_values().next() else {
+                return Ok(None);
+            };
+            lines.push(format!(
+                "  last committed epoch {} (progress topic '{progress_topic}')",
+                last.epoch()
+            ));
+            let mut ends = BTreeMap::new();
+            for key in inputs {
+                let range =
+                    last.plan.sources.get(key).ok_or_else(|| {
+                        SluiceError::config(format!(
+                        "the progress record of epoch {} has no input '{key}': the file's query \
+                         is not the one that committed (inputs there: {})",
+                        last.epoch(),
+                        last.plan.sources.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ))
+                    })?;
+                ends.insert(key.to_string(), range.end.clone());
+            }
+            return Ok(Some(Committed {
+                ends,
+                watermarks: last.watermarks,
+                epochs,
+            }));
+        }
+        lines.push(format!(
+            "  divided into {} tasks, last committed epochs {} (progress topic \
+             '{progress_topic}')",
+            self.tasks.len(),
+            self.tasks
+                .iter()
+                .zip(&self.writers)
+                .map(|(i, id)| match epochs.get(id) {
+                    Some(e) => format!("{i}: {e}"),
+                    None => format!("{i}: none"),
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        // Each task's ranges of the inputs, and of each channel its
+        // partition of it and the watermark its rows were judged by.
+        let mut ranges: BTreeMap<String, Vec<&serde_json::Value>> = BTreeMap::new();
+        let mut read: BTreeMap<(usize, i32), i64> = BTreeMap::new();
+        let mut steps = std::collections::BTreeSet::new();
+        let mut channel_watermark: Option<i64> = None;
+        let mut own_watermarks = false;
+        for (&task, id) in self.tasks.iter().zip(&self.writers) {
+            let Some(Some(commit)) = commits.get(id) else {
+                continue;
+            };
+            for (key, range) in &commit.plan.sources {
+                let bare = unprefixed_key(key);
+                if inputs.contains(&bare) {
+                    ranges.entry(bare.to_string()).or_default().push(&range.end);
+                    own_watermarks |= commit.watermarks.contains_key(key);
+                } else if let Some(step) = repartition_step_of(bare) {
+                    steps.insert(step);
+                    let partition = i32::try_from(task).unwrap_or(i32::MAX);
+                    if let Some(&end) = source_ends(&range.end)?.get(&partition) {
+                        read.insert((step, partition), end);
+                    }
+                    if let Some(&w) = commit.watermarks.get(key) {
+                        channel_watermark = Some(channel_watermark.map_or(w, |c| c.min(w)));
+                    }
+                }
+            }
+        }
+        for step in &steps {
+            self.drained(*step, &read, name).await?;
+        }
+        let mut watermarks = BTreeMap::new();
+        if query.closes_windows() {
+            match (steps.is_empty(), channel_watermark, own_watermarks) {
+                // Every downstream task has read every upstream task's
+                // last watermark (the channels are drained): theirs is the
+                // one watermark the windows closed by.
+                (false, Some(w), _) => {
+                    for key in &inputs {
+                        watermarks.insert(key.to_string(), w);
+                    }
+                }
+                (false, None, _) => {}
+                (true, _, true) => {
+                    return Err(SluiceError::config(format!(
+                        "query '{name}' is divided into tasks that close windows each by its \
+                         own partition's watermark: verify does not yet check that; it checks \
+                         divided queries whose windows go through a repartition step, and \
+                         undivided ones"
+                    )))
+                }
+                (true, _, false) => {}
+            }
+        }
+        let mut ends = BTreeMap::new();
+        for (key, tasks_ends) in ranges {
+            ends.insert(key, union(&tasks_ends)?);
+        }
+        Ok(Some(Committed {
+            ends,
+            watermarks,
+            epochs,
+        }))
+    }
+
+    /// Checks that every row written to repartition step `step`'s topic
+    /// has been read by a committed epoch (`read`: per step and partition,
+    /// where the committed reads end; a partition not read yet from its
+    /// start), so that the output holds all the committed input.
+    async fn drained(
+        &self,
+        step: usize,
+        read: &BTreeMap<(usize, i32), i64>,
+        name: &str,
+    ) -> Result<()> {
+        let topic = repartition_topic(&self.repartition_prefix, &self.query_id, step);
+        let partitions: Vec<(i32, i64)> = self
+            .tasks
+            .iter()
+            .filter_map(|&t| i32::try_from(t).ok())
+            .map(|p| (p, read.get(&(step, p)).copied().unwrap_or(0)))
+            .collect();
+        let config = self.config.clone();
+        let unread = {
+            let topic = topic.clone();
+            blocking(move || {
+                crate::broker::count_committed_after(&config.client, &topic, &partitions)
+            })
+            .await?
+        };
+        if unread.is_empty() {
+            return Ok(());
+        }
+        Err(SluiceError::config(format!(
+            "query '{name}' has rows in flight through its repartition topic '{topic}' \
+             ({}), which its committed output cannot hold yet: run verify again once the \
+             query has caught up",
+            unread
+                .iter()
+                .map(|(p, n)| format!("{n} unread in partition {p}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
     }
 
     /// The output topic's committed records up to epoch `last`, those of
@@ -240,7 +439,7 @@ impl Target {
     async fn committed_output(
         &self,
         name: &str,
-        last: &sluice_engine::EpochCommit,
+        committed: &Committed,
         lines: &mut Vec<String>,
     ) -> Result<Vec<OutputRecord>> {
         let config = &self.config;
@@ -251,28 +450,33 @@ impl Target {
         // Whatever of the query the output read saw was committed before this
         // second read, so an epoch it names is the newest the output can hold.
         if !config.epoch_headers {
-            let newest = self.read_progress().await?.map(|r| r.commit.epoch());
-            if let Some(newest) = newest.filter(|&n| n > last.epoch()) {
+            for (id, commit) in self.read_commits().await? {
+                let last = committed.epochs.get(&id).copied().unwrap_or(0);
+                let Some(newest) = commit.map(|c| c.epoch()).filter(|&n| n > last) else {
+                    continue;
+                };
                 return Err(SluiceError::config(format!(
-                    "query '{name}' committed epochs {} to {newest} while verify read its \
-                     output, and its records carry no epoch headers to tell them from epoch \
-                     {}'s: run verify again once the query has stopped, or have it write the \
-                     headers ('sink.epoch-headers' = 'true')",
-                    last.epoch() + 1,
-                    last.epoch()
+                    "query '{name}' committed epochs {} to {newest} (as '{id}') while verify \
+                     read its output, and its records carry no epoch headers to tell them from \
+                     epoch {last}'s: run verify again once the query has stopped, or have it \
+                     write the headers ('sink.epoch-headers' = 'true')",
+                    last + 1,
                 )));
             }
         }
         let (later, records): (Vec<OutputRecord>, Vec<OutputRecord>) = records
             .into_iter()
-            .map(|r| OutputRecord::sorted(r, &config.query_id, config.epoch_headers, last.epoch()))
+            .map(|r| OutputRecord::sorted(r, &committed.epochs, config.epoch_headers))
             .partition(|r| r.origin == Origin::Later);
         let later = later.len();
+        let upto = match committed.epochs.len() {
+            1 => committed.epochs.values().map(u64::to_string).collect(),
+            _ => "each task's last".to_string(),
+        };
         lines.push(format!(
-            "  output topic '{}': {} records up to epoch {}{}",
+            "  output topic '{}': {} records up to epoch {upto}{}",
             config.topic,
             records.len(),
-            last.epoch(),
             if later > 0 {
                 format!(" ({later} of later epochs set aside)")
             } else {
@@ -284,43 +488,36 @@ impl Target {
 }
 
 /// Every input of `query` read again from where the query began to where
-/// epoch `last` ended.
+/// its committed ranges end.
 async fn read_inputs_again(
     query: &BatchQuery,
-    last: &sluice_engine::EpochCommit,
+    committed: &Committed,
     lines: &mut Vec<String>,
 ) -> Result<BTreeMap<String, sluice_engine::Partitions>> {
     let mut inputs = BTreeMap::new();
     for (key, source) in query.inputs() {
-        let range =
-            last.plan.sources.get(key).ok_or_else(|| {
-                SluiceError::config(format!(
-                "the progress record of epoch {} has no input '{key}': the file's query is not \
-                 the one that committed (inputs there: {})",
-                last.epoch(),
-                last.plan.sources.keys().cloned().collect::<Vec<_>>().join(", ")
-            ))
-            })?;
-        let partitions = if range.end.is_null() {
-            Vec::new()
-        } else {
-            let span = source.since_start(&range.end).await?.ok_or_else(|| {
-                SluiceError::config(format!(
-                    "input '{key}' cannot be read again from where the query began (a Kafka \
+        let end = committed.ends.get(key);
+        let partitions = match end.filter(|e| !e.is_null()) {
+            None => Vec::new(),
+            Some(end) => {
+                let span = source.since_start(end).await?.ok_or_else(|| {
+                    SluiceError::config(format!(
+                        "input '{key}' cannot be read again from where the query began (a Kafka \
                      stream with 'scan.startup.mode' = 'latest' began wherever the topic ended \
                      then): verify checks queries that read their input from the start"
-                ))
-            })?;
-            let partitions = source.read(None, &span).await?;
-            lines.push(format!(
-                "  input {key}: {} rows, read again over {span}",
+                    ))
+                })?;
+                let partitions = source.read(None, &span).await?;
+                lines.push(format!(
+                    "  input {key}: {} rows, read again over {span}",
+                    partitions
+                        .iter()
+                        .flatten()
+                        .map(|b| b.num_rows())
+                        .sum::<usize>()
+                ));
                 partitions
-                    .iter()
-                    .flatten()
-                    .map(|b| b.num_rows())
-                    .sum::<usize>()
-            ));
-            partitions
+            }
         };
         inputs.insert(key.to_string(), partitions);
     }
@@ -373,22 +570,26 @@ fn read_output(config: &SinkConfig) -> Result<Vec<ReadRecord>> {
 }
 
 impl OutputRecord {
-    /// `r`, sorted by who wrote it: by its epoch header when it has
-    /// query `query_id`'s, against the last committed epoch `last`. When
-    /// the query writes epoch headers (`headers`), a record without them is
-    /// another producer's; else it may be either, and counts as output.
-    fn sorted(r: ReadRecord, query_id: &str, headers: bool, last: u64) -> Self {
+    /// `r`, sorted by who wrote it: by its epoch header when its query id
+    /// header names one of the query's writers (`last`: each one's last
+    /// committed epoch), against that writer's last epoch. When the query
+    /// writes epoch headers (`headers`), a record without them is another
+    /// producer's; else it may be either, and counts as output.
+    fn sorted(r: ReadRecord, last: &BTreeMap<String, u64>, headers: bool) -> Self {
         let header = |name: &str| {
             r.headers
                 .iter()
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.as_slice())
         };
+        let writer = header(QUERY_ID_HEADER)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|id| last.get(id));
         let epoch = header(EPOCH_HEADER)
-            .filter(|_| header(QUERY_ID_HEADER) == Some(query_id.as_bytes()))
-            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok());
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse::<u64>().ok())
+            .zip(writer);
         let origin = match epoch {
-            Some(e) if e <= last => Origin::Committed,
+            Some((e, &last)) if e <= last => Origin::Committed,
             Some(_) => Origin::Later,
             None if headers => Origin::Foreign,
             None => Origin::Committed,
@@ -584,12 +785,17 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
                 .collect(),
         };
-        let origin = |r, headers| OutputRecord::sorted(r, "q", headers, 7).origin;
-        let epoch = |e| [("sluice.query.id", "q"), ("sluice.epoch", e)];
+        // A divided query's tasks, each at its own last epoch.
+        let last = BTreeMap::from([("q-0".to_string(), 7), ("q-1".to_string(), 3)]);
+        let origin = |r, headers| OutputRecord::sorted(r, &last, headers).origin;
+        let epoch = |e| [("sluice.query.id", "q-0"), ("sluice.epoch", e)];
         let other = [("sluice.query.id", "other"), ("sluice.epoch", "1")];
         for headers in [true, false] {
             assert_eq!(origin(record(&epoch("7")), headers), Origin::Committed);
             assert_eq!(origin(record(&epoch("8")), headers), Origin::Later);
+            // Each task's records against its own last epoch.
+            let task_1 = [("sluice.query.id", "q-1"), ("sluice.epoch", "4")];
+            assert_eq!(origin(record(&task_1), headers), Origin::Later);
         }
         // A query writing headers: a record without its own is foreign.
         assert_eq!(origin(record(&[]), true), Origin::Foreign);

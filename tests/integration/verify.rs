@@ -382,3 +382,159 @@ async fn verify_passes_on_each_query_shape_and_points_at_tampered_output() {
         "{report}"
     );
 }
+
+/// A query divided into tasks, through a repartition step: verify puts
+/// every task's committed ranges together, refuses while rows are still
+/// crossing the repartition topic, and passes once they have crossed; for
+/// an update-mode GROUP BY and for windows closed by the watermark that
+/// crossed the step. A record forged into the output, as if one task had
+/// written a wrong count, is found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_checks_a_divided_query_through_a_repartition_step() {
+    let _one_at_a_time = crate::util::MANY_TASKS.lock().await;
+    let bootstrap = crate::util::broker().await;
+    let bid_topic = fresh_topic("divided-bids");
+    create_topic(&bootstrap, &bid_topic, 3).await.unwrap();
+    let (counts, windows) = (
+        fresh_topic("divided-counts"),
+        fresh_topic("divided-windows"),
+    );
+    for t in [&counts, &windows] {
+        create_topic(&bootstrap, t, 2).await.unwrap();
+    }
+    // Bids over three partitions, each in event-time order.
+    let records: Vec<(i32, Option<String>, String)> = bids(0..600)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (_, key, value))| ((i % 3) as i32, key, value))
+        .collect();
+    {
+        let (b, t) = (bootstrap.clone(), bid_topic.clone());
+        tokio::task::spawn_blocking(move || produce(&b, &t, &records))
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("divided.sql");
+    let streams = format!(
+        "SET 'tasks' = 'per-partition';\n\
+         SET 'trigger' = '200 ms';\n\
+         CREATE STREAM bids (auction BIGINT, price BIGINT, ts TIMESTAMP, \
+           WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) WITH (connector = 'kafka', \
+           topic = '{bid_topic}', 'bootstrap.servers' = '{bootstrap}', \
+           'max-records-per-epoch' = '50');\n\
+         CREATE STREAM counts WITH (connector = 'kafka', topic = '{counts}', \
+           'bootstrap.servers' = '{bootstrap}');\n\
+         SET 'pipeline.name' = '{counts}';\n\
+         SET 'checkpoint.location' = '{cp}/counts';\n\
+         INSERT INTO counts SELECT price % 7 AS g, count(*) AS n, sum(auction) AS total \
+           FROM bids GROUP BY price % 7;\n",
+        cp = dir.path().display()
+    );
+    // The count alone, one task at a time, so that no other transaction
+    // is open when the process dies.
+    let alone = dir.path().join("alone.sql");
+    std::fs::write(&alone, format!("SET 'tasks.threads' = '1';\n{streams}")).unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "{streams}\
+             CREATE STREAM windows WITH (connector = 'kafka', topic = '{windows}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             SET 'pipeline.name' = '{windows}';\n\
+             SET 'checkpoint.location' = '{cp}/windows';\n\
+             INSERT INTO windows SELECT price % 5 AS g, window_start, count(*) AS n \
+               FROM TABLE(TUMBLE(TABLE bids, DESCRIPTOR(ts), INTERVAL '2' SECOND)) \
+               GROUP BY price % 5, window_start, window_end;\n",
+            cp = dir.path().display()
+        ),
+    )
+    .unwrap();
+    let command = |file: &Path| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+        cmd.arg("run").arg(file).stdout(std::process::Stdio::null());
+        cmd
+    };
+    // The process dies right after a task's first commit: what its
+    // upstream wrote to the repartition topic is committed and unread.
+    let mut crashed = command(&alone);
+    crashed.env("SLUICE_FAILPOINT", "kafka-after-commit@1");
+    let mut crashed = crate::util::Run::new(crashed);
+    assert!(!crashed.wait(Duration::from_secs(60)).success());
+    let refused = sluice(&["verify"], &alone);
+    let report = format!(
+        "{}{}",
+        stdout(&refused),
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert_eq!(refused.status.code(), Some(2), "{report}");
+    assert!(
+        report.contains("rows in flight through its repartition topic"),
+        "{report}"
+    );
+    assert!(!report.contains("DIFFERENT"), "{report}");
+
+    let mut run = crate::util::Run::new(command(&file));
+
+    // While it runs, verify either refuses (rows in flight, or a commit
+    // while it read) or passes, never finding a difference; once the query
+    // has caught up, it passes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let report = loop {
+        assert!(run.running(), "{}", run.stderr());
+        let verified = sluice(&["verify"], &file);
+        let report = stdout(&verified);
+        let stderr = String::from_utf8_lossy(&verified.stderr).into_owned();
+        if verified.status.code() == Some(0) && report.matches("\nOK: the committed").count() == 2 {
+            break report;
+        }
+        // Before the query starts there is no checkpoint to read yet.
+        assert!(!report.contains("DIFFERENT"), "{report}{stderr}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "verify did not pass within 120 s: {report}{stderr}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(report.contains("divided into 3 tasks"), "{report}");
+    assert!(
+        report.contains("input 0:bids: 600 rows"),
+        "every task's range, put together: {report}"
+    );
+    assert!(
+        report.contains("equals the batch answer (7 rows)"),
+        "{report}"
+    );
+    run.terminate();
+    assert!(
+        run.wait(Duration::from_secs(60)).success(),
+        "{}",
+        run.stderr()
+    );
+
+    // One task's output, forged: a wrong count for one group.
+    {
+        let (b, t) = (bootstrap.clone(), counts.clone());
+        tokio::task::spawn_blocking(move || {
+            produce(
+                &b,
+                &t,
+                &[(
+                    0,
+                    Some(r#"{"g":3}"#.into()),
+                    r#"{"g":3,"n":1,"total":1}"#.into(),
+                )],
+            )
+        })
+        .await
+        .unwrap();
+    }
+    let tampered = sluice(&["verify"], &file);
+    let report = stdout(&tampered);
+    assert_eq!(tampered.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains(r#"key {"g":3}: the output has {"g":3,"n":1,"total":1}"#),
+        "{report}"
+    );
+    assert_eq!(report.matches("\nOK: the committed").count(), 1, "{report}");
+}

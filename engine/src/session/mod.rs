@@ -283,11 +283,14 @@ impl Session {
         // connector's full schema (declared columns plus any virtual ones)
         // and a source-only connector's mistakes surface here. A connector
         // that is also a sink may hold sink options: if it cannot build a
-        // source, the stream is written only, and reading it reports why.
+        // source, the stream is written only, and reading it reports why;
+        // but a stream that computes columns or declares a watermark is
+        // meant to be read, and its source's mistake is the one to report.
+        let read = !definition.computed.is_empty() || definition.watermark.is_some();
         let factory = if connector.is_source() {
             match connector.source(self.source_args(&definition, None)) {
                 Ok(f) => Some(f),
-                Err(e) if !connector.is_sink() => return Err(e),
+                Err(e) if !connector.is_sink() || read => return Err(e),
                 Err(_) => None,
             }
         } else {

@@ -320,6 +320,19 @@ fn refuse_own_settings(index: usize, writer: &DataStreamWriter) -> Result<()> {
 /// (`<index>/` without a name), so a checkpoint whose statements were
 /// reordered or renamed is refused rather than restored into the wrong
 /// statement.
+/// Checkpoint key `key` without its statement's prefix (see
+/// `key_prefix`): the input's key in a query of that statement alone,
+/// as its batch query keys it.
+///
+/// ```
+/// use sluice_engine::unprefixed_key;
+/// assert_eq!(unprefixed_key("0.repartition-0/0:bids"), "0:bids");
+/// assert_eq!(unprefixed_key("0:bids"), "0:bids");
+/// ```
+pub fn unprefixed_key(key: &str) -> &str {
+    key.rsplit_once('/').map_or(key, |(_, k)| k)
+}
+
 fn key_prefix(index: usize, statements: usize, writer: &DataStreamWriter) -> String {
     match (statements, &writer.settings.name) {
         (1, _) => String::new(),

@@ -63,6 +63,10 @@ impl Columns {
         upsert: bool,
     ) -> Result<Self> {
         let format = options.format;
+        let declared = match (format, declared) {
+            (SourceFormat::Raw, Some(d)) => Some(raw_columns(stream, &d)?),
+            (_, declared) => declared,
+        };
         let key_fields = key_fields(stream, options, declared.as_ref(), upsert)?;
         let declared = match (&key_fields, declared) {
             (Some(keys), Some(d)) if upsert => Some(upsert_columns(&d, keys)),
@@ -282,16 +286,7 @@ fn value_schema(
         (SourceFormat::Raw, None) => {
             Arc::new(Schema::new(vec![Field::new("value", DataType::Utf8, true)]))
         }
-        (SourceFormat::Raw, Some(s)) => {
-            let ok = s.fields().len() == 1 && s.field(0).data_type() == &DataType::Utf8;
-            if !ok {
-                return Err(SluiceError::config(format!(
-                    "stream '{stream}': format 'raw' gives one VARCHAR column; declare \
-                     (value VARCHAR) or leave the columns out"
-                )));
-            }
-            s
-        }
+        (SourceFormat::Raw, Some(s)) => s,
         (SourceFormat::DebeziumJson, Some(s)) => {
             if s.field_with_name(CHANGELOG_SIGN).is_ok() {
                 return Err(SluiceError::config(format!(
@@ -308,6 +303,27 @@ fn value_schema(
             )))
         }
     })
+}
+
+/// The declared columns of a `raw` stream: the one string column the
+/// value is read into, as a plain string column (SQL's VARCHAR is planned
+/// as a string view).
+fn raw_columns(stream: &str, declared: &Schema) -> Result<SchemaRef> {
+    let text = matches!(
+        declared.fields().first().map(|f| f.data_type()),
+        Some(DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8)
+    );
+    if declared.fields().len() != 1 || !text {
+        return Err(SluiceError::config(format!(
+            "stream '{stream}': format 'raw' gives one VARCHAR column; declare \
+             (value VARCHAR) or leave the columns out"
+        )));
+    }
+    let value = declared.field(0).clone().with_data_type(DataType::Utf8);
+    Ok(Arc::new(Schema::new_with_metadata(
+        vec![value],
+        declared.metadata().clone(),
+    )))
 }
 
 /// `value_schema` followed by the virtual columns of every Kafka stream,

@@ -156,6 +156,33 @@ impl PlannedRanges {
     }
 }
 
+/// One offset reading everything `ends` read: the ranges of each
+/// partition any of them names (the ends of a divided query's tasks, each
+/// reading its own partitions), a partition named twice read as far as
+/// the furthest. A null end (a source that has read nothing) names none.
+pub(crate) fn union(ends: &[&Offset]) -> Result<Offset> {
+    let mut all = PlannedRanges::default();
+    for end in ends.iter().filter(|e| !e.is_null()) {
+        for (p, (from, to)) in parse(end)?.ranges {
+            let range = all.ranges.entry(p).or_insert((from, to));
+            *range = (range.0.min(from), range.1.max(to));
+        }
+    }
+    all.to_offset()
+}
+
+/// Where `end` ends in each partition it names (none when it is null).
+pub(crate) fn ends(end: &Offset) -> Result<BTreeMap<i32, i64>> {
+    if end.is_null() {
+        return Ok(BTreeMap::new());
+    }
+    Ok(parse(end)?
+        .ranges
+        .into_iter()
+        .map(|(p, (_, to))| (p, to))
+        .collect())
+}
+
 fn parse(offset: &Offset) -> Result<PlannedRanges> {
     serde_json::from_value(offset.clone())
         .map_err(|e| SluiceError::Internal(format!("kafka source offset {offset}: {e}")))
