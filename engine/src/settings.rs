@@ -320,7 +320,8 @@ pub const SETTINGS: &[Setting] = &[
             checkpoint folder and Kafka transaction, run side by side (see *Scaling out* \
             in docs/operations.md). A `GROUP BY` not on the record key `_key` (or \
             `_partition`) goes through a repartition topic (windowed ones too; not yet \
-            with `available-now`); joins are not divided yet",
+            with `available-now`), and so does each side of a join of two streams; \
+            stacked stateful operators are not divided yet",
         default: "`'1'`",
         kind: Kind::Query {
             apply: set_tasks,

@@ -17,8 +17,9 @@
 //! record's partition: the record key `_key` (Kafka's default partitioner
 //! sends equal keys to one partition) or `_partition` itself. A GROUP BY on
 //! anything else would count one key in several tasks, so its rows first
-//! go through a repartition step (see `session/repartition.rs`). Joins and stacked
-//! stateful operators are refused at start, with what would work.
+//! go through a repartition step (see `session/repartition/`), as do
+//! both sides of a join of two streams. Stacked stateful operators are
+//! refused at start, with what would work.
 
 //!
 //! This module holds what every layer names: a task's identity, the

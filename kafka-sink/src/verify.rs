@@ -341,8 +341,19 @@ impl Target {
             };
             for (key, range) in &commit.plan.sources {
                 let bare = unprefixed_key(key);
-                if inputs.contains(&bare) {
-                    ranges.entry(bare.to_string()).or_default().push(&range.end);
+                // A task's statements number their inputs each from 0 (a
+                // join's sides are two statements): an input is known by
+                // its stream.
+                let reads = inputs.iter().filter(|i| stream_of(i) == stream_of(bare));
+                let mut read_input = false;
+                for input in reads {
+                    ranges
+                        .entry(input.to_string())
+                        .or_default()
+                        .push(&range.end);
+                    read_input = true;
+                }
+                if read_input {
                     own_watermarks |= commit.watermarks.contains_key(key);
                 } else if let Some(step) = repartition_step_of(bare) {
                     steps.insert(step);
@@ -485,6 +496,11 @@ impl Target {
         ));
         Ok(records)
     }
+}
+
+/// The stream an input's checkpoint key (`<position>:<stream>`) reads.
+fn stream_of(key: &str) -> &str {
+    key.split_once(':').map_or(key, |(_, stream)| stream)
 }
 
 /// Every input of `query` read again from where the query began to where

@@ -57,10 +57,15 @@ pub(crate) async fn count(plans: &[IncrementalPlan]) -> Result<u32> {
                 "{which} ranks rows (a Top-N), which tasks cannot divide yet"
             )));
         }
-        if plan.join.is_some() || !plan.stages.is_empty() {
+        if !plan.stages.is_empty() {
             return Err(refuse(format!(
-                "{which} joins streams or stacks stateful operators, which tasks cannot \
-                 divide yet"
+                "{which} stacks stateful operators, which tasks cannot divide yet"
+            )));
+        }
+        if plan.join.as_ref().is_some_and(|j| j.changelog.is_some()) {
+            return Err(refuse(format!(
+                "{which} joins streams whose rows change (or an outer join without a time \
+                 bound), which tasks cannot divide yet"
             )));
         }
     }
@@ -126,6 +131,11 @@ fn from_partitioning_column(plan: &LogicalPlan, column: &Column) -> bool {
             let input = plan.inputs()[0];
             let (qualifier, field) = input.schema().qualified_field(index);
             from_partitioning_column(input, &Column::from((qualifier, field)))
+        }
+        // A HOP or CUMULATE window repeats each row once per window: the
+        // columns it does not unnest pass through under their names.
+        LogicalPlan::Unnest(u) => {
+            u.input.schema().has_column(column) && from_partitioning_column(&u.input, column)
         }
         _ => false,
     }

@@ -326,6 +326,9 @@ impl DataStreamWriter {
         };
         if self.sends_watermarks {
             planned.watermark_out = task;
+            // Its watermark rows leave the data columns null, so the
+            // channel's columns may all be null (as it is read back).
+            planned.output_schema = crate::watermark::aligned::nullable(&planned.output_schema);
         }
         Ok(planned)
     }

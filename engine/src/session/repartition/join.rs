@@ -1,0 +1,216 @@
+//! A join of two streams through repartition steps: each side's rows
+//! cross to the partition of their join key's value, and downstream joins
+//! what it reads back of both, as the statement does.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, DFSchema};
+use datafusion::logical_expr::type_coercion::binary::comparison_coercion;
+use datafusion::logical_expr::utils::split_conjunction;
+use datafusion::logical_expr::{
+    cast, Expr, ExprSchemable, Join, LogicalPlan, LogicalPlanBuilder, Operator,
+};
+
+use super::{channel, channel_column, input_stream, own_name, replaced, Channels, Crossing, Step};
+use crate::error::{Result, SluiceError};
+use crate::session::frame::DataStreamWriter;
+use crate::watermark::aligned;
+
+/// A join's sub-topologies: each side's rows cross to the partition of
+/// their join key's value (the equalities of its ON condition), so that
+/// the rows of one key from both sides reach one task, which joins them as
+/// the statement does.
+pub(super) fn split(to: &Channels, writer: DataStreamWriter) -> Result<Step> {
+    let plan = writer.frame.logical_plan().clone();
+    let (original, join) = only_join(&plan)?;
+    let (left_keys, right_keys) = equalities(&join)?;
+    let used = used_above(&plan, &original);
+    let mut upstream = Vec::with_capacity(2);
+    let mut restored = Vec::with_capacity(2);
+    let mut described = Vec::with_capacity(2);
+    for (side, (input_plan, keys)) in [(&join.left, &left_keys), (&join.right, &right_keys)]
+        .into_iter()
+        .enumerate()
+    {
+        let input = input_stream(input_plan)?;
+        let event_time = input.watermark.as_ref().map(|w| w.column.as_str());
+        let crossing = side_by_side(input_plan, keys, event_time, &used)?;
+        let channel = channel(to, &writer, &input, crossing, to.first + side)?;
+        upstream.push(channel.upstream);
+        restored.push(channel.restored);
+        described.push(channel.description);
+    }
+    let right = restored
+        .pop()
+        .ok_or_else(|| SluiceError::Internal("no right side".into()))?;
+    let left = restored
+        .pop()
+        .ok_or_else(|| SluiceError::Internal("no left side".into()))?;
+    let rejoined = LogicalPlan::Join(Join::try_new(
+        Arc::new(left),
+        Arc::new(right),
+        join.on.clone(),
+        join.filter.clone(),
+        join.join_type,
+        join.join_constraint,
+        join.null_equality,
+        join.null_aware,
+    )?);
+    let downstream_plan = replaced(plan, &original, rejoined)?;
+    Ok(Step {
+        upstream,
+        downstream: writer.with_frame(to.session.frame(downstream_plan)),
+        channels: described.join(" and "),
+    })
+}
+
+/// The columns the nodes of `plan` from `join` up read (the join's
+/// condition included): what of its sides must cross.
+fn used_above(plan: &LogicalPlan, join: &LogicalPlan) -> BTreeSet<Column> {
+    let mut used = BTreeSet::new();
+    let _ = plan.apply(|node| {
+        for e in node.expressions() {
+            used.extend(e.column_refs().into_iter().cloned());
+        }
+        Ok(match node == join {
+            // Its sides are what crosses.
+            true => TreeNodeRecursion::Jump,
+            false => TreeNodeRecursion::Continue,
+        })
+    });
+    used
+}
+
+/// The statement's one join of two streams: the node, and it as a join.
+fn only_join(plan: &LogicalPlan) -> Result<(LogicalPlan, Join)> {
+    let mut found = Vec::new();
+    plan.apply(|node| {
+        if let LogicalPlan::Join(j) = node {
+            found.push((node.clone(), j.clone()));
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    match <[_; 1]>::try_from(found) {
+        Ok([one]) => Ok(one),
+        Err(_) => Err(refuse_join("it has several joins")),
+    }
+}
+
+/// Refuses a join that cannot be repartitioned, saying why.
+fn refuse_join(why: impl std::fmt::Display) -> SluiceError {
+    SluiceError::config(format!(
+        "'tasks' = 'per-partition' cannot divide this query: its join would go through a \
+         repartition step, but {why}. Run it as one task (SET 'tasks' = '1')"
+    ))
+}
+
+/// The join's equalities of a left and a right expression (its `on`
+/// pairs, and the conjuncts `l = r` of its filter), each pair cast to one
+/// type so that equal keys are written alike on both channels.
+fn equalities(join: &Join) -> Result<(Vec<Expr>, Vec<Expr>)> {
+    let (left_schema, right_schema) = (join.left.schema(), join.right.schema());
+    let of = |e: &Expr, schema: &DFSchema| {
+        let refs = e.column_refs();
+        !refs.is_empty() && refs.iter().all(|c| schema.has_column(c))
+    };
+    let mut pairs: Vec<(Expr, Expr)> = join.on.clone();
+    if let Some(filter) = &join.filter {
+        for conjunct in split_conjunction(filter) {
+            let Expr::BinaryExpr(b) = conjunct else {
+                continue;
+            };
+            if b.op != Operator::Eq {
+                continue;
+            }
+            let (l, r) = (b.left.as_ref(), b.right.as_ref());
+            if of(l, left_schema) && of(r, right_schema) {
+                pairs.push((l.clone(), r.clone()));
+            } else if of(r, left_schema) && of(l, right_schema) {
+                pairs.push((r.clone(), l.clone()));
+            }
+        }
+    }
+    if pairs.is_empty() {
+        return Err(refuse_join(
+            "its ON condition has no equality of a left and a right column to partition by",
+        ));
+    }
+    let mut left = Vec::with_capacity(pairs.len());
+    let mut right = Vec::with_capacity(pairs.len());
+    for (l, r) in pairs {
+        let (lt, rt) = (l.get_type(left_schema)?, r.get_type(right_schema)?);
+        let common = comparison_coercion(&lt, &rt).ok_or_else(|| {
+            refuse_join(format!(
+                "its keys {l} and {r} have no common type ({lt}, {rt})"
+            ))
+        })?;
+        left.push(cast(l, common.clone()));
+        right.push(cast(r, common));
+    }
+    Ok((left, right))
+}
+
+/// One side of a join crossing: the columns of the side that the join
+/// and what follows it read (`used`) as `c<i>` (the event-time column
+/// under its own name, so that the join's time bound still names it), its
+/// keys' values as `k<j>`, and over event time the watermark rows'
+/// columns.
+fn side_by_side(
+    side: &LogicalPlan,
+    keys: &[Expr],
+    event_time: Option<&str>,
+    used: &BTreeSet<Column>,
+) -> Result<Crossing> {
+    let schema = side.schema();
+    let mut crossing = Vec::new();
+    let mut restored = Vec::new();
+    let mut timed = None;
+    let carried = schema
+        .columns()
+        .into_iter()
+        .filter(|c| used.contains(c) || event_time == Some(c.name.as_str()));
+    for (i, c) in carried.enumerate() {
+        let name = match event_time {
+            Some(t) if c.name == t && own_name(t) => t.to_string(),
+            _ => format!("c{i}"),
+        };
+        if event_time == Some(c.name.as_str()) {
+            timed = Some(name.clone());
+        }
+        crossing.push(Expr::Column(c.clone()).alias(&name));
+        restored.push(channel_column(&name).alias_qualified(c.relation.clone(), c.name.clone()));
+    }
+    if let (Some(t), None) = (event_time, &timed) {
+        return Err(refuse_join(format!(
+            "a side of it does not carry its event-time column '{t}' to the join"
+        )));
+    }
+    if let (Some(t), Some(name)) = (event_time, &timed) {
+        if name != t {
+            return Err(refuse_join(format!(
+                "its event-time column '{t}' cannot cross under its own name; rename it (a \
+                 computed column, `event_time AS {t}`)"
+            )));
+        }
+    }
+    let mut key_fields = Vec::with_capacity(keys.len());
+    for (j, k) in keys.iter().enumerate() {
+        crossing.push(k.clone().alias(format!("k{j}")));
+        key_fields.push(format!("k{j}"));
+    }
+    if timed.is_some() {
+        crossing.extend(aligned::columns());
+    }
+    let upstream = LogicalPlanBuilder::from(side.clone())
+        .project(crossing)?
+        .build()?;
+    Ok(Crossing {
+        upstream,
+        per_epoch: false,
+        key_fields,
+        restored,
+        event_time: timed,
+    })
+}

@@ -1,0 +1,403 @@
+//! Repartition steps: a GROUP BY whose key is not what partitions its
+//! input, divided into tasks all the same.
+//!
+//! Kafka Streams' repartition topics. Divided by partition, task *i* reads
+//! partition *i* of the input, where one group's rows are spread over every
+//! partition. So a statement such as
+//!
+//! ```sql
+//! INSERT INTO counts SELECT auction, count(*) FROM bids GROUP BY auction
+//! ```
+//!
+//! becomes two sub-topologies, run as two statements of one set:
+//! 1. **upstream**: each task reads its partition of `bids`, aggregates
+//!    each epoch's rows per group (count, sum, min, max and avg; Flink's
+//!    local-global aggregation), and writes one partial row per group to a
+//!    channel the input's connector provides (a Kafka topic of the query's
+//!    task count, `…-repartition-<n>`), keyed by the group key, so that all
+//!    of a group's partials reach one partition of it. Aggregates that do
+//!    not merge so (DISTINCT, FILTER, other functions) and changelog inputs
+//!    send every row instead: the group key's value and the columns the
+//!    aggregates read;
+//! 2. **downstream**: task *i* reads partition *i* of the channel and
+//!    aggregates it, as the statement did (merging partials: a count's
+//!    by summing them).
+//!
+//! Both run in every task and commit in its one transaction: the rows a
+//! task wrote to the channel, the channel offsets it read and its output
+//! commit together, so the hop is exactly once. Downstream reads only what
+//! upstream tasks have committed (`read_committed`), so a row crosses in
+//! the epoch after the one that read it. Once a task has committed past a
+//! channel record, the record is deleted.
+//!
+//! Event time crosses too. Over a stream with a watermark, every row
+//! crosses with its event time, and each upstream task writes its
+//! watermark to every partition of the channel after its rows; a
+//! downstream task's watermark is the least of its upstream tasks' (see
+//! `watermark::aligned`). Downstream judges rows late, closes windows and
+//! counts late rows as the statement would.
+//!
+//! A join of two streams crosses too, each side through a channel of its
+//! own to the partition of its join key's value (`join`); a GROUP BY's
+//! crossing is `aggregate`'s. Not yet: stacked stateful operators.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use datafusion::catalog::default_table_source::source_as_provider;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::Column;
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
+
+use super::frame::DataStreamWriter;
+use super::Session;
+use crate::connector::RepartitionArgs;
+use crate::error::{Result, SluiceError};
+use crate::launch::SinkChoice;
+use crate::planner::IncrementalPlan;
+use crate::table::{as_stream_table, StreamDefinition};
+use crate::watermark::{aligned, Aligned, WatermarkSpec};
+
+mod aggregate;
+mod join;
+
+/// A channel's stream name (and its statements' checkpoint keys).
+fn step_name(index: usize) -> String {
+    format!("repartition-{index}")
+}
+
+/// Which repartition step's channel the input of checkpoint key `key`
+/// reads (`<position>:repartition-<n>-<format>`, after its statement's
+/// prefix), if it reads one: how `sluice verify` tells a divided query's
+/// channels from its inputs.
+///
+/// ```
+/// use sluice_engine::repartition_step_of;
+/// assert_eq!(repartition_step_of("1.counts/0:repartition-2-avro"), Some(2));
+/// assert_eq!(repartition_step_of("0.repartition-0/0:bids"), None);
+/// ```
+pub fn repartition_step_of(key: &str) -> Option<usize> {
+    let (_, stream) = key.rsplit_once(':')?;
+    stream
+        .strip_prefix("repartition-")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Whether `plan`, divided by partition, needs a repartition step: it
+/// groups by columns that do not decide a record's partition, or it joins
+/// two streams (whose rows of one key each task must see).
+pub(crate) fn needed(plan: &IncrementalPlan) -> bool {
+    plan.join.is_some()
+        || plan
+            .aggregate
+            .as_ref()
+            .is_some_and(|a| !crate::planner::keyed_by_partition(&a.aggregate))
+}
+
+/// `writers` (planned undivided as `plans`) for a query divided into
+/// `partitions` tasks: each statement that [`needs`](needed) a repartition
+/// step replaced by its two sub-topologies, upstream then downstream; the
+/// others as they are. `query_id` names the channels.
+pub(crate) fn divide(
+    session: &Session,
+    writers: Vec<DataStreamWriter>,
+    plans: &[IncrementalPlan],
+    query_id: &str,
+    partitions: u32,
+    idle_timeout: Option<Duration>,
+) -> Result<Vec<DataStreamWriter>> {
+    let mut divided = Vec::with_capacity(writers.len() + 1);
+    let mut steps = 0;
+    for (writer, plan) in writers.into_iter().zip(plans) {
+        if !needed(plan) {
+            divided.push(writer);
+            continue;
+        }
+        // The same output mode as undivided, though the regrouped plan
+        // might derive another (`SELECT DISTINCT` is append).
+        let writer = writer.output_mode(plan.mode);
+        let to = Channels {
+            session,
+            query_id,
+            first: steps,
+            partitions,
+            idle_timeout,
+        };
+        let step = match plan.join.is_some() {
+            true => join::split(&to, writer)?,
+            false => aggregate::split(&to, writer)?,
+        };
+        tracing::info!(channels = %step.channels, partitions, "repartition step");
+        steps += step.upstream.len();
+        divided.extend(step.upstream);
+        divided.push(step.downstream);
+    }
+    Ok(divided)
+}
+
+/// Where a statement's channels go: the query's, numbered from `first`.
+struct Channels<'a> {
+    session: &'a Session,
+    query_id: &'a str,
+    first: usize,
+    partitions: u32,
+    idle_timeout: Option<Duration>,
+}
+
+/// Refuses a statement that cannot be repartitioned, saying why and what
+/// would work.
+fn refuse(why: impl std::fmt::Display) -> SluiceError {
+    SluiceError::config(format!(
+        "'tasks' = 'per-partition' cannot divide this query: its GROUP BY is not on the \
+         record key, so its rows would go through a repartition step, but {why}. Add the \
+         record key `_key` (or `_partition`) to its GROUP BY, or run it as one task \
+         (SET 'tasks' = '1')"
+    ))
+}
+
+/// What EXPLAIN adds for a statement that goes through a repartition
+/// step under `settings`: its two sub-topologies and the channel between.
+/// `plan` is the statement planned undivided.
+pub(crate) fn explain(
+    writer: DataStreamWriter,
+    plan: &IncrementalPlan,
+    settings: &crate::QuerySettings,
+) -> Result<String> {
+    let session = writer.frame.session.clone();
+    let writer = writer.output_mode(plan.mode);
+    let id = settings
+        .pipeline_name
+        .clone()
+        .unwrap_or_else(|| "<query id>".into());
+    let to = Channels {
+        session: &session,
+        query_id: &id,
+        first: 0,
+        partitions: 0,
+        idle_timeout: None,
+    };
+    let (step, what) = match plan.join.is_some() {
+        true => (join::split(&to, writer)?, "the join is"),
+        false => (aggregate::split(&to, writer)?, "the GROUP BY is"),
+    };
+    let mut out = format!(
+        "repartition step: {what} not on the record key, so each task runs {} \
+         sub-topologies joined by {}, committed in its one transaction\n",
+        step.upstream.len() + 1,
+        step.channels
+    );
+    for (i, upstream) in step.upstream.iter().enumerate() {
+        let does = match (upstream.per_epoch, upstream.sends_watermarks) {
+            (true, _) => {
+                "aggregates each epoch's rows of its partition of the input per group, writes \
+                 one partial row per group to the partition of its group key"
+            }
+            (false, false) => {
+                "reads its partition of the input, writes each row to the partition of its key"
+            }
+            (false, true) => {
+                "reads its partition of the input, writes each row to the partition of its \
+                 key, then its watermark to every partition"
+            }
+        };
+        out.push_str(&format!(
+            "-- sub-topology {i}: {does}\n{}",
+            upstream.explain_plan(&upstream.plan_with_keys("", None)?)
+        ));
+    }
+    let aligned = match step.upstream.iter().any(|u| u.sends_watermarks) {
+        true => ", its watermark the least of every upstream task's",
+        false => "",
+    };
+    out.push_str(&format!(
+        "-- sub-topology {}: reads its partition of each channel, {} it{aligned}\n{}",
+        step.upstream.len(),
+        match plan.join.is_some() {
+            true => "joins",
+            false => "aggregates",
+        },
+        step.downstream
+            .explain_plan(&step.downstream.plan_with_keys("", None)?),
+    ));
+    Ok(out)
+}
+
+/// A statement divided at its repartition step.
+struct Step {
+    /// Each reads an input, writes a channel.
+    upstream: Vec<DataStreamWriter>,
+    /// Reads the channels, aggregates or joins, writes the statement's
+    /// sink.
+    downstream: DataStreamWriter,
+    /// The channels' names, formats and columns.
+    channels: String,
+}
+
+/// One channel of a statement: the sub-topology that writes it, and what
+/// reads it back.
+struct Channel {
+    upstream: DataStreamWriter,
+    /// The channel read back, under the columns' names upstream read.
+    restored: LogicalPlan,
+    /// Its name, format and columns.
+    description: String,
+}
+
+/// The channel `index` of `to` carrying `crossing` from `input` (of
+/// `writer`'s statement): created through the input's connector, in the
+/// same transaction as the statement's sink when it is the same connector.
+/// `event_time` is the input's watermarked column.
+fn channel(
+    to: &Channels,
+    writer: &DataStreamWriter,
+    input: &StreamDefinition,
+    crossing: Crossing,
+    index: usize,
+) -> Result<Channel> {
+    let session = to.session;
+    let event_time = input.watermark.as_ref().map(|w| w.column.as_str());
+    let upstream_plan = crossing.upstream;
+    let channel_schema = upstream_plan.schema().as_arrow().clone();
+    // Downstream's window bounds are over the event time as it crossed.
+    let channel_schema = match (&crossing.event_time, event_time) {
+        (Some(carried), Some(original)) => crate::window::rename_time_column(
+            &aligned::nullable(&channel_schema),
+            original,
+            carried,
+        ),
+        _ => Arc::new(channel_schema),
+    };
+    let connector = session.connectors().get(&input.connector)?;
+    let sink = match &writer.sink {
+        SinkChoice::Connector(name) if *name == input.connector => Some(writer.options.clone()),
+        _ => None,
+    };
+    let channel = connector
+        .repartition(RepartitionArgs {
+            input: input.options.clone(),
+            sink,
+            query_id: to.query_id.to_string(),
+            index,
+            partitions: to.partitions,
+            key_fields: crossing.key_fields,
+            partition_field: crossing
+                .event_time
+                .as_ref()
+                .map(|_| aligned::TO.to_string()),
+        })?
+        .ok_or_else(|| {
+            refuse(format!(
+                "connector '{}' of stream '{}' has no repartition channel",
+                input.connector, input.name
+            ))
+        })?;
+    let mut upstream = session
+        .frame(upstream_plan)
+        .write_stream()
+        .format(&input.connector)
+        .options(channel.sink.iter().map(|(k, v)| (k, v.to_string())))
+        .query_name(&step_name(index));
+    upstream.per_epoch = crossing.per_epoch;
+    upstream.sends_watermarks = crossing.event_time.is_some();
+    let watermark = crossing.event_time.map(|column| {
+        WatermarkSpec::new(column, Duration::ZERO).aligned(Aligned {
+            tasks: to.partitions,
+            idle_timeout: to.idle_timeout,
+        })
+    });
+    // The format is in the read-back stream's name, so in its offsets'
+    // keys and the query's fingerprint: a restart that would read the
+    // channel in another format than it was written in is refused.
+    let read_back = session.read_definition(StreamDefinition {
+        name: format!("{}-{}", step_name(index), channel.format),
+        connector: input.connector.clone(),
+        options: channel.source,
+        schema: Some(Arc::clone(&channel_schema)),
+        watermark,
+        late_sink: None,
+        computed: Vec::new(),
+    })?;
+    let restored = LogicalPlanBuilder::from(read_back.logical_plan().clone())
+        .project(crossing.restored)?
+        .build()?;
+    Ok(Channel {
+        upstream,
+        restored,
+        description: format!(
+            "'{}' (one partition per task; {}: {})",
+            channel.name,
+            channel.format,
+            crate::options::columns(&channel_schema)
+        ),
+    })
+}
+
+/// `plan` with its node `original` replaced by `by`, the nodes above it
+/// re-planned over it.
+fn replaced(plan: LogicalPlan, original: &LogicalPlan, by: LogicalPlan) -> Result<LogicalPlan> {
+    Ok(plan
+        .transform_up(|node| {
+            if &node == original {
+                Ok(Transformed::yes(by.clone()))
+            } else {
+                node.recompute_schema().map(Transformed::yes)
+            }
+        })
+        .map_err(SluiceError::from)?
+        .data)
+}
+
+/// Whether an event-time column can cross under its own name: not a
+/// connector's own column (`_timestamp`) nor one of the channel's.
+fn own_name(name: &str) -> bool {
+    let generated = |prefix: char| {
+        name.strip_prefix(prefix)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    !name.starts_with('_')
+        && ![aligned::FROM, aligned::WATERMARK, aligned::TO].contains(&name)
+        && !['c', 'k', 'p', 's', 'n'].into_iter().any(generated)
+}
+
+/// What crosses a repartition step, and how the other side reads it.
+struct Crossing {
+    /// The upstream sub-topology's plan: its output is the channel's rows.
+    upstream: LogicalPlan,
+    /// Whether upstream runs over each epoch's rows alone (it
+    /// pre-aggregates).
+    per_epoch: bool,
+    /// The channel's columns that make the key (the message key).
+    key_fields: Vec<String>,
+    /// Downstream's projection of the channel's columns.
+    restored: Vec<Expr>,
+    /// Over event time, the channel column carrying the rows' event time
+    /// (the upstream output then ends with the watermark rows' columns).
+    event_time: Option<String>,
+}
+
+/// Channel column `name`, as upstream writes it and downstream reads it:
+/// the channel carries every type exactly (see `Connector::repartition`).
+fn channel_column(name: &str) -> Expr {
+    Expr::Column(Column::from_name(name))
+}
+
+/// The one stream `plan` reads.
+fn input_stream(plan: &LogicalPlan) -> Result<StreamDefinition> {
+    let mut found = Vec::new();
+    plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            let provider = source_as_provider(&scan.source)?;
+            if let Some(table) = as_stream_table(&provider) {
+                found.push(table.definition().clone());
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    match <[_; 1]>::try_from(found) {
+        Ok([one]) => Ok(one),
+        Err(_) => Err(refuse("it reads several streams")),
+    }
+}
