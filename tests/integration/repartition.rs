@@ -1,7 +1,8 @@
 //! Repartition steps (a divided query's GROUP BY not on `_key`) against
-//! the real broker: event time crossing them.
+//! the real broker: what crosses them exactly (NaN, partials), event time
+//! crossing them, and joins through them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -379,6 +380,158 @@ async fn an_interval_join_through_repartition_steps_emits_every_pair_once() {
             break;
         }
         assert!(Instant::now() < deadline, "{report}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    run.terminate();
+    assert!(
+        run.wait(Duration::from_secs(60)).success(),
+        "{}",
+        run.stderr()
+    );
+}
+
+/// NaN and the infinities cross a repartition step as themselves (a JSON
+/// channel, which has no such numbers, once carried them as null, so
+/// `count`, NaN and infinity counts differed from `'tasks' = '1'`).
+/// Per group, the counts, the largest finite value, the sum and the mean
+/// of ids equal a plain loop's: each epoch's partials (counts, sums, a
+/// float maximum, NULL where an epoch has no value, an average's sum and
+/// count) merge into the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
+    let bootstrap = broker().await;
+    let (input, output) = (fresh_topic("floats-in"), fresh_topic("floats-out"));
+    create_topic(&bootstrap, &input, 2).await.unwrap();
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    let rows_out = fresh_topic("floats-rows-out");
+    create_topic(&bootstrap, &rows_out, 1).await.unwrap();
+    let ids = 0..200i64;
+    let records: Vec<(String, Option<String>)> = ids
+        .clone()
+        .map(|id| (id.to_string(), Some(format!(r#"{{"id": {id}}}"#))))
+        .collect();
+    let (b, t) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || crate::changelog::send_keyed(&b, &t, &records))
+        .await
+        .unwrap();
+    // Per group: (values, NaNs, infinities), none of them null; the
+    // largest finite value (a float partial crossing, NULL in epochs
+    // where the group has none) and the sum of ids.
+    let mut want: BTreeMap<i64, (i64, i64, i64, String, i64, String)> = BTreeMap::new();
+    for id in ids.clone() {
+        let counts = want.entry(id % 3).or_default();
+        counts.0 += 1;
+        counts.1 += i64::from(id % 4 == 0);
+        counts.2 += i64::from(id % 4 == 1);
+        if id % 4 == 3 {
+            // SQL's `id * 0.1` is decimal arithmetic, then a DOUBLE: the
+            // double nearest id / 10.
+            let top = counts
+                .3
+                .parse::<f64>()
+                .unwrap_or(f64::MIN)
+                .max(id as f64 / 10.0);
+            counts.3 = top.to_string();
+        }
+        counts.4 += id;
+    }
+    for (g, counts) in want.iter_mut() {
+        let of_g = ids.clone().filter(|id| id % 3 == *g).count();
+        counts.5 = (counts.4 as f64 / of_g as f64).to_string();
+    }
+    // A DISTINCT count does not merge from partials: that query's rows
+    // cross one by one. Per group: the distinct `id % 7`, the mean id.
+    let mut rows_want: BTreeMap<i64, (i64, String)> = BTreeMap::new();
+    for g in 0..3 {
+        let of_g: Vec<i64> = ids.clone().filter(|id| id % 3 == g).collect();
+        let kinds: BTreeSet<i64> = of_g.iter().map(|id| id % 7).collect();
+        let mean = of_g.iter().sum::<i64>() as f64 / of_g.len() as f64;
+        rows_want.insert(g, (kinds.len() as i64, mean.to_string()));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sql = dir.path().join("floats.sql");
+    std::fs::write(
+        &sql,
+        format!(
+            "SET 'checkpoint.location' = '{cp}';\n\
+             SET 'pipeline.name' = '{output}';\n\
+             SET 'tasks' = 'per-partition';\n\
+             SET 'trigger.interval' = '200 ms';\n\
+             CREATE STREAM events (id BIGINT, \
+               r AS CASE WHEN id % 4 = 0 THEN CAST('NaN' AS DOUBLE) \
+                 WHEN id % 4 = 1 THEN CAST('inf' AS DOUBLE) \
+                 WHEN id % 4 = 2 THEN CAST('-inf' AS DOUBLE) ELSE id * 0.1 END) \
+               WITH (connector = 'kafka', topic = '{input}', \
+               'bootstrap.servers' = '{bootstrap}', format = 'json');\n\
+             CREATE STREAM out WITH (connector = 'kafka', topic = '{output}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             INSERT INTO out SELECT g, count(r) AS present, \
+               sum(CASE WHEN isnan(r) THEN 1 ELSE 0 END) AS nans, \
+               sum(CASE WHEN r = CAST('inf' AS DOUBLE) THEN 1 ELSE 0 END) AS infs, \
+               max(CASE WHEN id % 4 = 3 THEN r END) AS top, sum(id) AS ids, avg(id) AS mean \
+             FROM (SELECT id % 3 AS g, r, id FROM events) GROUP BY g;\n\
+             CREATE STREAM rows_out WITH (connector = 'kafka', topic = '{rows_out}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             SET 'checkpoint.location' = '{cp}-rows';\n\
+             SET 'pipeline.name' = '{rows_out}';\n\
+             INSERT INTO rows_out SELECT g, count(DISTINCT id % 7) AS kinds, avg(id) AS mean \
+             FROM (SELECT id % 3 AS g, id FROM events) GROUP BY g;\n",
+            cp = dir.path().join("cp").display()
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("run").arg(&sql).stdout(Stdio::null());
+    let mut run = Run::new(cmd);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let mut got = BTreeMap::new();
+    while got != want {
+        assert!(run.running(), "{}", run.stderr());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{got:?} != {want:?}: {}",
+            run.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        got = crate::changelog::compacted(&bootstrap, &output)
+            .await
+            .into_values()
+            .map(|v| {
+                let n = |name: &str| v[name].as_i64().unwrap();
+                let f = |name: &str| v[name].as_f64().unwrap().to_string();
+                (
+                    n("g"),
+                    (
+                        n("present"),
+                        n("nans"),
+                        n("infs"),
+                        f("top"),
+                        n("ids"),
+                        f("mean"),
+                    ),
+                )
+            })
+            .collect();
+    }
+    let mut rows_got = BTreeMap::new();
+    while rows_got != rows_want {
+        assert!(run.running(), "{}", run.stderr());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{rows_got:?} != {rows_want:?}: {}",
+            run.stderr()
+        );
+        rows_got = crate::changelog::compacted(&bootstrap, &rows_out)
+            .await
+            .into_values()
+            .map(|v| {
+                let mean = v["mean"].as_f64().unwrap().to_string();
+                (
+                    v["g"].as_i64().unwrap(),
+                    (v["kinds"].as_i64().unwrap(), mean),
+                )
+            })
+            .collect();
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     run.terminate();
