@@ -105,38 +105,36 @@ pub(crate) fn keyed_by_partition(aggregate: &LogicalPlan) -> bool {
         return false;
     };
     a.group_expr.iter().any(|e| match e {
-        Expr::Column(c) => from_partitioning_column(&a.input, c),
+        Expr::Column(c) => scanned_column(&a.input, c)
+            .is_some_and(|c| matches!(c.name.as_str(), "_key" | "_partition")),
         _ => false,
     })
 }
 
-/// Whether `column` of `plan`'s output is a scanned stream's `_key` or
-/// `_partition` column, unchanged.
-fn from_partitioning_column(plan: &LogicalPlan, column: &Column) -> bool {
-    let Ok(index) = plan.schema().index_of_column(column) else {
-        return false;
-    };
+/// The scanned stream's column that `column` of `plan`'s output is,
+/// passed through projections, filters, aliases and a window's unnesting
+/// unchanged; `None` when it is computed on the way.
+fn scanned_column(plan: &LogicalPlan, column: &Column) -> Option<Column> {
+    let index = plan.schema().index_of_column(column).ok()?;
     match plan {
         LogicalPlan::TableScan(_) => {
-            matches!(
-                plan.schema().field(index).name().as_str(),
-                "_key" | "_partition"
-            )
+            let (qualifier, field) = plan.schema().qualified_field(index);
+            Some(Column::from((qualifier, field)))
         }
         LogicalPlan::Projection(p) => match p.expr[index].clone().unalias() {
-            Expr::Column(c) => from_partitioning_column(&p.input, &c),
-            _ => false,
+            Expr::Column(c) => scanned_column(&p.input, &c),
+            _ => None,
         },
         LogicalPlan::Filter(_) | LogicalPlan::SubqueryAlias(_) => {
             let input = plan.inputs()[0];
             let (qualifier, field) = input.schema().qualified_field(index);
-            from_partitioning_column(input, &Column::from((qualifier, field)))
+            scanned_column(input, &Column::from((qualifier, field)))
         }
         // A HOP or CUMULATE window repeats each row once per window: the
         // columns it does not unnest pass through under their names.
-        LogicalPlan::Unnest(u) => {
-            u.input.schema().has_column(column) && from_partitioning_column(&u.input, column)
+        LogicalPlan::Unnest(u) if u.input.schema().has_column(column) => {
+            scanned_column(&u.input, column)
         }
-        _ => false,
+        _ => None,
     }
 }

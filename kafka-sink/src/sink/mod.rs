@@ -8,7 +8,7 @@
 //! - [`at_least_once`]: the idempotent producer alone.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use datafusion::arrow::array::{Array, AsArray};
@@ -260,6 +260,19 @@ impl SinkConfig {
     /// Each row of `batch` as a message: its key (the key fields in the
     /// key format, when there are key fields) and its value.
     pub(crate) fn encode(&self, batch: &RecordBatch) -> Result<Messages> {
+        // Avro writes a batch under the schema the batch has, and a batch's
+        // column may be non-null where the output's may hold nulls: each
+        // message must carry the sink's one schema (its fingerprint, or
+        // the registered one's union branches).
+        let avro = |f: Format| matches!(f, Format::Avro | Format::AvroConfluent { .. });
+        let conformed;
+        let batch = match avro(self.format) || avro(self.key_format) {
+            true => {
+                conformed = conform(batch, &self.schema)?;
+                &conformed
+            }
+            false => batch,
+        };
         crate::format::messages(
             batch,
             self.format,
@@ -453,6 +466,26 @@ impl SinkConfig {
         }
         Ok(())
     }
+}
+
+/// `batch` under `schema`, the sink's columns: the same columns, each cast
+/// where its type differs.
+fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    if batch.num_columns() != schema.fields().len() {
+        return Err(SluiceError::Internal(format!(
+            "an output batch of {} columns for a sink of {}",
+            batch.num_columns(),
+            schema.fields().len()
+        )));
+    }
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (column, field) in batch.columns().iter().zip(schema.fields()) {
+        columns.push(match column.data_type() == field.data_type() {
+            true => Arc::clone(column),
+            false => cast(column, field.data_type())?,
+        });
+    }
+    Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
 /// Consumer-group offsets recorded with epochs (`'group.id'` on a Kafka
@@ -653,4 +686,69 @@ pub(crate) fn flush(producer: &SinkProducer, config: &SinkConfig, epoch: u64) ->
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+
+    use super::*;
+    use crate::client::ClientOptions;
+    use crate::format::avro::AvroDecoder;
+
+    /// An Avro sink writes every message under its own schema, whatever a
+    /// batch's nullability: a batch whose columns hold no null (a plan's
+    /// output said non-null there) reads back with the sink's columns, as
+    /// a batch with nulls does (before, the first wrote another schema's
+    /// fingerprint, and a reader of the sink's schema refused it).
+    #[test]
+    fn an_avro_sink_writes_one_schema_whatever_a_batch_says_of_nulls() {
+        let nullable = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+        ]));
+        let config = SinkConfig {
+            topic: "t".into(),
+            client: ClientOptions::new("127.0.0.1:1"),
+            format: Format::Avro,
+            key_fields: Vec::new(),
+            key_format: Format::Json,
+            except_key: false,
+            schema: Arc::clone(&nullable),
+            query_id: "q".into(),
+            partitions: None,
+            dead_letter: None,
+            epoch_headers: false,
+            partition_field: None,
+        };
+        let not_null = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("name", DataType::Utf8, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            not_null,
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec!["a", "b"])),
+            ],
+        )
+        .unwrap();
+        let with_null = RecordBatch::try_new(
+            Arc::clone(&nullable),
+            vec![
+                Arc::new(Int64Array::from(vec![None, Some(3)])),
+                Arc::new(StringArray::from(vec![Some("c"), None])),
+            ],
+        )
+        .unwrap();
+        let decoder = AvroDecoder::new(Arc::clone(&nullable)).unwrap();
+        for b in [&batch, &with_null] {
+            let messages = config.encode(b).unwrap();
+            let values: Vec<&[u8]> = (0..messages.len()).map(|i| messages.value(i)).collect();
+            let back = decoder.decode(values.into_iter()).unwrap();
+            assert_eq!(back.num_rows(), 2);
+            assert_eq!(back.column(0).as_ref(), b.column(0).as_ref());
+        }
+    }
 }

@@ -26,7 +26,7 @@ pub(super) fn split(to: &Channels, writer: DataStreamWriter) -> Result<Step> {
     let plan = writer.frame.logical_plan().clone();
     let (original, join) = only_join(&plan)?;
     let (left_keys, right_keys) = equalities(&join)?;
-    let used = used_above(&plan, &original);
+    let used = super::used_above(&plan, &original);
     let mut upstream = Vec::with_capacity(2);
     let mut restored = Vec::with_capacity(2);
     let mut described = Vec::with_capacity(2);
@@ -64,23 +64,6 @@ pub(super) fn split(to: &Channels, writer: DataStreamWriter) -> Result<Step> {
         downstream: writer.with_frame(to.session.frame(downstream_plan)),
         channels: described.join(" and "),
     })
-}
-
-/// The columns the nodes of `plan` from `join` up read (the join's
-/// condition included): what of its sides must cross.
-fn used_above(plan: &LogicalPlan, join: &LogicalPlan) -> BTreeSet<Column> {
-    let mut used = BTreeSet::new();
-    let _ = plan.apply(|node| {
-        for e in node.expressions() {
-            used.extend(e.column_refs().into_iter().cloned());
-        }
-        Ok(match node == join {
-            // Its sides are what crosses.
-            true => TreeNodeRecursion::Jump,
-            false => TreeNodeRecursion::Continue,
-        })
-    });
-    used
 }
 
 /// The statement's one join of two streams: the node, and it as a join.

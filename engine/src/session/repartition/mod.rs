@@ -41,6 +41,7 @@
 //! own to the partition of its join key's value (`join`); a GROUP BY's
 //! crossing is `aggregate`'s. Not yet: stacked stateful operators.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -333,6 +334,24 @@ fn channel(
             crate::options::columns(&channel_schema)
         ),
     })
+}
+
+/// The columns the nodes of `plan` from `node` up read (`node`'s own
+/// expressions included): what of its inputs must cross.
+fn used_above(plan: &LogicalPlan, node: &LogicalPlan) -> BTreeSet<Column> {
+    let mut used = BTreeSet::new();
+    let stop = node;
+    let _ = plan.apply(|node| {
+        for e in node.expressions() {
+            used.extend(e.column_refs().into_iter().cloned());
+        }
+        Ok(match node == stop {
+            // Its inputs are what crosses.
+            true => TreeNodeRecursion::Jump,
+            false => TreeNodeRecursion::Continue,
+        })
+    });
+    used
 }
 
 /// `plan` with its node `original` replaced by `by`, the nodes above it
