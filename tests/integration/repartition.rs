@@ -170,6 +170,43 @@ async fn a_window_through_a_repartition_step_waits_for_every_partition_and_drops
         ),
     )
     .unwrap();
+    // A HOP's rows cross below its windows, once each, not once per
+    // window: the window is assigned downstream (also under an alias of
+    // the windowed table).
+    let hop = dir.path().join("hop.sql");
+    std::fs::write(
+        &hop,
+        std::fs::read_to_string(&sql).unwrap().replace(
+            "INSERT INTO out SELECT g, window_start, count(*) AS n \
+             FROM TABLE(TUMBLE(TABLE timed, DESCRIPTOR(ts), INTERVAL '1' SECOND)) \
+             GROUP BY g, window_start, window_end;",
+            "INSERT INTO out SELECT w.g, w.window_start, count(*) AS n \
+             FROM TABLE(HOP(TABLE timed, DESCRIPTOR(ts), INTERVAL '1' SECOND, \
+             INTERVAL '4' SECOND)) AS w GROUP BY w.g, w.window_start, w.window_end;",
+        ),
+    )
+    .unwrap();
+    let explained = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("explain")
+        .arg(&hop)
+        .output()
+        .unwrap();
+    let plan = String::from_utf8_lossy(&explained.stdout);
+    assert!(explained.status.success(), "{plan}");
+    let (upstream, downstream) = plan
+        .split_once("-- sub-topology 1")
+        .unwrap_or_else(|| panic!("{plan}"));
+    let upstream = upstream
+        .split_once("-- sub-topology 0")
+        .unwrap_or_else(|| panic!("{plan}"))
+        .1;
+    assert!(!upstream.contains("Unnest"), "{plan}");
+    assert!(downstream.contains("Unnest"), "{plan}");
+    assert!(
+        plan.contains("avro: c0 Int64, ts Timestamp(ms), k0 Int64"),
+        "{plan}"
+    );
+
     let log = dir.path().join("progress.jsonl");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.arg("run")

@@ -411,8 +411,7 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
         );
     }
 
-    // A GROUP BY on the event-time column itself, not on a window of it,
-    // is refused through a repartition step.
+    // What a repartition step cannot take is refused.
     let (input, counts, windows, b) = (&d.input, &d.counts, &d.windows, &d.bootstrap);
     let streams = format!(
         "CREATE STREAM input (id BIGINT) WITH (connector = 'kafka', topic = '{input}', \
@@ -427,11 +426,6 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     );
     let count = "INSERT INTO counts SELECT id % 7 AS k, count(*) AS n FROM input GROUP BY id % 7;";
     for (name, statements, message) in [
-        (
-            "event-time",
-            "INSERT INTO windows SELECT ts, count(*) AS n FROM timed GROUP BY ts;".to_string(),
-            "groups by the event-time column 'ts' itself",
-        ),
         // 'available-now' through a repartition step: a task could end
         // before the others sent it everything.
         (

@@ -114,7 +114,7 @@ pub(crate) fn keyed_by_partition(aggregate: &LogicalPlan) -> bool {
 /// The scanned stream's column that `column` of `plan`'s output is,
 /// passed through projections, filters, aliases and a window's unnesting
 /// unchanged; `None` when it is computed on the way.
-fn scanned_column(plan: &LogicalPlan, column: &Column) -> Option<Column> {
+pub(crate) fn scanned_column(plan: &LogicalPlan, column: &Column) -> Option<Column> {
     let index = plan.schema().index_of_column(column).ok()?;
     match plan {
         LogicalPlan::TableScan(_) => {

@@ -6,18 +6,21 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
-use datafusion::common::Column;
+use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::{Column, ScalarValue};
 use datafusion::functions_aggregate::min_max::{max_udaf, min_udaf};
 use datafusion::functions_aggregate::sum::sum_udaf;
 use datafusion::logical_expr::expr::AggregateFunction;
 use datafusion::logical_expr::{
-    cast, Aggregate, Distinct, Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder,
+    cast, lit, Aggregate, Distinct, Expr, ExprSchemable, LogicalPlan, LogicalPlanBuilder,
 };
 
-use super::{channel, channel_column, input_stream, refuse, replaced, Channels, Crossing, Step};
+use super::{
+    channel, channel_column, input_stream, own_name, refuse, replaced, Channels, Crossing, Step,
+};
 use crate::error::Result;
 use crate::session::frame::DataStreamWriter;
+use crate::session::Session;
 use crate::watermark::aligned;
 
 /// A GROUP BY's upstream and downstream sub-topologies (see the module
@@ -38,6 +41,20 @@ pub(super) fn split(to: &Channels, writer: DataStreamWriter) -> Result<Step> {
         _ => None,
     };
     let event_time = input.watermark.as_ref().map(|w| w.column.as_str());
+    // Over event time, the rows cross below the windows where they can
+    // (a HOP's rows repeat after the hop, not before): downstream runs
+    // the whole statement over the channel.
+    if let Some(time) = event_time {
+        if let Some((scan, crossing)) = below_windows(to.session, &plan, &aggregate, time)? {
+            let channel = channel(to, &writer, &input, crossing, to.first)?;
+            let downstream_plan = replaced(plan, &scan, channel.restored)?;
+            return Ok(Step {
+                upstream: vec![channel.upstream],
+                downstream: writer.with_frame(to.session.frame(downstream_plan)),
+                channels: channel.description,
+            });
+        }
+    }
     let (crossing, regroup) = match crossing {
         Some(c) => c,
         None => row_by_row(&aggregate, event_time)?,
@@ -65,6 +82,140 @@ pub(super) fn split(to: &Channels, writer: DataStreamWriter) -> Result<Step> {
         downstream: writer.with_frame(to.session.frame(downstream_plan)),
         channels: channel.description,
     })
+}
+
+/// The stream's rows cross as it gives them, before anything the
+/// statement computes from them (a window's assignment included): the
+/// scanned columns the statement reads (`time`, the event time, under its
+/// own name, so that the windows downstream assigns are over a watermarked
+/// column), and the group key's value computed from them, the window
+/// bounds left out (all of a key's windows reach one task). The scan, and
+/// what crosses; `None` when a group key other than a window bound is
+/// computed on the way from the scan, or the event time cannot cross under
+/// its own name: then the rows cross as the GROUP BY reads them.
+fn below_windows(
+    session: &Session,
+    plan: &LogicalPlan,
+    aggregate: &Aggregate,
+    time: &str,
+) -> Result<Option<(LogicalPlan, Crossing)>> {
+    if !own_name(time) {
+        return Ok(None);
+    }
+    let scans = scans(&aggregate.input);
+    let [scan] = scans.as_slice() else {
+        return Ok(None);
+    };
+    let bounds = &aggregate.schema.fields()[..aggregate.group_expr.len()];
+    let mut keys = Vec::new();
+    for (g, field) in aggregate.group_expr.iter().zip(bounds) {
+        if crate::window::window_key([field.as_ref()]).is_some() {
+            continue;
+        }
+        let mut traced = std::collections::HashMap::new();
+        for c in g.column_refs() {
+            match crate::planner::scanned_column(&aggregate.input, c) {
+                Some(at_scan) => traced.insert(c.clone(), at_scan),
+                None => return Ok(None),
+            };
+        }
+        let at_scan = g
+            .clone()
+            .unalias()
+            .transform(|e| match e {
+                Expr::Column(c) => Ok(Transformed::yes(Expr::Column(
+                    traced.get(&c).cloned().unwrap_or(c),
+                ))),
+                other => Ok(Transformed::no(other)),
+            })?
+            .data;
+        keys.push(at_scan);
+    }
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    let used = scanned_by(session, plan, scan)?;
+    let mut crossing = Vec::new();
+    let mut restored = Vec::new();
+    let mut timed = None;
+    for (i, (qualifier, field)) in scan.schema().iter().enumerate() {
+        let c = Column::from((qualifier, field));
+        let is_time = c.name == time;
+        if !used.contains(&c.name) && !is_time {
+            // Downstream's plan still names it (a window's projection
+            // passes every column through), and reads nothing of it.
+            let none = ScalarValue::try_from(field.data_type())?;
+            restored.push(lit(none).alias_qualified(c.relation, c.name));
+            continue;
+        }
+        let name = match is_time {
+            true => time.to_string(),
+            false => format!("c{i}"),
+        };
+        if is_time {
+            timed = Some(name.clone());
+        }
+        crossing.push(Expr::Column(c.clone()).alias(&name));
+        restored.push(channel_column(&name).alias_qualified(c.relation.clone(), c.name.clone()));
+    }
+    if timed.is_none() {
+        return Ok(None);
+    }
+    let mut key_fields = Vec::with_capacity(keys.len());
+    for (j, k) in keys.into_iter().enumerate() {
+        crossing.push(k.alias(format!("k{j}")));
+        key_fields.push(format!("k{j}"));
+    }
+    crossing.extend(aligned::columns());
+    let upstream = LogicalPlanBuilder::from(scan.clone())
+        .project(crossing)?
+        .build()?;
+    Ok(Some((
+        scan.clone(),
+        Crossing {
+            upstream,
+            per_epoch: false,
+            key_fields,
+            restored,
+            event_time: timed,
+        },
+    )))
+}
+
+/// The names of the columns `plan` reads of its `scan`, as DataFusion's
+/// optimizer prunes them (a window's projections pass every column
+/// through, so what they mention is not what is read).
+fn scanned_by(
+    session: &Session,
+    plan: &LogicalPlan,
+    scan: &LogicalPlan,
+) -> Result<BTreeSet<String>> {
+    let LogicalPlan::TableScan(scan) = scan else {
+        return Ok(BTreeSet::new());
+    };
+    let optimized = session.context().state().optimize(plan)?;
+    let mut names = BTreeSet::new();
+    optimized.apply(|node| {
+        if let LogicalPlan::TableScan(t) = node {
+            if t.table_name == scan.table_name {
+                names.extend(t.projected_schema.fields().iter().map(|f| f.name().clone()));
+            }
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })?;
+    Ok(names)
+}
+
+/// The stream scans under `plan`.
+fn scans(plan: &LogicalPlan) -> Vec<LogicalPlan> {
+    let mut found = Vec::new();
+    let _ = plan.apply(|node| {
+        if matches!(node, LogicalPlan::TableScan(_)) {
+            found.push(node.clone());
+        }
+        Ok(TreeNodeRecursion::Continue)
+    });
+    found
 }
 
 /// How downstream aggregates what crossed.
