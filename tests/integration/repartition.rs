@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use sluice::broker::{create_topic, fresh_topic, read_topic};
 
 use crate::util::{broker, Run};
+use crate::verify::{produce as produce_to, timestamp};
 
 /// A record of the test input: its partition, `g` and event time (ms
 /// after 2026-01-01T00:00:00Z).
@@ -22,46 +23,14 @@ struct Row {
 /// Produces `rows` into their partitions, in order, each value
 /// `{"g": .., "ts": ".."}`.
 fn produce(bootstrap: &str, topic: &str, rows: &[Row]) {
-    let records: Vec<(i32, String)> = rows
+    let records: Vec<(i32, Option<String>, String)> = rows
         .iter()
         .map(|r| {
             let value = format!("{{\"g\":{},\"ts\":\"{}\"}}", r.g, timestamp(r.ms));
-            (r.partition, value)
+            (r.partition, None, value)
         })
         .collect();
     produce_to(bootstrap, topic, &records);
-}
-
-/// Produces `(partition, value)` records, in order.
-fn produce_to(bootstrap: &str, topic: &str, records: &[(i32, String)]) {
-    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-    let producer: BaseProducer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    for (partition, value) in records {
-        while producer
-            .send(
-                BaseRecord::<(), _>::to(topic)
-                    .payload(value)
-                    .partition(*partition),
-            )
-            .is_err()
-        {
-            producer.poll(Duration::from_millis(10));
-        }
-    }
-    producer.flush(Duration::from_secs(30)).unwrap();
-}
-
-/// `ms` after 2026-01-01T00:00:00Z, as JSON timestamps are written.
-fn timestamp(ms: i64) -> String {
-    format!(
-        "2026-01-01T00:{:02}:{:02}.{:03}Z",
-        ms / 60_000,
-        ms / 1_000 % 60,
-        ms % 1_000
-    )
 }
 
 const WINDOW_MS: i64 = 1_000;
@@ -287,7 +256,7 @@ async fn an_interval_join_through_repartition_steps_emits_every_pair_once() {
     // auction; each partition in event-time order.
     let bid = |i: i64| (i % 7, (i * 37) % 101, 10_000 + i * 100);
     let ask = |i: i64| (i % 7, i, 10_000 + i * 300);
-    let records = |rows: Vec<(i64, i64, i64)>, field: &str| -> Vec<(i32, String)> {
+    let records = |rows: Vec<(i64, i64, i64)>, field: &str| -> Vec<(i32, Option<String>, String)> {
         rows.iter()
             .enumerate()
             .map(|(i, (auction, v, ms))| {
@@ -295,7 +264,7 @@ async fn an_interval_join_through_repartition_steps_emits_every_pair_once() {
                     "{{\"auction\":{auction},\"{field}\":{v},\"ts\":\"{}\"}}",
                     timestamp(*ms)
                 );
-                ((i % 3) as i32, value)
+                ((i % 3) as i32, None, value)
             })
             .collect()
     };

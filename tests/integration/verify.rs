@@ -20,7 +20,7 @@ fn sluice(args: &[&str], file: &Path) -> Output {
 
 /// Produces `(partition, key, value)` records, not in a transaction (as
 /// any producer may).
-fn produce(bootstrap: &str, topic: &str, records: &[(i32, Option<String>, String)]) {
+pub(crate) fn produce(bootstrap: &str, topic: &str, records: &[(i32, Option<String>, String)]) {
     let producer: BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
@@ -35,7 +35,8 @@ fn produce(bootstrap: &str, topic: &str, records: &[(i32, Option<String>, String
     producer.flush(Duration::from_secs(30)).unwrap();
 }
 
-fn timestamp(ms: i64) -> String {
+/// `ms` after 2026-01-01T00:00:00Z, as JSON timestamps are written.
+pub(crate) fn timestamp(ms: i64) -> String {
     format!(
         "2026-01-01T00:{:02}:{:02}.{:03}Z",
         ms / 60_000,
