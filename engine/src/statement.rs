@@ -49,6 +49,9 @@ pub(crate) struct Statement {
     late: BTreeMap<usize, Vec<RecordBatch>>,
     /// Whether the epoch being computed read any row.
     read_rows: bool,
+    /// The watermark its last watermark rows carried (a repartition
+    /// step's upstream).
+    sent_watermark: Option<i64>,
 }
 
 impl Statement {
@@ -70,6 +73,7 @@ impl Statement {
             fingerprint,
             late: BTreeMap::new(),
             read_rows: false,
+            sent_watermark: None,
         })
     }
 
@@ -181,7 +185,10 @@ impl Statement {
             .collect();
         let ctx = &self.plan.state;
         if let Some(op) = &mut self.operator {
-            return op.process(ctx, self.plan.watermarks.current()).await;
+            // A chain's link: what the epoch closed, then its watermark.
+            let mut out = op.process(ctx, self.plan.watermarks.current()).await?;
+            out.rows.extend(self.watermark_rows()?);
+            return Ok(out);
         }
         let physical = ctx.create_physical_plan(&self.plan.logical).await?;
         let ahead = ahead.filter(|_| self.plan.upsert.is_none());
@@ -221,18 +228,22 @@ impl Statement {
         })
     }
 
-    /// A repartition step's upstream, after an epoch that read rows: its
-    /// watermark, as one row to each partition of its channel, after the
-    /// epoch's rows (see `watermark::aligned`).
-    fn watermark_rows(&self) -> Result<Option<RecordBatch>> {
+    /// A repartition step's upstream, after an epoch that read rows or
+    /// moved its watermark: its watermark, as one row to each partition of
+    /// its channel, after the epoch's rows (see `watermark::aligned`). An
+    /// epoch that read only watermark rows passes them on: a chain's last
+    /// windows close when the input's last watermark has crossed every
+    /// link.
+    fn watermark_rows(&mut self) -> Result<Option<RecordBatch>> {
         let (Some(task), Some(watermark)) =
             (self.plan.watermark_out, self.plan.watermarks.current())
         else {
             return Ok(None);
         };
-        if !self.read_rows {
+        if !self.read_rows && self.sent_watermark == Some(watermark) {
             return Ok(None);
         }
+        self.sent_watermark = Some(watermark);
         crate::watermark::aligned::rows(&self.plan.output_schema, task.index, task.count, watermark)
             .map(Some)
     }

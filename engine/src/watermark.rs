@@ -203,10 +203,23 @@ impl WatermarkTracker {
     }
 
     /// The query's watermark: the minimum over inputs that have one, or on
-    /// processing time the latest epoch's planned time.
+    /// processing time the latest epoch's planned time. A repartition
+    /// channel without one yet (an upstream task has not sent its own)
+    /// holds it back: the other side of a divided join, or a chain's link
+    /// whose upstream is still starting, must not expire what that channel
+    /// will bring.
     pub(crate) fn current(&self) -> Option<i64> {
         match self.clock {
-            Clock::Event => self.inputs.iter().flatten().filter_map(|t| t.current).min(),
+            Clock::Event => {
+                let tracked = self.inputs.iter().flatten();
+                if tracked
+                    .clone()
+                    .any(|t| t.upstream.is_some() && t.current.is_none())
+                {
+                    return None;
+                }
+                tracked.filter_map(|t| t.current).min()
+            }
             Clock::Processing { now } => now,
         }
     }

@@ -476,6 +476,20 @@ pub(crate) fn is_session_bound(field: &Field) -> bool {
     field.metadata().contains_key(SESSION_BY)
 }
 
+/// The first column of `fields` that is a window's end, with the
+/// event-time column its window is over: what orders a windowed
+/// operator's output in event time.
+pub(crate) fn window_end<'a>(
+    fields: impl IntoIterator<Item = &'a Field>,
+) -> Option<(usize, String)> {
+    fields.into_iter().enumerate().find_map(|(i, f)| {
+        let md = f.metadata();
+        (md.get(BOUND).map(String::as_str) == Some("end"))
+            .then(|| md.get(TIME_COLUMN).map(|t| (i, t.clone())))
+            .flatten()
+    })
+}
+
 /// `schema` with its window bounds over event-time column `from` said to
 /// be over `to`: the same column under another name, as a repartition
 /// channel carries it.

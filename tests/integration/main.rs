@@ -2,6 +2,7 @@
 //! small. Kafka tests run against a real broker started by `scripts/kafka`.
 
 mod aggregate;
+mod chain;
 mod changelog;
 mod cli;
 mod compat;

@@ -45,6 +45,12 @@ fn event_ms(id: i64) -> i64 {
     id * 10
 }
 
+/// The join query's key is `id % JOIN_STRIDE`, and its time bound the
+/// event time of `JOIN_STRIDE` records.
+const JOIN_STRIDE: i64 = 50;
+/// The q5 query's groups: `id % HOT_GROUPS`.
+const HOT_GROUPS: i64 = 7;
+
 /// The record key `k<id % KEYS>`, computed from the value: a GROUP BY on
 /// it is not on `_key`, so a divided query repartitions its rows.
 fn key_from_value() -> String {
@@ -70,10 +76,21 @@ struct Divided {
     counts: String,
     windows: String,
     pipeline: String,
+    /// With `stacked`, a second input (the same records), an interval join
+    /// of it with the first and a Nexmark q5 query run too.
+    stacked: Option<Stacked>,
     /// Whether the last SQL file's GROUP BYs go through a repartition
     /// step (not on `_key`): its windows then close by the watermark of
     /// every partition, not their own partition's.
     through_hop: std::sync::atomic::AtomicBool,
+}
+
+/// The topics of [`Divided`]'s join and q5 queries.
+struct Stacked {
+    /// The second input: the records of the first, as they are produced.
+    others: String,
+    joined: String,
+    hot: String,
 }
 
 impl Divided {
@@ -100,7 +117,45 @@ impl Divided {
             copy,
             counts,
             windows,
+            stacked: None,
             through_hop: false.into(),
+        }
+    }
+
+    /// Adds the second input and the join and q5 queries.
+    async fn with_stacked(mut self) -> Self {
+        let stacked = Stacked {
+            others: fresh_topic("tasks-others"),
+            joined: fresh_topic("tasks-joined"),
+            hot: fresh_topic("tasks-hot"),
+        };
+        create_topic(self.bootstrap.as_str(), &stacked.others, PARTITIONS)
+            .await
+            .unwrap();
+        for topic in [&stacked.joined, &stacked.hot] {
+            create_topic(self.bootstrap.as_str(), topic, 1)
+                .await
+                .unwrap();
+        }
+        self.stacked = Some(stacked);
+        self
+    }
+
+    /// The queries whose checkpoints the file names.
+    fn queries(&self) -> Vec<&'static str> {
+        let mut queries = vec!["copy", "counts", "windows"];
+        if self.stacked.is_some() {
+            queries.extend(["joined", "hot"]);
+        }
+        queries
+    }
+
+    /// Produces `ids` to the input (and the second input, with stacked
+    /// queries).
+    fn produce(&self, ids: std::ops::Range<i64>) {
+        produce_keyed(&self.bootstrap, &self.input, ids.clone());
+        if let Some(s) = &self.stacked {
+            produce_keyed(&self.bootstrap, &s.others, ids);
         }
     }
 
@@ -145,7 +200,9 @@ impl Divided {
                  SET 'checkpoint.location' = '{windows_cp}';\n\
                  INSERT INTO windows SELECT {group_by} AS k, window_start, count(*) AS n \
                    FROM TABLE(HOP(TABLE timed, DESCRIPTOR(ts), INTERVAL '{slide}' SECOND, \
-                   INTERVAL '{size}' SECOND)) GROUP BY {group_by}, window_start, window_end;\n",
+                   INTERVAL '{size}' SECOND)) GROUP BY {group_by}, window_start, window_end;\n\
+                 {stacked}",
+                stacked = self.stacked_sql(),
                 windows = self.windows,
                 delay = DELAY_MS / 1_000,
                 slide = SLIDE_MS / 1_000,
@@ -162,6 +219,59 @@ impl Divided {
         )
         .unwrap();
         path
+    }
+
+    /// With stacked queries, their statements: an interval join of the
+    /// two inputs on a key neither is partitioned by (each record with its
+    /// own copy and the copy of the record [`JOIN_STRIDE`] later, 500 ms
+    /// after it), and Nexmark q5 over the first (per HOP window, the
+    /// groups `id % HOT_GROUPS` with the most records).
+    fn stacked_sql(&self) -> String {
+        let Some(s) = &self.stacked else {
+            return String::new();
+        };
+        let (b, checkpoint) = (&self.bootstrap, |name: &str| {
+            format!("{}/{name}", self.checkpoints)
+        });
+        let hop = format!(
+            "TABLE(HOP(TABLE timed, DESCRIPTOR(ts), INTERVAL '{slide}' SECOND, INTERVAL '{size}' \
+             SECOND))",
+            slide = SLIDE_MS / 1_000,
+            size = WINDOW_MS / 1_000
+        );
+        format!(
+            "CREATE STREAM others (id BIGINT, ts TIMESTAMP, WATERMARK FOR ts AS ts - INTERVAL \
+               '{delay}' SECOND) WITH (connector = 'kafka', topic = '{others}', \
+               'bootstrap.servers' = '{b}', 'max-records-per-epoch' = '150');\n\
+             CREATE STREAM joined WITH (connector = 'kafka', topic = '{joined}', \
+               'bootstrap.servers' = '{b}');\n\
+             CREATE STREAM hot WITH (connector = 'kafka', topic = '{hot}', \
+               'bootstrap.servers' = '{b}');\n\
+             SET 'pipeline.name' = '{p}-joined';\n\
+             SET 'checkpoint.location' = '{joined_cp}';\n\
+             INSERT INTO joined SELECT t.id AS a, o.id AS b FROM timed t JOIN others o \
+               ON t.id % {JOIN_STRIDE} = o.id % {JOIN_STRIDE} \
+               AND o.ts BETWEEN t.ts AND t.ts + INTERVAL '{stride_ms}' MILLISECOND;\n\
+             SET 'pipeline.name' = '{p}-hot';\n\
+             SET 'checkpoint.location' = '{hot_cp}';\n\
+             INSERT INTO hot SELECT c.g, c.num, m.window_end \
+             FROM (SELECT id % {HOT_GROUPS} AS g, count(*) AS num, window_start, window_end \
+                   FROM {hop} GROUP BY id % {HOT_GROUPS}, window_start, window_end) c \
+             JOIN (SELECT max(num) AS maxn, window_start, window_end \
+                   FROM (SELECT count(*) AS num, window_start, window_end FROM {hop} \
+                         GROUP BY id % {HOT_GROUPS}, window_start, window_end) \
+                   GROUP BY window_start, window_end) m \
+               ON c.window_start = m.window_start AND c.window_end = m.window_end \
+               AND c.num >= m.maxn;\n",
+            delay = DELAY_MS / 1_000,
+            others = s.others,
+            joined = s.joined,
+            hot = s.hot,
+            p = self.pipeline,
+            joined_cp = checkpoint("joined"),
+            hot_cp = checkpoint("hot"),
+            stride_ms = event_ms(JOIN_STRIDE),
+        )
     }
 
     fn command(&self, sql: &Path) -> Command {
@@ -433,6 +543,15 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
             format!("SET 'trigger' = 'available-now';\n{count}"),
             "'available-now' would end a task",
         ),
+        // An operator over another whose rows change: a chain's links
+        // carry closed windows only.
+        (
+            "stacked",
+            "INSERT INTO counts SELECT sum(n) AS n FROM (SELECT id % 7 AS k, count(*) AS n \
+             FROM input GROUP BY id % 7);"
+                .to_string(),
+            "stacks a stateful operator whose rows change",
+        ),
         // A task group without the identity its processes share.
         (
             "nameless",
@@ -529,6 +648,14 @@ async fn check_output(d: &Divided) {
         .map(|(w, counts)| (w, counts[0]))
         .collect();
     assert_eq!(emitted, expected, "windows emitted vs expected");
+    // The join's pairs and q5's rows, each once.
+    if let Some(s) = &d.stacked {
+        let (joined, hot) = stacked_outputs(d, s).await;
+        assert_eq!(joined, expected_joined(), "join pairs emitted vs expected");
+        let expected = expected_hot(d).await;
+        assert!(!expected.is_empty());
+        assert_eq!(hot, expected, "q5 rows emitted vs expected");
+    }
 }
 
 /// Per key and window start (ms), the count the windowed query must emit,
@@ -574,22 +701,111 @@ async fn emitted_windows(d: &Divided) -> BTreeMap<(String, i64), Vec<i64>> {
     let mut emitted: BTreeMap<(String, i64), Vec<i64>> = BTreeMap::new();
     for r in d.read(&d.windows).await {
         let v = json(&r);
-        // `2026-01-01T00:MM:SS[.fff][Z]`: ms after 2026-01-01; the first
-        // HOP window starts the second before.
-        let start = v["window_start"].as_str().unwrap();
-        let (day, time) = start.split_once('T').unwrap();
-        let time = time.trim_end_matches('Z');
-        let parts: Vec<f64> = time.split(':').map(|p| p.parse().unwrap()).collect();
-        let mut ms = ((parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]) * 1000.0).round() as i64;
-        if day == "2025-12-31" {
-            ms -= 86_400_000;
-        }
+        let ms = ms_after_2026(v["window_start"].as_str().unwrap());
         emitted
             .entry((v["k"].as_str().unwrap().to_string(), ms))
             .or_default()
             .push(v["n"].as_i64().unwrap());
     }
     emitted
+}
+
+/// `2026-01-01T00:MM:SS[.fff][Z]` as ms after 2026-01-01 (the first HOP
+/// window starts the second before).
+fn ms_after_2026(text: &str) -> i64 {
+    let (day, time) = text.split_once('T').unwrap();
+    let time = time.trim_end_matches('Z');
+    let parts: Vec<f64> = time.split(':').map(|p| p.parse().unwrap()).collect();
+    let ms = ((parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]) * 1000.0).round() as i64;
+    match day {
+        "2025-12-31" => ms - 86_400_000,
+        _ => ms,
+    }
+}
+
+/// The join query's pairs, by a plain loop over the ids: each record with
+/// the other input's copy of itself and of the record `JOIN_STRIDE` later.
+fn expected_joined() -> Vec<(i64, i64)> {
+    let mut pairs: Vec<(i64, i64)> = (0..RECORDS)
+        .flat_map(|a| [(a, a), (a, a + JOIN_STRIDE)])
+        .filter(|(_, b)| *b < RECORDS)
+        .collect();
+    pairs.sort_unstable();
+    pairs
+}
+
+/// The q5 query's rows (group, count, window end in ms), by plain loops
+/// over the input as written: per window the last watermark closed (the
+/// least over every partition's, as through the hop), the groups with
+/// the most records.
+async fn expected_hot(d: &Divided) -> Vec<(i64, i64, i64)> {
+    let input = d.read(&d.input).await;
+    let mut latest: BTreeMap<i32, i64> = BTreeMap::new();
+    for r in &input {
+        let at = latest.entry(r.partition).or_insert(i64::MIN);
+        *at = (*at).max(event_ms(json(r)["id"].as_i64().unwrap()));
+    }
+    if latest.len() < PARTITIONS as usize {
+        return Vec::new();
+    }
+    let watermark = latest.values().min().unwrap() - DELAY_MS;
+    let mut counts: BTreeMap<i64, BTreeMap<i64, i64>> = BTreeMap::new();
+    for r in &input {
+        let id = json(r)["id"].as_i64().unwrap();
+        let last = event_ms(id).div_euclid(SLIDE_MS) * SLIDE_MS;
+        for start in (0..WINDOW_MS / SLIDE_MS).map(|k| last - k * SLIDE_MS) {
+            let end = start + WINDOW_MS;
+            if end <= watermark {
+                *counts
+                    .entry(end)
+                    .or_default()
+                    .entry(id % HOT_GROUPS)
+                    .or_default() += 1;
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for (end, groups) in counts {
+        let most = groups.values().copied().max().unwrap_or(0);
+        rows.extend(
+            groups
+                .into_iter()
+                .filter(|(_, n)| *n == most)
+                .map(|(g, n)| (g, n, end)),
+        );
+    }
+    rows.sort_unstable();
+    rows
+}
+
+/// The stacked queries' outputs, read committed and sorted: the join's
+/// pairs and q5's rows.
+async fn stacked_outputs(d: &Divided, s: &Stacked) -> (Vec<(i64, i64)>, Vec<(i64, i64, i64)>) {
+    let mut joined: Vec<(i64, i64)> = d
+        .read(&s.joined)
+        .await
+        .iter()
+        .map(|r| {
+            let v = json(r);
+            (v["a"].as_i64().unwrap(), v["b"].as_i64().unwrap())
+        })
+        .collect();
+    joined.sort_unstable();
+    let mut hot: Vec<(i64, i64, i64)> = d
+        .read(&s.hot)
+        .await
+        .iter()
+        .map(|r| {
+            let v = json(r);
+            (
+                v["g"].as_i64().unwrap(),
+                v["num"].as_i64().unwrap(),
+                ms_after_2026(v["window_end"].as_str().unwrap()),
+            )
+        })
+        .collect();
+    hot.sort_unstable();
+    (joined, hot)
 }
 
 /// Whether every output is complete, read_committed: the copy has every
@@ -601,6 +817,12 @@ async fn complete(d: &Divided) -> bool {
     }
     if emitted_windows(d).await.len() < expected_windows(d).await.len() {
         return false;
+    }
+    if let Some(s) = &d.stacked {
+        let (joined, hot) = stacked_outputs(d, s).await;
+        if joined.len() < expected_joined().len() || hot.len() < expected_hot(d).await.len() {
+            return false;
+        }
     }
     let mut last: BTreeMap<String, i64> = BTreeMap::new();
     for r in d.read(&d.counts).await {
@@ -621,13 +843,17 @@ async fn processes_of_one_query_share_its_tasks_through_the_kafka_group_and_take
     share_and_take_over(&d).await;
 }
 
-/// The same with the checkpoints on the S3-compatible server: the tasks of
-/// the killed process are restored from object storage by the others, and
-/// `sluice checkpoint inspect` reads every task back from there.
+/// The same with the checkpoints on the S3-compatible server, and two
+/// queries more: an interval join of two topics on a key neither is
+/// partitioned by (each side through a repartition step), and Nexmark q5
+/// (a chain of four statements, each through its own step). The tasks of
+/// the killed process are restored from object storage by the others,
+/// every join pair and q5 row is emitted once, and `sluice checkpoint
+/// inspect` reads every task back from there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_from_there() {
     let _one_at_a_time = crate::util::MANY_TASKS.lock().await;
-    let mut d = Divided::new().await;
+    let mut d = Divided::new().await.with_stacked().await;
     let s3 = crate::util::object_store().await;
     let prefix = fresh_topic("tasks-checkpoints");
     d.checkpoints = format!("s3://{}/{prefix}", s3.bucket);
@@ -636,7 +862,7 @@ async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_
     state_files_were_deleted(&s3.data.join(&s3.bucket).join(&prefix));
     // The checkpoints are objects on the server (its files, one per
     // object), every task's.
-    for query in ["copy", "counts", "windows"] {
+    for query in d.queries() {
         for task in 0..PARTITIONS {
             let commits = s3
                 .data
@@ -693,7 +919,7 @@ async fn share_and_take_over(d: &Divided) {
     let chunk = RECORDS / chunks;
     let mut joined: Option<u32> = None;
     for step in 0..chunks {
-        produce_keyed(&d.bootstrap, &d.input, step * chunk..(step + 1) * chunk);
+        d.produce(step * chunk..(step + 1) * chunk);
         std::thread::sleep(Duration::from_millis(1_000 + rng.next(2_500)));
         for run in &mut running {
             assert!(run.running(), "a process ended: {}", run.stderr());
@@ -770,7 +996,7 @@ async fn share_and_take_over(d: &Divided) {
         .iter()
         .map(|r| format!("owner: sluice-{}@", r.pid()))
         .collect();
-    for query in ["copy", "counts", "windows"] {
+    for query in d.queries() {
         // A rebalance may still be settling the last restarted process in.
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {

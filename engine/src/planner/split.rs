@@ -52,6 +52,50 @@ fn stateful_nodes(plan: &LogicalPlan) -> Vec<&LogicalPlan> {
         .collect()
 }
 
+/// A stateful operator under another one: the innermost of a plan's.
+pub(crate) struct Nested {
+    /// The operator with no stateful one under it.
+    pub inner: LogicalPlan,
+    /// The nearest stateful operator above it.
+    pub parent: LogicalPlan,
+    /// `parent`'s input that holds `inner`: what feeds `parent` the rows
+    /// `inner` emits.
+    pub child: LogicalPlan,
+}
+
+/// The innermost stateful operator of `plan` that another one reads, if
+/// `plan` stacks any; refuses operators side by side under one input.
+pub(crate) fn innermost_nested(plan: &LogicalPlan) -> Result<Option<Nested>> {
+    let nodes = stateful_nodes(plan);
+    if nodes.len() <= 1 {
+        return Ok(None);
+    }
+    // Pre-order: the last node has no stateful node below it.
+    let inner = nodes[nodes.len() - 1];
+    let holds = |p: &LogicalPlan| p.exists(|n| Ok(n == inner)).unwrap_or(false);
+    let Some(parent) = nodes[..nodes.len() - 1].iter().rev().find(|n| holds(n)) else {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: it combines stateful operators side by \
+             side (e.g. a UNION of aggregations); write each to a stream and combine those",
+        ));
+    };
+    let Some(child) = parent.inputs().into_iter().find(|c| holds(c)).cloned() else {
+        return Err(SluiceError::Internal("a stage's input vanished".into()));
+    };
+    if stateful_nodes(&child).len() != 1 {
+        return Err(SluiceError::plan(
+            "this query cannot run on a stream: an operator reads several stateful \
+             operators through one input (e.g. a UNION of aggregations); write each to a \
+             stream and combine those",
+        ));
+    }
+    Ok(Some(Nested {
+        inner: inner.clone(),
+        parent: (*parent).clone(),
+        child,
+    }))
+}
+
 /// Splits a plan with several stateful operators into stages, innermost
 /// first, until one is left (returned in the plan, for `split_aggregate`
 /// or `split_join`). Each step takes an innermost operator N and the
@@ -74,30 +118,15 @@ pub(super) fn split_stages(
     let mut stages = Vec::new();
     let mut joins = JoinStages::default();
     loop {
-        let nodes = stateful_nodes(&plan);
-        if nodes.len() <= 1 {
+        let Some(Nested {
+            inner,
+            parent,
+            child,
+        }) = innermost_nested(&plan)?
+        else {
             return Ok((plan, stages, joins));
-        }
-        // Pre-order: the last node has no stateful node below it.
-        let inner = nodes[nodes.len() - 1];
-        let holds = |p: &LogicalPlan| p.exists(|n| Ok(n == inner)).unwrap_or(false);
-        let Some(parent) = nodes[..nodes.len() - 1].iter().rev().find(|n| holds(n)) else {
-            return Err(SluiceError::plan(
-                "this query cannot run on a stream: it combines stateful operators side by \
-                 side (e.g. a UNION of aggregations); write each to a stream and combine those",
-            ));
         };
-        let Some(child) = parent.inputs().into_iter().find(|c| holds(c)).cloned() else {
-            return Err(SluiceError::Internal("a stage's input vanished".into()));
-        };
-        if stateful_nodes(&child).len() != 1 {
-            return Err(SluiceError::plan(
-                "this query cannot run on a stream: an operator reads several stateful \
-                 operators through one input (e.g. a UNION of aggregations); write each to a \
-                 stream and combine those",
-            ));
-        }
-        let parent = (*parent).clone();
+        let inner = &inner;
         // A stage's rows reach the operator above through a scan of its
         // output: `from` is replaced by `to` in the plan. That is C by the
         // scan, except under a changelog, where the aggregation above is

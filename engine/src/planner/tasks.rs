@@ -5,7 +5,7 @@
 use datafusion::common::Column;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
-use super::IncrementalPlan;
+use super::{IncrementalPlan, Stage, StageConfig};
 use crate::error::{Result, SluiceError};
 use crate::settings::QuerySettings;
 use crate::task::Tasks;
@@ -35,39 +35,13 @@ pub(crate) fn explain(settings: &QuerySettings) -> String {
 /// would change if divided, and inputs that cannot be divided or differ in
 /// partition count.
 pub(crate) async fn count(plans: &[IncrementalPlan]) -> Result<u32> {
-    let refuse = |why: String| {
-        SluiceError::config(format!(
-            "'tasks' = 'per-partition' cannot divide this query: {why}. Run it as one task \
-             (SET 'tasks' = '1')"
-        ))
-    };
     for (index, plan) in plans.iter().enumerate() {
         let which = if plans.len() == 1 {
             "the query".to_string()
         } else {
             format!("statement {index}")
         };
-        if plan.over.is_some() {
-            return Err(refuse(format!(
-                "{which} computes an OVER aggregation, which tasks cannot divide yet"
-            )));
-        }
-        if plan.rank.is_some() {
-            return Err(refuse(format!(
-                "{which} ranks rows (a Top-N), which tasks cannot divide yet"
-            )));
-        }
-        if !plan.stages.is_empty() {
-            return Err(refuse(format!(
-                "{which} stacks stateful operators, which tasks cannot divide yet"
-            )));
-        }
-        if plan.join.as_ref().is_some_and(|j| j.changelog.is_some()) {
-            return Err(refuse(format!(
-                "{which} joins streams whose rows change (or an outer join without a time \
-                 bound), which tasks cannot divide yet"
-            )));
-        }
+        divisible(plan, &which)?;
     }
     let mut counts = Vec::new();
     for input in plans.iter().flat_map(|p| &p.inputs) {
@@ -95,6 +69,53 @@ pub(crate) async fn count(plans: &[IncrementalPlan]) -> Result<u32> {
         return Err(refuse("its input has no partitions".into()));
     }
     Ok(first)
+}
+
+/// Refuses, naming `which` statement and the reason, a query whose answer
+/// would change if divided: what no task division can run yet.
+pub(crate) fn divisible(plan: &IncrementalPlan, which: &str) -> Result<()> {
+    if plan.over.is_some() {
+        return Err(refuse(format!(
+            "{which} computes an OVER aggregation, which tasks cannot divide yet"
+        )));
+    }
+    if plan.rank.is_some() {
+        return Err(refuse(format!(
+            "{which} ranks rows (a Top-N), which tasks cannot divide yet"
+        )));
+    }
+    // Stacked operators divide as a chain of statements, each reading the
+    // rows of the one under it, which must never change.
+    if plan.stages.iter().any(changes) {
+        return Err(refuse(format!(
+            "{which} reads an upsert stream or stacks a stateful operator whose rows change \
+             (an aggregation without a window, a join over changes), which tasks cannot \
+             divide yet"
+        )));
+    }
+    if plan.join.as_ref().is_some_and(|j| j.changelog.is_some()) {
+        return Err(refuse(format!(
+            "{which} joins streams whose rows change (or an outer join without a time bound), \
+             which tasks cannot divide yet"
+        )));
+    }
+    Ok(())
+}
+
+fn refuse(why: String) -> SluiceError {
+    SluiceError::config(format!(
+        "'tasks' = 'per-partition' cannot divide this query: {why}. Run it as one task (SET \
+         'tasks' = '1')"
+    ))
+}
+
+/// Whether `stage` emits rows that change: a changelog.
+fn changes(stage: &Stage) -> bool {
+    match &stage.config {
+        StageConfig::Aggregate(a) => a.changelog,
+        StageConfig::Join(j) => j.changelog.is_some(),
+        StageConfig::Normalize(_) => true,
+    }
 }
 
 /// Whether one of the GROUP BY keys of `aggregate` is an input's `_key`

@@ -357,8 +357,11 @@ impl DataStreamWriter {
         let plan = self.plan()?;
         let mut out = self.explain_plan(&plan);
         out.push_str(&crate::planner::explain_tasks(settings));
-        if settings.tasks == crate::Tasks::PerPartition && super::repartition::needed(&plan) {
-            out.push_str(&super::repartition::explain(self.clone(), &plan, settings)?);
+        if settings.tasks == crate::Tasks::PerPartition {
+            crate::planner::divisible(&plan, "the query")?;
+            if super::repartition::needed(&plan) {
+                out.push_str(&super::repartition::explain(self.clone(), &plan, settings)?);
+            }
         }
         Ok(out)
     }

@@ -364,9 +364,14 @@ fn row_by_row(aggregate: &Aggregate, event_time: Option<&str>) -> Result<(Crossi
     for e in &aggregate.aggr_expr {
         needed.extend(e.column_refs().into_iter().cloned());
     }
-    for g in &aggregate.group_expr {
+    for (g, field) in aggregate.group_expr.iter().zip(aggregate.schema.fields()) {
         if let Expr::Column(c) = g.clone().unalias() {
-            if event_time == Some(c.name.as_str()) {
+            // A window's end read back from a chain's link is its event
+            // time and still a window bound (its metadata says so);
+            // another event-time column would lose its watermark under the
+            // name it crosses in.
+            let bound = crate::window::window_key([field.as_ref()]).is_some();
+            if event_time == Some(c.name.as_str()) && !bound {
                 return Err(refuse(format!(
                     "it groups by the event-time column '{}' itself; group by a window of it \
                      (TUMBLE, HOP, CUMULATE) instead",
@@ -449,8 +454,8 @@ fn row_by_row(aggregate: &Aggregate, event_time: Option<&str>) -> Result<(Crossi
     ))
 }
 
-/// The statement's one GROUP BY (a statement with several is refused
-/// before this, as stacked stateful operators): the node, and it as an
+/// The statement's one GROUP BY (a statement with several is cut into a
+/// chain before this): the node, and it as an
 /// aggregation (`SELECT DISTINCT` groups by every column).
 fn only_aggregate(plan: &LogicalPlan) -> Result<(LogicalPlan, Aggregate)> {
     let mut found = Vec::new();

@@ -39,7 +39,10 @@
 //!
 //! A join of two streams crosses too, each side through a channel of its
 //! own to the partition of its join key's value (`join`); a GROUP BY's
-//! crossing is `aggregate`'s. Not yet: stacked stateful operators.
+//! crossing is `aggregate`'s. A statement that stacks windowed operators
+//! is first cut into a chain of statements, one per operator, each reading
+//! the one under it through a channel (`chain`), and each then crosses as
+//! above.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -60,6 +63,7 @@ use crate::table::{as_stream_table, StreamDefinition};
 use crate::watermark::{aligned, Aligned, WatermarkSpec};
 
 mod aggregate;
+mod chain;
 mod join;
 
 /// A channel's stream name (and its statements' checkpoint keys).
@@ -88,10 +92,13 @@ pub fn repartition_step_of(key: &str) -> Option<usize> {
 }
 
 /// Whether `plan`, divided by partition, needs a repartition step: it
-/// groups by columns that do not decide a record's partition, or it joins
-/// two streams (whose rows of one key each task must see).
+/// groups by columns that do not decide a record's partition, it joins
+/// two streams (whose rows of one key each task must see), or it stacks
+/// stateful operators (each reading what the one under it emits, keyed by
+/// something else).
 pub(crate) fn needed(plan: &IncrementalPlan) -> bool {
-    plan.join.is_some()
+    !plan.stages.is_empty()
+        || plan.join.is_some()
         || plan
             .aggregate
             .as_ref()
@@ -100,8 +107,9 @@ pub(crate) fn needed(plan: &IncrementalPlan) -> bool {
 
 /// `writers` (planned undivided as `plans`) for a query divided into
 /// `partitions` tasks: each statement that [`needs`](needed) a repartition
-/// step replaced by its two sub-topologies, upstream then downstream; the
-/// others as they are. `query_id` names the channels.
+/// step replaced by its sub-topologies, upstream then downstream (a
+/// stacked statement by its chain's statements, each so); the others as
+/// they are. `query_id` names the channels.
 pub(crate) fn divide(
     session: &Session,
     writers: Vec<DataStreamWriter>,
@@ -111,32 +119,52 @@ pub(crate) fn divide(
     idle_timeout: Option<Duration>,
 ) -> Result<Vec<DataStreamWriter>> {
     let mut divided = Vec::with_capacity(writers.len() + 1);
-    let mut steps = 0;
-    for (writer, plan) in writers.into_iter().zip(plans) {
+    let mut channels = 0;
+    let to = |first| Channels {
+        session,
+        query_id,
+        first,
+        partitions,
+        idle_timeout,
+    };
+    let mut push = |to: &Channels, writer, plan: &IncrementalPlan| -> Result<usize> {
         if !needed(plan) {
             divided.push(writer);
-            continue;
+            return Ok(0);
         }
-        // The same output mode as undivided, though the regrouped plan
-        // might derive another (`SELECT DISTINCT` is append).
-        let writer = writer.output_mode(plan.mode);
-        let to = Channels {
-            session,
-            query_id,
-            first: steps,
-            partitions,
-            idle_timeout,
-        };
-        let step = match plan.join.is_some() {
-            true => join::split(&to, writer)?,
-            false => aggregate::split(&to, writer)?,
-        };
+        let step = split(to, writer, plan)?;
         tracing::info!(channels = %step.channels, partitions, "repartition step");
-        steps += step.upstream.len();
+        let count = step.upstream.len();
         divided.extend(step.upstream);
         divided.push(step.downstream);
+        Ok(count)
+    };
+    for (writer, plan) in writers.into_iter().zip(plans) {
+        if plan.stages.is_empty() {
+            channels += push(&to(channels), writer, plan)?;
+            continue;
+        }
+        let chain = chain::unstack(&to(channels), writer.output_mode(plan.mode))?;
+        tracing::info!(links = %chain.channels.join(" and "), "stacked operators chained");
+        channels += chain.channels.len();
+        for statement in chain.statements {
+            let planned = statement.plan()?;
+            channels += push(&to(channels), statement, &planned)?;
+        }
     }
     Ok(divided)
+}
+
+/// `writer`'s statement (planned undivided as `plan`, one stateful
+/// operator) at its repartition step.
+fn split(to: &Channels, writer: DataStreamWriter, plan: &IncrementalPlan) -> Result<Step> {
+    // The same output mode as undivided, though the regrouped plan might
+    // derive another (`SELECT DISTINCT` is append).
+    let writer = writer.output_mode(plan.mode);
+    match plan.join.is_some() {
+        true => join::split(to, writer),
+        false => aggregate::split(to, writer),
+    }
 }
 
 /// Where a statement's channels go: the query's, numbered from `first`.
@@ -160,30 +188,66 @@ fn refuse(why: impl std::fmt::Display) -> SluiceError {
 }
 
 /// What EXPLAIN adds for a statement that goes through a repartition
-/// step under `settings`: its two sub-topologies and the channel between.
-/// `plan` is the statement planned undivided.
+/// step under `settings`: its sub-topologies and the channels between (a
+/// stacked statement's chain, each statement of it so). `plan` is the
+/// statement planned undivided.
 pub(crate) fn explain(
     writer: DataStreamWriter,
     plan: &IncrementalPlan,
     settings: &crate::QuerySettings,
 ) -> Result<String> {
     let session = writer.frame.session.clone();
-    let writer = writer.output_mode(plan.mode);
     let id = settings
         .pipeline_name
         .clone()
         .unwrap_or_else(|| "<query id>".into());
-    let to = Channels {
+    let to = |first| Channels {
         session: &session,
         query_id: &id,
-        first: 0,
+        first,
         partitions: 0,
         idle_timeout: None,
     };
-    let (step, what) = match plan.join.is_some() {
-        true => (join::split(&to, writer)?, "the join is"),
-        false => (aggregate::split(&to, writer)?, "the GROUP BY is"),
+    if plan.stages.is_empty() {
+        return Ok(explain_step(&to(0), writer, plan)?.0);
+    }
+    let chain = chain::unstack(&to(0), writer.output_mode(plan.mode))?;
+    let mut out = format!(
+        "chain: the statement stacks stateful operators; each under another runs as a \
+         statement of its own, writing what it emits (closed windows) to {}, which the one \
+         above reads back\n",
+        chain.channels.join(" and ")
+    );
+    let mut channels = chain.channels.len();
+    let last = chain.statements.len() - 1;
+    for (i, statement) in chain.statements.into_iter().enumerate() {
+        let planned = statement.plan()?;
+        out.push_str(&match i == last {
+            true => format!("-- chain statement {i}: the statement's outermost operator\n"),
+            false => format!("-- chain statement {i}: writes {}\n", chain.channels[i]),
+        });
+        out.push_str(&statement.explain_plan(&planned));
+        if needed(&planned) {
+            let (step, count) = explain_step(&to(channels), statement, &planned)?;
+            out.push_str(&step);
+            channels += count;
+        }
+    }
+    Ok(out)
+}
+
+/// [`explain`] of one statement with one stateful operator: its text, and
+/// how many channels its step takes.
+fn explain_step(
+    to: &Channels,
+    writer: DataStreamWriter,
+    plan: &IncrementalPlan,
+) -> Result<(String, usize)> {
+    let what = match plan.join.is_some() {
+        true => "the join is",
+        false => "the GROUP BY is",
     };
+    let step = split(to, writer, plan)?;
     let mut out = format!(
         "repartition step: {what} not on the record key, so each task runs {} \
          sub-topologies joined by {}, committed in its one transaction\n",
@@ -223,7 +287,7 @@ pub(crate) fn explain(
         step.downstream
             .explain_plan(&step.downstream.plan_with_keys("", None)?),
     ));
-    Ok(out)
+    Ok((out, step.upstream.len()))
 }
 
 /// A statement divided at its repartition step.
@@ -403,8 +467,8 @@ fn channel_column(name: &str) -> Expr {
     Expr::Column(Column::from_name(name))
 }
 
-/// The one stream `plan` reads.
-fn input_stream(plan: &LogicalPlan) -> Result<StreamDefinition> {
+/// The streams `plan` reads, in the order it reads them.
+fn streams(plan: &LogicalPlan) -> Result<Vec<StreamDefinition>> {
     let mut found = Vec::new();
     plan.apply(|node| {
         if let LogicalPlan::TableScan(scan) = node {
@@ -415,7 +479,12 @@ fn input_stream(plan: &LogicalPlan) -> Result<StreamDefinition> {
         }
         Ok(TreeNodeRecursion::Continue)
     })?;
-    match <[_; 1]>::try_from(found) {
+    Ok(found)
+}
+
+/// The one stream `plan` reads.
+fn input_stream(plan: &LogicalPlan) -> Result<StreamDefinition> {
+    match <[_; 1]>::try_from(streams(plan)?) {
         Ok([one]) => Ok(one),
         Err(_) => Err(refuse("it reads several streams")),
     }

@@ -1,0 +1,135 @@
+//! A statement that stacks stateful operators, divided as a chain of
+//! statements: Kafka Streams' sub-topologies joined by repartition topics.
+//!
+//! Nexmark q5 counts bids per auction and window, takes the highest count
+//! per window, and joins the counts with it: three operators, each keyed
+//! by something else. Divided, each operator under another becomes a
+//! statement of its own (a *link*) that writes what it emits to a channel,
+//! and the operator above reads that channel back as a stream. Every
+//! statement of the chain is then divided like any other: through a
+//! repartition step of its own when its key is not what partitions what
+//! it reads (see `aggregate` and `join`).
+//!
+//! Only rows that never change cross a link: a windowed operator's, which
+//! carry their window's end. That end is the channel's event time: each
+//! link task writes its watermark after its rows, as any upstream task
+//! does, and the statement above takes the least of every link task's (see
+//! `watermark::aligned`). A window closes in a link task once its
+//! watermark passes the window's end, so the rows of a window reach the
+//! channel before any watermark that passes their end: the operator above
+//! never finds them late, and it closes its own windows when every link
+//! task has closed the ones under them, as it would in one process.
+//!
+//! Each link commits in the transaction of the task that runs it, like
+//! every sub-topology, so a chain is exactly once link by link.
+
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
+
+use super::{channel, channel_column, replaced, streams, Channels, Crossing};
+use crate::error::{Result, SluiceError};
+use crate::planner::{innermost_nested, Nested};
+use crate::session::frame::DataStreamWriter;
+use crate::table::StreamDefinition;
+use crate::watermark::aligned;
+
+/// The channel column a link's window end crosses in: its event time.
+const LINK_TIME: &str = "window_end";
+
+/// A stacked statement as a chain: the link statements, innermost first,
+/// then the statement's outermost operator over what they write.
+pub(super) struct Unstacked {
+    pub(super) statements: Vec<DataStreamWriter>,
+    /// The links' channels: name, format and columns.
+    pub(super) channels: Vec<String>,
+}
+
+/// `writer`'s statement with each stateful operator under another cut out
+/// into a link statement writing channel `to.first + i` (innermost first),
+/// read back where it was.
+pub(super) fn unstack(to: &Channels, writer: DataStreamWriter) -> Result<Unstacked> {
+    let mut plan = writer.frame.logical_plan().clone();
+    let mut statements = Vec::new();
+    let mut channels = Vec::new();
+    while let Some(Nested { inner, child, .. }) = innermost_nested(&plan)? {
+        let (crossing, time) = link(&child, &inner)?;
+        let input = timed_input(&child, &time)?;
+        let channel = channel(to, &writer, &input, crossing, to.first + statements.len())?;
+        // Every read of it, should it be read on two paths alike.
+        plan = replaced(plan, &child, channel.restored)?;
+        statements.push(channel.upstream);
+        channels.push(channel.description);
+    }
+    statements.push(writer.with_frame(to.session.frame(plan)));
+    Ok(Unstacked {
+        statements,
+        channels,
+    })
+}
+
+/// Refuses a stacked statement that cannot be chained, saying why.
+fn refuse(why: impl std::fmt::Display) -> SluiceError {
+    SluiceError::config(format!(
+        "'tasks' = 'per-partition' cannot divide this query: it stacks stateful operators, \
+         so each would run as a statement of its own that reads the one under it through a \
+         channel, but {why}. Run it as one task (SET 'tasks' = '1')"
+    ))
+}
+
+/// What crosses from `child` (the input of the operator above `inner`, up
+/// to that operator): every column, the window end as [`LINK_TIME`], keyed
+/// by all of them; and the event-time column the window is over.
+fn link(child: &LogicalPlan, inner: &LogicalPlan) -> Result<(Crossing, String)> {
+    let schema = child.schema();
+    let Some((end, time)) = crate::window::window_end(schema.fields().iter().map(|f| f.as_ref()))
+    else {
+        let what = match inner {
+            LogicalPlan::Join(_) => "a join",
+            LogicalPlan::Window(_) => "a Top-N or OVER aggregation",
+            _ => "an aggregation",
+        };
+        return Err(refuse(format!(
+            "{what} under another operator emits rows without a window end: only a windowed \
+             operator's rows (TUMBLE, HOP, CUMULATE or SESSION, passing its window_end on) \
+             never change and cross between stacked operators"
+        )));
+    };
+    let mut crossing = Vec::with_capacity(schema.fields().len() + 3);
+    let mut restored = Vec::with_capacity(schema.fields().len());
+    let mut key_fields = Vec::with_capacity(schema.fields().len());
+    for (i, c) in schema.columns().into_iter().enumerate() {
+        let name = match i == end {
+            true => LINK_TIME.to_string(),
+            false => format!("c{i}"),
+        };
+        crossing.push(Expr::Column(c.clone()).alias(&name));
+        restored.push(channel_column(&name).alias_qualified(c.relation.clone(), c.name.clone()));
+        key_fields.push(name);
+    }
+    crossing.extend(aligned::columns());
+    let upstream = LogicalPlanBuilder::from(child.clone())
+        .project(crossing)?
+        .build()?;
+    Ok((
+        Crossing {
+            upstream,
+            per_epoch: false,
+            key_fields,
+            restored,
+            event_time: Some(LINK_TIME.to_string()),
+        },
+        time,
+    ))
+}
+
+/// The stream `plan` reads whose watermark is on `time`: the one whose
+/// connector and event time the link's channel takes.
+fn timed_input(plan: &LogicalPlan, time: &str) -> Result<StreamDefinition> {
+    streams(plan)?
+        .into_iter()
+        .find(|s| s.watermark.as_ref().is_some_and(|w| w.column == time))
+        .ok_or_else(|| {
+            refuse(format!(
+                "its windows are over '{time}', which is no stream's watermarked column"
+            ))
+        })
+}
