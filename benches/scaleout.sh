@@ -15,12 +15,19 @@
 #               and substr(value, 1, 2): co-partitioned
 #   hop         the same per substr(value, 1, 2): through a repartition
 #               topic, every row crossing with its watermark
+#   join        an interval join of the topic with itself read as a
+#               second stream, on the whole value (each record meets its
+#               own copy), within 1 s either way of event time (the
+#               record's timestamp): each side through a repartition
+#               topic of its own
 # (the GROUP BYs count 676 groups in update mode, the windows in append
 # mode, exactly-once to Kafka).
 # Rate = records read after the first committed epoch / the time from that
 # commit to the last one (startup and the group's first join excluded);
 # CPU = the processes' user+system CPU seconds, whole run, per million
-# records. A repartitioned query reads every record twice (input, then
+# records; broker CPU the same of the broker's process (found by its
+# port), over the case's run: with two cores, what sluice and the broker
+# use together says whether the machine was the bound. A repartitioned query reads every record twice (input, then
 # the repartition topic), or each record and then a partial row per group
 # and epoch: its rate counts input records.
 #
@@ -54,6 +61,12 @@ java -cp "$LIBS" org.apache.kafka.tools.ProducerPerformance --topic "$T-in" --nu
   --record-size 100 --throughput -1 \
   --producer-props bootstrap.servers="$B" linger.ms=20 batch.size=262144 >"$WORK/load.log" 2>&1
 
+# cpu_of PID: its user+system CPU seconds so far (0 without one).
+cpu_of() {
+  [[ -n ${1:-} && -r /proc/$1/stat ]] || { echo 0; return; }
+  python3 -c "import os; f=open('/proc/$1/stat').read().rsplit(')',1)[1].split(); print((int(f[11])+int(f[12]))/os.sysconf('SC_CLK_TCK'))"
+}
+
 # run SHAPE CASE ROUND: one measurement, a JSON line on stdout.
 run() {
   local shape=$1 case=$2 round=$3 name="$T-$1-$2-$3"
@@ -66,9 +79,10 @@ run() {
     repartition) select="SELECT substr(value, 1, 2) AS g, count(*) AS n FROM input GROUP BY substr(value, 1, 2)" ;;
     hop-keyed) select="SELECT _partition AS p, substr(value, 1, 2) AS g, window_start, count(*) AS n FROM TABLE(HOP(TABLE input, DESCRIPTOR(ts), INTERVAL '1' SECOND, INTERVAL '2' SECOND)) GROUP BY _partition, substr(value, 1, 2), window_start, window_end" ;;
     hop) select="SELECT substr(value, 1, 2) AS g, window_start, count(*) AS n FROM TABLE(HOP(TABLE input, DESCRIPTOR(ts), INTERVAL '1' SECOND, INTERVAL '2' SECOND)) GROUP BY substr(value, 1, 2), window_start, window_end" ;;
+    join) select="SELECT substr(a.value, 1, 2) AS g, a.ts FROM input a JOIN other b ON a.value = b.value AND b.ts BETWEEN a.ts - INTERVAL '1' SECOND AND a.ts + INTERVAL '1' SECOND" ;;
   esac
   local columns=""
-  [[ $shape == hop* ]] && columns="(value VARCHAR, ts TIMESTAMP(3) METADATA FROM 'timestamp', WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) "
+  [[ $shape == hop* || $shape == join ]] && columns="(value VARCHAR, ts TIMESTAMP(3) METADATA FROM 'timestamp', WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) "
   local sluice=$SLUICE
   case $case in
     baseline) settings=""; sluice=$BASELINE ;;
@@ -85,6 +99,7 @@ run() {
   [[ $shape == copy ]] || format=json
   cat >"$dir/q.sql" <<SQL
 CREATE STREAM input ${columns}WITH (connector = 'kafka', topic = '$T-in', 'bootstrap.servers' = '$B', format = 'raw', 'max-records-per-epoch' = '100000');
+CREATE STREAM other ${columns}WITH (connector = 'kafka', topic = '$T-in', 'bootstrap.servers' = '$B', format = 'raw', 'max-records-per-epoch' = '100000');
 CREATE STREAM out WITH (connector = 'kafka', topic = '$name-out', 'bootstrap.servers' = '$B', format = '$format');
 $settings
 SET 'trigger' = '100 ms';
@@ -93,6 +108,9 @@ SET 'checkpoint.location' = '$dir/checkpoint';
 INSERT INTO out $select;
 SQL
   local pids=() i
+  local broker_pid broker0
+  broker_pid=$(ss -ltnpH "sport = :${B##*:}" | sed -n 's/.*pid=\([0-9]*\).*/\1/p' | head -1)
+  broker0=$(cpu_of "$broker_pid")
   local start; start=$(date +%s.%N)
   for ((i = 0; i < procs; i++)); do
     SLUICE_LOG="sluice::progress=info,warn" NO_COLOR=1 "$sluice" run "$dir/q.sql" >/dev/null 2>"$dir/p$i.log" &
@@ -103,7 +121,9 @@ SQL
   # for 3 s (the downstream reads one row per record, or one partial row per
   # group and epoch where upstream pre-aggregates, so its count is not known).
   local want=$N last=-1 still=0 hop=0
-  [[ ($shape == repartition || $shape == hop) && $case != baseline && $case != one ]] && hop=1
+  [[ ($shape == repartition || $shape == hop || $shape == join) && $case != baseline && $case != one ]] && hop=1
+  # The join reads each record twice, once per side.
+  [[ $shape == join && $hop == 0 ]] && want=$((2 * N))
   local deadline=$(( $(date +%s) + 900 ))
   while :; do
     local got
@@ -118,17 +138,19 @@ SQL
     if (( $(date +%s) > deadline )); then echo "timed out at $got of $want rows: $dir" >&2; break; fi
     sleep 0.5
   done
-  local cpu=0 pid ticks
-  ticks=$(getconf CLK_TCK)
+  local cpu=0 pid broker_cpu
   for pid in "${pids[@]}"; do
-    cpu=$(python3 -c "import sys; f=open('/proc/$pid/stat').read().rsplit(')',1)[1].split(); print($cpu + (int(f[11])+int(f[12]))/$ticks)")
+    cpu=$(python3 -c "print($cpu + $(cpu_of "$pid"))")
   done
+  broker_cpu=$(python3 -c "print($(cpu_of "$broker_pid") - $broker0)")
+  local wall; wall=$(python3 -c "import time; print(time.time() - $start)")
   for pid in "${pids[@]}"; do kill -TERM "$pid"; done
   for pid in "${pids[@]}"; do wait "$pid" || true; done
-  python3 - "$dir" "$shape" "$case" "$round" "$N" "$want" "$cpu" "$start" <<'PY'
+  python3 - "$dir" "$shape" "$case" "$round" "$N" "$want" "$cpu" "$start" "$broker_cpu" "$wall" <<'PY'
 import datetime, glob, json, re, sys
-d, shape, case, rnd, n, want, cpu, start = sys.argv[1:]
+d, shape, case, rnd, n, want, cpu, start, broker_cpu, wall = sys.argv[1:]
 n, want, cpu, start = int(n), int(want), float(cpu), float(start)
+broker_cpu, wall = float(broker_cpu), float(wall)
 lines = []
 for path in glob.glob(f"{d}/p*.log"):
     for l in open(path):
@@ -148,7 +170,10 @@ for t, r in lines[first + 1:]:
         break
 rate = (seen - rows0) / max(t1 - t0, 1e-9) * (n / want)
 print(json.dumps({"shape": shape, "case": case, "round": int(rnd), "records_per_s": round(rate),
-                  "cpu_s_per_m": round(cpu / (n / 1e6), 2), "first_commit_s": round(t0 - start, 2),
+                  "cpu_s_per_m": round(cpu / (n / 1e6), 2),
+                  "broker_cpu_s_per_m": round(broker_cpu / (n / 1e6), 2),
+                  "cores_busy": round((cpu + broker_cpu) / max(wall, 1e-9), 2),
+                  "first_commit_s": round(t0 - start, 2),
                   "epochs": len(lines)}))
 PY
 }

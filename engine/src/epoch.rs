@@ -69,6 +69,17 @@ use crate::trigger::Trigger;
 /// sources again when they had nothing new.
 const IDLE_POLL: Duration = Duration::from_millis(10);
 
+/// With `available-now` through repartition channels, how long a task
+/// that found nothing new waits before looking again, until the query has
+/// drained.
+const DRAIN_POLL: Duration = Duration::from_millis(100);
+
+/// Whether `input` is a repartition channel read back: fed by the query's
+/// own tasks.
+fn reads_channel(input: &crate::planner::Input) -> bool {
+    crate::task::repartition_step_of(&input.key).is_some()
+}
+
 /// The first wait before retrying after an external system failed; it
 /// doubles with each failure, up to [`MAX_BACKOFF`].
 pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(500);
@@ -237,7 +248,9 @@ impl EpochLoop {
             mut replay,
         } = recovered;
         if self.trigger == Trigger::AvailableNow {
-            for input in self.inputs() {
+            // A repartition channel holds what the query's own tasks write
+            // into it: its end is when they have all drained (`no_data`).
+            for input in self.inputs().filter(|i| !reads_channel(i)) {
                 input.source.prepare_available_now().await?;
             }
         }
@@ -359,6 +372,10 @@ impl EpochLoop {
         self.shared
             .set_status(self.slot, "Waiting for data to arrive", false, false);
         match self.trigger {
+            Trigger::AvailableNow if self.inputs().any(reads_channel) => {
+                !self.shared.drained(self.slot)
+                    && self.sleep_until(Instant::now() + DRAIN_POLL).await
+            }
             Trigger::AvailableNow => false,
             Trigger::ProcessingTime(interval) if interval.is_zero() => {
                 self.sleep_until(Instant::now() + IDLE_POLL).await

@@ -100,7 +100,6 @@ pub use progress::{
 pub use query::{QueryStatus, StreamingQuery};
 pub use reference::BatchQuery;
 pub use session::frame::{DataStreamWriter, StreamFrame};
-pub use session::repartition::repartition_step_of;
 pub use session::statement_set::{unprefixed_key, StatementSet};
 pub use session::{DataStreamReader, Session};
 pub use settings::{unknown_setting, Pipelining, QuerySettings, Setting, SETTINGS};
@@ -111,7 +110,7 @@ pub use source::{
 };
 pub use state::KeyedState;
 pub use table::{StreamDefinition, StreamTable};
-pub use task::{TaskAssigner, TaskId, Tasks};
+pub use task::{repartition_step_of, TaskAssigner, TaskId, Tasks};
 pub use trigger::Trigger;
 pub use upsert::{DELETED as UPSERT_DELETED, KEY_METADATA as UPSERT_KEY_METADATA};
 pub use watermark::processing_time::columns as processing_time_columns;

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::watch;
@@ -44,16 +44,27 @@ struct TaskState {
     recent: VecDeque<QueryProgress>,
     /// Times the task looked at its sources and found nothing new.
     no_data_rounds: u64,
+    /// When it last found nothing new, and how many epochs with data the
+    /// query's tasks had committed then (see [`QueryShared::drained`]).
+    idle: Option<(u64, Instant)>,
 }
 
 #[derive(Debug)]
 struct RunState {
     tasks: Vec<TaskState>,
+    /// Epochs with input rows the tasks committed, and when the last one
+    /// did.
+    data_commits: (u64, Option<Instant>),
     terminated: bool,
     /// The error that ended the query, until someone takes it.
     error: Option<SluiceError>,
     error_text: Option<String>,
 }
+
+/// How long after the last commit of data every task must still find
+/// nothing new for a query reading its own channels to have drained (see
+/// [`QueryShared::drained`]).
+const SETTLE: Duration = Duration::from_secs(1);
 
 /// State shared by a query's epoch loops (one per task) and its handles.
 /// An epoch loop reports through its task's slot, the `slot` argument.
@@ -92,8 +103,10 @@ impl QueryShared {
                         },
                         recent: VecDeque::new(),
                         no_data_rounds: 0,
+                        idle: None,
                     })
                     .collect(),
+                data_commits: (0, None),
                 terminated: false,
                 error: None,
                 error_text: None,
@@ -134,12 +147,46 @@ impl QueryShared {
     }
 
     pub(crate) fn record_progress(&self, slot: usize, progress: QueryProgress) {
-        self.update_task(slot, |t| {
-            if t.recent.len() == RECENT_PROGRESS {
-                t.recent.pop_front();
+        self.update(|s| {
+            if progress.num_input_rows > 0 {
+                s.data_commits = (s.data_commits.0 + 1, Some(Instant::now()));
             }
-            t.recent.push_back(progress);
+            if let Some(t) = s.tasks.get_mut(slot) {
+                if t.recent.len() == RECENT_PROGRESS {
+                    t.recent.pop_front();
+                }
+                t.recent.push_back(progress);
+            }
         });
+    }
+
+    /// Task `slot` found nothing new: whether every task has too, with no
+    /// epoch of data committed since any of them looked, the last of those
+    /// commits at least [`SETTLE`] before each looked. With `available-now`
+    /// through repartition channels, what the tasks write is the others'
+    /// input: the query has drained what was there at its start only when
+    /// none of them has anything left to read, nor will be sent anything.
+    /// A commit returns before the broker has written its transaction's
+    /// markers, until which the channel's last stable offset hides the
+    /// records from the tasks reading them: hence the settling time.
+    pub(crate) fn drained(&self, slot: usize) -> bool {
+        self.drained_at(slot, Instant::now())
+    }
+
+    fn drained_at(&self, slot: usize, now: Instant) -> bool {
+        let mut drained = false;
+        self.update(|s| {
+            let (commits, last) = s.data_commits;
+            if let Some(t) = s.tasks.get_mut(slot) {
+                t.idle = Some((commits, now));
+            }
+            drained = s.tasks.iter().all(|t| {
+                t.idle.is_some_and(|(seen, at)| {
+                    seen == commits && last.is_none_or(|last| at >= last + SETTLE)
+                })
+            });
+        });
+        drained
     }
 
     /// The last committed epoch of this run of task `slot`, if any.
@@ -420,5 +467,45 @@ impl StreamingQuery {
                 })
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_tasks() -> Arc<QueryShared> {
+        let ids = [0, 1].map(|index| Some(TaskId { index, count: 2 }));
+        QueryShared::new("q".into(), "q".into(), &ids)
+    }
+
+    #[test]
+    fn a_query_drains_when_every_task_found_nothing_since_the_last_data_settled() {
+        let shared = two_tasks();
+        let t0 = Instant::now();
+        // Task 1 has not looked yet.
+        assert!(!shared.drained_at(0, t0));
+        assert!(shared.drained_at(1, t0), "no data was ever committed");
+
+        let shared = two_tasks();
+        shared.record_progress(
+            0,
+            QueryProgress {
+                num_input_rows: 5,
+                ..QueryProgress::default()
+            },
+        );
+        let now = Instant::now();
+        // Task 1 looked before task 0's commit; task 0 just committed.
+        assert!(!shared.drained_at(1, now));
+        assert!(!shared.drained_at(0, now), "task 0's data has not settled");
+        assert!(
+            !shared.drained_at(0, now + SETTLE),
+            "task 1 last looked before the data settled"
+        );
+        assert!(shared.drained_at(1, now + SETTLE));
+        // An epoch without input rows is no data.
+        shared.record_progress(1, QueryProgress::default());
+        assert!(shared.drained_at(0, now + SETTLE));
     }
 }

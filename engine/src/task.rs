@@ -114,3 +114,28 @@ pub trait TaskAssigner: Send + Sync + Debug {
     /// tasks move to the other processes at once.
     fn leave(&self);
 }
+
+/// A channel's stream name (and its statements' checkpoint keys).
+pub(crate) fn step_name(index: usize) -> String {
+    format!("repartition-{index}")
+}
+
+/// Which repartition step's channel the input of checkpoint key `key`
+/// reads (`<position>:repartition-<n>-<format>`, after its statement's
+/// prefix), if it reads one: how `sluice verify` tells a divided query's
+/// channels from its inputs.
+///
+/// ```
+/// use sluice_engine::repartition_step_of;
+/// assert_eq!(repartition_step_of("1.counts/0:repartition-2-avro"), Some(2));
+/// assert_eq!(repartition_step_of("0.repartition-0/0:bids"), None);
+/// ```
+pub fn repartition_step_of(key: &str) -> Option<usize> {
+    let (_, stream) = key.rsplit_once(':')?;
+    stream
+        .strip_prefix("repartition-")?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}

@@ -92,6 +92,47 @@ fn highest_bids(bids: &[Bid], watermark: i64) -> Vec<(i64, i64, i64)> {
     out
 }
 
+/// Produces `bids` to `topic`, round robin over its partitions, bidder
+/// the bid's position.
+async fn produce_bids(bootstrap: &str, topic: &str, bids: &[Bid]) {
+    let records: Vec<(i32, Option<String>, String)> = bids
+        .iter()
+        .enumerate()
+        .map(|(i, (auction, price, ts))| {
+            let value = format!(
+                "{{\"auction\":{auction},\"bidder\":{i},\"price\":{price},\"date_time\":\"{}\"}}",
+                timestamp(*ts)
+            );
+            ((i as i64 % PARTITIONS) as i32, None, value)
+        })
+        .collect();
+    let (b, t) = (bootstrap.to_string(), topic.to_string());
+    tokio::task::spawn_blocking(move || produce(&b, &t, &records))
+        .await
+        .unwrap();
+}
+
+/// The bid stream over `input`, divided per partition, with `settings`.
+fn bid_stream(bootstrap: &str, input: &str, settings: &str) -> String {
+    format!(
+        "SET 'tasks' = 'per-partition';\n\
+         {settings}\
+         CREATE STREAM bid (auction BIGINT, bidder BIGINT, price BIGINT, \
+           date_time TIMESTAMP(3), WATERMARK FOR date_time AS date_time - INTERVAL '1' \
+           SECOND) WITH (connector = 'kafka', topic = '{input}', \
+           'bootstrap.servers' = '{bootstrap}', 'max-records-per-epoch' = '60');\n"
+    )
+}
+
+/// Nexmark q7 over 1 s windows into `sink`, as a statement.
+const Q7: &str = "SELECT b.auction, b.price, b.date_time \
+     FROM bid b \
+     JOIN (SELECT window_start, window_end, max(price) AS maxprice \
+           FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '1' SECOND)) \
+           GROUP BY window_start, window_end) m \
+       ON b.price = m.maxprice \
+       AND b.date_time BETWEEN m.window_end - INTERVAL '1' SECOND AND m.window_end";
+
 /// The rows of `topic` (read committed), each as three of its fields:
 /// `fields` names them, a timestamp given by a name starting with `@`.
 fn rows(bootstrap: &str, topic: &str, fields: [&str; 3]) -> Vec<(i64, i64, i64)> {
@@ -135,23 +176,7 @@ async fn stacked_windowed_operators_divide_as_a_chain_of_statements() {
         create_topic(&bootstrap, t, 1).await.unwrap();
     }
     let bids: Vec<Bid> = (0..900).map(bid).collect();
-    {
-        let records: Vec<(i32, Option<String>, String)> = bids
-            .iter()
-            .enumerate()
-            .map(|(i, (auction, price, ts))| {
-                let value = format!(
-                    "{{\"auction\":{auction},\"bidder\":{i},\"price\":{price},\"date_time\":\"{}\"}}",
-                    timestamp(*ts)
-                );
-                ((i as i64 % PARTITIONS) as i32, None, value)
-            })
-            .collect();
-        let (b, t) = (bootstrap.clone(), input.clone());
-        tokio::task::spawn_blocking(move || produce(&b, &t, &records))
-            .await
-            .unwrap();
-    }
+    produce_bids(&bootstrap, &input, &bids).await;
     let watermark = final_watermark(&bids);
     let want_q5 = hot_items(&bids, watermark);
     let want_q7 = highest_bids(&bids, watermark);
@@ -166,12 +191,7 @@ async fn stacked_windowed_operators_divide_as_a_chain_of_statements() {
     std::fs::write(
         &sql,
         format!(
-            "SET 'tasks' = 'per-partition';\n\
-             SET 'trigger' = '200 ms';\n\
-             CREATE STREAM bid (auction BIGINT, bidder BIGINT, price BIGINT, \
-               date_time TIMESTAMP(3), WATERMARK FOR date_time AS date_time - INTERVAL '1' \
-               SECOND) WITH (connector = 'kafka', topic = '{input}', \
-               'bootstrap.servers' = '{bootstrap}', 'max-records-per-epoch' = '60');\n\
+            "{streams}\
              CREATE STREAM q5 WITH (connector = 'kafka', topic = '{q5}', \
                'bootstrap.servers' = '{bootstrap}');\n\
              CREATE STREAM q7 WITH (connector = 'kafka', topic = '{q7}', \
@@ -193,13 +213,8 @@ async fn stacked_windowed_operators_divide_as_a_chain_of_statements() {
                AND c.num >= m.maxn;\n\
              SET 'pipeline.name' = '{q7}';\n\
              SET 'checkpoint.location' = '{q7_cp}';\n\
-             INSERT INTO q7 SELECT b.auction, b.price, b.date_time \
-             FROM bid b \
-             JOIN (SELECT window_start, window_end, max(price) AS maxprice \
-                   FROM TABLE(TUMBLE(TABLE bid, DESCRIPTOR(date_time), INTERVAL '1' SECOND)) \
-                   GROUP BY window_start, window_end) m \
-               ON b.price = m.maxprice \
-               AND b.date_time BETWEEN m.window_end - INTERVAL '1' SECOND AND m.window_end;\n",
+             INSERT INTO q7 {Q7};\n",
+            streams = bid_stream(&bootstrap, &input, "SET 'trigger' = '200 ms';\n"),
             q5_cp = cp("q5"),
             q7_cp = cp("q7"),
         ),
@@ -262,4 +277,82 @@ async fn stacked_windowed_operators_divide_as_a_chain_of_statements() {
         "{}",
         run.stderr()
     );
+}
+
+/// With `available-now`, a query divided through repartition steps and a
+/// chain ends by itself once every task has drained what was there at its
+/// start, what the others sent it included: Nexmark q7 (a chain) and a
+/// count per auction (partials through a step), every bid read once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn available_now_through_repartition_steps_ends_once_every_task_has_drained() {
+    let _one_at_a_time = crate::util::MANY_TASKS.lock().await;
+    let bootstrap = broker().await;
+    let (input, q7, counts) = (
+        fresh_topic("now-bids"),
+        fresh_topic("now-q7"),
+        fresh_topic("now-counts"),
+    );
+    create_topic(&bootstrap, &input, PARTITIONS as i32)
+        .await
+        .unwrap();
+    for t in [&q7, &counts] {
+        create_topic(&bootstrap, t, 1).await.unwrap();
+    }
+    let bids: Vec<Bid> = (0..600).map(bid).collect();
+    produce_bids(&bootstrap, &input, &bids).await;
+    let want_q7 = highest_bids(&bids, final_watermark(&bids));
+    assert!(want_q7.len() > 10, "{want_q7:?}");
+    let mut want_counts: BTreeMap<i64, i64> = BTreeMap::new();
+    for (auction, _, _) in &bids {
+        *want_counts.entry(*auction).or_default() += 1;
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let sql = dir.path().join("now.sql");
+    let cp = |name: &str| dir.path().join(name).display().to_string();
+    std::fs::write(
+        &sql,
+        format!(
+            "{streams}\
+             CREATE STREAM q7 WITH (connector = 'kafka', topic = '{q7}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             CREATE STREAM counts WITH (connector = 'kafka', topic = '{counts}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             SET 'pipeline.name' = '{q7}';\n\
+             SET 'checkpoint.location' = '{q7_cp}';\n\
+             INSERT INTO q7 {Q7};\n\
+             SET 'pipeline.name' = '{counts}';\n\
+             SET 'checkpoint.location' = '{counts_cp}';\n\
+             INSERT INTO counts SELECT auction, count(*) AS n FROM bid GROUP BY auction;\n",
+            streams = bid_stream(&bootstrap, &input, "SET 'trigger' = 'available-now';\n"),
+            q7_cp = cp("q7"),
+            counts_cp = cp("counts"),
+        ),
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("run").arg(&sql).stdout(Stdio::null());
+    let mut run = Run::new(cmd);
+    let status = run.wait(Duration::from_secs(180));
+    assert!(status.success(), "{}", run.stderr());
+
+    let (b, t) = (bootstrap.clone(), q7.clone());
+    let got_q7 =
+        tokio::task::spawn_blocking(move || rows(&b, &t, ["auction", "price", "@date_time"]))
+            .await
+            .unwrap();
+    assert_eq!(got_q7, want_q7, "q7: emitted vs the plain loops'");
+    // Update mode: each auction's last count is its number of bids.
+    let (b, t) = (bootstrap.clone(), counts.clone());
+    let records = tokio::task::spawn_blocking(move || {
+        read_topic(&b, &t, true, Duration::from_secs(30)).unwrap()
+    })
+    .await
+    .unwrap();
+    let mut last: BTreeMap<i64, i64> = BTreeMap::new();
+    for r in &records {
+        let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+        last.insert(v["auction"].as_i64().unwrap(), v["n"].as_i64().unwrap());
+    }
+    assert_eq!(last, want_counts, "counts: last per auction vs the loop's");
 }

@@ -536,13 +536,6 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     );
     let count = "INSERT INTO counts SELECT id % 7 AS k, count(*) AS n FROM input GROUP BY id % 7;";
     for (name, statements, message) in [
-        // 'available-now' through a repartition step: a task could end
-        // before the others sent it everything.
-        (
-            "now",
-            format!("SET 'trigger' = 'available-now';\n{count}"),
-            "'available-now' would end a task",
-        ),
         // An operator over another whose rows change: a chain's links
         // carry closed windows only.
         (

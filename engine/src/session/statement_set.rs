@@ -140,16 +140,6 @@ impl StatementSet {
                     .collect::<Result<Vec<_>>>()?;
                 let tasks = crate::planner::count_tasks(&undivided).await?;
                 if undivided.iter().any(repartition::needed) {
-                    if self.settings.trigger == Trigger::AvailableNow {
-                        return Err(SluiceError::config(
-                            "this query goes through a repartition step (its GROUP BY is not \
-                             on the record key, or it joins streams), where each task reads \
-                             what all the others send it: 'available-now' would end a task \
-                             before the others have sent it everything. Run it with a \
-                             continuous trigger, group by `_key`, or run it as one task (SET \
-                             'tasks' = '1')",
-                        ));
-                    }
                     let id = query_id(&self.settings)?;
                     writers = repartition::divide(
                         &self.session,

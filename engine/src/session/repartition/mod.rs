@@ -60,36 +60,12 @@ use crate::error::{Result, SluiceError};
 use crate::launch::SinkChoice;
 use crate::planner::IncrementalPlan;
 use crate::table::{as_stream_table, StreamDefinition};
+use crate::task::step_name;
 use crate::watermark::{aligned, Aligned, WatermarkSpec};
 
 mod aggregate;
 mod chain;
 mod join;
-
-/// A channel's stream name (and its statements' checkpoint keys).
-fn step_name(index: usize) -> String {
-    format!("repartition-{index}")
-}
-
-/// Which repartition step's channel the input of checkpoint key `key`
-/// reads (`<position>:repartition-<n>-<format>`, after its statement's
-/// prefix), if it reads one: how `sluice verify` tells a divided query's
-/// channels from its inputs.
-///
-/// ```
-/// use sluice_engine::repartition_step_of;
-/// assert_eq!(repartition_step_of("1.counts/0:repartition-2-avro"), Some(2));
-/// assert_eq!(repartition_step_of("0.repartition-0/0:bids"), None);
-/// ```
-pub fn repartition_step_of(key: &str) -> Option<usize> {
-    let (_, stream) = key.rsplit_once(':')?;
-    stream
-        .strip_prefix("repartition-")?
-        .split('-')
-        .next()?
-        .parse()
-        .ok()
-}
 
 /// Whether `plan`, divided by partition, needs a repartition step: it
 /// groups by columns that do not decide a record's partition, it joins
