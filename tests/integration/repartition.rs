@@ -241,6 +241,22 @@ async fn a_window_through_a_repartition_step_waits_for_every_partition_and_drops
 /// verify` finds the divided output equal to the batch answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interval_join_through_repartition_steps_emits_every_pair_once() {
+    divided_interval_join(false).await;
+}
+
+/// The same join of two topics co-partitioned by their record key (equal
+/// keys in equal partition numbers), joined on `_key`: no repartition
+/// step, task *i* joins partition *i* of both (Kafka Streams'
+/// co-partitioning); every pair once, as verify agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_join_of_co_partitioned_topics_on_the_key_needs_no_repartition_step() {
+    divided_interval_join(true).await;
+}
+
+/// An interval join of bids and asks divided per partition: the topics
+/// `keyed` by auction (co-partitioned, joined on `_key`) or spread round
+/// robin (joined on the auction column, through repartition steps).
+async fn divided_interval_join(keyed: bool) {
     let _one_at_a_time = crate::util::MANY_TASKS.lock().await;
     let bootstrap = broker().await;
     let (bids, asks, output) = (
@@ -252,8 +268,9 @@ async fn an_interval_join_through_repartition_steps_emits_every_pair_once() {
         create_topic(&bootstrap, t, 3).await.unwrap();
     }
     create_topic(&bootstrap, &output, 1).await.unwrap();
-    // Bids and asks spread over the partitions round robin, not by
-    // auction; each partition in event-time order.
+    // Bids and asks spread over the partitions round robin, or keyed by
+    // auction and in the auction's partition; each partition in
+    // event-time order.
     let bid = |i: i64| (i % 7, (i * 37) % 101, 10_000 + i * 100);
     let ask = |i: i64| (i % 7, i, 10_000 + i * 300);
     let records = |rows: Vec<(i64, i64, i64)>, field: &str| -> Vec<(i32, Option<String>, String)> {
@@ -264,7 +281,10 @@ async fn an_interval_join_through_repartition_steps_emits_every_pair_once() {
                     "{{\"auction\":{auction},\"{field}\":{v},\"ts\":\"{}\"}}",
                     timestamp(*ms)
                 );
-                ((i % 3) as i32, None, value)
+                match keyed {
+                    true => ((auction % 3) as i32, Some(auction.to_string()), value),
+                    false => ((i % 3) as i32, None, value),
+                }
             })
             .collect()
     };
@@ -315,8 +335,12 @@ async fn an_interval_join_through_repartition_steps_emits_every_pair_once() {
              CREATE STREAM out WITH (connector = 'kafka', topic = '{output}', \
                'bootstrap.servers' = '{bootstrap}');\n\
              INSERT INTO out SELECT b.auction, b.price, a.ask FROM bids b JOIN asks a \
-               ON b.auction = a.auction AND b.ts BETWEEN a.ts AND a.ts + INTERVAL '1' SECOND;\n",
+               ON {on} AND b.ts BETWEEN a.ts AND a.ts + INTERVAL '1' SECOND;\n",
             cp = dir.path().join("cp").display(),
+            on = match keyed {
+                true => "b._key = a._key",
+                false => "b.auction = a.auction",
+            },
         ),
     )
     .unwrap();
@@ -327,10 +351,16 @@ async fn an_interval_join_through_repartition_steps_emits_every_pair_once() {
         .unwrap();
     let plan = String::from_utf8_lossy(&explained.stdout);
     assert!(explained.status.success(), "{plan}");
-    assert!(
-        plan.contains("the join is not on the record key, so each task runs 3 sub-topologies"),
-        "{plan}"
-    );
+    match keyed {
+        true => assert!(
+            plan.contains("tasks: one per partition") && !plan.contains("repartition step"),
+            "{plan}"
+        ),
+        false => assert!(
+            plan.contains("the join is not on the record key, so each task runs 3 sub-topologies"),
+            "{plan}"
+        ),
+    }
 
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.arg("run").arg(&sql).stdout(Stdio::null());

@@ -60,7 +60,8 @@ pub(crate) use explain::explain;
 use split::{group_key_columns, split_aggregate, split_join, split_over, split_rank, split_stages};
 pub(crate) use split::{innermost_nested, Nested};
 pub(crate) use tasks::{
-    count as count_tasks, divisible, explain as explain_tasks, keyed_by_partition, scanned_column,
+    count as count_tasks, divisible, explain as explain_tasks, joined_by_partition,
+    keyed_by_partition, scanned_column,
 };
 
 /// One stream scan of a running query.

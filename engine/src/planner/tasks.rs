@@ -2,9 +2,11 @@
 //! tasks its inputs make, whether a GROUP BY is already partitioned by its
 //! key, and what EXPLAIN says of it.
 
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::common::Column;
 use datafusion::logical_expr::{Expr, LogicalPlan};
 
+use super::check::reads_stream;
 use super::{IncrementalPlan, Stage, StageConfig};
 use crate::error::{Result, SluiceError};
 use crate::settings::QuerySettings;
@@ -130,6 +132,35 @@ pub(crate) fn keyed_by_partition(aggregate: &LogicalPlan) -> bool {
             .is_some_and(|c| matches!(c.name.as_str(), "_key" | "_partition")),
         _ => false,
     })
+}
+
+/// Whether the join of two streams in `plan` equates both sides' record
+/// key `_key` (or `_partition`), passed through unchanged: with inputs
+/// written by one partitioner and of equal partition counts, partition
+/// *i* of each holds the same keys, so task *i* joins its partitions
+/// without a repartition step (Kafka Streams' co-partitioning).
+pub(crate) fn joined_by_partition(plan: &LogicalPlan) -> bool {
+    let mut co_partitioned = false;
+    let _ = plan.apply(|node| {
+        let LogicalPlan::Join(j) = node else {
+            return Ok(TreeNodeRecursion::Continue);
+        };
+        if !(reads_stream(&j.left) && reads_stream(&j.right)) {
+            return Ok(TreeNodeRecursion::Continue);
+        }
+        let partitioning = |side: &LogicalPlan, e: &Expr| match e {
+            Expr::Column(c) => scanned_column(side, c)
+                .map(|c| c.name)
+                .filter(|n| matches!(n.as_str(), "_key" | "_partition")),
+            _ => None,
+        };
+        co_partitioned = j.on.iter().any(|(l, r)| {
+            let l = partitioning(&j.left, l);
+            l.is_some() && l == partitioning(&j.right, r)
+        });
+        Ok(TreeNodeRecursion::Stop)
+    });
+    co_partitioned
 }
 
 /// The scanned stream's column that `column` of `plan`'s output is,

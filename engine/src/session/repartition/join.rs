@@ -129,8 +129,14 @@ fn equalities(join: &Join) -> Result<(Vec<Expr>, Vec<Expr>)> {
                 "its keys {l} and {r} have no common type ({lt}, {rt})"
             ))
         })?;
-        left.push(cast(l, common.clone()));
-        right.push(cast(r, common));
+        // A key already of the common type crosses as it is: a column
+        // the join also reads then crosses once (see `side_by_side`).
+        left.push(if lt == common {
+            l
+        } else {
+            cast(l, common.clone())
+        });
+        right.push(if rt == common { r } else { cast(r, common) });
     }
     Ok((left, right))
 }
@@ -138,8 +144,9 @@ fn equalities(join: &Join) -> Result<(Vec<Expr>, Vec<Expr>)> {
 /// One side of a join crossing: the columns of the side that the join
 /// and what follows it read (`used`) as `c<i>` (the event-time column
 /// under its own name, so that the join's time bound still names it), its
-/// keys' values as `k<j>`, and over event time the watermark rows'
-/// columns.
+/// keys' values as `k<j>` (a key that is such a column crossing once, as
+/// `k<j>`: both sides name key *j* alike, so equal keys are written
+/// alike), and over event time the watermark rows' columns.
 fn side_by_side(
     side: &LogicalPlan,
     keys: &[Expr],
@@ -150,13 +157,24 @@ fn side_by_side(
     let mut crossing = Vec::new();
     let mut restored = Vec::new();
     let mut timed = None;
+    // The keys that are columns, each crossing once under its key's name.
+    let mut key_columns: Vec<(Column, usize)> = Vec::new();
+    for (j, k) in keys.iter().enumerate() {
+        if let Expr::Column(c) = k {
+            if event_time != Some(c.name.as_str()) && !key_columns.iter().any(|(k, _)| k == c) {
+                key_columns.push((c.clone(), j));
+            }
+        }
+    }
     let carried = schema
         .columns()
         .into_iter()
         .filter(|c| used.contains(c) || event_time == Some(c.name.as_str()));
     for (i, c) in carried.enumerate() {
-        let name = match event_time {
-            Some(t) if c.name == t && own_name(t) => t.to_string(),
+        let key = key_columns.iter().find(|(k, _)| *k == c).map(|(_, j)| *j);
+        let name = match (event_time, key) {
+            (Some(t), _) if c.name == t && own_name(t) => t.to_string(),
+            (_, Some(j)) => format!("k{j}"),
             _ => format!("c{i}"),
         };
         if event_time == Some(c.name.as_str()) {
@@ -180,7 +198,12 @@ fn side_by_side(
     }
     let mut key_fields = Vec::with_capacity(keys.len());
     for (j, k) in keys.iter().enumerate() {
-        crossing.push(k.clone().alias(format!("k{j}")));
+        let crossed = key_columns
+            .iter()
+            .any(|(c, at)| *at == j && used.contains(c));
+        if !crossed {
+            crossing.push(k.clone().alias(format!("k{j}")));
+        }
         key_fields.push(format!("k{j}"));
     }
     if timed.is_some() {

@@ -69,12 +69,13 @@ mod join;
 
 /// Whether `plan`, divided by partition, needs a repartition step: it
 /// groups by columns that do not decide a record's partition, it joins
-/// two streams (whose rows of one key each task must see), or it stacks
+/// two streams (whose rows of one key each task must see) on anything but
+/// both record keys, or it stacks
 /// stateful operators (each reading what the one under it emits, keyed by
 /// something else).
 pub(crate) fn needed(plan: &IncrementalPlan) -> bool {
     !plan.stages.is_empty()
-        || plan.join.is_some()
+        || plan.join.is_some() && !crate::planner::joined_by_partition(&plan.logical)
         || plan
             .aggregate
             .as_ref()
