@@ -319,9 +319,10 @@ pub const SETTINGS: &[Setting] = &[
             (which must have equal partition counts), each with its own epochs, state, \
             checkpoint folder and Kafka transaction, run side by side (see *Scaling out* \
             in docs/operations.md). A `GROUP BY` not on the record key `_key` (or \
-            `_partition`) goes through a repartition topic (windowed ones too; not yet \
-            with `available-now`), and so does each side of a join of two streams; \
-            stacked stateful operators are not divided yet",
+            `_partition`) goes through a repartition topic (windowed ones too, and with \
+            `available-now`), and so does each side of a join of two streams; stacked \
+            windowed operators (Nexmark q5, q7) run as a chain of statements joined by \
+            such topics",
         default: "`'1'`",
         kind: Kind::Query {
             apply: set_tasks,

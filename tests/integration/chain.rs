@@ -242,6 +242,16 @@ async fn stacked_windowed_operators_divide_as_a_chain_of_statements() {
         plan.contains("-- chain statement 1: the statement's outermost operator"),
         "{plan}"
     );
+    // Each link is keyed by what the operator above groups or joins it
+    // by: q5's maximum and join, and q7's join's side, read them without
+    // a repartition step of their own.
+    assert_eq!(
+        plan.matches("already keyed by its key: no repartition step")
+            .count(),
+        2,
+        "{plan}"
+    );
+    assert!(plan.contains("(keyed by the join's key already)"), "{plan}");
 
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.arg("run").arg(&sql).stdout(Stdio::null());

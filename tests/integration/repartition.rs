@@ -577,3 +577,101 @@ async fn nan_and_infinity_cross_a_repartition_step_as_themselves() {
         run.stderr()
     );
 }
+
+/// A stream joined with a static table divides as a stateless query: no
+/// repartition step, every task joining its partition with the whole
+/// table, so every row finds its match whichever partition it is in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_joined_with_a_static_table_divides_with_the_table_in_every_task() {
+    let _one_at_a_time = crate::util::MANY_TASKS.lock().await;
+    let bootstrap = broker().await;
+    let (input, output) = (fresh_topic("static-in"), fresh_topic("static-out"));
+    create_topic(&bootstrap, &input, 3).await.unwrap();
+    create_topic(&bootstrap, &output, 1).await.unwrap();
+    let records: Vec<(i32, Option<String>, String)> = (0..300i64)
+        .map(|id| ((id % 3) as i32, None, format!("{{\"id\":{id}}}")))
+        .collect();
+    let (b, t) = (bootstrap.clone(), input.clone());
+    tokio::task::spawn_blocking(move || produce_to(&b, &t, &records))
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let names = dir.path().join("names.csv");
+    let table: String = (0..10).map(|id| format!("{id},n{id}\n")).collect();
+    std::fs::write(&names, format!("id,name\n{table}")).unwrap();
+    let sql = dir.path().join("static.sql");
+    std::fs::write(
+        &sql,
+        format!(
+            "SET 'checkpoint.location' = '{cp}';\n\
+             SET 'tasks' = 'per-partition';\n\
+             SET 'trigger' = '200 ms';\n\
+             CREATE TABLE names (id BIGINT, name VARCHAR) WITH (path = '{names}', \
+               format = 'csv');\n\
+             CREATE STREAM input (id BIGINT) WITH (connector = 'kafka', topic = '{input}', \
+               'bootstrap.servers' = '{bootstrap}', 'max-records-per-epoch' = '40');\n\
+             CREATE STREAM out WITH (connector = 'kafka', topic = '{output}', \
+               'bootstrap.servers' = '{bootstrap}');\n\
+             INSERT INTO out SELECT i.id, n.name FROM input i JOIN names n \
+               ON i.id % 10 = n.id;\n",
+            cp = dir.path().join("cp").display(),
+            names = names.display(),
+        ),
+    )
+    .unwrap();
+    let explained = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("explain")
+        .arg(&sql)
+        .output()
+        .unwrap();
+    let plan = String::from_utf8_lossy(&explained.stdout);
+    assert!(explained.status.success(), "{plan}");
+    assert!(
+        plan.contains("tasks: one per partition") && !plan.contains("repartition step"),
+        "{plan}"
+    );
+
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
+    cmd.arg("run").arg(&sql).stdout(Stdio::null());
+    let mut run = Run::new(cmd);
+    let want: Vec<(i64, String)> = (0..300).map(|id| (id, format!("n{}", id % 10))).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (b, t) = (bootstrap.clone(), output.clone());
+        let mut got: Vec<(i64, String)> = tokio::task::spawn_blocking(move || {
+            read_topic(&b, &t, true, Duration::from_secs(30)).unwrap()
+        })
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+            (
+                v["id"].as_i64().unwrap(),
+                v["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+        got.sort_unstable();
+        if got.len() >= want.len() {
+            assert_eq!(got, want, "joined rows vs the plain loop's");
+            break;
+        }
+        assert!(run.running(), "{}", run.stderr());
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} rows after 120 s: {}",
+            got.len(),
+            want.len(),
+            run.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    run.terminate();
+    assert!(
+        run.wait(Duration::from_secs(60)).success(),
+        "{}",
+        run.stderr()
+    );
+}

@@ -839,7 +839,7 @@ async fn processes_of_one_query_share_its_tasks_through_the_kafka_group_and_take
 /// The same with the checkpoints on the S3-compatible server, and two
 /// queries more: an interval join of two topics on a key neither is
 /// partitioned by (each side through a repartition step), and Nexmark q5
-/// (a chain of four statements, each through its own step). The tasks of
+/// (a chain of four statements and five channels). The tasks of
 /// the killed process are restored from object storage by the others,
 /// every join pair and q5 row is emitted once, and `sluice checkpoint
 /// inspect` reads every task back from there.

@@ -23,6 +23,9 @@
 //! Each link commits in the transaction of the task that runs it, like
 //! every sub-topology, so a chain is exactly once link by link.
 
+use std::collections::BTreeSet;
+
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder};
 
 use super::{channel, channel_column, replaced, streams, Channels, Crossing};
@@ -41,6 +44,10 @@ pub(super) struct Unstacked {
     pub(super) statements: Vec<DataStreamWriter>,
     /// The links' channels: name, format and columns.
     pub(super) channels: Vec<String>,
+    /// The streams reading back links keyed by what the operator above
+    /// groups or joins them by: that operator's statement reads them as
+    /// they are, without a repartition step of its own.
+    pub(super) keyed: BTreeSet<String>,
 }
 
 /// `writer`'s statement with each stateful operator under another cut out
@@ -50,10 +57,30 @@ pub(super) fn unstack(to: &Channels, writer: DataStreamWriter) -> Result<Unstack
     let mut plan = writer.frame.logical_plan().clone();
     let mut statements = Vec::new();
     let mut channels = Vec::new();
-    while let Some(Nested { inner, child, .. }) = innermost_nested(&plan)? {
-        let (crossing, time) = link(&child, &inner)?;
+    let mut keyed = BTreeSet::new();
+    while let Some(Nested {
+        inner,
+        parent,
+        child,
+    }) = innermost_nested(&plan)?
+    {
+        // Read on two paths alike (a self-join of a subquery), it is keyed
+        // for neither.
+        let mut reads = 0;
+        plan.apply(|n| {
+            reads += usize::from(n == &child);
+            Ok(TreeNodeRecursion::Continue)
+        })?;
+        let key = match reads {
+            1 => parent_key(&parent, &child)?,
+            _ => None,
+        };
+        let (crossing, time) = link(&child, &inner, key.as_deref())?;
         let input = timed_input(&child, &time)?;
         let channel = channel(to, &writer, &input, crossing, to.first + statements.len())?;
+        if key.is_some() {
+            keyed.insert(channel.stream);
+        }
         // Every read of it, should it be read on two paths alike.
         plan = replaced(plan, &child, channel.restored)?;
         statements.push(channel.upstream);
@@ -63,6 +90,37 @@ pub(super) fn unstack(to: &Channels, writer: DataStreamWriter) -> Result<Unstack
     Ok(Unstacked {
         statements,
         channels,
+        keyed,
+    })
+}
+
+/// What `parent` partitions the rows of its input `child` by, over
+/// `child`'s columns: an aggregation's group columns, or a join's
+/// equalities on `child`'s side, each cast to the type both sides share
+/// (as the other side's repartition step writes them). `None` where a
+/// group key is computed, or there is none.
+fn parent_key(parent: &LogicalPlan, child: &LogicalPlan) -> Result<Option<Vec<Expr>>> {
+    Ok(match parent {
+        LogicalPlan::Aggregate(a) => {
+            let columns: Option<Vec<Expr>> = a
+                .group_expr
+                .iter()
+                .map(|g| match g.clone().unalias() {
+                    column @ Expr::Column(_) => Some(column),
+                    _ => None,
+                })
+                .collect();
+            columns.filter(|c| !c.is_empty())
+        }
+        LogicalPlan::Join(j) => {
+            let (left, right) = super::join::equalities(j)?;
+            match child {
+                c if c == j.left.as_ref() => Some(left),
+                c if c == j.right.as_ref() => Some(right),
+                _ => None,
+            }
+        }
+        _ => None,
     })
 }
 
@@ -76,9 +134,15 @@ fn refuse(why: impl std::fmt::Display) -> SluiceError {
 }
 
 /// What crosses from `child` (the input of the operator above `inner`, up
-/// to that operator): every column, the window end as [`LINK_TIME`], keyed
-/// by all of them; and the event-time column the window is over.
-fn link(child: &LogicalPlan, inner: &LogicalPlan) -> Result<(Crossing, String)> {
+/// to that operator): every column, the window end as [`LINK_TIME`], and
+/// the operator above's `key` as `k<j>` (the names a join's repartition
+/// step gives its keys), keyed by it; without one, keyed by every column.
+/// And the event-time column the window is over.
+fn link(
+    child: &LogicalPlan,
+    inner: &LogicalPlan,
+    key: Option<&[Expr]>,
+) -> Result<(Crossing, String)> {
     let schema = child.schema();
     let Some((end, time)) = crate::window::window_end(schema.fields().iter().map(|f| f.as_ref()))
     else {
@@ -104,6 +168,13 @@ fn link(child: &LogicalPlan, inner: &LogicalPlan) -> Result<(Crossing, String)> 
         crossing.push(Expr::Column(c.clone()).alias(&name));
         restored.push(channel_column(&name).alias_qualified(c.relation.clone(), c.name.clone()));
         key_fields.push(name);
+    }
+    if let Some(key) = key {
+        key_fields.clear();
+        for (j, k) in key.iter().enumerate() {
+            crossing.push(k.clone().alias(format!("k{j}")));
+            key_fields.push(format!("k{j}"));
+        }
     }
     crossing.extend(aligned::columns());
     let upstream = LogicalPlanBuilder::from(child.clone())

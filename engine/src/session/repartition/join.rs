@@ -22,7 +22,14 @@ use crate::watermark::aligned;
 /// their join key's value (the equalities of its ON condition), so that
 /// the rows of one key from both sides reach one task, which joins them as
 /// the statement does.
-pub(super) fn split(to: &Channels, writer: DataStreamWriter) -> Result<Step> {
+///
+/// A side that reads a stream of `keyed` (a chain's link, already keyed by
+/// this join's key as the other side's channel is) is joined as it is read.
+pub(super) fn split(
+    to: &Channels,
+    writer: DataStreamWriter,
+    keyed: &BTreeSet<String>,
+) -> Result<Step> {
     let plan = writer.frame.logical_plan().clone();
     let (original, join) = only_join(&plan)?;
     let (left_keys, right_keys) = equalities(&join)?;
@@ -30,14 +37,19 @@ pub(super) fn split(to: &Channels, writer: DataStreamWriter) -> Result<Step> {
     let mut upstream = Vec::with_capacity(2);
     let mut restored = Vec::with_capacity(2);
     let mut described = Vec::with_capacity(2);
-    for (side, (input_plan, keys)) in [(&join.left, &left_keys), (&join.right, &right_keys)]
-        .into_iter()
-        .enumerate()
-    {
+    for (input_plan, keys) in [(&join.left, &left_keys), (&join.right, &right_keys)] {
         let input = input_stream(input_plan)?;
+        if keyed.contains(&input.name) {
+            restored.push(input_plan.as_ref().clone());
+            described.push(format!(
+                "'{}' (keyed by the join's key already)",
+                input.name
+            ));
+            continue;
+        }
         let event_time = input.watermark.as_ref().map(|w| w.column.as_str());
         let crossing = side_by_side(input_plan, keys, event_time, &used)?;
-        let channel = channel(to, &writer, &input, crossing, to.first + side)?;
+        let channel = channel(to, &writer, &input, crossing, to.first + upstream.len())?;
         upstream.push(channel.upstream);
         restored.push(channel.restored);
         described.push(channel.description);
@@ -92,7 +104,7 @@ fn refuse_join(why: impl std::fmt::Display) -> SluiceError {
 /// The join's equalities of a left and a right expression (its `on`
 /// pairs, and the conjuncts `l = r` of its filter), each pair cast to one
 /// type so that equal keys are written alike on both channels.
-fn equalities(join: &Join) -> Result<(Vec<Expr>, Vec<Expr>)> {
+pub(super) fn equalities(join: &Join) -> Result<(Vec<Expr>, Vec<Expr>)> {
     let (left_schema, right_schema) = (join.left.schema(), join.right.schema());
     let of = |e: &Expr, schema: &DFSchema| {
         let refs = e.column_refs();

@@ -104,12 +104,22 @@ pub(crate) fn divide(
         partitions,
         idle_timeout,
     };
-    let mut push = |to: &Channels, writer, plan: &IncrementalPlan| -> Result<usize> {
-        if !needed(plan) {
-            divided.push(writer);
-            return Ok(0);
-        }
-        let step = split(to, writer, plan)?;
+    let mut push = |to: &Channels,
+                    writer,
+                    plan: &IncrementalPlan,
+                    keyed: &BTreeSet<String>|
+     -> Result<usize> {
+        let step = match needed(plan) {
+            true => split(to, writer, plan, keyed)?,
+            false => Err(writer),
+        };
+        let step = match step {
+            Ok(step) => step,
+            Err(writer) => {
+                divided.push(writer);
+                return Ok(0);
+            }
+        };
         tracing::info!(channels = %step.channels, partitions, "repartition step");
         let count = step.upstream.len();
         divided.extend(step.upstream);
@@ -118,7 +128,7 @@ pub(crate) fn divide(
     };
     for (writer, plan) in writers.into_iter().zip(plans) {
         if plan.stages.is_empty() {
-            channels += push(&to(channels), writer, plan)?;
+            channels += push(&to(channels), writer, plan, &BTreeSet::new())?;
             continue;
         }
         let chain = chain::unstack(&to(channels), writer.output_mode(plan.mode))?;
@@ -126,22 +136,36 @@ pub(crate) fn divide(
         channels += chain.channels.len();
         for statement in chain.statements {
             let planned = statement.plan()?;
-            channels += push(&to(channels), statement, &planned)?;
+            channels += push(&to(channels), statement, &planned, &chain.keyed)?;
         }
     }
     Ok(divided)
 }
 
 /// `writer`'s statement (planned undivided as `plan`, one stateful
-/// operator) at its repartition step.
-fn split(to: &Channels, writer: DataStreamWriter, plan: &IncrementalPlan) -> Result<Step> {
+/// operator) at its repartition step; the writer back when every stream
+/// it reads is in `keyed` (a chain's links already keyed by what this
+/// statement groups or joins by), so it needs none.
+fn split(
+    to: &Channels,
+    writer: DataStreamWriter,
+    plan: &IncrementalPlan,
+    keyed: &BTreeSet<String>,
+) -> Result<std::result::Result<Step, DataStreamWriter>> {
+    if plan
+        .inputs
+        .iter()
+        .all(|i| keyed.contains(&i.table.definition().name))
+    {
+        return Ok(Err(writer));
+    }
     // The same output mode as undivided, though the regrouped plan might
     // derive another (`SELECT DISTINCT` is append).
     let writer = writer.output_mode(plan.mode);
-    match plan.join.is_some() {
-        true => join::split(to, writer),
-        false => aggregate::split(to, writer),
-    }
+    Ok(Ok(match plan.join.is_some() {
+        true => join::split(to, writer, keyed)?,
+        false => aggregate::split(to, writer)?,
+    }))
 }
 
 /// Where a statement's channels go: the query's, numbered from `first`.
@@ -186,7 +210,7 @@ pub(crate) fn explain(
         idle_timeout: None,
     };
     if plan.stages.is_empty() {
-        return Ok(explain_step(&to(0), writer, plan)?.0);
+        return Ok(explain_step(&to(0), writer, plan, &BTreeSet::new())?.0);
     }
     let chain = chain::unstack(&to(0), writer.output_mode(plan.mode))?;
     let mut out = format!(
@@ -205,7 +229,7 @@ pub(crate) fn explain(
         });
         out.push_str(&statement.explain_plan(&planned));
         if needed(&planned) {
-            let (step, count) = explain_step(&to(channels), statement, &planned)?;
+            let (step, count) = explain_step(&to(channels), statement, &planned, &chain.keyed)?;
             out.push_str(&step);
             channels += count;
         }
@@ -219,12 +243,19 @@ fn explain_step(
     to: &Channels,
     writer: DataStreamWriter,
     plan: &IncrementalPlan,
+    keyed: &BTreeSet<String>,
 ) -> Result<(String, usize)> {
     let what = match plan.join.is_some() {
         true => "the join is",
         false => "the GROUP BY is",
     };
-    let step = split(to, writer, plan)?;
+    let Ok(step) = split(to, writer, plan, keyed)? else {
+        return Ok((
+            "it reads only links of the chain already keyed by its key: no repartition step\n"
+                .into(),
+            0,
+        ));
+    };
     let mut out = format!(
         "repartition step: {what} not on the record key, so each task runs {} \
          sub-topologies joined by {}, committed in its one transaction\n",
@@ -282,6 +313,8 @@ struct Step {
 /// reads it back.
 struct Channel {
     upstream: DataStreamWriter,
+    /// The stream that reads it back.
+    stream: String,
     /// The channel read back, under the columns' names upstream read.
     restored: LogicalPlan,
     /// Its name, format and columns.
@@ -353,8 +386,9 @@ fn channel(
     // The format is in the read-back stream's name, so in its offsets'
     // keys and the query's fingerprint: a restart that would read the
     // channel in another format than it was written in is refused.
+    let stream = format!("{}-{}", step_name(index), channel.format);
     let read_back = session.read_definition(StreamDefinition {
-        name: format!("{}-{}", step_name(index), channel.format),
+        name: stream.clone(),
         connector: input.connector.clone(),
         options: channel.source,
         schema: Some(Arc::clone(&channel_schema)),
@@ -367,6 +401,7 @@ fn channel(
         .build()?;
     Ok(Channel {
         upstream,
+        stream,
         restored,
         description: format!(
             "'{}' (one partition per task; {}: {})",
