@@ -15,6 +15,11 @@
 #               and substr(value, 1, 2): co-partitioned
 #   hop         the same per substr(value, 1, 2): through a repartition
 #               topic, every row crossing with its watermark
+#   q5          Nexmark q5's query: per HOP window (1 s slide, 2 s size)
+#               the first letters of the value with the most records
+#               (counts per letter and window, the maximum per window, the
+#               counts joined with it); divided, a chain of four
+#               statements and five channels
 #   join        an interval join of the topic with itself read as a
 #               second stream, on the whole value (each record meets its
 #               own copy), within 1 s either way of event time (the
@@ -80,9 +85,11 @@ run() {
     hop-keyed) select="SELECT _partition AS p, substr(value, 1, 2) AS g, window_start, count(*) AS n FROM TABLE(HOP(TABLE input, DESCRIPTOR(ts), INTERVAL '1' SECOND, INTERVAL '2' SECOND)) GROUP BY _partition, substr(value, 1, 2), window_start, window_end" ;;
     hop) select="SELECT substr(value, 1, 2) AS g, window_start, count(*) AS n FROM TABLE(HOP(TABLE input, DESCRIPTOR(ts), INTERVAL '1' SECOND, INTERVAL '2' SECOND)) GROUP BY substr(value, 1, 2), window_start, window_end" ;;
     join) select="SELECT substr(a.value, 1, 2) AS g, a.ts FROM input a JOIN other b ON a.value = b.value AND b.ts BETWEEN a.ts - INTERVAL '1' SECOND AND a.ts + INTERVAL '1' SECOND" ;;
+    q5) local hop="TABLE(HOP(TABLE input, DESCRIPTOR(ts), INTERVAL '1' SECOND, INTERVAL '2' SECOND))"
+      select="SELECT c.g, c.num, m.window_end FROM (SELECT substr(value, 1, 1) AS g, count(*) AS num, window_start, window_end FROM $hop GROUP BY substr(value, 1, 1), window_start, window_end) c JOIN (SELECT max(num) AS maxn, window_start, window_end FROM (SELECT count(*) AS num, window_start, window_end FROM $hop GROUP BY substr(value, 1, 1), window_start, window_end) GROUP BY window_start, window_end) m ON c.window_start = m.window_start AND c.window_end = m.window_end AND c.num >= m.maxn" ;;
   esac
   local columns=""
-  [[ $shape == hop* || $shape == join ]] && columns="(value VARCHAR, ts TIMESTAMP(3) METADATA FROM 'timestamp', WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) "
+  [[ $shape == hop* || $shape == join || $shape == q5 ]] && columns="(value VARCHAR, ts TIMESTAMP(3) METADATA FROM 'timestamp', WATERMARK FOR ts AS ts - INTERVAL '1' SECOND) "
   local sluice=$SLUICE
   case $case in
     baseline) settings=""; sluice=$BASELINE ;;
@@ -121,7 +128,7 @@ SQL
   # for 3 s (the downstream reads one row per record, or one partial row per
   # group and epoch where upstream pre-aggregates, so its count is not known).
   local want=$N last=-1 still=0 hop=0
-  [[ ($shape == repartition || $shape == hop || $shape == join) && $case != baseline && $case != one ]] && hop=1
+  [[ ($shape == repartition || $shape == hop || $shape == join || $shape == q5) && $case != baseline && $case != one ]] && hop=1
   # The join reads each record twice, once per side.
   [[ $shape == join && $hop == 0 ]] && want=$((2 * N))
   local deadline=$(( $(date +%s) + 900 ))
