@@ -4,11 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice::broker::{create_topic, fresh_topic, read_topic};
 
-use crate::util::{broker, Run};
+use crate::util::{broker, explain, wait_for_rows, Run};
 use crate::verify::{produce, timestamp};
 
 const PARTITIONS: i64 = 3;
@@ -133,23 +133,14 @@ const Q7: &str = "SELECT b.auction, b.price, b.date_time \
        ON b.price = m.maxprice \
        AND b.date_time BETWEEN m.window_end - INTERVAL '1' SECOND AND m.window_end";
 
-/// The rows of `topic` (read committed), each as three of its fields:
-/// `fields` names them, a timestamp given by a name starting with `@`.
-fn rows(bootstrap: &str, topic: &str, fields: [&str; 3]) -> Vec<(i64, i64, i64)> {
-    let mut out: Vec<(i64, i64, i64)> = read_topic(bootstrap, topic, true, Duration::from_secs(30))
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
-            let field = |f: &str| match f.strip_prefix('@') {
-                Some(name) => ms(v[name].as_str().unwrap()),
-                None => v[f].as_i64().unwrap(),
-            };
-            (field(fields[0]), field(fields[1]), field(fields[2]))
-        })
-        .collect();
-    out.sort_unstable();
-    out
+/// Three fields of an output row: `fields` names them, a timestamp given
+/// by a name starting with `@` (as ms).
+fn row(v: &serde_json::Value, fields: [&str; 3]) -> (i64, i64, i64) {
+    let field = |f: &str| match f.strip_prefix('@') {
+        Some(name) => ms(v[name].as_str().unwrap()),
+        None => v[f].as_i64().unwrap(),
+    };
+    (field(fields[0]), field(fields[1]), field(fields[2]))
 }
 
 /// Nexmark q5 (a windowed count under a windowed maximum, both under a
@@ -220,13 +211,7 @@ async fn stacked_windowed_operators_divide_as_a_chain_of_statements() {
         ),
     )
     .unwrap();
-    let explained = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("explain")
-        .arg(&sql)
-        .output()
-        .unwrap();
-    let plan = String::from_utf8_lossy(&explained.stdout);
-    assert!(explained.status.success(), "{plan}");
+    let plan = explain(&sql);
     assert_eq!(
         plan.matches("chain: the statement stacks stateful operators")
             .count(),
@@ -256,30 +241,20 @@ async fn stacked_windowed_operators_divide_as_a_chain_of_statements() {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.arg("run").arg(&sql).stdout(Stdio::null());
     let mut run = Run::new(cmd);
-    let deadline = Instant::now() + Duration::from_secs(180);
     for (topic, want, fields) in [
         (&q5, &want_q5, ["auction", "num", "@window_end"]),
         (&q7, &want_q7, ["auction", "price", "@date_time"]),
     ] {
-        loop {
-            let (b, t) = (bootstrap.clone(), topic.clone());
-            let got = tokio::task::spawn_blocking(move || rows(&b, &t, fields))
-                .await
-                .unwrap();
-            if got.len() >= want.len() {
-                assert_eq!(&got, want, "{topic}: emitted vs the plain loops'");
-                break;
-            }
-            assert!(run.running(), "{}", run.stderr());
-            assert!(
-                Instant::now() < deadline,
-                "{topic}: {} of {} rows after 180 s: {}",
-                got.len(),
-                want.len(),
-                run.stderr()
-            );
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        let got = wait_for_rows(
+            &bootstrap,
+            topic,
+            want.len(),
+            &mut run,
+            Duration::from_secs(180),
+            |v| row(v, fields),
+        )
+        .await;
+        assert_eq!(&got, want, "{topic}: emitted vs the plain loops'");
     }
     run.terminate();
     assert!(
@@ -346,11 +321,16 @@ async fn available_now_through_repartition_steps_ends_once_every_task_has_draine
     let status = run.wait(Duration::from_secs(180));
     assert!(status.success(), "{}", run.stderr());
 
-    let (b, t) = (bootstrap.clone(), q7.clone());
-    let got_q7 =
-        tokio::task::spawn_blocking(move || rows(&b, &t, ["auction", "price", "@date_time"]))
-            .await
-            .unwrap();
+    // The run has ended: what it committed is all there is.
+    let got_q7 = wait_for_rows(
+        &bootstrap,
+        &q7,
+        want_q7.len(),
+        &mut run,
+        Duration::from_secs(30),
+        |v| row(v, ["auction", "price", "@date_time"]),
+    )
+    .await;
     assert_eq!(got_q7, want_q7, "q7: emitted vs the plain loops'");
     // Update mode: each auction's last count is its number of bids.
     let (b, t) = (bootstrap.clone(), counts.clone());

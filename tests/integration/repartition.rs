@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sluice::broker::{create_topic, fresh_topic, read_topic};
 
-use crate::util::{broker, Run};
+use crate::util::{broker, explain, wait_for_rows, Run};
 use crate::verify::{produce as produce_to, timestamp};
 
 /// A record of the test input: its partition, `g` and event time (ms
@@ -155,13 +155,7 @@ async fn a_window_through_a_repartition_step_waits_for_every_partition_and_drops
         ),
     )
     .unwrap();
-    let explained = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("explain")
-        .arg(&hop)
-        .output()
-        .unwrap();
-    let plan = String::from_utf8_lossy(&explained.stdout);
-    assert!(explained.status.success(), "{plan}");
+    let plan = explain(&hop);
     let (upstream, downstream) = plan
         .split_once("-- sub-topology 1")
         .unwrap_or_else(|| panic!("{plan}"));
@@ -344,13 +338,7 @@ async fn divided_interval_join(keyed: bool) {
         ),
     )
     .unwrap();
-    let explained = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("explain")
-        .arg(&sql)
-        .output()
-        .unwrap();
-    let plan = String::from_utf8_lossy(&explained.stdout);
-    assert!(explained.status.success(), "{plan}");
+    let plan = explain(&sql);
     match keyed {
         true => assert!(
             plan.contains("tasks: one per partition") && !plan.contains("repartition step"),
@@ -365,37 +353,18 @@ async fn divided_interval_join(keyed: bool) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.arg("run").arg(&sql).stdout(Stdio::null());
     let mut run = Run::new(cmd);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let got = loop {
-        let (b, t) = (bootstrap.clone(), output.clone());
-        let records = tokio::task::spawn_blocking(move || {
-            read_topic(&b, &t, true, Duration::from_secs(30)).unwrap()
-        })
-        .await
-        .unwrap();
-        let mut got: Vec<(i64, i64, i64)> = records
-            .iter()
-            .map(|r| {
-                let v: serde_json::Value =
-                    serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
-                let n = |f: &str| v[f].as_i64().unwrap();
-                (n("auction"), n("price"), n("ask"))
-            })
-            .collect();
-        got.sort_unstable();
-        if got.len() >= want.len() {
-            break got;
-        }
-        assert!(run.running(), "{}", run.stderr());
-        assert!(
-            Instant::now() < deadline,
-            "{} of {} pairs after 120 s: {}",
-            got.len(),
-            want.len(),
-            run.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
+    let got = wait_for_rows(
+        &bootstrap,
+        &output,
+        want.len(),
+        &mut run,
+        Duration::from_secs(120),
+        |v| {
+            let n = |f: &str| v[f].as_i64().unwrap();
+            (n("auction"), n("price"), n("ask"))
+        },
+    )
+    .await;
     assert_eq!(got, want, "pairs emitted vs the plain loop's");
 
     // verify, once every row has crossed, agrees.
@@ -620,13 +589,7 @@ async fn a_stream_joined_with_a_static_table_divides_with_the_table_in_every_tas
         ),
     )
     .unwrap();
-    let explained = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("explain")
-        .arg(&sql)
-        .output()
-        .unwrap();
-    let plan = String::from_utf8_lossy(&explained.stdout);
-    assert!(explained.status.success(), "{plan}");
+    let plan = explain(&sql);
     assert!(
         plan.contains("tasks: one per partition") && !plan.contains("repartition step"),
         "{plan}"
@@ -636,38 +599,21 @@ async fn a_stream_joined_with_a_static_table_divides_with_the_table_in_every_tas
     cmd.arg("run").arg(&sql).stdout(Stdio::null());
     let mut run = Run::new(cmd);
     let want: Vec<(i64, String)> = (0..300).map(|id| (id, format!("n{}", id % 10))).collect();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let (b, t) = (bootstrap.clone(), output.clone());
-        let mut got: Vec<(i64, String)> = tokio::task::spawn_blocking(move || {
-            read_topic(&b, &t, true, Duration::from_secs(30)).unwrap()
-        })
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| {
-            let v: serde_json::Value = serde_json::from_slice(r.value.as_deref().unwrap()).unwrap();
+    let got = wait_for_rows(
+        &bootstrap,
+        &output,
+        want.len(),
+        &mut run,
+        Duration::from_secs(120),
+        |v| {
             (
                 v["id"].as_i64().unwrap(),
                 v["name"].as_str().unwrap().to_string(),
             )
-        })
-        .collect();
-        got.sort_unstable();
-        if got.len() >= want.len() {
-            assert_eq!(got, want, "joined rows vs the plain loop's");
-            break;
-        }
-        assert!(run.running(), "{}", run.stderr());
-        assert!(
-            Instant::now() < deadline,
-            "{} of {} rows after 120 s: {}",
-            got.len(),
-            want.len(),
-            run.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+        },
+    )
+    .await;
+    assert_eq!(got, want, "joined rows vs the plain loop's");
     run.terminate();
     assert!(
         run.wait(Duration::from_secs(60)).success(),

@@ -460,13 +460,7 @@ async fn a_query_divided_per_partition_commits_each_task_alone_and_is_exact_thro
     );
 
     // EXPLAIN says how each query is divided.
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("explain")
-        .arg(&sql)
-        .output()
-        .unwrap();
-    let plan = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{plan}");
+    let plan = crate::util::explain(&sql);
     assert_eq!(
         plan.matches("tasks: one per partition of the inputs")
             .count(),

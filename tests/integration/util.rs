@@ -619,3 +619,54 @@ impl<T: Source + Sink + 'static> Connector for OneConnector<T> {
         Ok(Arc::clone(&self.inner) as Arc<dyn Sink>)
     }
 }
+
+/// `sluice explain` of the SQL file `sql`: its plan, after asserting it
+/// succeeded.
+pub fn explain(sql: &std::path::Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("explain")
+        .arg(sql)
+        .output()
+        .unwrap();
+    let plan = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{plan}");
+    plan
+}
+
+/// The JSON records of `topic` (read committed), each as `parse` makes
+/// it, sorted, once there are at least `want`: read again every 300 ms
+/// until then, failing after `limit` or when `run` has ended.
+pub async fn wait_for_rows<T: Ord>(
+    bootstrap: &str,
+    topic: &str,
+    want: usize,
+    run: &mut Run,
+    limit: Duration,
+    parse: impl Fn(&serde_json::Value) -> T,
+) -> Vec<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (b, t) = (bootstrap.to_string(), topic.to_string());
+        let records = tokio::task::spawn_blocking(move || {
+            sluice::broker::read_topic(&b, &t, true, Duration::from_secs(30)).unwrap()
+        })
+        .await
+        .unwrap();
+        let mut got: Vec<T> = records
+            .iter()
+            .map(|r| parse(&serde_json::from_slice(r.value.as_deref().unwrap()).unwrap()))
+            .collect();
+        got.sort();
+        if got.len() >= want {
+            return got;
+        }
+        assert!(run.running(), "{}", run.stderr());
+        assert!(
+            Instant::now() < deadline,
+            "{topic}: {} of {want} rows after {limit:?}: {}",
+            got.len(),
+            run.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
