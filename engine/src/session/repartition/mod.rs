@@ -70,9 +70,8 @@ mod join;
 /// Whether `plan`, divided by partition, needs a repartition step: it
 /// groups by columns that do not decide a record's partition, it joins
 /// two streams (whose rows of one key each task must see) on anything but
-/// both record keys, or it stacks
-/// stateful operators (each reading what the one under it emits, keyed by
-/// something else).
+/// both record keys, or it stacks stateful operators (each reading what
+/// the one under it emits, keyed by something else).
 pub(crate) fn needed(plan: &IncrementalPlan) -> bool {
     !plan.stages.is_empty()
         || plan.join.is_some() && !crate::planner::joined_by_partition(&plan.logical)
@@ -109,13 +108,13 @@ pub(crate) fn divide(
                     plan: &IncrementalPlan,
                     keyed: &BTreeSet<String>|
      -> Result<usize> {
-        let step = match needed(plan) {
+        let split = match needed(plan) {
             true => split(to, writer, plan, keyed)?,
-            false => Err(writer),
+            false => Split::AsIs(writer),
         };
-        let step = match step {
-            Ok(step) => step,
-            Err(writer) => {
+        let step = match split {
+            Split::Step(step) => step,
+            Split::AsIs(writer) => {
                 divided.push(writer);
                 return Ok(0);
             }
@@ -142,27 +141,34 @@ pub(crate) fn divide(
     Ok(divided)
 }
 
+/// A statement divided at its repartition step, or as it is.
+enum Split {
+    Step(Step),
+    /// It reads only what is keyed for it already.
+    AsIs(DataStreamWriter),
+}
+
 /// `writer`'s statement (planned undivided as `plan`, one stateful
-/// operator) at its repartition step; the writer back when every stream
-/// it reads is in `keyed` (a chain's links already keyed by what this
-/// statement groups or joins by), so it needs none.
+/// operator) at its repartition step; as it is when every stream it reads
+/// is in `keyed` (a chain's links already keyed by what this statement
+/// groups or joins by).
 fn split(
     to: &Channels,
     writer: DataStreamWriter,
     plan: &IncrementalPlan,
     keyed: &BTreeSet<String>,
-) -> Result<std::result::Result<Step, DataStreamWriter>> {
+) -> Result<Split> {
     if plan
         .inputs
         .iter()
         .all(|i| keyed.contains(&i.table.definition().name))
     {
-        return Ok(Err(writer));
+        return Ok(Split::AsIs(writer));
     }
     // The same output mode as undivided, though the regrouped plan might
     // derive another (`SELECT DISTINCT` is append).
     let writer = writer.output_mode(plan.mode);
-    Ok(Ok(match plan.join.is_some() {
+    Ok(Split::Step(match plan.join.is_some() {
         true => join::split(to, writer, keyed)?,
         false => aggregate::split(to, writer)?,
     }))
@@ -249,7 +255,7 @@ fn explain_step(
         true => "the join is",
         false => "the GROUP BY is",
     };
-    let Ok(step) = split(to, writer, plan, keyed)? else {
+    let Split::Step(step) = split(to, writer, plan, keyed)? else {
         return Ok((
             "it reads only links of the chain already keyed by its key: no repartition step\n"
                 .into(),
