@@ -61,7 +61,7 @@ use split::{group_key_columns, split_aggregate, split_join, split_over, split_ra
 pub(crate) use split::{innermost_nested, Nested};
 pub(crate) use tasks::{
     count as count_tasks, divisible, explain as explain_tasks, joined_by_partition,
-    keyed_by_partition, scanned_column,
+    keyed_by_partition, refuse_division, scanned_column,
 };
 
 /// One stream scan of a running query.

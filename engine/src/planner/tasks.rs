@@ -105,10 +105,24 @@ pub(crate) fn divisible(plan: &IncrementalPlan, which: &str) -> Result<()> {
 }
 
 fn refuse(why: String) -> SluiceError {
-    SluiceError::config(format!(
-        "'tasks' = 'per-partition' cannot divide this query: {why}. Run it as one task (SET \
-         'tasks' = '1')"
-    ))
+    refuse_division(why, None)
+}
+
+/// The error refusing to divide a query into tasks: `why` (what stops
+/// it), then `instead` (what would divide), or running it as one task.
+///
+/// ```text
+/// 'tasks' = 'per-partition' cannot divide this query: <why>. <instead>, or
+/// run it as one task (SET 'tasks' = '1')
+/// ```
+pub(crate) fn refuse_division(why: impl std::fmt::Display, instead: Option<&str>) -> SluiceError {
+    let cannot = "'tasks' = 'per-partition' cannot divide this query";
+    SluiceError::config(match instead {
+        Some(instead) => {
+            format!("{cannot}: {why}. {instead}, or run it as one task (SET 'tasks' = '1')")
+        }
+        None => format!("{cannot}: {why}. Run it as one task (SET 'tasks' = '1')"),
+    })
 }
 
 /// Whether `stage` emits rows that change: a changelog.
@@ -188,5 +202,30 @@ pub(crate) fn scanned_column(plan: &LogicalPlan, column: &Column) -> Option<Colu
             scanned_column(&u.input, column)
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refuse_division;
+
+    #[test]
+    fn a_refusal_says_what_stops_the_division_and_what_to_do() {
+        let plain = refuse_division("it reads no stream", None).to_string();
+        assert!(
+            plain.ends_with(
+                "'tasks' = 'per-partition' cannot divide this query: it reads no stream. Run it \
+                 as one task (SET 'tasks' = '1')"
+            ),
+            "{plain}"
+        );
+        let with = refuse_division("it groups by x", Some("Group by `_key`")).to_string();
+        assert!(
+            with.ends_with(
+                "cannot divide this query: it groups by x. Group by `_key`, or run it as one \
+                 task (SET 'tasks' = '1')"
+            ),
+            "{with}"
+        );
     }
 }

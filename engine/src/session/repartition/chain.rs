@@ -126,11 +126,13 @@ fn parent_key(parent: &LogicalPlan, child: &LogicalPlan) -> Result<Option<Vec<Ex
 
 /// Refuses a stacked statement that cannot be chained, saying why.
 fn refuse(why: impl std::fmt::Display) -> SluiceError {
-    SluiceError::config(format!(
-        "'tasks' = 'per-partition' cannot divide this query: it stacks stateful operators, \
-         so each would run as a statement of its own that reads the one under it through a \
-         channel, but {why}. Run it as one task (SET 'tasks' = '1')"
-    ))
+    crate::planner::refuse_division(
+        format!(
+            "it stacks stateful operators, so each would run as a statement of its own that \
+             reads the one under it through a channel, but {why}"
+        ),
+        None,
+    )
 }
 
 /// What crosses from `child` (the input of the operator above `inner`, up

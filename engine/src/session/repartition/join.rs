@@ -95,10 +95,10 @@ fn only_join(plan: &LogicalPlan) -> Result<(LogicalPlan, Join)> {
 
 /// Refuses a join that cannot be repartitioned, saying why.
 fn refuse_join(why: impl std::fmt::Display) -> SluiceError {
-    SluiceError::config(format!(
-        "'tasks' = 'per-partition' cannot divide this query: its join would go through a \
-         repartition step, but {why}. Run it as one task (SET 'tasks' = '1')"
-    ))
+    crate::planner::refuse_division(
+        format!("its join would go through a repartition step, but {why}"),
+        None,
+    )
 }
 
 /// The join's equalities of a left and a right expression (its `on`

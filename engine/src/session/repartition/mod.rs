@@ -58,7 +58,7 @@ use super::Session;
 use crate::connector::RepartitionArgs;
 use crate::error::{Result, SluiceError};
 use crate::launch::SinkChoice;
-use crate::planner::IncrementalPlan;
+use crate::planner::{refuse_division, IncrementalPlan};
 use crate::table::{as_stream_table, StreamDefinition};
 use crate::task::step_name;
 use crate::watermark::{aligned, Aligned, WatermarkSpec};
@@ -186,12 +186,13 @@ struct Channels<'a> {
 /// Refuses a statement that cannot be repartitioned, saying why and what
 /// would work.
 fn refuse(why: impl std::fmt::Display) -> SluiceError {
-    SluiceError::config(format!(
-        "'tasks' = 'per-partition' cannot divide this query: its GROUP BY is not on the \
-         record key, so its rows would go through a repartition step, but {why}. Add the \
-         record key `_key` (or `_partition`) to its GROUP BY, or run it as one task \
-         (SET 'tasks' = '1')"
-    ))
+    refuse_division(
+        format!(
+            "its GROUP BY is not on the record key, so its rows would go through a \
+             repartition step, but {why}"
+        ),
+        Some("Add the record key `_key` (or `_partition`) to its GROUP BY"),
+    )
 }
 
 /// What EXPLAIN adds for a statement that goes through a repartition
