@@ -161,7 +161,7 @@ fn link(
     };
     let mut crossing = Vec::with_capacity(schema.fields().len() + 3);
     let mut restored = Vec::with_capacity(schema.fields().len());
-    let mut key_fields = Vec::with_capacity(schema.fields().len());
+    let mut names = Vec::with_capacity(schema.fields().len());
     for (i, c) in schema.columns().into_iter().enumerate() {
         let name = match i == end {
             true => LINK_TIME.to_string(),
@@ -169,15 +169,16 @@ fn link(
         };
         crossing.push(Expr::Column(c.clone()).alias(&name));
         restored.push(channel_column(&name).alias_qualified(c.relation.clone(), c.name.clone()));
-        key_fields.push(name);
+        names.push(name);
     }
-    if let Some(key) = key {
-        key_fields.clear();
-        for (j, k) in key.iter().enumerate() {
-            crossing.push(k.clone().alias(format!("k{j}")));
-            key_fields.push(format!("k{j}"));
+    let key_fields = match key {
+        Some(key) => {
+            let named: Vec<String> = (0..key.len()).map(|j| format!("k{j}")).collect();
+            crossing.extend(key.iter().zip(&named).map(|(k, n)| k.clone().alias(n)));
+            named
         }
-    }
+        None => names,
+    };
     crossing.extend(aligned::columns());
     let upstream = LogicalPlanBuilder::from(child.clone())
         .project(crossing)?
