@@ -352,8 +352,11 @@ impl StatusLines {
 impl StreamingQueryListener for ProgressReporter {
     fn on_query_progress(&self, p: &QueryProgress) {
         if let Some(log) = &self.log {
+            // One write per line: a reader polling the log never sees a
+            // line without its end.
+            let line = format!("{}\n", p.log_line());
             let mut f = log.lock().unwrap_or_else(|e| e.into_inner());
-            if let Err(e) = writeln!(f, "{}", p.log_line()) {
+            if let Err(e) = f.write_all(line.as_bytes()) {
                 tracing::error!(error = %e, "cannot append to the progress log");
             }
         }
