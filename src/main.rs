@@ -40,9 +40,20 @@ enum Command {
         /// Append one JSON object per committed epoch to PATH.
         #[arg(long, value_name = "PATH")]
         progress_log: Option<PathBuf>,
-        /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+        /// Serve Prometheus metrics at http://HOST:PORT/metrics (and the
+        /// status page at /).
         #[arg(long, value_name = "HOST:PORT")]
         metrics_addr: Option<String>,
+        /// Serve the status page of the queries and their tasks at
+        /// http://HOST:PORT/ and its JSON at /api/queries (127.0.0.1 unless
+        /// told otherwise).
+        #[arg(long, value_name = "HOST:PORT")]
+        ui_addr: Option<String>,
+        /// Ask every request to the page, its API and the metrics for the
+        /// token in FILE (Authorization: Bearer, or the password of basic
+        /// authentication); the environment's SLUICE_UI_TOKEN does too.
+        #[arg(long, value_name = "FILE")]
+        ui_token_file: Option<PathBuf>,
         /// On SIGINT/SIGTERM, how long the open epoch may take to commit
         /// before the process gives up on it (exit 1; the next start re-runs
         /// it).
@@ -205,12 +216,19 @@ fn main() -> ExitCode {
                 file,
                 progress_log,
                 metrics_addr,
+                ui_addr,
+                ui_token_file,
                 shutdown_timeout,
             } => {
+                let serving = Serving {
+                    metrics_addr,
+                    ui_addr,
+                    token_file: ui_token_file,
+                };
                 run(
                     &file,
                     progress_log.as_deref(),
-                    metrics_addr.as_deref(),
+                    serving,
                     Duration::from_secs(shutdown_timeout),
                 )
                 .await
@@ -373,10 +391,86 @@ impl StreamingQueryListener for ProgressReporter {
     }
 }
 
+/// What `sluice run` serves over HTTP: the metrics, the status page, both
+/// from one server (each address serves everything), and its token.
+struct Serving {
+    metrics_addr: Option<String>,
+    ui_addr: Option<String>,
+    token_file: Option<PathBuf>,
+}
+
+impl Serving {
+    /// Binds every address asked for, before any query starts: a port in
+    /// use or an address not of this host is a usage error (exit 2).
+    async fn start(
+        self,
+        session: &sluice::Session,
+        board: &Arc<sluice_status::StatusBoard>,
+    ) -> Result<(), Failure> {
+        let addrs: Vec<(&str, &String)> = [
+            ("--metrics-addr", self.metrics_addr.as_ref()),
+            ("--ui-addr", self.ui_addr.as_ref()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, addr)| Some((flag, addr?)))
+        .collect();
+        if addrs.is_empty() {
+            return Ok(());
+        }
+        let token = self.token()?;
+        let metrics = Arc::new(sluice::Metrics::default());
+        session.add_listener(metrics.clone());
+        let server = sluice_status::StatusServer::new(Arc::clone(board))
+            .metrics(Some(metrics))
+            .token(token.clone());
+        for (flag, addr) in addrs {
+            use std::net::ToSocketAddrs;
+            let bad = |why: String| Failure::Usage(format!("sluice: {flag} {addr}: {why}"));
+            let socket = addr
+                .to_socket_addrs()
+                .map_err(|e| bad(format!("expected HOST:PORT such as 127.0.0.1:9464 ({e})")))?
+                .next()
+                .ok_or_else(|| bad("the host has no address".into()))?;
+            let bound = server.serve(socket).await.map_err(|e| bad(e.to_string()))?;
+            if !bound.ip().is_loopback() && token.is_none() {
+                tracing::warn!(%bound, "the status page and metrics are served beyond this host without a token; set one with --ui-token-file or SLUICE_UI_TOKEN");
+            }
+            eprintln!("sluice: status page at http://{bound}/ (metrics at /metrics)");
+        }
+        Ok(())
+    }
+
+    /// The token from `--ui-token-file`, else from `SLUICE_UI_TOKEN`.
+    fn token(&self) -> Result<Option<String>, Failure> {
+        let token = match &self.token_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| {
+                        Failure::Usage(format!(
+                            "sluice: --ui-token-file {}: cannot read it: {e}",
+                            path.display()
+                        ))
+                    })?
+                    .trim()
+                    .to_string(),
+            ),
+            None => std::env::var("SLUICE_UI_TOKEN").ok(),
+        };
+        match token {
+            Some(t) if t.is_empty() => Err(Failure::Usage(
+                "sluice: the status page's token is empty; put the token in the file \
+                 (--ui-token-file) or in SLUICE_UI_TOKEN, or set neither"
+                    .into(),
+            )),
+            t => Ok(t),
+        }
+    }
+}
+
 async fn run(
     file: &Path,
     progress_log: Option<&Path>,
-    metrics_addr: Option<&str>,
+    serving: Serving,
     shutdown_timeout: Duration,
 ) -> Result<(), Failure> {
     // Listened for from here: a signal while the queries start is kept
@@ -384,21 +478,8 @@ async fn run(
     let mut shutdown = Shutdown::listen();
     let text = read_sql(file)?;
     let session = sluice::Session::new();
-    if let Some(addr) = metrics_addr {
-        use std::net::ToSocketAddrs;
-        let bad = |why: String| Failure::Usage(format!("sluice: --metrics-addr {addr}: {why}"));
-        let socket = addr
-            .to_socket_addrs()
-            .map_err(|e| bad(format!("expected HOST:PORT such as 127.0.0.1:9464 ({e})")))?
-            .next()
-            .ok_or_else(|| bad("the host has no address".into()))?;
-        let metrics = Arc::new(sluice::Metrics::default());
-        session.add_listener(metrics.clone());
-        let bound = metrics
-            .serve(socket)
-            .map_err(|e| Failure::Runtime(format!("sluice: {e}")))?;
-        eprintln!("sluice: metrics at http://{bound}/metrics");
-    }
+    let board = Arc::new(sluice_status::StatusBoard::default());
+    serving.start(&session, &board).await?;
     let log = progress_log
         .map(|p| {
             std::fs::OpenOptions::new()
@@ -444,8 +525,13 @@ async fn run(
     }
     let mut running: Vec<StreamingQuery> = Vec::new();
     for q in queries {
+        let statement = q.statement().to_string();
+        let plan = q.explain()?;
         match q.start().await {
-            Ok(query) => running.push(query),
+            Ok(query) => {
+                board.watch(&query, &statement, &plan);
+                running.push(query)
+            }
             Err(e) => {
                 stop_all(&running).await;
                 return Err(e.into());

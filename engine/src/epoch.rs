@@ -203,12 +203,8 @@ impl EpochLoop {
                     });
                 }
                 tracing::warn!(query = %self.shared.name, error = %failure, ?backoff, "epoch failed; retrying after recovery");
-                self.shared.set_status(
-                    self.slot,
-                    &format!("Waiting {backoff:?} to retry after: {failure}"),
-                    false,
-                    true,
-                );
+                self.shared
+                    .set_retrying(self.slot, &failure.to_string(), Some(backoff));
                 // A stop during an outage ends the query without its open
                 // epoch: a failure, named as such.
                 if !self.sleep_until(Instant::now() + backoff).await {
@@ -368,7 +364,11 @@ impl EpochLoop {
     /// when epochs run back to back. False when the loop ends: an
     /// `available-now` query has read what there was, or a stop came.
     async fn no_data(&self) -> bool {
-        self.shared.record_no_data(self.slot);
+        let lag = self
+            .inputs()
+            .map(|i| (i.description.clone(), i.source.lag()))
+            .collect();
+        self.shared.record_no_data(self.slot, lag);
         self.shared
             .set_status(self.slot, "Waiting for data to arrive", false, false);
         match self.trigger {

@@ -97,7 +97,7 @@ pub use progress::{
     PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
     StreamingQueryListener,
 };
-pub use query::{QueryStatus, StreamingQuery};
+pub use query::{QueryStatus, StreamingQuery, TaskPhase, TaskReport};
 pub use reference::BatchQuery;
 pub use session::frame::{DataStreamWriter, StreamFrame};
 pub use session::statement_set::{unprefixed_key, StatementSet};

@@ -1,6 +1,7 @@
 //! Prometheus metrics: a [`StreamingQueryListener`] that keeps per-query
-//! counters, gauges and phase histograms from progress events, and a small
-//! HTTP endpoint serving them in the Prometheus text format.
+//! counters, gauges and phase histograms from progress events, and writes
+//! them in the Prometheus text format (the status page's server,
+//! `sluice-status`, serves them at `/metrics`).
 //!
 //! The text is written here, from two tables of families (`PER_QUERY`,
 //! `PER_TASK`), rather than by `prometheus-client`: that crate keeps live
@@ -15,27 +16,17 @@
 //! let session = sluice_engine::Session::new();
 //! let metrics = Arc::new(sluice_engine::Metrics::default());
 //! session.add_listener(metrics.clone());
-//! let addr = metrics.serve("127.0.0.1:9464".parse().unwrap())?;
-//! println!("scrape http://{addr}/metrics");
+//! // ... once queries have run:
+//! let text = metrics.render();
+//! assert!(text.contains("# TYPE sluice_epochs_committed_total counter"));
 //! # Ok(()) }
 //! ```
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
-use crate::error::{Result, SluiceError};
 use crate::progress::{QueryProgress, QueryStartedEvent, StreamingQueryListener};
-
-/// Scrapes answered at once; more connections are closed unanswered.
-const MAX_SCRAPES: usize = 8;
-
-/// How long a scrape may take to send its request or read the answer.
-const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Upper bounds of the epoch phase histogram buckets, in seconds.
 const BUCKETS: &[f64] = &[
@@ -113,7 +104,7 @@ impl QueryMetrics {
 
 /// Per-query metrics from progress events; register it with
 /// [`Session::add_listener`](crate::Session::add_listener) and serve it
-/// with [`Metrics::serve`], or read [`Metrics::render`].
+/// with `sluice-status`'s server, or read [`Metrics::render`].
 #[derive(Debug, Default)]
 pub struct Metrics {
     queries: Mutex<BTreeMap<String, QueryMetrics>>,
@@ -185,64 +176,6 @@ impl Metrics {
             out: String::new(),
         }
         .write()
-    }
-
-    /// Serves [`render`](Self::render) at `http://addr/metrics` from a
-    /// thread of its own, until the process ends; returns the bound address
-    /// (port 0 picks one). Up to [`MAX_SCRAPES`] scrapes are answered at
-    /// once, each bounded by [`SCRAPE_TIMEOUT`].
-    pub fn serve(self: Arc<Self>, addr: SocketAddr) -> Result<SocketAddr> {
-        let listener = TcpListener::bind(addr)
-            .map_err(|e| SluiceError::io(format!("binding the metrics endpoint to {addr}"), e))?;
-        let bound = listener
-            .local_addr()
-            .map_err(|e| SluiceError::io("reading the metrics endpoint's address", e))?;
-        std::thread::Builder::new()
-            .name("sluice-metrics".into())
-            .spawn(move || {
-                // Each scrape on its own thread, a few at a time, each with
-                // read and write timeouts: a client that connects and says
-                // nothing holds up no other scrape, and never the query.
-                let busy = Arc::new(AtomicUsize::new(0));
-                for socket in listener.incoming().flatten() {
-                    if busy.fetch_add(1, Ordering::AcqRel) >= MAX_SCRAPES {
-                        busy.fetch_sub(1, Ordering::AcqRel);
-                        continue;
-                    }
-                    let (metrics, done) = (Arc::clone(&self), Arc::clone(&busy));
-                    let served = std::thread::Builder::new()
-                        .name("sluice-scrape".into())
-                        .spawn(move || {
-                            metrics.answer(socket);
-                            done.fetch_sub(1, Ordering::AcqRel);
-                        });
-                    if served.is_err() {
-                        busy.fetch_sub(1, Ordering::AcqRel);
-                    }
-                }
-            })
-            .map_err(|e| SluiceError::io("starting the metrics thread", e))?;
-        Ok(bound)
-    }
-
-    /// Answers one HTTP request on `socket`: the metrics at `/metrics`.
-    fn answer(&self, mut socket: std::net::TcpStream) {
-        let _ = socket.set_read_timeout(Some(SCRAPE_TIMEOUT));
-        let _ = socket.set_write_timeout(Some(SCRAPE_TIMEOUT));
-        let mut request = [0u8; 2048];
-        let n = socket.read(&mut request).unwrap_or(0);
-        let head = String::from_utf8_lossy(&request[..n]);
-        let (status, body) = if head.starts_with("GET /metrics") {
-            ("200 OK", self.render())
-        } else {
-            ("404 Not Found", "metrics are at /metrics\n".to_string())
-        };
-        let response = format!(
-            "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        let _ = socket.write_all(response.as_bytes());
     }
 }
 
@@ -498,8 +431,6 @@ fn process_usage() -> (Option<f64>, Option<f64>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::net::TcpStream;
-    use std::time::Instant;
 
     /// Every family is written, each once, label values escaped.
     #[test]
@@ -540,27 +471,6 @@ mod tests {
             PER_QUERY.len() + PER_TASK.len() + 5,
             text.lines().filter(|l| l.starts_with("# TYPE")).count(),
             "{text}"
-        );
-    }
-
-    /// A client that connects and says nothing holds up no other scrape.
-    #[test]
-    fn a_silent_client_does_not_hold_up_a_scrape() {
-        let metrics = Arc::new(Metrics::default());
-        let addr = metrics.serve("127.0.0.1:0".parse().unwrap()).unwrap();
-        let _silent = TcpStream::connect(addr).unwrap();
-        let began = Instant::now();
-        let mut scrape = TcpStream::connect(addr).unwrap();
-        scrape.set_read_timeout(Some(SCRAPE_TIMEOUT)).unwrap();
-        scrape.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
-        let mut answer = String::new();
-        scrape.read_to_string(&mut answer).unwrap();
-        assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
-        assert!(answer.contains("process_resident_memory_bytes"), "{answer}");
-        assert!(
-            began.elapsed() < SCRAPE_TIMEOUT,
-            "answered after {:?}, behind the silent client",
-            began.elapsed()
         );
     }
 }

@@ -101,17 +101,32 @@ pub struct QueryProgress {
 }
 
 impl QueryProgress {
-    /// The JSON object `sluice run --progress-log` appends per epoch:
-    /// `{"query", "epoch", "input_rows", "duration_ms": {"total", "read",
-    /// "compute", "state", "commit"}, "state_rows", "state_bytes",
-    /// "watermark", "late_rows"}`, and `"task"` for a task's epoch.
+    /// The JSON object `sluice run --progress-log` appends per epoch, and
+    /// the status page's API serves: `{"query", "epoch", "timestamp",
+    /// "input_rows", "output_rows", "input_rows_per_second",
+    /// "processed_rows_per_second", "duration_ms": {"total", "plan",
+    /// "read", "compute", "state", "commit"}, "state_rows", "state_bytes",
+    /// "watermark", "late_rows", "skipped_records",
+    /// "dead_lettered_records", "lost_records", "lag_records"}`, and
+    /// `"task"` for a task's epoch. `lag_records` sums the sources' lag
+    /// over their partitions (`null` when no source knows its lag).
     pub fn log_line(&self) -> serde_json::Value {
+        let lags: Vec<i64> = self
+            .sources
+            .iter()
+            .flat_map(|s| s.lag.values().copied())
+            .collect();
         let mut line = serde_json::json!({
             "query": self.name,
             "epoch": self.epoch,
+            "timestamp": self.timestamp,
             "input_rows": self.num_input_rows,
+            "output_rows": self.num_output_rows,
+            "input_rows_per_second": self.input_rows_per_second,
+            "processed_rows_per_second": self.processed_rows_per_second,
             "duration_ms": {
                 "total": self.duration_ms.total,
+                "plan": self.duration_ms.plan,
                 "read": self.duration_ms.read,
                 "compute": self.duration_ms.compute,
                 "state": self.duration_ms.state,
@@ -124,6 +139,7 @@ impl QueryProgress {
             "skipped_records": self.sources.iter().map(|s| s.skipped_records).sum::<u64>(),
             "dead_lettered_records": self.sources.iter().map(|s| s.dead_lettered_records).sum::<u64>(),
             "lost_records": self.sources.iter().map(|s| s.lost_records).sum::<u64>(),
+            "lag_records": (!lags.is_empty()).then(|| lags.iter().sum::<i64>()),
         });
         if let (Some(task), Some(fields)) = (self.task, line.as_object_mut()) {
             fields.insert("task".into(), task.into());

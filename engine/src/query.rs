@@ -5,7 +5,7 @@
 //! stop. Stopping is graceful: the loop finishes the epoch it is in (its
 //! output and commit) and stops before planning the next.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -17,8 +17,10 @@ use crate::error::{Result, SluiceError};
 use crate::progress::QueryProgress;
 use crate::task::TaskId;
 
-/// How many progress reports [`StreamingQuery::recent_progress`] keeps.
-const RECENT_PROGRESS: usize = 100;
+/// How many progress reports [`StreamingQuery::recent_progress`] keeps per
+/// task: a few minutes of epochs at the default trigger, what the status
+/// page draws.
+const RECENT_PROGRESS: usize = 300;
 
 /// What a query is doing right now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -31,6 +33,64 @@ pub struct QueryStatus {
     pub is_trigger_active: bool,
 }
 
+/// Where a task is in its life, for the status page and scripts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "state")]
+pub enum TaskPhase {
+    /// Starting: restoring its state from the checkpoint, opening its
+    /// sources and sink; no epoch committed yet in this run.
+    Recovering,
+    /// Committing epochs, or waiting for the next trigger or for data.
+    Running,
+    /// An epoch or the start failed on an outage (a broker, the checkpoint
+    /// store); it is retried after a backoff, until the outage limit.
+    Retrying {
+        /// The failure retried.
+        error: String,
+    },
+    /// Another process of the task group runs it.
+    Elsewhere,
+    /// The query stopped (see [`StreamingQuery::exception`]).
+    Stopped,
+}
+
+/// One task of a query as it is now (a query that is not divided into
+/// tasks has one, `task: None`).
+///
+/// ```no_run
+/// # fn show(query: &sluice_engine::StreamingQuery) {
+/// for t in query.task_reports() {
+///     println!("{:?} here: {} {:?} epoch {:?}", t.task, t.here, t.phase,
+///         t.last.as_ref().map(|p| p.epoch));
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskReport {
+    /// The task's index (its partition), if the query is divided.
+    pub task: Option<u32>,
+    /// Whether this process runs it.
+    pub here: bool,
+    /// Where it is in its life.
+    #[serde(flatten)]
+    pub phase: TaskPhase,
+    /// What it is doing, as [`StreamingQuery::status`] says it.
+    pub status: QueryStatus,
+    /// The progress of its last epoch committed in this process, if any.
+    pub last: Option<QueryProgress>,
+    /// Each source's records behind per partition (its
+    /// [`lag`](crate::SourceProgress::lag)) as of the task's last look at
+    /// its sources, whether that look found data (its last epoch's) or not:
+    /// a task with nothing to read still shows how far behind it is.
+    pub lag: Vec<(String, BTreeMap<String, i64>)>,
+    /// Epochs it committed in this run of the process.
+    pub epochs: u64,
+    /// Rows its sources read in those epochs.
+    pub input_rows: u64,
+    /// Rows it dropped in those epochs for arriving behind the watermark.
+    pub late_rows: u64,
+}
+
 /// What one task of a query is doing (a query that is not divided into
 /// tasks is one).
 #[derive(Debug)]
@@ -40,8 +100,13 @@ struct TaskState {
     stop: watch::Sender<bool>,
     /// Whether the task runs in this process.
     here: bool,
+    phase: TaskPhase,
     status: QueryStatus,
     recent: VecDeque<QueryProgress>,
+    /// Per source, its lag per partition at the last look.
+    lag: Vec<(String, BTreeMap<String, i64>)>,
+    /// Epochs, input rows and late rows committed in this run.
+    totals: (u64, u64, u64),
     /// Times the task looked at its sources and found nothing new.
     no_data_rounds: u64,
     /// When it last found nothing new, and how many epochs with data the
@@ -96,12 +161,15 @@ impl QueryShared {
                         task,
                         stop: watch::channel(false).0,
                         here: false,
+                        phase: TaskPhase::Recovering,
                         status: QueryStatus {
                             message: "Initializing".into(),
                             is_data_available: false,
                             is_trigger_active: false,
                         },
                         recent: VecDeque::new(),
+                        lag: Vec::new(),
+                        totals: (0, 0, 0),
                         no_data_rounds: 0,
                         idle: None,
                     })
@@ -138,6 +206,7 @@ impl QueryShared {
 
     pub(crate) fn set_status(&self, slot: usize, message: &str, data: bool, active: bool) {
         self.update_task(slot, |t| {
+            t.phase = TaskPhase::Running;
             t.status = QueryStatus {
                 message: message.to_string(),
                 is_data_available: data,
@@ -152,6 +221,17 @@ impl QueryShared {
                 s.data_commits = (s.data_commits.0 + 1, Some(Instant::now()));
             }
             if let Some(t) = s.tasks.get_mut(slot) {
+                let (epochs, rows, late) = t.totals;
+                t.totals = (
+                    epochs + 1,
+                    rows + progress.num_input_rows,
+                    late + progress.late_rows,
+                );
+                t.lag = progress
+                    .sources
+                    .iter()
+                    .map(|s| (s.description.clone(), s.lag.clone()))
+                    .collect();
                 if t.recent.len() == RECENT_PROGRESS {
                     t.recent.pop_front();
                 }
@@ -198,10 +278,28 @@ impl QueryShared {
             .map(|p| p.epoch)
     }
 
-    pub(crate) fn record_no_data(&self, slot: usize) {
+    /// Task `slot` found nothing new; its sources' `lag` then.
+    pub(crate) fn record_no_data(&self, slot: usize, lag: Vec<(String, BTreeMap<String, i64>)>) {
         self.update_task(slot, |t| {
             t.no_data_rounds += 1;
+            t.lag = lag;
             t.status.is_data_available = false;
+        });
+    }
+
+    /// Task `slot` failed on an outage (an epoch, or its start) and waits
+    /// to retry (for `backoff`, when known).
+    pub(crate) fn set_retrying(&self, slot: usize, failure: &str, backoff: Option<Duration>) {
+        let wait = backoff.map_or(String::new(), |b| format!(" {b:?}"));
+        self.update_task(slot, |t| {
+            t.phase = TaskPhase::Retrying {
+                error: failure.to_string(),
+            };
+            t.status = QueryStatus {
+                message: format!("Waiting{wait} to retry after: {failure}"),
+                is_data_available: false,
+                is_trigger_active: true,
+            };
         });
     }
 
@@ -209,6 +307,7 @@ impl QueryShared {
         self.update(|s| {
             s.terminated = true;
             for t in &mut s.tasks {
+                t.phase = TaskPhase::Stopped;
                 t.status = QueryStatus {
                     message: "Stopped".into(),
                     is_data_available: false,
@@ -243,13 +342,17 @@ impl QueryShared {
         if let Some(stop) = self.task_stop(slot) {
             stop.send_replace(false);
         }
-        self.update_task(slot, |t| t.here = true);
+        self.update_task(slot, |t| {
+            t.here = true;
+            t.phase = TaskPhase::Recovering;
+        });
     }
 
     /// Task `slot` no longer runs in this process, for `why`.
     pub(crate) fn task_left(&self, slot: usize, why: &str) {
         self.update_task(slot, |t| {
             t.here = false;
+            t.phase = TaskPhase::Elsewhere;
             t.status = QueryStatus {
                 message: why.to_string(),
                 is_data_available: false,
@@ -369,6 +472,26 @@ impl StreamingQuery {
             .collect()
     }
 
+    /// Each task as it is now: where it runs, its phase, its last epoch.
+    pub fn task_reports(&self) -> Vec<TaskReport> {
+        self.shared
+            .lock()
+            .tasks
+            .iter()
+            .map(|t| TaskReport {
+                task: t.task.map(|task| task.index),
+                here: t.here,
+                phase: t.phase.clone(),
+                status: t.status.clone(),
+                last: t.recent.back().cloned(),
+                lag: t.lag.clone(),
+                epochs: t.totals.0,
+                input_rows: t.totals.1,
+                late_rows: t.totals.2,
+            })
+            .collect()
+    }
+
     /// Whether the query is still running.
     pub fn is_active(&self) -> bool {
         !self.shared.lock().terminated
@@ -385,7 +508,7 @@ impl StreamingQuery {
             .cloned()
     }
 
-    /// The progress of the last (up to 100 per task) committed epochs,
+    /// The progress of the last (up to 300 per task) committed epochs,
     /// oldest first (by when each was planned, across tasks).
     pub fn recent_progress(&self) -> Vec<QueryProgress> {
         let s = self.shared.lock();

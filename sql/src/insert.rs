@@ -29,6 +29,8 @@ pub struct PendingQuery {
     text: String,
     line: u64,
     column: u64,
+    /// Where the statement ends: the token after it (`;`, or the end).
+    end: Pos,
     /// Where the options of the file's streams are written (see
     /// `SqlRunner::option_positions`): a connector checks some only when
     /// the query starts.
@@ -45,6 +47,38 @@ enum Run {
 }
 
 impl PendingQuery {
+    /// The statement's text as the file writes it, from its first word to
+    /// its end (what the status page shows).
+    pub fn statement(&self) -> &str {
+        let offset = |pos: &Pos| {
+            let line_start: usize = self
+                .text
+                .split_inclusive('\n')
+                .take(pos.line.saturating_sub(1) as usize)
+                .map(str::len)
+                .sum();
+            let rest = &self.text[line_start.min(self.text.len())..];
+            line_start
+                + rest
+                    .char_indices()
+                    .nth(pos.column.saturating_sub(1) as usize)
+                    .map_or(rest.len(), |(i, _)| i)
+        };
+        let start = offset(&Pos {
+            line: self.line,
+            column: self.column,
+        });
+        // The end of the text has no position (line 0).
+        let end = match self.end.line {
+            0 => self.text.len(),
+            _ => offset(&self.end),
+        };
+        self.text
+            .get(start..end.max(start))
+            .unwrap_or("")
+            .trim_end()
+    }
+
     /// The incremental plan (of each statement of a set).
     pub fn explain(&self) -> Result<String, SqlError> {
         match &self.run {
@@ -204,6 +238,7 @@ impl SqlRunner<'_> {
                 ));
             }
         }
+        let end = Pos::from(&p.peek_token());
         if members.is_empty() {
             return Err(self.err(
                 text,
@@ -228,6 +263,7 @@ impl SqlRunner<'_> {
             text: text.to_string(),
             line: pos.line,
             column: pos.column,
+            end,
             options: self.options_in(text),
             run: Run::Set(Box::new(set), sinks),
         })
@@ -249,6 +285,7 @@ impl SqlRunner<'_> {
         let listed = self.column_list(p, text)?;
         let query_tok = p.peek_token();
         let query = p.parse_query().map_err(|e| pe(self, e))?;
+        let end = Pos::from(&p.peek_token());
         let definition = self
             .session
             .stream(&sink)
@@ -292,6 +329,7 @@ impl SqlRunner<'_> {
             text: text.to_string(),
             line: pos.line,
             column: pos.column,
+            end,
             options: self.options_in(text),
             run: Run::Insert(Box::new(writer)),
         };

@@ -190,7 +190,13 @@ async fn a_transaction_timeout_above_the_brokers_maximum_is_refused() {
 
 /// Produces `values` (key = index) to partition `partition % parts` in one
 /// transaction, committed or aborted.
-fn produce_txn(bootstrap: &str, topic: &str, values: &[String], parts: i32, commit: bool) {
+pub(crate) fn produce_txn(
+    bootstrap: &str,
+    topic: &str,
+    values: &[String],
+    parts: i32,
+    commit: bool,
+) {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     use rdkafka::ClientConfig;
     let producer: BaseProducer = ClientConfig::new()

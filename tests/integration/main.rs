@@ -25,6 +25,7 @@ mod repartition;
 mod secure;
 mod send_ahead;
 mod shape;
+mod status;
 mod tasks;
 mod temporal;
 mod top_n;

@@ -243,7 +243,7 @@ async fn start_owned(
                 let e = e.in_task(task);
                 launcher
                     .shared
-                    .task_left(task.index as usize, &format!("Waiting to retry after: {e}"));
+                    .set_retrying(task.index as usize, &e.to_string(), None);
                 outage.get_or_insert(e);
             }
             Err(e) => return Err(e.in_task(task)),
