@@ -89,12 +89,16 @@ function drawPlan(q, progress) {
       node.textContent = (depth ? " ".repeat(depth - 2) + "└─ " : "") + text;
       const scan = /TableScan: ([^\s]+)/.exec(text);
       if (scan) {
-        const source = q.sources.find((s) => s.description.startsWith(scan[1] + " ") || s.description.startsWith(scan[1] + "←"));
+        const source = q.sources.find((s) => s.description.split(" ")[0] === scan[1]);
         const edge = document.createElement("span");
         edge.className = "edge";
-        const share = source && totalIn ? source.input_rows / totalIn : (q.sources.length === 1 ? 1 : null);
-        edge.textContent = `  ← ${source ? source.description : scan[1]}: ${share === null || inRate === null ? "–" : fmt(inRate * share)} rows/s`;
-        node.appendChild(edge);
+        // Only scans of a source: a scan of an operator's own output
+        // (a stateless segment after it) has no edge from outside.
+        if (source) {
+          const share = totalIn ? source.input_rows / totalIn : null;
+          edge.textContent = `  ← ${source.description}: ${share === null || inRate === null ? "–" : fmt(inRate * share)} rows/s`;
+          node.appendChild(edge);
+        }
       }
     }
     plan.appendChild(node);
@@ -197,7 +201,7 @@ function drawCharts(id, progress) {
       div.appendChild(h);
       box.appendChild(div);
       const opts = {width, height: 200, series: [{}].concat(c.series.map(([, label, stroke]) => ({label, stroke, width: 1.5}))),
-        axes: [{}, {size: 70}], scales: {x: {time: true}}};
+        axes: [{}, {size: 90}], scales: {x: {time: true}}};
       return {plot: new uPlot(opts, [cols.x].concat(c.series.map(([key]) => cols[key])), div), keys: c.series.map(([key]) => key)};
     })};
   } else {

@@ -383,3 +383,37 @@ async fn a_stopped_process_tasks_show_moved_to_the_survivor_with_their_lag() {
         runs[0].stderr()
     );
 }
+
+/// Every metric the Grafana dashboard in docs/ queries is one the metrics
+/// endpoint serves (a renamed family would leave a panel empty), and
+/// every family served is on some panel.
+#[test]
+fn the_grafana_dashboard_reads_only_and_every_metric_sluice_serves() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/grafana/sluice-dashboard.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let served: BTreeSet<String> = sluice::Metrics::default()
+        .render()
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_string)
+        .collect();
+    let mut queried = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("sluice_") || word.starts_with("process_") {
+                    let family = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .find_map(|s| word.strip_suffix(s).filter(|f| served.contains(*f)))
+                        .unwrap_or(word);
+                    assert!(served.contains(family), "{family} in {expr}");
+                    queried.insert(family.to_string());
+                }
+            }
+        }
+    }
+    let unused: Vec<&String> = served.difference(&queried).collect();
+    assert!(unused.is_empty(), "served but on no panel: {unused:?}");
+}
