@@ -71,6 +71,9 @@ pub struct TaskReport {
     pub task: Option<u32>,
     /// Whether this process runs it.
     pub here: bool,
+    /// Which process runs it, when another process of the task group does
+    /// and the group has said (`sluice-<pid>@<host> at /<address>`).
+    pub owner: Option<String>,
     /// Where it is in its life.
     #[serde(flatten)]
     pub phase: TaskPhase,
@@ -143,6 +146,9 @@ pub(crate) struct QueryShared {
     changes: watch::Sender<u64>,
     state: Mutex<RunState>,
     task: Mutex<Option<JoinHandle<()>>>,
+    /// The task group sharing the query's tasks with other processes, if
+    /// any: who owns the tasks not here.
+    group: Mutex<Option<Arc<dyn crate::TaskAssigner>>>,
 }
 
 impl QueryShared {
@@ -180,7 +186,13 @@ impl QueryShared {
                 error_text: None,
             }),
             task: Mutex::new(None),
+            group: Mutex::new(None),
         })
+    }
+
+    /// The task group the query's tasks are shared through.
+    pub(crate) fn set_group(&self, group: Arc<dyn crate::TaskAssigner>) {
+        *self.group.lock().unwrap_or_else(|p| p.into_inner()) = Some(group);
     }
 
     fn lock(&self) -> MutexGuard<'_, RunState> {
@@ -472,8 +484,18 @@ impl StreamingQuery {
             .collect()
     }
 
-    /// Each task as it is now: where it runs, its phase, its last epoch.
+    /// Each task as it is now: where it runs (for a task another process
+    /// of its task group runs, which one, as the group last said), its
+    /// phase, its last epoch.
     pub fn task_reports(&self) -> Vec<TaskReport> {
+        let owners = self
+            .shared
+            .group
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|g| g.owners())
+            .unwrap_or_default();
         self.shared
             .lock()
             .tasks
@@ -481,6 +503,10 @@ impl StreamingQuery {
             .map(|t| TaskReport {
                 task: t.task.map(|task| task.index),
                 here: t.here,
+                owner: match t.task {
+                    Some(task) if !t.here => owners.get(&task.index).cloned(),
+                    _ => None,
+                },
                 phase: t.phase.clone(),
                 status: t.status.clone(),
                 last: t.recent.back().cloned(),

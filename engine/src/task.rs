@@ -27,7 +27,7 @@
 //! Deciding how a query divides is the planner's (`planner/tasks.rs`);
 //! running the tasks is the launch's (`launch/tasks.rs`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::str::FromStr;
 
@@ -113,6 +113,15 @@ pub trait TaskAssigner: Send + Sync + Debug {
     /// Leaves the group, once every task of this process has stopped: its
     /// tasks move to the other processes at once.
     fn leave(&self);
+
+    /// Who owns each task now, as the group last said (a process's name,
+    /// e.g. `sluice-<pid>@<host> at /<address>`), for the status page.
+    /// Never waits: a group that must ask its coordinator answers from
+    /// what it last learned and asks again in the background. Empty (the
+    /// default) when unknown.
+    fn owners(&self) -> BTreeMap<u32, String> {
+        BTreeMap::new()
+    }
 }
 
 /// A channel's stream name (and its statements' checkpoint keys).

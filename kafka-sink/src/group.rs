@@ -1,5 +1,6 @@
 //! Task groups: Kafka's consumer-group protocol hands a divided query's
-//! tasks out among the processes that run it.
+//! tasks out among the processes that run it, and says who owns each
+//! (`task_owners`, for `sluice checkpoint inspect` and the status page).
 //!
 //! Every process of the query joins the consumer group
 //! `sluice-tasks-<query id>`, subscribed to the input topic that defines the
@@ -20,7 +21,7 @@
 //! producer for the task, and state files are named by run and listed in
 //! the committed progress record, so a late write is never read.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,6 +44,44 @@ const POLL: Duration = Duration::from_millis(100);
 pub(crate) struct KafkaTaskGroup {
     shared: Arc<Shared>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Who owns each task, as the group's coordinator last said.
+    owners: Arc<Owners>,
+}
+
+/// How often the task owners are asked of the group's coordinator at most,
+/// however often the status page looks.
+const OWNERS_EVERY: Duration = Duration::from_secs(3);
+
+/// The task owners last learned, and when they were last asked for.
+#[derive(Debug)]
+struct Owners {
+    client: ClientOptions,
+    query_id: String,
+    known: Mutex<(BTreeMap<u32, String>, Option<std::time::Instant>)>,
+}
+
+impl Owners {
+    /// What was last learned; asks again on a thread of its own when that
+    /// is older than [`OWNERS_EVERY`] (one question at a time).
+    fn get(self: &Arc<Self>) -> BTreeMap<u32, String> {
+        let mut known = self.known.lock().unwrap_or_else(|p| p.into_inner());
+        if known.1.is_none_or(|at| at.elapsed() >= OWNERS_EVERY) {
+            known.1 = Some(std::time::Instant::now());
+            let owners = Arc::clone(self);
+            let _ = std::thread::Builder::new()
+                .name("sluice-task-owners".into())
+                .spawn(move || {
+                    let client = owners.client.clone().connect_timeout(OWNERS_EVERY);
+                    match task_owners(&client, &owners.query_id) {
+                        Ok(now) => {
+                            owners.known.lock().unwrap_or_else(|p| p.into_inner()).0 = now;
+                        }
+                        Err(e) => tracing::debug!(error = %e, "asking the task group's owners"),
+                    }
+                });
+        }
+        known.0.clone()
+    }
 }
 
 #[derive(Debug)]
@@ -223,6 +262,11 @@ impl KafkaTaskGroup {
         Ok(Self {
             shared,
             thread: Mutex::new(Some(thread)),
+            owners: Arc::new(Owners {
+                client: client.clone(),
+                query_id: query_id.to_string(),
+                known: Mutex::new((BTreeMap::new(), None)),
+            }),
         })
     }
 }
@@ -259,10 +303,91 @@ impl TaskAssigner for KafkaTaskGroup {
             let _ = thread.join();
         }
     }
+
+    fn owners(&self) -> BTreeMap<u32, String> {
+        self.owners.get()
+    }
 }
 
 impl Drop for KafkaTaskGroup {
     fn drop(&mut self) {
         self.leave();
+    }
+}
+
+/// Each task of query `query_id` owned now by a member of its task group
+/// (`sluice-tasks-<query id>`, see `'tasks.group'`), by task number: the
+/// owner's client id (`sluice-<pid>@<host>`) and address as the broker
+/// sees it. Tasks no member owns are absent; so is every task when no
+/// process of the query runs.
+pub fn task_owners(client: &ClientOptions, query_id: &str) -> Result<BTreeMap<u32, String>> {
+    let group = group_id(query_id);
+    let consumer: BaseConsumer = client.create(&client.config(Role::Consumer), "task owners")?;
+    let list = consumer
+        .fetch_group_list(Some(&group), client.timeout())
+        .map_err(|e| SluiceError::Unreachable {
+            what: format!("kafka at {}", client.bootstrap()),
+            message: format!("describing group '{group}': {e}"),
+            hint: None,
+        })?;
+    let mut owners = BTreeMap::new();
+    for g in list.groups().iter().filter(|g| g.name() == group) {
+        for member in g.members() {
+            let owner = format!("{} at {}", member.client_id(), member.client_host());
+            let assigned = member
+                .assignment()
+                .and_then(assigned_partitions)
+                .unwrap_or_default();
+            for (_, partition) in assigned {
+                if let Ok(task) = u32::try_from(partition) {
+                    owners.insert(task, owner.clone());
+                }
+            }
+        }
+    }
+    Ok(owners)
+}
+
+/// The (topic, partition) pairs of a consumer-protocol assignment
+/// (Kafka's `ConsumerProtocolAssignment`, versions 0 to 3: an int16
+/// version, then an array of topics, each a string and an array of int32
+/// partitions; big-endian, arrays and strings prefixed by their length).
+/// `None` if the bytes are not one.
+fn assigned_partitions(bytes: &[u8]) -> Option<Vec<(String, i32)>> {
+    let mut r = bytes;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (head, rest) = r.split_at_checked(n)?;
+        r = rest;
+        Some(head)
+    };
+    let _version = i16::from_be_bytes(take(2)?.try_into().ok()?);
+    let topics = i32::from_be_bytes(take(4)?.try_into().ok()?);
+    let mut out = Vec::new();
+    for _ in 0..topics.max(0) {
+        let len = i16::from_be_bytes(take(2)?.try_into().ok()?);
+        let topic = String::from_utf8(take(usize::try_from(len).ok()?)?.to_vec()).ok()?;
+        let partitions = i32::from_be_bytes(take(4)?.try_into().ok()?);
+        for _ in 0..partitions.max(0) {
+            out.push((topic.clone(), i32::from_be_bytes(take(4)?.try_into().ok()?)));
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_assignment_decodes_and_garbage_does_not() {
+        // Version 1, topic "in" with partitions 0 and 4, no user data.
+        let mut bytes = vec![0, 1, 0, 0, 0, 1, 0, 2, b'i', b'n', 0, 0, 0, 2];
+        bytes.extend([0, 0, 0, 0, 0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(
+            assigned_partitions(&bytes),
+            Some(vec![("in".to_string(), 0), ("in".to_string(), 4)])
+        );
+        assert_eq!(assigned_partitions(&bytes[..9]), None);
+        assert_eq!(assigned_partitions(&[]), None);
     }
 }

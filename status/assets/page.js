@@ -141,7 +141,8 @@ function drawDetail(q, progress) {
     const tr = document.createElement("tr");
     tr.dataset.task = t.task === null ? "" : t.task;
     cell(tr, t.task === null ? "(one)" : t.task, true);
-    cell(tr, t.process ? `${t.owner} (${t.process.host}, pid ${t.process.pid})` : t.owner);
+    cell(tr, t.process ? `${t.owner} (${t.process.host}, pid ${t.process.pid})`
+      : t.owned_by ? `${t.owner}: ${t.owned_by}` : t.owner);
     cell(tr, t.state);
     cell(tr, fmt(t.epoch), true);
     cell(tr, fmt(t.lag_records), true);

@@ -203,6 +203,7 @@ fn task(t: &TaskReport, process: &Process, now: i64) -> Value {
     let mut out = json!({
         "task": t.task,
         "owner": if t.here { "this process" } else { "another process" },
+        "owned_by": t.owner,
         "process": t.here.then_some(process),
         "message": t.status.message,
         "epoch": last.map(|p| p.epoch),

@@ -84,6 +84,7 @@ pub(crate) async fn run_group(launcher: Arc<Launcher>, group: TaskGroup) -> Resu
                 launcher.name
             ))
         })?;
+    shared.set_group(Arc::clone(&assigner));
     let mut owned = assigner.owned();
     let mut running: BTreeSet<u32> = BTreeSet::new();
     let mut ended: FuturesUnordered<tokio::task::JoinHandle<(u32, Result<()>)>> =
