@@ -318,7 +318,7 @@ async fn a_stopped_process_tasks_show_moved_to_the_survivor_with_their_lag() {
         .await
         .unwrap();
 
-    // Both hold tasks, each the others' shown as another process's.
+    // The tasks each page shows as this process's, running.
     let here = |q: &Value| -> BTreeSet<u64> {
         q["tasks"]
             .as_array()
@@ -328,42 +328,48 @@ async fn a_stopped_process_tasks_show_moved_to_the_survivor_with_their_lag() {
             .map(|t| t["task"].as_u64().unwrap())
             .collect()
     };
-    // Each names the other as the owner of its tasks, once the group has
-    // said (it is asked every 3 s at most).
-    let shared = |q: &Value| {
-        !here(q).is_empty()
-            && q["lag_records"] == 0
-            && q["tasks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|t| t["owner"] == "this process" || t["owned_by"].is_string())
+    // What a page shows of the tasks it does not run: another process's,
+    // elsewhere, named as process `other` (the group is asked every 3 s at
+    // most, so a name may be a moment old).
+    let named = |q: &Value, other: u32| {
+        let held = here(q);
+        q["tasks"].as_array().unwrap().iter().all(|t| {
+            held.contains(&t["task"].as_u64().unwrap())
+                || (t["owner"] == "another process"
+                    && t["state"] == "elsewhere"
+                    && t["owned_by"]
+                        .as_str()
+                        .is_some_and(|o| o.starts_with(&format!("sluice-{other}@"))))
+        })
     };
-    // Until the two pages agree: each holds some, together all, none twice
-    // (the group may still be settling the second process in).
+    // Until the two pages agree: each runs some, together all, none twice,
+    // with no lag, each naming the other as the owner of the rest (the
+    // group may still be settling the second process in).
     let all: BTreeSet<u64> = (0..PARTITIONS as u64).collect();
-    let all_runs: Vec<&Run> = runs.iter().collect();
     let deadline = Instant::now() + Duration::from_secs(90);
-    let (first, second) = loop {
-        let first = wait_for(ports[0], &id, Duration::from_secs(90), &all_runs, shared);
-        let second = wait_for(ports[1], &id, Duration::from_secs(90), &all_runs, shared);
-        let (mine, theirs) = (here(&first), here(&second));
-        if mine.is_disjoint(&theirs) && mine.union(&theirs).eq(all.iter()) {
-            break (first, second);
+    loop {
+        let [first, second] = ports.map(|port| api(port, &format!("/api/queries/{id}")));
+        if let (Some(first), Some(second)) = (&first, &second) {
+            let (mine, theirs) = (here(first), here(second));
+            if !mine.is_empty()
+                && !theirs.is_empty()
+                && mine.is_disjoint(&theirs)
+                && mine.union(&theirs).eq(all.iter())
+                && first["lag_records"] == 0
+                && second["lag_records"] == 0
+                && named(first, runs[1].pid())
+                && named(second, runs[0].pid())
+            {
+                break;
+            }
         }
-        assert!(Instant::now() < deadline, "{first:#}\n{second:#}");
-    };
-    let mine = here(&first);
-    for t in first["tasks"].as_array().unwrap() {
-        if !mine.contains(&t["task"].as_u64().unwrap()) {
-            assert_eq!(t["owner"], "another process", "{first:#}");
-            assert_eq!(t["state"], "elsewhere", "{first:#}");
-            let owned_by = t["owned_by"].as_str().unwrap();
-            assert!(
-                owned_by.starts_with(&format!("sluice-{}@", runs[1].pid())),
-                "{first:#}"
-            );
-        }
+        assert!(
+            Instant::now() < deadline,
+            "the pages did not agree within 90 s:\n{first:#?}\n{second:#?}\n{}\n{}",
+            runs[0].stderr(),
+            runs[1].stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 
     // The second dies; the first shows all four as its own, with their
