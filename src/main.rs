@@ -45,8 +45,8 @@ enum Command {
         #[arg(long, value_name = "HOST:PORT")]
         metrics_addr: Option<String>,
         /// Serve the status page of the queries and their tasks at
-        /// http://HOST:PORT/ and its JSON at /api/queries (127.0.0.1 unless
-        /// told otherwise).
+        /// http://HOST:PORT/ and its JSON at /api/queries (a PORT alone is
+        /// on 127.0.0.1).
         #[arg(long, value_name = "HOST:PORT")]
         ui_addr: Option<String>,
         /// Ask every request to the page, its API and the metrics for the
@@ -426,11 +426,16 @@ impl Serving {
         for (flag, addr) in addrs {
             use std::net::ToSocketAddrs;
             let bad = |why: String| Failure::Usage(format!("sluice: {flag} {addr}: {why}"));
-            let socket = addr
-                .to_socket_addrs()
-                .map_err(|e| bad(format!("expected HOST:PORT such as 127.0.0.1:9464 ({e})")))?
-                .next()
-                .ok_or_else(|| bad("the host has no address".into()))?;
+            // A port alone is on loopback: nothing is served beyond this
+            // host unless an address says so.
+            let socket = match addr.parse::<u16>() {
+                Ok(port) => format!("127.0.0.1:{port}"),
+                Err(_) => addr.clone(),
+            }
+            .to_socket_addrs()
+            .map_err(|e| bad(format!("expected HOST:PORT such as 127.0.0.1:9464 ({e})")))?
+            .next()
+            .ok_or_else(|| bad("the host has no address".into()))?;
             let bound = server.serve(socket).await.map_err(|e| bad(e.to_string()))?;
             if !bound.ip().is_loopback() && token.is_none() {
                 tracing::warn!(%bound, "the status page and metrics are served beyond this host without a token; set one with --ui-token-file or SLUICE_UI_TOKEN");

@@ -777,11 +777,7 @@ async fn metrics_move_as_a_kafka_query_works_and_lag_falls_to_zero() {
         ),
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::util::free_port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
         .arg("run")
         .arg(&sql)

@@ -456,7 +456,7 @@ async fn a_password_is_never_printed() {
 
     // Through ${ENV}: run with a progress log and metrics, then inspect.
     let progress = job.dir.path().join("progress.jsonl");
-    let metrics = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", crate::util::free_port());
     let (mut child, stderr) = job.spawn(
         job.sluice()
             .arg("run")
@@ -524,14 +524,6 @@ async fn a_password_is_never_printed() {
             }
         }
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `sluice nexmark load` writes its topics through the secured listener.

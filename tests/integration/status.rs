@@ -14,18 +14,9 @@ use serde_json::Value;
 use sluice::broker::{create_topic, fresh_topic};
 
 use crate::kafka::{json_rows, produce_txn};
-use crate::util::Run;
+use crate::util::{free_port, Run};
 
 const TOKEN: &str = "status-page-token";
-
-/// A free loopback port, for a process to bind.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// `GET path` from the process at `port`: the status code and body.
 fn get(port: u16, path: &str, token: Option<&str>) -> (u16, String) {
@@ -225,8 +216,13 @@ async fn the_status_api_serves_what_the_progress_log_says_and_the_page_behind_a_
     assert_eq!(get(port, "/api/queries/nothing", Some(TOKEN)).0, 404);
 
     // Its port taken: a second process exits 2 saying so, before starting
-    // anything; so does an address that is not this host's.
-    for addr in [format!("127.0.0.1:{port}"), "192.0.2.1:8080".to_string()] {
+    // anything (a port alone is loopback's); so does an address that is
+    // not this host's.
+    for (addr, bound) in [
+        (format!("127.0.0.1:{port}"), format!("127.0.0.1:{port}")),
+        (port.to_string(), format!("127.0.0.1:{port}")),
+        ("192.0.2.1:8080".to_string(), "192.0.2.1:8080".to_string()),
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .arg("run")
             .arg(&sql)
@@ -236,7 +232,7 @@ async fn the_status_api_serves_what_the_progress_log_says_and_the_page_behind_a_
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{err}");
         assert!(
-            err.contains(&format!("--ui-addr {addr}: cannot listen on {addr}")),
+            err.contains(&format!("--ui-addr {addr}: cannot listen on {bound}")),
             "{err}"
         );
     }

@@ -670,3 +670,12 @@ pub async fn wait_for_rows<T: Ord>(
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
 }
+
+/// A free loopback port, for a process to bind.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
