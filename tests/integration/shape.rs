@@ -616,6 +616,8 @@ fn every_file_the_architecture_page_names_exists() {
         "kafka-sink",
         "sql",
         "nexmark",
+        "jdbc",
+        "status",
         "src",
         "tests",
         "benches",

@@ -390,6 +390,15 @@ async fn a_stopped_process_tasks_show_moved_to_the_survivor_with_their_lag() {
     assert!(took < Duration::from_secs(6 + 15), "moved after {took:?}");
     assert_eq!(moved["tasks_here"], PARTITIONS, "{moved:#}");
     assert_eq!(moved["state"], "running", "{moved:#}");
+    // The last commit names its transaction: the exactly-once sink's
+    // transactional id.
+    assert!(
+        moved["last_commit"]["sink"]
+            .as_str()
+            .unwrap()
+            .contains("exactly-once, transactional.id="),
+        "{moved:#}"
+    );
     for t in moved["tasks"].as_array().unwrap() {
         assert_eq!(t["process"]["pid"], runs[0].pid(), "{moved:#}");
     }

@@ -770,7 +770,13 @@ impl Sink for TransactionalSink {
         true
     }
 
+    /// With the transactional id, which names every epoch's transaction
+    /// (the status page shows it with the last commit).
     fn describe(&self) -> String {
-        format!("kafka(topic={}, exactly-once)", self.0.topics())
+        format!(
+            "kafka(topic={}, exactly-once, transactional.id={})",
+            self.0.topics(),
+            self.0.transactional_id
+        )
     }
 }
