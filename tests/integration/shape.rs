@@ -35,6 +35,7 @@ const CRATES: &[(&str, &[&str])] = &[
     ("sluice-sql", &["sql/src/lib.rs"]),
     ("sluice-nexmark", &["nexmark/src/lib.rs"]),
     ("sluice-jdbc", &["jdbc/src/lib.rs"]),
+    ("sluice-status", &["status/src/lib.rs"]),
     ("sluice", &["src/lib.rs", "src/main.rs"]),
 ];
 
