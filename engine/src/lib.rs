@@ -94,8 +94,8 @@ pub use options::{
 };
 pub use output_mode::OutputMode;
 pub use progress::{
-    PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent, SourceProgress,
-    StreamingQueryListener,
+    lag_records, PhaseDurations, QueryProgress, QueryStartedEvent, QueryTerminatedEvent,
+    SourceProgress, StreamingQueryListener,
 };
 pub use query::{QueryStatus, StreamingQuery, TaskPhase, TaskReport};
 pub use reference::BatchQuery;
@@ -110,7 +110,7 @@ pub use source::{
 };
 pub use state::KeyedState;
 pub use table::{StreamDefinition, StreamTable};
-pub use task::{repartition_step_of, TaskAssigner, TaskId, Tasks};
+pub use task::{host_name, repartition_step_of, TaskAssigner, TaskId, Tasks};
 pub use trigger::Trigger;
 pub use upsert::{DELETED as UPSERT_DELETED, KEY_METADATA as UPSERT_KEY_METADATA};
 pub use watermark::processing_time::columns as processing_time_columns;

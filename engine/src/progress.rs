@@ -111,11 +111,6 @@ impl QueryProgress {
     /// `"task"` for a task's epoch. `lag_records` sums the sources' lag
     /// over their partitions (`null` when no source knows its lag).
     pub fn log_line(&self) -> serde_json::Value {
-        let lags: Vec<i64> = self
-            .sources
-            .iter()
-            .flat_map(|s| s.lag.values().copied())
-            .collect();
         let mut line = serde_json::json!({
             "query": self.name,
             "epoch": self.epoch,
@@ -139,13 +134,32 @@ impl QueryProgress {
             "skipped_records": self.sources.iter().map(|s| s.skipped_records).sum::<u64>(),
             "dead_lettered_records": self.sources.iter().map(|s| s.dead_lettered_records).sum::<u64>(),
             "lost_records": self.sources.iter().map(|s| s.lost_records).sum::<u64>(),
-            "lag_records": (!lags.is_empty()).then(|| lags.iter().sum::<i64>()),
+            "lag_records": lag_records(self.sources.iter().map(|s| &s.lag)),
         });
         if let (Some(task), Some(fields)) = (self.task, line.as_object_mut()) {
             fields.insert("task".into(), task.into());
         }
         line
     }
+}
+
+/// Records behind over every partition of `lags` (each a source's lag
+/// per partition, as [`SourceProgress::lag`]); `None` when no source knows
+/// its lag.
+///
+/// ```
+/// use std::collections::BTreeMap;
+/// let a = BTreeMap::from([("0".to_string(), 3), ("1".to_string(), 4)]);
+/// let unknown = BTreeMap::new();
+/// assert_eq!(sluice_engine::lag_records([&a, &unknown]), Some(7));
+/// assert_eq!(sluice_engine::lag_records([&unknown]), None);
+/// ```
+pub fn lag_records<'a>(
+    lags: impl IntoIterator<Item = &'a std::collections::BTreeMap<String, i64>>,
+) -> Option<i64> {
+    lags.into_iter()
+        .flat_map(|lag| lag.values().copied())
+        .fold(None, |total, records| Some(total.unwrap_or(0) + records))
 }
 
 /// A query started running.

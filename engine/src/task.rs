@@ -124,6 +124,18 @@ pub trait TaskAssigner: Send + Sync + Debug {
     }
 }
 
+/// This host's name, as a task's owner is named (by its task group, and on
+/// the status page): the kernel's host name, else `$HOSTNAME`, else
+/// `unknown-host`.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".into())
+}
+
 /// A channel's stream name (and its statements' checkpoint keys).
 pub(crate) fn step_name(index: usize) -> String {
     format!("repartition-{index}")

@@ -175,13 +175,11 @@ pub(crate) fn group_id(query_id: &str) -> String {
 
 /// This process as a member of a task group: `sluice-<pid>@<host>`.
 fn member_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown-host".into());
-    format!("sluice-{}@{host}", std::process::id())
+    format!(
+        "sluice-{}@{}",
+        std::process::id(),
+        sluice_engine::host_name()
+    )
 }
 
 /// The partitions of `topic` in `list`, as task numbers.

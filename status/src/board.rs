@@ -26,9 +26,22 @@ use sluice_engine::{QueryProgress, StreamingQuery, TaskPhase, TaskReport};
 /// assert_eq!(summaries[0]["id"], query.id());
 /// # }
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StatusBoard {
     queries: Mutex<Vec<Watched>>,
+    process: Process,
+}
+
+impl Default for StatusBoard {
+    fn default() -> Self {
+        Self {
+            queries: Mutex::default(),
+            process: Process {
+                host: sluice_engine::host_name(),
+                pid: std::process::id(),
+            },
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -43,21 +56,6 @@ struct Watched {
 struct Process {
     host: String,
     pid: u32,
-}
-
-impl Process {
-    fn this() -> Self {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .ok()
-            .filter(|h| !h.is_empty())
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .unwrap_or_else(|| "localhost".into());
-        Self {
-            host,
-            pid: std::process::id(),
-        }
-    }
 }
 
 impl StatusBoard {
@@ -81,11 +79,10 @@ impl StatusBoard {
     /// `/api/queries`: one summary per query, in the order watched.
     pub fn summaries(&self) -> Value {
         let now = now_ms();
-        let process = Process::this();
         Value::Array(
             self.lock()
                 .iter()
-                .map(|w| summary(w, &process, now))
+                .map(|w| summary(w, &w.query.task_reports(), &self.process, now))
                 .collect(),
         )
     }
@@ -94,18 +91,20 @@ impl StatusBoard {
     /// sources' lag per partition, and each task.
     pub fn detail(&self, id: &str) -> Option<Value> {
         let now = now_ms();
-        let process = Process::this();
         let queries = self.lock();
         let w = queries.iter().find(|w| w.query.id() == id)?;
-        let mut out = summary(w, &process, now);
         let reports = w.query.task_reports();
+        let mut out = summary(w, &reports, &self.process, now);
         let fields = out.as_object_mut()?;
         fields.insert("statement".into(), w.statement.clone().into());
         fields.insert("plan".into(), w.plan.clone().into());
         fields.insert("sources".into(), sources(&reports));
         fields.insert(
             "tasks".into(),
-            reports.iter().map(|t| task(t, &process, now)).collect(),
+            reports
+                .iter()
+                .map(|t| task(t, &self.process, now))
+                .collect(),
         );
         Some(out)
     }
@@ -125,14 +124,13 @@ impl StatusBoard {
     }
 }
 
-/// What the page's list shows of a query: who it is, its state, its last
-/// commit, watermark, rates and lag.
-fn summary(w: &Watched, process: &Process, now: i64) -> Value {
+/// What the page's list shows of a query, from its tasks' `reports`: who
+/// it is, its state, its last commit, watermark, rates and lag.
+fn summary(w: &Watched, reports: &[TaskReport], process: &Process, now: i64) -> Value {
     let q = &w.query;
-    let reports = q.task_reports();
     let here: Vec<&TaskReport> = reports.iter().filter(|t| t.here).collect();
     let last: Vec<&QueryProgress> = here.iter().filter_map(|t| t.last.as_ref()).collect();
-    let (state, error) = state(q, &reports);
+    let (state, error) = state(q, reports);
     let watermark = last
         .iter()
         .map(|p| p.watermark.as_deref().and_then(millis))
@@ -255,11 +253,11 @@ fn sources(reports: &[TaskReport]) -> Value {
 /// Records behind over every source partition of `tasks`, as of their
 /// last look at their sources; `None` when no source knows its lag.
 fn lag<'a>(tasks: impl IntoIterator<Item = &'a TaskReport>) -> Option<i64> {
-    let lags: Vec<i64> = tasks
-        .into_iter()
-        .flat_map(|t| t.lag.iter().flat_map(|(_, lag)| lag.values().copied()))
-        .collect();
-    (!lags.is_empty()).then(|| lags.iter().sum())
+    sluice_engine::lag_records(
+        tasks
+            .into_iter()
+            .flat_map(|t| t.lag.iter().map(|(_, lag)| lag)),
+    )
 }
 
 fn now_ms() -> i64 {
