@@ -5,6 +5,10 @@
 //! sink, state checkpointed (delta per epoch, snapshot every 10).
 //!
 //!     cargo bench --bench state_memory -- [--keys K] [--batch B] [--updates U] [--keep-input]
+//!         [--limit SIZE]
+//!
+//! `--limit '1 GB'` sets `state.memory.limit`: past it the coldest keys
+//! go to local disk (the default temporary directory).
 //!
 //! Each epoch's input is released once the epoch has committed, as a
 //! Kafka source holds nothing it has handed over; `--keep-input` keeps it
@@ -31,6 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let batch = common::number("--batch", 1_000_000);
     let updates = common::number("--updates", 5);
     let keep_input = std::env::args().any(|a| a == "--keep-input");
+    let limit = common::flag("--limit");
     let schema = Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, false),
         Field::new("v", DataType::Int64, false),
@@ -40,7 +45,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let checkpoint = tempfile::tempdir()?;
     let progress = common::collect_progress(&session);
     let query_over = |input: &MemoryStream| -> sluice::Result<sluice::DataStreamWriter> {
-        Ok(session
+        let writer = session
             .read_stream()
             .memory(input)?
             .aggregate(
@@ -50,11 +55,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .write_stream()
             .format("blackhole")
             .output_mode(OutputMode::Update)
-            .checkpoint_location(checkpoint.path()))
+            .checkpoint_location(checkpoint.path());
+        match &limit {
+            Some(limit) => writer.set("state.memory.limit", limit),
+            None => Ok(writer),
+        }
     };
     let query = query_over(&input)?.start().await?;
     let epochs = keys.div_ceil(batch) + updates;
     let mut times = Vec::new();
+    let began = Instant::now();
     for e in 0..epochs {
         // New keys first; then updates spread over all keys.
         let start = (e * batch) as i64;
@@ -84,6 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprint!("\rsluice: epoch {}/{epochs}", e + 1);
     }
     eprintln!();
+    let running_s = began.elapsed().as_secs_f64();
     let last = query.last_progress().ok_or("no progress")?;
     query.stop().await?;
     let peak_running = common::peak_rss_bytes();
@@ -104,10 +115,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "batch_rows": batch,
         "epochs": epochs,
         "input_kept": keep_input,
+        "memory_limit": limit,
+        "rows_per_second": (epochs * batch) as f64 / running_s,
         "epoch_ms_median": common::percentile(&sorted, 0.5),
         "epoch_ms_max": sorted.last(),
         "state_rows": last.state_rows,
         "state_bytes": last.state_bytes,
+        "state_disk_bytes": last.state_disk_bytes,
         "state_write_ms_median": common::percentile(&state_ms, 0.5),
         "state_write_ms_max": state_ms.last(),
         "restore_ms": restore_ms,

@@ -442,7 +442,7 @@ impl EpochLoop {
                 next,
             )
             .await?;
-        let state_size = (staged.rows, staged.bytes);
+        let state_size = staged.size;
         self.after_commit(record, staged)?;
         phases.commit = millis(t.elapsed());
 

@@ -27,6 +27,7 @@ use crate::progress::StreamingQueryListener;
 use crate::query::{QueryShared, StreamingQuery};
 use crate::settings::QuerySettings;
 use crate::sink::{FanOut, Sink};
+use crate::state::StateBudget;
 use crate::statement::Statement;
 use crate::task::TaskId;
 
@@ -150,6 +151,9 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         Arc::new(tokio::sync::Semaphore::new(threads.max(1)))
     });
     let query_listeners = listeners.clone();
+    let budget = settings
+        .state_memory_limit
+        .map(|limit| StateBudget::for_process(limit, settings.state_local_dir.clone()));
     let launcher = Launcher {
         name,
         settings,
@@ -159,6 +163,7 @@ pub(crate) async fn launch(query: QueryPlan) -> Result<StreamingQuery> {
         shared: Arc::clone(&shared),
         permits,
         root: checkpoint.as_ref().map(|c| c.dir().to_path_buf()),
+        budget,
     };
     let body: futures::future::BoxFuture<'static, Result<()>> = match group {
         Some(group) => {
@@ -267,6 +272,9 @@ pub(crate) struct Launcher {
     pub permits: Option<Arc<tokio::sync::Semaphore>>,
     /// The checkpoint location, when the query has one.
     pub root: Option<PathBuf>,
+    /// The memory limit its keyed state shares with the process's other
+    /// queries (`state.memory.limit`), when set.
+    pub budget: Option<Arc<StateBudget>>,
 }
 
 impl Launcher {
@@ -301,14 +309,20 @@ impl Launcher {
             shared,
             permits,
             root: _,
+            budget,
         } = self;
         let (name, query_id) = (name.as_str(), query_id.as_str());
         let task = plan.task;
-        let (planned, outputs): (Vec<Statement>, Vec<(SinkChoice, Options)>) = plan
+        let (mut planned, outputs): (Vec<Statement>, Vec<(SinkChoice, Options)>) = plan
             .statements
             .into_iter()
             .map(|(statement, sink, options)| (statement, (sink, options)))
             .unzip();
+        if let Some(budget) = budget {
+            for statement in &mut planned {
+                statement.within_budget(budget);
+            }
+        }
         let late: Vec<(usize, usize)> = plan.late.iter().map(|l| (l.statement, l.input)).collect();
         let sink = sinks(
             connectors, outputs, &planned, plan.late, query_id, name, task,

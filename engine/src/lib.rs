@@ -108,7 +108,7 @@ pub use source::{
     DeadLetter, GroupOffsets, Handover, LazyPartition, MemorySourceFactory, MemoryStream, Offset,
     Partitions, Rejected, Source, SourceFactory,
 };
-pub use state::KeyedState;
+pub use state::{KeyedState, StateBudget};
 pub use table::{StreamDefinition, StreamTable};
 pub use task::{host_name, repartition_step_of, TaskAssigner, TaskId, Tasks};
 pub use trigger::Trigger;

@@ -83,6 +83,7 @@ struct TaskGauges {
     recoveries: u64,
     state_rows: u64,
     state_bytes: u64,
+    state_disk_bytes: u64,
     /// Seconds since the Unix epoch.
     watermark: Option<f64>,
 }
@@ -131,6 +132,7 @@ impl StreamingQueryListener for Metrics {
             task.recoveries = task.recoveries.max(p.recoveries);
             task.state_rows = p.state_rows;
             task.state_bytes = p.state_bytes;
+            task.state_disk_bytes = p.state_disk_bytes;
             if let Some(w) = &p.watermark {
                 task.watermark =
                     datafusion::arrow::compute::kernels::cast_utils::string_to_timestamp_nanos(w)
@@ -253,8 +255,14 @@ const PER_QUERY: &[PerQuery] = &[
     (
         "sluice_state_bytes",
         "gauge",
-        "Bytes held in operator state.",
+        "Bytes operator state holds in memory.",
         |q| Some(q.sum(|t| t.state_bytes) as f64),
+    ),
+    (
+        "sluice_state_disk_bytes",
+        "gauge",
+        "Bytes operator state holds on local disk, past state.memory.limit.",
+        |q| Some(q.sum(|t| t.state_disk_bytes) as f64),
     ),
     (
         "sluice_watermark_seconds",

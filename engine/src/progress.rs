@@ -85,8 +85,11 @@ pub struct QueryProgress {
     pub duration_ms: PhaseDurations,
     /// Rows held in operator state.
     pub state_rows: u64,
-    /// Bytes held in operator state.
+    /// Bytes operator state holds in memory.
     pub state_bytes: u64,
+    /// Bytes operator state holds on local disk, past
+    /// `state.memory.limit`.
+    pub state_disk_bytes: u64,
     /// The query's event-time watermark (RFC 3339), if it has one.
     pub watermark: Option<String>,
     /// Input rows dropped for arriving behind the watermark.
@@ -129,6 +132,7 @@ impl QueryProgress {
             },
             "state_rows": self.state_rows,
             "state_bytes": self.state_bytes,
+            "state_disk_bytes": self.state_disk_bytes,
             "watermark": self.watermark,
             "late_rows": self.late_rows,
             "skipped_records": self.sources.iter().map(|s| s.skipped_records).sum::<u64>(),

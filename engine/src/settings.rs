@@ -49,6 +49,14 @@ pub struct QuerySettings {
     /// Snapshots, each with its deltas, kept in the checkpoint (SQL:
     /// `state.retained.snapshots`; default 2, at least 1).
     pub state_retained_snapshots: usize,
+    /// The bytes the process's keyed state may hold in memory, every
+    /// query's operators and tasks together, before its least recently
+    /// touched keys go to local disk (SQL: `state.memory.limit`, e.g.
+    /// `'512 MB'`); `None` (the default): no limit, all in memory.
+    pub state_memory_limit: Option<u64>,
+    /// Where state past the limit goes (SQL: `state.local.dir`); `None`
+    /// (the default): a temporary directory.
+    pub state_local_dir: Option<PathBuf>,
     /// How long the query keeps retrying while its brokers are unreachable
     /// without committing an epoch, before it fails (SQL: `outage.limit`;
     /// default 5 minutes). Every wait on Kafka inside an attempt is bounded
@@ -301,6 +309,34 @@ pub const SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        name: "state.memory.limit",
+        aliases: &[],
+        values: "a size (`'512 MB'`, `'1 GB'`; MB means MiB, as in Flink): what this \
+            process's keyed state (every query's GROUP BY and deduplication, all tasks) may hold \
+            in memory; past it the least recently touched keys go to local disk \
+            (`state.local.dir`) and come back when met. Windows, joins, Top-N and complete \
+            mode keep theirs in memory (see *State beyond memory* in docs/operations.md)",
+        default: "none: all state in memory",
+        kind: Kind::Query {
+            apply: set_memory_limit,
+            is_set: |s| s.state_memory_limit.is_some(),
+        },
+    },
+    Setting {
+        name: "state.local.dir",
+        aliases: &[],
+        values: "a directory for state past `state.memory.limit`: a cache of the committed \
+            state, which the checkpoint holds, made afresh at each start",
+        default: "a temporary directory",
+        kind: Kind::Query {
+            apply: |s, value| {
+                s.state_local_dir = Some(value.into());
+                Ok(())
+            },
+            is_set: |s| s.state_local_dir.is_some(),
+        },
+    },
+    Setting {
         name: "outage.limit",
         aliases: &[],
         values: "how long a query retries while its brokers are unreachable, without \
@@ -479,6 +515,8 @@ const DEFAULT: QuerySettings = QuerySettings {
     pipeline_name: None,
     state_snapshot_interval: 10,
     state_retained_snapshots: 2,
+    state_memory_limit: None,
+    state_local_dir: None,
     outage_limit: Duration::from_secs(300),
     tasks: Tasks::One,
     task_group: false,
@@ -517,6 +555,38 @@ fn set_retained_snapshots(s: &mut QuerySettings, value: &str) -> Result<()> {
         format!("'state.retained.snapshots' takes a whole number from 1, found '{value}'")
     })? as usize;
     Ok(())
+}
+
+fn set_memory_limit(s: &mut QuerySettings, value: &str) -> Result<()> {
+    let bytes = parse_size(value).ok_or_else(|| {
+        SluiceError::config(format!(
+            "'state.memory.limit' takes a size such as '512 MB' or '1 GB', found '{value}'"
+        ))
+    })?;
+    s.state_memory_limit = Some(bytes);
+    Ok(())
+}
+
+/// A size as Flink writes one: a whole number and a unit, `B`, `KB`, `MB`,
+/// `GB` or `TB` (each 1024 times the one before; `KiB`, `k`, `m`, `g`, `t`
+/// alike), in any case; a number alone is bytes. `None` for anything else
+/// or 0.
+pub(crate) fn parse_size(value: &str) -> Option<u64> {
+    let value = value.trim();
+    let digits = value
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(value.len());
+    let number: u64 = value[..digits].parse().ok()?;
+    let unit = value[digits..].trim().to_ascii_lowercase();
+    let shift = match unit.as_str() {
+        "" | "b" | "bytes" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1 << shift).filter(|&b| b > 0)
 }
 
 fn set_outage_limit(s: &mut QuerySettings, value: &str) -> Result<()> {
@@ -608,4 +678,25 @@ fn whole_from_one(value: &str, message: impl FnOnce() -> String) -> Result<u64> 
         .ok()
         .filter(|n| *n >= 1)
         .ok_or_else(|| SluiceError::config(message()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_read_as_flink_writes_them() {
+        assert_eq!(parse_size("512 MB"), Some(512 << 20));
+        assert_eq!(parse_size("1gb"), Some(1 << 30));
+        assert_eq!(parse_size(" 64 KiB "), Some(64 << 10));
+        assert_eq!(parse_size("1000"), Some(1000));
+        for bad in ["", "MB", "1.5 GB", "0 MB", "12 parsecs", "99999999999 TB"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+        let mut s = QuerySettings::default();
+        s.set("state.memory.limit", "1 GB").unwrap();
+        assert_eq!(s.state_memory_limit, Some(1 << 30));
+        let err = s.set("state.memory.limit", "lots").unwrap_err().to_string();
+        assert!(err.contains("'1 GB'"), "{err}");
+    }
 }

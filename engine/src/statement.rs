@@ -11,8 +11,10 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::execution::SessionStateBuilder;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::physical_plan::{collect_partitioned, execute_stream};
 use futures::StreamExt;
@@ -32,6 +34,7 @@ use crate::options::columns;
 use crate::planner::{IncrementalPlan, StageConfig};
 use crate::sink::{EpochOutput, Sink};
 use crate::state::chain::{Chain, SnapshotPolicy};
+use crate::state::{StateBudget, StateSize};
 use crate::table::EpochInput;
 
 /// One statement of a query: its plan, and its state.
@@ -228,6 +231,21 @@ impl Statement {
         })
     }
 
+    /// Runs the statement's operators within `budget`, the memory limit of
+    /// the process's keyed state: its plan's session carries it, where an
+    /// operator making a store finds it (`StateBudget::of`).
+    pub(crate) fn within_budget(&mut self, budget: &Arc<StateBudget>) {
+        let config = self
+            .plan
+            .state
+            .config()
+            .clone()
+            .with_extension(Arc::clone(budget));
+        self.plan.state = SessionStateBuilder::new_from_existing(self.plan.state.clone())
+            .with_config(config)
+            .build();
+    }
+
     /// A repartition step's upstream, after an epoch that read rows or
     /// moved its watermark: its watermark, as one row to each partition of
     /// its channel, after the epoch's rows (see `watermark::aligned`). An
@@ -250,23 +268,22 @@ impl Statement {
 
     /// Writes the operator's state of `epoch` into the checkpoint at `dir`:
     /// returns the statement's state files for the commit (its chain with
-    /// the new file, or a new chain), and the state's rows and bytes.
+    /// the new file, or a new chain), and the state's size.
     pub(crate) fn stage(
         &mut self,
         dir: &Path,
         epoch: u64,
         run: &str,
         policy: SnapshotPolicy,
-    ) -> Result<(Vec<String>, u64, u64)> {
+    ) -> Result<(Vec<String>, StateSize)> {
         let Some(op) = &mut self.operator else {
-            return Ok((self.chain.files().to_vec(), 0, 0));
+            return Ok((self.chain.files().to_vec(), StateSize::default()));
         };
         let staged = op.stage(policy.snapshot_due(&self.chain))?;
         let files = self
             .chain
             .write(dir, epoch, run, staged, &mut |w| op.write_snapshot(w))?;
-        let (rows, bytes) = op.state_size();
-        Ok((files, rows, bytes))
+        Ok((files, op.state_size()))
     }
 
     /// The epoch that staged `files` committed: they become the chain, old

@@ -16,6 +16,7 @@ use crate::fail_point::fail_point;
 use crate::progress::{millis, PhaseDurations, QueryProgress, SourceProgress};
 use crate::sink::EpochOutput;
 use crate::source::{Handover, Offset};
+use crate::state::StateSize;
 use crate::watermark::format_nanos;
 
 /// Offset and commit records kept in the checkpoint (Spark's default).
@@ -103,7 +104,7 @@ impl EpochLoop {
         record: &OffsetRecord,
         read: EpochRead,
         outputs: &[EpochOutput],
-        staged: (u64, u64),
+        staged: StateSize,
         mut duration_ms: PhaseDurations,
         timing: EpochTiming,
     ) -> QueryProgress {
@@ -136,8 +137,9 @@ impl EpochLoop {
             input_rows_per_second: per_second(since_last),
             processed_rows_per_second: per_second(total),
             duration_ms,
-            state_rows: staged.0,
-            state_bytes: staged.1,
+            state_rows: staged.rows,
+            state_bytes: staged.memory_bytes,
+            state_disk_bytes: staged.disk_bytes,
             watermark: self.watermark().map(format_nanos),
             late_rows: read.late_rows,
             recoveries: self.recoveries,

@@ -7,14 +7,14 @@ use super::read::EpochRead;
 use super::EpochLoop;
 use crate::error::Result;
 use crate::sink::EpochOutput;
+use crate::state::StateSize;
 use crate::table::EpochInput;
 
 /// What the stage phase wrote: each statement's state files (the chain
 /// the commit names), and the state's size.
 pub(super) struct Staged {
     pub(super) chains: Vec<Vec<String>>,
-    pub(super) rows: u64,
-    pub(super) bytes: u64,
+    pub(super) size: StateSize,
 }
 
 impl EpochLoop {
@@ -68,19 +68,17 @@ impl EpochLoop {
     pub(super) fn stage(&mut self, epoch: u64) -> Result<Staged> {
         let mut staged = Staged {
             chains: Vec::with_capacity(self.statements.len()),
-            rows: 0,
-            bytes: 0,
+            size: StateSize::default(),
         };
         for statement in &mut self.statements {
-            let (files, rows, bytes) = statement.stage(
+            let (files, size) = statement.stage(
                 self.checkpoint.dir(),
                 epoch,
                 &self.shared.run_id,
                 self.snapshots,
             )?;
             staged.chains.push(files);
-            staged.rows += rows;
-            staged.bytes += bytes;
+            staged.size = staged.size + size;
         }
         Ok(staged)
     }

@@ -58,7 +58,7 @@ use crate::error::{Result, SluiceError};
 use crate::output_mode::OutputMode;
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
-use crate::state::{row_converter, KeyedState, Located, OneStore};
+use crate::state::{row_converter, KeyedState, Located, OneStore, StateBudget};
 use crate::table::EpochBatches;
 use crate::window::{merge_sessions, WindowKey};
 
@@ -95,6 +95,16 @@ pub(crate) struct AggregateConfig {
     /// a group whose rows were all taken back leaves the state, as it
     /// leaves the output, so short-lived groups do not pile up.
     pub over_changelog: bool,
+}
+
+impl AggregateConfig {
+    /// The memory limit the state keeps within, when the query sets one
+    /// and the state is read by key only: a window's groups close by a
+    /// scan of the state, and complete mode emits all of it each epoch.
+    fn budget(&self, ctx: &SessionState) -> Option<Arc<StateBudget>> {
+        let by_key = self.window.is_none() && self.mode != OutputMode::Complete;
+        StateBudget::of(ctx).filter(|_| by_key)
+    }
 }
 
 /// A running GROUP BY.
@@ -188,10 +198,15 @@ impl AggregateOperator {
         let group_columns = phases.partial.group_expr().expr().len();
         let state = match &mut self.state {
             Some(s) => s,
-            None => self
-                .state
-                .insert(KeyedState::new(Arc::clone(&partial_schema), group_columns)?),
+            None => self.state.insert(
+                KeyedState::new(Arc::clone(&partial_schema), group_columns)?
+                    .within(self.config.budget(ctx))?,
+            ),
         };
+        // The last commit's state within the memory limit, and the keys
+        // this epoch meets back from disk.
+        state.settle()?;
+        state.fault_in(&partials)?;
         let mut first_seen = Vec::new();
         // The changed groups' states before this epoch, when retractions
         // are wanted: for sessions, the ones of the touched partitions,
@@ -412,7 +427,8 @@ impl Operator for AggregateOperator {
         let mut state = KeyedState::new(
             phases.partial.schema(),
             phases.partial.group_expr().expr().len(),
-        )?;
+        )?
+        .within(self.config.budget(ctx))?;
         state.restore_chain(chain)?;
         self.state = Some(state);
         Ok(())
@@ -422,7 +438,7 @@ impl Operator for AggregateOperator {
         self.state.after_commit();
     }
 
-    fn state_size(&self) -> (u64, u64) {
+    fn state_size(&self) -> crate::state::StateSize {
         self.state.size()
     }
 }

@@ -59,14 +59,15 @@ pub(crate) fn restore(
 }
 
 /// Rows and bytes the buffers hold.
-pub(crate) fn size(buffers: [&Buffer; 2]) -> (u64, u64) {
+pub(crate) fn size(buffers: [&Buffer; 2]) -> crate::state::StateSize {
     buffers
         .into_iter()
         .flatten()
-        .fold((0, 0), |(rows, bytes), b| {
-            (
-                rows + b.num_rows() as u64,
-                bytes + b.get_array_memory_size() as u64,
-            )
+        .fold(Default::default(), |total, b| {
+            total
+                + crate::state::StateSize::in_memory(
+                    b.num_rows() as u64,
+                    b.get_array_memory_size() as u64,
+                )
         })
 }

@@ -590,7 +590,7 @@ impl Operator for ChangelogJoinOperator {
         self.state.after_commit();
     }
 
-    fn state_size(&self) -> (u64, u64) {
+    fn state_size(&self) -> crate::state::StateSize {
         self.state.size()
     }
 }

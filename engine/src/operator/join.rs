@@ -514,8 +514,8 @@ impl Operator for JoinOperator {
         self.changes = Changes::default();
     }
 
-    fn state_size(&self) -> (u64, u64) {
-        (
+    fn state_size(&self) -> crate::state::StateSize {
+        crate::state::StateSize::in_memory(
             (self.left.num_rows() + self.right.num_rows()) as u64,
             (self.left.get_array_memory_size() + self.right.get_array_memory_size()) as u64,
         )

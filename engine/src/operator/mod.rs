@@ -43,6 +43,7 @@ use datafusion::logical_expr::SortExpr as Sort;
 use crate::error::Result;
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
+use crate::state::StateSize;
 
 pub(crate) mod aggregate;
 mod buffers;
@@ -123,5 +124,5 @@ pub(crate) trait Operator: Send + Sync + Debug {
     fn after_commit(&mut self);
 
     /// Rows and bytes held in state.
-    fn state_size(&self) -> (u64, u64);
+    fn state_size(&self) -> StateSize;
 }

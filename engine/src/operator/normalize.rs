@@ -154,7 +154,7 @@ impl Operator for NormalizeOperator {
         self.state.after_commit();
     }
 
-    fn state_size(&self) -> (u64, u64) {
+    fn state_size(&self) -> crate::state::StateSize {
         self.state.size()
     }
 }

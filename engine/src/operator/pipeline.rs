@@ -205,10 +205,10 @@ impl Operator for Pipeline {
         }
     }
 
-    fn state_size(&self) -> (u64, u64) {
+    fn state_size(&self) -> crate::state::StateSize {
         self.stages
             .iter()
             .map(|s| s.operator.state_size())
-            .fold((0, 0), |(r, b), (sr, sb)| (r + sr, b + sb))
+            .fold(Default::default(), |total, size| total + size)
     }
 }

@@ -442,7 +442,7 @@ impl Operator for TemporalJoinOperator {
 
     fn after_commit(&mut self) {}
 
-    fn state_size(&self) -> (u64, u64) {
+    fn state_size(&self) -> crate::state::StateSize {
         buffers::size([&self.pending, &self.versions])
     }
 }

@@ -422,6 +422,25 @@ pub(crate) fn write_ipc_slices(
     Ok(())
 }
 
+/// [`write_ipc`] of `parts`, batches of `schema` given one at a time
+/// (rows read back from disk): none is held longer than its writing.
+pub(crate) fn write_ipc_parts(
+    w: &mut dyn Write,
+    schema: &SchemaRef,
+    parts: impl Iterator<Item = Result<RecordBatch>>,
+) -> Result<()> {
+    let mut writer = FileWriter::try_new(w, schema)?;
+    for part in parts {
+        let part = part?;
+        for start in (0..part.num_rows()).step_by(IPC_SLICE_ROWS) {
+            let slice = part.slice(start, IPC_SLICE_ROWS.min(part.num_rows() - start));
+            writer.write(&compact_views_to_write(slice)?)?;
+        }
+    }
+    writer.finish()?;
+    Ok(())
+}
+
 /// Rows per IPC batch of a state file: about 1.5 MB of a BIGINT key and
 /// two accumulators, large enough that per-batch framing is noise.
 const IPC_SLICE_ROWS: usize = 1 << 16;

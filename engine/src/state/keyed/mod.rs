@@ -35,12 +35,15 @@ use hashbrown::HashTable;
 
 mod keys;
 mod locate;
+mod spill;
 
 use super::chain::{ChainReader, Staged};
 use super::codec::{
-    read_ipc, read_ipc_owned, split_two_parts, two_parts_with, write_ipc, write_ipc_slices,
+    read_ipc, read_ipc_owned, split_two_parts, two_parts_with, write_ipc, write_ipc_parts,
+    write_ipc_slices,
 };
 use super::columns::{compact_views, Placement};
+use super::StateSize;
 use crate::error::{Result, SluiceError};
 use keys::{keyed_by_word, KeyBytes, KeyRef, ProbeKeys, StoredKeys, StoredView, Words};
 pub(crate) use locate::Located;
@@ -56,7 +59,7 @@ pub(crate) trait OneStore {
     /// The staged epoch committed: changes are counted anew.
     fn after_commit(&mut self);
     /// Rows and bytes held.
-    fn size(&self) -> (u64, u64);
+    fn size(&self) -> StateSize;
 }
 
 impl OneStore for Option<KeyedState> {
@@ -80,9 +83,12 @@ impl OneStore for Option<KeyedState> {
         }
     }
 
-    fn size(&self) -> (u64, u64) {
-        self.as_ref()
-            .map_or((0, 0), |s| (s.num_rows(), s.num_bytes()))
+    fn size(&self) -> StateSize {
+        self.as_ref().map_or(StateSize::default(), |s| StateSize {
+            rows: s.num_rows(),
+            memory_bytes: s.num_bytes(),
+            disk_bytes: s.disk_bytes(),
+        })
     }
 }
 
@@ -141,6 +147,8 @@ pub struct KeyedState {
     changed: BooleanBufferBuilder,
     /// Rows removed since the last flush (for their keys).
     removed: Vec<RecordBatch>,
+    /// Within a memory limit: the keys on local disk ([`within`](Self::within)).
+    spill: Option<spill::Spill>,
 }
 
 impl std::fmt::Debug for KeyedState {
@@ -180,6 +188,7 @@ impl KeyedState {
             hasher: RandomState::default(),
             changed: BooleanBufferBuilder::new(0),
             removed: Vec::new(),
+            spill: None,
         })
     }
 
@@ -246,6 +255,17 @@ impl KeyedState {
         self.rows = rows;
         self.keys = keys;
         self.index = index;
+        Ok(())
+    }
+
+    /// Adds `rows` (of keys not stored) as they are, not as changes: rows
+    /// read back from disk.
+    fn insert_unchanged(&mut self, rows: &RecordBatch) -> Result<()> {
+        let start = self.rows.num_rows();
+        self.upsert(std::slice::from_ref(rows))?;
+        for i in start..self.rows.num_rows() {
+            self.changed.set_bit(i, false);
+        }
         Ok(())
     }
 
@@ -325,6 +345,10 @@ impl KeyedState {
         for &(i, _) in &placement.updates {
             self.changed.set_bit(i as usize, true);
         }
+        if let Some(spill) = &mut self.spill {
+            spill.touch(placement.updates.iter().map(|&(i, _)| i));
+            spill.appended(appended_hashes.len());
+        }
         let rows = std::mem::replace(
             &mut self.rows,
             RecordBatch::new_empty(Arc::clone(&self.schema)),
@@ -367,6 +391,9 @@ impl KeyedState {
         }
         self.set_rows(kept)?;
         self.changed = changed;
+        if let Some(spill) = &mut self.spill {
+            spill.kept(&not(mask)?);
+        }
         self.removed.push(taken.clone());
         Ok(taken)
     }
@@ -525,10 +552,12 @@ impl KeyedState {
         let upserts = read_ipc(upserts, &self.schema)?;
         let key_columns: Vec<usize> = (0..self.key_columns).collect();
         let key_schema = Arc::new(self.schema.project(&key_columns)?);
-        self.remove_keys(&read_ipc(gone, &key_schema)?)?;
+        let gone = read_ipc(gone, &key_schema)?;
+        self.fault_in(&[gone.clone(), upserts.clone()])?;
+        self.remove_keys(&gone)?;
         self.upsert(&[upserts])?;
         self.clear_changes();
-        Ok(())
+        self.settle()
     }
 
     /// Every stored row.
@@ -536,16 +565,17 @@ impl KeyedState {
         &self.rows
     }
 
-    /// Number of keys held.
+    /// Number of keys held, in memory and on disk.
     pub fn num_rows(&self) -> u64 {
-        self.rows.num_rows() as u64
+        self.rows.num_rows() as u64 + self.cold_rows()
     }
 
-    /// Bytes held: the rows, the encoded keys and the index.
+    /// Bytes held in memory: the rows, the encoded keys and the index.
     pub fn num_bytes(&self) -> u64 {
         let index = self.index.num_buckets() * (std::mem::size_of::<u32>() + 1);
         let changed = self.changed.capacity() / 8;
-        (self.rows.get_array_memory_size() + self.keys.size() + index + changed) as u64
+        let touched = self.spill.as_ref().map_or(0, |s| s.touched_bytes());
+        (self.rows.get_array_memory_size() + self.keys.size() + index + changed + touched) as u64
     }
 
     /// The whole state as Arrow IPC file bytes.
@@ -554,17 +584,29 @@ impl KeyedState {
         super::codec::ipc_bytes(&self.rows)
     }
 
-    /// Writes the whole state into `w` as an Arrow IPC file.
+    /// Writes the whole state into `w` as an Arrow IPC file: the rows in
+    /// memory, then those on disk.
     pub fn snapshot_to(&self, w: &mut dyn std::io::Write) -> Result<()> {
-        write_ipc(w, &self.rows)
+        if self.cold_rows() == 0 {
+            return write_ipc(w, &self.rows);
+        }
+        write_ipc_parts(
+            w,
+            &self.schema,
+            std::iter::once(Ok(self.rows.clone())).chain(self.cold_batches(1 << 16)),
+        )
     }
 
     /// Replaces the state with a snapshot's.
     pub fn restore(&mut self, bytes: Vec<u8>) -> Result<()> {
         let rows = read_ipc_owned(bytes, &self.schema)?;
+        self.clear_cold()?;
         self.set_rows(rows)?;
+        if let Some(spill) = &mut self.spill {
+            spill.reset(self.rows.num_rows());
+        }
         self.clear_changes();
-        Ok(())
+        self.settle()
     }
 }
 

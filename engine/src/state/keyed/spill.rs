@@ -1,0 +1,474 @@
+//! A keyed store past the memory limit: its coldest keys on local disk.
+//!
+//! A store made [`within`](KeyedState::within) a [`StateBudget`] keeps the
+//! keys it touched lately in memory, as every store does, and its other
+//! keys in its partition of the budget's disk: key → row, each the
+//! arrow-row encoding of its columns (the key's sorts as the key does).
+//! A key lives in one of the two, never both.
+//!
+//! - Before an epoch's keys are looked up, [`fault_in`](KeyedState::fault_in)
+//!   reads the ones on disk back into memory, all at once and in key
+//!   order, as unchanged rows: the operator then sees one store.
+//! - After each commit, [`settle`](KeyedState::settle) tells the budget
+//!   what the store holds and sheds what it is told to, least recently
+//!   touched first. Changes are counted anew at a commit, so what is shed
+//!   is committed state: shedding writes nothing to the checkpoint, and
+//!   the next delta holds only what the next epoch changes.
+//!
+//! Only stores read by key may spill: an operator that scans its rows
+//! (windows closing, a session's partition, complete mode) keeps them in
+//! memory, where they count against no limit.
+
+use std::sync::Arc;
+
+use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch};
+use datafusion::arrow::compute::{filter_record_batch, not};
+use datafusion::arrow::row::RowConverter;
+use foldhash::{HashSet, HashSetExt};
+
+use super::{row_converter, KeyedState};
+use crate::error::Result;
+use crate::state::budget::{Disk, StateBudget};
+
+/// The disk side of a store within a budget.
+pub(super) struct Spill {
+    budget: Arc<StateBudget>,
+    /// The store's number in the budget.
+    id: u64,
+    /// The store's disk, once it first shed.
+    cold: Option<Disk>,
+    /// Rows on disk, and their keys' and values' bytes.
+    cold_rows: u64,
+    cold_bytes: u64,
+    /// Encodes the non-key columns of a row.
+    values: RowConverter,
+    /// Per row in memory, the commit count when it was last touched.
+    touched: Vec<u32>,
+    /// Commits so far.
+    tick: u32,
+}
+
+impl std::fmt::Debug for Spill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spill")
+            .field("id", &self.id)
+            .field("cold_rows", &self.cold_rows)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Spill {
+    fn drop(&mut self) {
+        self.budget.forget(self.id);
+    }
+}
+
+impl Spill {
+    /// Rows at these positions were written now.
+    pub(super) fn touch(&mut self, rows: impl IntoIterator<Item = u32>) {
+        for i in rows {
+            if let Some(t) = self.touched.get_mut(i as usize) {
+                *t = self.tick;
+            }
+        }
+    }
+
+    /// `n` rows were appended now.
+    pub(super) fn appended(&mut self, n: usize) {
+        self.touched.extend(std::iter::repeat_n(self.tick, n));
+    }
+
+    /// The rows in memory are now those of `kept` (one flag per former
+    /// row, true where it stays).
+    pub(super) fn kept(&mut self, kept: &BooleanArray) {
+        let mut i = 0;
+        self.touched.retain(|_| {
+            let keep = kept.value(i);
+            i += 1;
+            keep
+        });
+        self.touched.shrink_to_fit();
+    }
+
+    /// Bytes of the touch marks.
+    pub(super) fn touched_bytes(&self) -> usize {
+        self.touched.capacity() * std::mem::size_of::<u32>()
+    }
+
+    /// The store's rows were replaced by `n` rows, all touched now.
+    pub(super) fn reset(&mut self, n: usize) {
+        self.touched = vec![self.tick; n];
+    }
+}
+
+impl KeyedState {
+    /// This store within `budget` (none: as it is): past the budget's
+    /// limit its least recently touched keys go to local disk. For stores
+    /// read by key only: see the module.
+    pub(crate) fn within(mut self, budget: Option<Arc<StateBudget>>) -> Result<Self> {
+        let Some(budget) = budget else {
+            return Ok(self);
+        };
+        if self.key_columns == 0 {
+            // One row: nothing to shed.
+            return Ok(self);
+        }
+        let values = row_converter(
+            self.schema.fields()[self.key_columns..]
+                .iter()
+                .map(|f| f.data_type()),
+        )?;
+        self.spill = Some(Spill {
+            id: budget.register(),
+            budget,
+            cold: None,
+            cold_rows: 0,
+            cold_bytes: 0,
+            values,
+            touched: vec![0; self.rows.num_rows()],
+            tick: 0,
+        });
+        Ok(self)
+    }
+
+    /// Reads the keys of `probe` (its first columns are the key's) that
+    /// are on disk back into memory, unchanged, so that the store's
+    /// lookups find every key in memory.
+    pub(crate) fn fault_in(&mut self, probe: &[RecordBatch]) -> Result<()> {
+        let Some(spill) = &self.spill else {
+            return Ok(());
+        };
+        let Some(disk) = spill.cold.as_ref().filter(|_| spill.cold_rows > 0) else {
+            return Ok(());
+        };
+        let stored = self.view();
+        let mut missing: HashSet<Box<[u8]>> = HashSet::new();
+        for batch in probe {
+            let keys = self.keys_of(batch)?;
+            let encoded = self
+                .converter
+                .convert_columns(&batch.columns()[..self.key_columns])?;
+            for r in 0..keys.len() {
+                let key = keys.get(r);
+                if self.find(&stored, key.hash(&self.hasher), key).is_none() {
+                    missing.insert(Box::from(encoded.row(r).as_ref()));
+                }
+            }
+        }
+        drop(stored);
+        let mut missing: Vec<Box<[u8]>> = missing.into_iter().collect();
+        missing.sort_unstable();
+        let mut found_keys = Vec::new();
+        let mut found_values = Vec::new();
+        let mut batch = disk.batch();
+        let mut bytes = 0;
+        for key in missing {
+            if let Some(value) = disk.rows().get(&key).map_err(|e| disk.error(e))? {
+                batch.remove(disk.rows(), key.as_ref());
+                bytes += (key.len() + value.len()) as u64;
+                found_keys.push(key);
+                found_values.push(value);
+            }
+        }
+        if found_keys.is_empty() {
+            return Ok(());
+        }
+        let rows = self.decode(&found_keys, &found_values)?;
+        batch.commit().map_err(|e| disk.error(e))?;
+        if let Some(spill) = &mut self.spill {
+            spill.cold_rows = spill.cold_rows.saturating_sub(found_keys.len() as u64);
+            spill.cold_bytes = spill.cold_bytes.saturating_sub(bytes);
+        }
+        self.insert_unchanged(&rows)
+    }
+
+    /// Rows from their encoded keys and values.
+    fn decode(&self, keys: &[Box<[u8]>], values: &[fjall::Slice]) -> Result<RecordBatch> {
+        let Some(spill) = &self.spill else {
+            return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
+        };
+        let key_parser = self.converter.parser();
+        let value_parser = spill.values.parser();
+        let mut columns: Vec<ArrayRef> = self
+            .converter
+            .convert_rows(keys.iter().map(|k| key_parser.parse(k)))?;
+        columns.extend(
+            spill
+                .values
+                .convert_rows(values.iter().map(|v| value_parser.parse(v)))?,
+        );
+        Ok(RecordBatch::try_new(Arc::clone(&self.schema), columns)?)
+    }
+
+    /// After a commit: tells the budget what the store holds in memory,
+    /// and sheds to disk what it says, least recently touched first.
+    pub(crate) fn settle(&mut self) -> Result<()> {
+        // Only committed state leaves: with changes pending, next time.
+        if self.spill.is_none() || self.has_changes() {
+            return Ok(());
+        }
+        let bytes = self.num_bytes();
+        let Some(spill) = &mut self.spill else {
+            return Ok(());
+        };
+        spill.tick = spill.tick.saturating_add(1);
+        let shed = spill.budget.report(spill.id, bytes);
+        let rows = self.rows.num_rows();
+        if shed == 0 || rows == 0 {
+            return Ok(());
+        }
+        let n = ((rows as f64 * shed as f64 / bytes.max(1) as f64).ceil() as usize).min(rows);
+        // The n least recently touched: those before the n-th tick, then
+        // as many of its ties as make n.
+        let mut ticks = spill.touched.clone();
+        let (_, &mut nth, _) = ticks.select_nth_unstable(n - 1);
+        let mut ties = n - spill.touched.iter().filter(|&&t| t < nth).count();
+        let out: BooleanArray = spill
+            .touched
+            .iter()
+            .map(|&t| {
+                Some(
+                    t < nth
+                        || (t == nth && ties > 0 && {
+                            ties -= 1;
+                            true
+                        }),
+                )
+            })
+            .collect();
+        self.shed(&out)
+    }
+
+    /// Writes the rows where `out` is true to disk and drops them from
+    /// memory.
+    fn shed(&mut self, out: &BooleanArray) -> Result<()> {
+        let Some(spill) = &mut self.spill else {
+            return Ok(());
+        };
+        if spill.cold.is_none() {
+            spill.cold = Some(spill.budget.disk()?);
+        }
+        let leaving = filter_record_batch(&self.rows, out)?;
+        let keys = self
+            .converter
+            .convert_columns(&leaving.columns()[..self.key_columns])?;
+        let values = spill
+            .values
+            .convert_columns(&leaving.columns()[self.key_columns..])?;
+        if let Some(disk) = &spill.cold {
+            let mut batch = disk.batch();
+            for (key, value) in keys.iter().zip(values.iter()) {
+                batch.insert(disk.rows(), key.as_ref(), value.as_ref());
+                spill.cold_bytes += (key.as_ref().len() + value.as_ref().len()) as u64;
+            }
+            batch.commit().map_err(|e| disk.error(e))?;
+        }
+        spill.cold_rows += leaving.num_rows() as u64;
+        let kept = not(out)?;
+        spill.kept(&kept);
+        let rows = filter_record_batch(&self.rows, &kept)?;
+        self.set_rows(rows)?;
+        self.clear_changes();
+        Ok(())
+    }
+
+    /// The rows on disk, in key order, a batch of up to `rows` at a time.
+    pub(super) fn cold_batches(
+        &self,
+        rows: usize,
+    ) -> impl Iterator<Item = Result<RecordBatch>> + '_ {
+        let pairs = self
+            .spill
+            .as_ref()
+            .and_then(|s| s.cold.as_ref())
+            .map(|disk| (disk, disk.rows().iter()));
+        let mut pairs = pairs
+            .into_iter()
+            .flat_map(|(disk, iter)| iter.map(move |kv| kv.map_err(|e| disk.error(e))));
+        std::iter::from_fn(move || {
+            let mut keys = Vec::with_capacity(rows);
+            let mut values = Vec::with_capacity(rows);
+            for kv in pairs.by_ref() {
+                match kv {
+                    Ok((k, v)) => {
+                        keys.push(Box::from(k.as_ref()));
+                        values.push(v);
+                    }
+                    Err(e) => return Some(Err(e)),
+                }
+                if keys.len() == rows {
+                    break;
+                }
+            }
+            (!keys.is_empty()).then(|| self.decode(&keys, &values))
+        })
+    }
+
+    /// Rows on disk.
+    pub(crate) fn cold_rows(&self) -> u64 {
+        self.spill.as_ref().map_or(0, |s| s.cold_rows)
+    }
+
+    /// Bytes on disk: the rows' encoded keys and values, before the
+    /// store compresses them (its files lag behind what it holds in its
+    /// journal and memtable).
+    pub fn disk_bytes(&self) -> u64 {
+        self.spill.as_ref().map_or(0, |s| s.cold_bytes)
+    }
+
+    /// Empties the disk side (the store is being replaced whole).
+    pub(super) fn clear_cold(&mut self) -> Result<()> {
+        if let Some(spill) = &mut self.spill {
+            // Closed and its directory removed.
+            spill.cold = None;
+            spill.cold_rows = 0;
+            spill.cold_bytes = 0;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use datafusion::arrow::array::{AsArray, Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef};
+
+    use super::*;
+
+    /// `(k, n)` rows, `k` a BIGINT or text.
+    fn rows(schema: &SchemaRef, keys: &[i64], counts: &[i64]) -> RecordBatch {
+        let keys: ArrayRef = match schema.field(0).data_type() {
+            DataType::Int64 => Arc::new(Int64Array::from(keys.to_vec())),
+            _ => Arc::new(StringArray::from_iter_values(
+                keys.iter().map(|k| format!("key-{k}")),
+            )),
+        };
+        RecordBatch::try_new(
+            Arc::clone(schema),
+            vec![keys, Arc::new(Int64Array::from(counts.to_vec()))],
+        )
+        .unwrap()
+    }
+
+    /// Every row of `batch` as key text → count.
+    fn contents(batch: &RecordBatch) -> BTreeMap<String, i64> {
+        let keys = datafusion::arrow::compute::cast(batch.column(0), &DataType::Utf8).unwrap();
+        let keys = keys.as_string::<i32>();
+        let counts = batch.column(1).as_primitive::<Int64Type>();
+        (0..batch.num_rows())
+            .map(|i| (keys.value(i).to_string(), counts.value(i)))
+            .collect()
+    }
+
+    /// Everything `state` holds, read by key as an operator reads it.
+    fn read_all(state: &mut KeyedState, schema: &SchemaRef, keys: i64) -> BTreeMap<String, i64> {
+        let every: Vec<i64> = (0..keys).collect();
+        let probe = rows(schema, &every, &vec![0; every.len()]);
+        state.fault_in(std::slice::from_ref(&probe)).unwrap();
+        contents(&state.lookup(&[probe]).unwrap())
+    }
+
+    /// A store within a small budget, updated epoch after epoch by a
+    /// read-modify-write of random keys (some removed), reads the same as
+    /// one wholly in memory; its deltas and snapshots rebuild it.
+    fn spills_and_reads_as_in_memory(key: DataType) {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", key, true),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let keys = 20_000;
+        let budget = StateBudget::new(96 << 10, None);
+        let mut spilling = KeyedState::new(Arc::clone(&schema), 1)
+            .unwrap()
+            .within(Some(Arc::clone(&budget)))
+            .unwrap();
+        let mut plain = KeyedState::new(Arc::clone(&schema), 1).unwrap();
+        // Rebuilt from the checkpoint spilling writes: a snapshot, deltas.
+        let mut snapshot = Vec::new();
+        let mut deltas: Vec<Vec<u8>> = Vec::new();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as i64
+        };
+        let mut most_cold = 0;
+        for epoch in 0..30 {
+            let mut epoch_keys: Vec<i64> = (0..1_500).map(|_| next(keys as u64)).collect();
+            epoch_keys.sort_unstable();
+            epoch_keys.dedup();
+            let adds: Vec<i64> = epoch_keys.iter().map(|k| k % 7 + 1).collect();
+            let probe = rows(&schema, &epoch_keys, &adds);
+            spilling.settle().unwrap();
+            spilling.fault_in(std::slice::from_ref(&probe)).unwrap();
+            let before = contents(&spilling.lookup(std::slice::from_ref(&probe)).unwrap());
+            assert_eq!(
+                before,
+                contents(&plain.lookup(std::slice::from_ref(&probe)).unwrap()),
+                "epoch {epoch}"
+            );
+            let counts: Vec<i64> = epoch_keys
+                .iter()
+                .zip(&adds)
+                .map(|(k, a)| {
+                    let text = contents(&rows(&schema, &[*k], &[0])).into_keys().next();
+                    text.and_then(|t| before.get(&t)).copied().unwrap_or(0) + a
+                })
+                .collect();
+            let new = rows(&schema, &epoch_keys, &counts);
+            spilling.upsert(std::slice::from_ref(&new)).unwrap();
+            plain.upsert(&[new]).unwrap();
+            if epoch % 4 == 3 {
+                let gone: Vec<i64> = (0..200).map(|_| next(keys as u64)).collect();
+                let gone = rows(&schema, &gone, &vec![0; gone.len()]);
+                spilling.fault_in(std::slice::from_ref(&gone)).unwrap();
+                spilling.remove_keys(&gone).unwrap();
+                plain.remove_keys(&gone).unwrap();
+            }
+            if epoch % 10 == 0 {
+                snapshot.clear();
+                spilling.snapshot_to(&mut snapshot).unwrap();
+                spilling.clear_changes();
+                deltas.clear();
+            } else {
+                deltas.push(spilling.delta().unwrap());
+            }
+            most_cold = most_cold.max(spilling.cold_rows());
+            assert_eq!(spilling.num_rows(), plain.num_rows(), "epoch {epoch}");
+        }
+        spilling.settle().unwrap();
+        assert!(most_cold > 1_000, "nothing went to disk: {most_cold}");
+        assert!(spilling.disk_bytes() > spilling.cold_rows() * 8);
+        assert!(
+            spilling.num_bytes() < budget.limit(),
+            "{} bytes in memory",
+            spilling.num_bytes()
+        );
+        let want = read_all(&mut plain, &schema, keys);
+        assert_eq!(read_all(&mut spilling, &schema, keys), want);
+        // The checkpoint gives it back, into a store within the budget too.
+        let mut restored = KeyedState::new(Arc::clone(&schema), 1)
+            .unwrap()
+            .within(Some(Arc::clone(&budget)))
+            .unwrap();
+        restored.restore(snapshot).unwrap();
+        for d in &deltas {
+            restored.apply_delta(d).unwrap();
+        }
+        assert!(restored.cold_rows() > 0);
+        assert_eq!(read_all(&mut restored, &schema, keys), want);
+    }
+
+    #[test]
+    fn a_store_of_bigint_keys_spills_and_reads_as_in_memory() {
+        spills_and_reads_as_in_memory(DataType::Int64);
+    }
+
+    #[test]
+    fn a_store_of_text_keys_spills_and_reads_as_in_memory() {
+        spills_and_reads_as_in_memory(DataType::Utf8);
+    }
+}
