@@ -5,7 +5,7 @@
 //! sink, state checkpointed (delta per epoch, snapshot every 10).
 //!
 //!     cargo bench --bench state_memory -- [--keys K] [--batch B] [--updates U] [--keep-input]
-//!         [--limit SIZE]
+//!         [--limit SIZE] [--snapshot-interval N]
 //!
 //! `--limit '1 GB'` sets `state.memory.limit`: past it the coldest keys
 //! go to local disk (the default temporary directory).
@@ -36,6 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let updates = common::number("--updates", 5);
     let keep_input = std::env::args().any(|a| a == "--keep-input");
     let limit = common::flag("--limit");
+    let snapshot_interval = common::flag("--snapshot-interval");
     let schema = Arc::new(Schema::new(vec![
         Field::new("k", DataType::Int64, false),
         Field::new("v", DataType::Int64, false),
@@ -56,6 +57,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .format("blackhole")
             .output_mode(OutputMode::Update)
             .checkpoint_location(checkpoint.path());
+        let writer = match &snapshot_interval {
+            Some(n) => writer.set("state.snapshot.interval", n)?,
+            None => writer,
+        };
         match &limit {
             Some(limit) => writer.set("state.memory.limit", limit),
             None => Ok(writer),

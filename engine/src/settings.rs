@@ -314,8 +314,9 @@ pub const SETTINGS: &[Setting] = &[
         values: "a size (`'512 MB'`, `'1 GB'`; MB means MiB, as in Flink): what this \
             process's keyed state (every query's GROUP BY and deduplication, all tasks) may hold \
             in memory; past it the least recently touched keys go to local disk \
-            (`state.local.dir`) and come back when met. Windows, joins, Top-N and complete \
-            mode keep theirs in memory (see *State beyond memory* in docs/operations.md)",
+            (`state.local.dir`) and come back when met. Session windows, joins, Top-N, OVER \
+            and complete mode keep theirs in memory (see *State beyond memory* in \
+            docs/operations.md)",
         default: "none: all state in memory",
         kind: Kind::Query {
             apply: set_memory_limit,

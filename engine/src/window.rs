@@ -387,13 +387,25 @@ impl WindowKey {
     /// event time) never closes.
     pub(crate) fn closed(&self, bounds: &ArrayRef, watermark: i64) -> Result<BooleanArray> {
         let bound = nanos(bounds)?;
-        let last_open = watermark.saturating_sub(self.to_end_ns);
-        let closed = lt_eq(&bound, &Scalar::new(Int64Array::from(vec![last_open])))?;
+        let last = self.last_closed(watermark);
+        let closed = lt_eq(&bound, &Scalar::new(Int64Array::from(vec![last])))?;
         Ok(if closed.null_count() > 0 {
             prep_null_mask_filter(&closed)
         } else {
             closed
         })
+    }
+
+    /// Whether a window whose bound (this key's value) is `bound_ns` is
+    /// closed once the watermark is `watermark`, as [`closed`](Self::closed)
+    /// says of a column.
+    pub(crate) fn closed_at(&self, bound_ns: i64, watermark: i64) -> bool {
+        bound_ns <= self.last_closed(watermark)
+    }
+
+    /// The greatest bound of a closed window.
+    fn last_closed(&self, watermark: i64) -> i64 {
+        watermark.saturating_sub(self.to_end_ns)
     }
 }
 

@@ -948,6 +948,47 @@ async fn tumbling_window_append_output_is_exact_after_kill_9_at_random_moments()
     );
 }
 
+/// A tumbling-window count per window and bucket under a memory limit of
+/// 4 KB: the open windows' groups go to local disk and closed ones are
+/// found there. Killed at random moments, it emits each window's groups
+/// once, exactly those of the run with its state in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn windows_past_the_memory_limit_are_exact_after_kill_9_at_random_moments() {
+    let files = files_for_kills(40);
+    const ROWS: usize = 30;
+    const QUERY: &str = "SELECT window_start, id % 50 AS bucket, count(*) AS n, sum(id) AS total \
+         FROM TABLE(TUMBLE(TABLE rows, DESCRIPTOR(ts), INTERVAL '2' SECOND)) \
+         GROUP BY window_start, window_end, id % 50";
+    let mut reference = failure_free(files, ROWS, QUERY).await;
+    let mut p = Pipeline::with_query(files, ROWS, QUERY).await;
+    p.settings = "SET 'state.memory.limit' = '4 KB';\n".into();
+    for (point, epoch) in [("kafka-before-commit", 4), ("before-commit-record", 8)] {
+        crash_at(&p, point, epoch);
+    }
+    kill_until_done(&p, 0x3d15);
+    let mut committed: Vec<String> = p.values(true).await;
+    assert_eq!(lost_and_duplicated(&committed, &reference), (0, 0));
+    committed.sort();
+    reference.sort();
+    assert_eq!(
+        committed, reference,
+        "the groups emitted are exactly those of the run in memory"
+    );
+    // Every row of a closed window is counted once.
+    let counted: u64 = committed
+        .iter()
+        .map(|v| {
+            serde_json::from_str::<serde_json::Value>(v).unwrap()["n"]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    assert!(
+        counted as usize > files * ROWS * 9 / 10,
+        "{counted} rows in closed windows"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_commits_the_open_epoch_leaves_no_transaction_and_the_restart_continues() {
     const FILES: usize = 40;

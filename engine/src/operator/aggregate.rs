@@ -98,12 +98,28 @@ pub(crate) struct AggregateConfig {
 }
 
 impl AggregateConfig {
-    /// The memory limit the state keeps within, when the query sets one
-    /// and the state is read by key only: a window's groups close by a
-    /// scan of the state, and complete mode emits all of it each epoch.
-    fn budget(&self, ctx: &SessionState) -> Option<Arc<StateBudget>> {
-        let by_key = self.window.is_none() && self.mode != OutputMode::Complete;
-        StateBudget::of(ctx).filter(|_| by_key)
+    /// `state` within the memory limit, when the query sets one and the
+    /// state is read by key: complete mode emits all of it each epoch, and
+    /// a session's partitions are taken out whole. A window's closed
+    /// groups are found on disk by their bound (`cold_lowest`).
+    fn within_budget(&self, ctx: &SessionState, state: KeyedState) -> Result<KeyedState> {
+        let sessions = self.window.as_ref().is_some_and(|w| w.session.is_some());
+        if self.mode == OutputMode::Complete || sessions {
+            return Ok(state);
+        }
+        let state = state.within(StateBudget::of(ctx))?;
+        Ok(match &self.window {
+            Some(w) => {
+                let column = w.column;
+                state.leaving_by(Box::new(move |rows| {
+                    let bounds = crate::watermark::nanos(rows.column(column))?;
+                    Ok(datafusion::arrow::compute::min(
+                        bounds.as_primitive::<Int64Type>(),
+                    ))
+                }))
+            }
+            None => state,
+        })
     }
 }
 
@@ -198,10 +214,10 @@ impl AggregateOperator {
         let group_columns = phases.partial.group_expr().expr().len();
         let state = match &mut self.state {
             Some(s) => s,
-            None => self.state.insert(
-                KeyedState::new(Arc::clone(&partial_schema), group_columns)?
-                    .within(self.config.budget(ctx))?,
-            ),
+            None => self.state.insert(self.config.within_budget(
+                ctx,
+                KeyedState::new(Arc::clone(&partial_schema), group_columns)?,
+            )?),
         };
         // The last commit's state within the memory limit, and the keys
         // this epoch meets back from disk.
@@ -330,7 +346,19 @@ impl AggregateOperator {
         };
         let closed = match (&self.config.window, watermark) {
             (Some(w), Some(watermark)) => {
-                Some(state.remove_where(|rows| w.closed(rows.column(w.column), watermark))?)
+                let closed = |rows: &RecordBatch| w.closed(rows.column(w.column), watermark);
+                let in_memory = state.remove_where(closed)?;
+                // Groups on disk close too: looked for there only once the
+                // least bound on disk has closed.
+                if state
+                    .cold_lowest()
+                    .is_some_and(|low| w.closed_at(low, watermark))
+                {
+                    let on_disk = state.remove_cold_where(closed)?;
+                    Some(concat_batches(&in_memory.schema(), [&in_memory, &on_disk])?)
+                } else {
+                    Some(in_memory)
+                }
             }
             _ => None,
         };
@@ -424,11 +452,11 @@ impl Operator for AggregateOperator {
     /// the first epoch.
     async fn restore(&mut self, ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
         let phases = self.phases(ctx).await?;
-        let mut state = KeyedState::new(
+        let state = KeyedState::new(
             phases.partial.schema(),
             phases.partial.group_expr().expr().len(),
-        )?
-        .within(self.config.budget(ctx))?;
+        )?;
+        let mut state = self.config.within_budget(ctx, state)?;
         state.restore_chain(chain)?;
         self.state = Some(state);
         Ok(())

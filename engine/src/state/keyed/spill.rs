@@ -44,6 +44,10 @@ pub(super) struct Spill {
     values: RowConverter,
     /// Per row in memory, the commit count when it was last touched.
     touched: Vec<u32>,
+    /// For a store whose rows leave by a bound (a window's): the least
+    /// bound of some rows, and the least bound on disk (or below it).
+    lowest_of: Option<LowestOf>,
+    cold_lowest: Option<i64>,
     /// Commits so far.
     tick: u32,
 }
@@ -56,6 +60,9 @@ impl std::fmt::Debug for Spill {
             .finish_non_exhaustive()
     }
 }
+
+/// The least of some bound of a batch's rows (none without any).
+pub(crate) type LowestOf = Box<dyn Fn(&RecordBatch) -> Result<Option<i64>> + Send + Sync>;
 
 impl Drop for Spill {
     fn drop(&mut self) {
@@ -127,8 +134,76 @@ impl KeyedState {
             values,
             touched: vec![0; self.rows.num_rows()],
             tick: 0,
+            lowest_of: None,
+            cold_lowest: None,
         });
         Ok(self)
+    }
+
+    /// A store whose rows leave by a bound (closed windows): `lowest_of`
+    /// gives the least bound of some rows, so that
+    /// [`cold_lowest`](Self::cold_lowest) can tell when rows on disk may
+    /// leave.
+    pub(crate) fn leaving_by(mut self, lowest_of: LowestOf) -> Self {
+        if let Some(spill) = &mut self.spill {
+            spill.lowest_of = Some(lowest_of);
+        }
+        self
+    }
+
+    /// The least bound among the rows on disk, or less; none when none
+    /// is there (see [`leaving_by`](Self::leaving_by)).
+    pub(crate) fn cold_lowest(&self) -> Option<i64> {
+        self.spill
+            .as_ref()
+            .filter(|s| s.cold_rows > 0)
+            .and_then(|s| s.cold_lowest)
+    }
+
+    /// Removes and returns the rows on disk for which `mask` says so, as
+    /// [`remove_where`](Self::remove_where) does in memory: a scan of the
+    /// disk, for when [`cold_lowest`](Self::cold_lowest) says some may.
+    pub(crate) fn remove_cold_where(
+        &mut self,
+        mask: impl Fn(&RecordBatch) -> Result<BooleanArray>,
+    ) -> Result<RecordBatch> {
+        let mut taken = Vec::new();
+        let mut lowest: Option<i64> = None;
+        for batch in self.cold_batches(WRITE_ROWS) {
+            let batch = batch?;
+            let m = mask(&batch)?;
+            let kept = filter_record_batch(&batch, &not(&m)?)?;
+            if let Some(low) = self.spill.as_ref().and_then(|s| s.lowest_of.as_ref()) {
+                lowest = min_of(lowest, low(&kept)?);
+            }
+            taken.push(filter_record_batch(&batch, &m)?);
+        }
+        let taken = datafusion::arrow::compute::concat_batches(&self.schema, &taken)?;
+        let Some(spill) = &mut self.spill else {
+            return Ok(taken);
+        };
+        spill.cold_lowest = lowest;
+        if let (Some(disk), true) = (&spill.cold, taken.num_rows() > 0) {
+            let keys = self
+                .converter
+                .convert_columns(&taken.columns()[..self.key_columns])?;
+            let values = spill
+                .values
+                .convert_columns(&taken.columns()[self.key_columns..])?;
+            for start in (0..keys.num_rows()).step_by(WRITE_ROWS) {
+                let mut batch = disk.batch();
+                for r in start..keys.num_rows().min(start + WRITE_ROWS) {
+                    batch.remove(disk.rows(), keys.row(r).as_ref());
+                    let bytes = keys.row(r).as_ref().len() + values.row(r).as_ref().len();
+                    spill.cold_bytes = spill.cold_bytes.saturating_sub(bytes as u64);
+                }
+                batch.commit().map_err(|e| disk.error(e))?;
+            }
+            spill.cold_rows = spill.cold_rows.saturating_sub(taken.num_rows() as u64);
+            // Committed state that leaves: the next delta says so.
+            self.removed.push(taken.clone());
+        }
+        Ok(taken)
     }
 
     /// Reads the keys of `probe` (its first columns are the key's) that
@@ -142,48 +217,53 @@ impl KeyedState {
             return Ok(());
         };
         let stored = self.view();
-        let mut missing: HashSet<Box<[u8]>> = HashSet::new();
-        for batch in probe {
+        let encoded = probe
+            .iter()
+            .map(|b| {
+                self.converter
+                    .convert_columns(&b.columns()[..self.key_columns])
+            })
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let mut missing: HashSet<&[u8]> = HashSet::new();
+        for (batch, encoded) in probe.iter().zip(&encoded) {
             let keys = self.keys_of(batch)?;
-            let encoded = self
-                .converter
-                .convert_columns(&batch.columns()[..self.key_columns])?;
             for r in 0..keys.len() {
                 let key = keys.get(r);
                 if self.find(&stored, key.hash(&self.hasher), key).is_none() {
-                    missing.insert(Box::from(encoded.row(r).as_ref()));
+                    missing.insert(encoded.row(r).data());
                 }
             }
         }
         drop(stored);
-        let mut missing: Vec<Box<[u8]>> = missing.into_iter().collect();
+        let mut missing: Vec<&[u8]> = missing.into_iter().collect();
+        // In key order: the reads walk the files forward.
         missing.sort_unstable();
-        let mut found_keys = Vec::new();
-        let mut found_values = Vec::new();
-        let mut batch = disk.batch();
-        let mut bytes = 0;
-        for key in missing {
-            if let Some(value) = disk.rows().get(&key).map_err(|e| disk.error(e))? {
-                batch.remove(disk.rows(), key.as_ref());
-                bytes += (key.len() + value.len()) as u64;
-                found_keys.push(key);
-                found_values.push(value);
-            }
-        }
-        if found_keys.is_empty() {
+        let found = read_rows(disk, &missing)?;
+        if found.is_empty() {
             return Ok(());
         }
-        let rows = self.decode(&found_keys, &found_values)?;
-        batch.commit().map_err(|e| disk.error(e))?;
+        let mut bytes = 0;
+        for chunk in found.chunks(WRITE_ROWS) {
+            let mut batch = disk.batch();
+            for (key, value) in chunk {
+                batch.remove(disk.rows(), *key);
+                bytes += (key.len() + value.len()) as u64;
+            }
+            batch.commit().map_err(|e| disk.error(e))?;
+        }
+        let (keys, values): (Vec<&[u8]>, Vec<fjall::Slice>) = found.into_iter().unzip();
+        let rows = self.decode(&keys, &values)?;
         if let Some(spill) = &mut self.spill {
-            spill.cold_rows = spill.cold_rows.saturating_sub(found_keys.len() as u64);
+            spill.cold_rows = spill.cold_rows.saturating_sub(keys.len() as u64);
             spill.cold_bytes = spill.cold_bytes.saturating_sub(bytes);
         }
+        drop((keys, values));
+        drop(encoded);
         self.insert_unchanged(&rows)
     }
 
     /// Rows from their encoded keys and values.
-    fn decode(&self, keys: &[Box<[u8]>], values: &[fjall::Slice]) -> Result<RecordBatch> {
+    fn decode<K: AsRef<[u8]>>(&self, keys: &[K], values: &[fjall::Slice]) -> Result<RecordBatch> {
         let Some(spill) = &self.spill else {
             return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
         };
@@ -191,7 +271,7 @@ impl KeyedState {
         let value_parser = spill.values.parser();
         let mut columns: Vec<ArrayRef> = self
             .converter
-            .convert_rows(keys.iter().map(|k| key_parser.parse(k)))?;
+            .convert_rows(keys.iter().map(|k| key_parser.parse(k.as_ref())))?;
         columns.extend(
             spill
                 .values
@@ -218,11 +298,22 @@ impl KeyedState {
             return Ok(());
         }
         let n = ((rows as f64 * shed as f64 / bytes.max(1) as f64).ceil() as usize).min(rows);
-        // The n least recently touched: those before the n-th tick, then
-        // as many of its ties as make n.
-        let mut ticks = spill.touched.clone();
-        let (_, &mut nth, _) = ticks.select_nth_unstable(n - 1);
-        let mut ties = n - spill.touched.iter().filter(|&&t| t < nth).count();
+        // The n least recently touched: those before the tick where the
+        // count reaches n, then as many of its ties as make n. Ticks are
+        // commits, far fewer than rows: counted, not sorted.
+        let mut per_tick: std::collections::BTreeMap<u32, usize> = Default::default();
+        for &t in &spill.touched {
+            *per_tick.entry(t).or_default() += 1;
+        }
+        let (mut below, mut nth) = (0, 0);
+        for (&t, &count) in &per_tick {
+            nth = t;
+            if below + count >= n {
+                break;
+            }
+            below += count;
+        }
+        let mut ties = n - below;
         let out: BooleanArray = spill
             .touched
             .iter()
@@ -240,7 +331,8 @@ impl KeyedState {
     }
 
     /// Writes the rows where `out` is true to disk and drops them from
-    /// memory.
+    /// memory, holding at most a slice of them and one column of the kept
+    /// rows more than the state at a time.
     fn shed(&mut self, out: &BooleanArray) -> Result<()> {
         let Some(spill) = &mut self.spill else {
             return Ok(());
@@ -248,26 +340,47 @@ impl KeyedState {
         if spill.cold.is_none() {
             spill.cold = Some(spill.budget.disk()?);
         }
-        let leaving = filter_record_batch(&self.rows, out)?;
-        let keys = self
-            .converter
-            .convert_columns(&leaving.columns()[..self.key_columns])?;
-        let values = spill
-            .values
-            .convert_columns(&leaving.columns()[self.key_columns..])?;
         if let Some(disk) = &spill.cold {
-            let mut batch = disk.batch();
-            for (key, value) in keys.iter().zip(values.iter()) {
-                batch.insert(disk.rows(), key.as_ref(), value.as_ref());
-                spill.cold_bytes += (key.as_ref().len() + value.as_ref().len()) as u64;
+            for start in (0..out.len()).step_by(WRITE_ROWS) {
+                let len = WRITE_ROWS.min(out.len() - start);
+                let leaving =
+                    filter_record_batch(&self.rows.slice(start, len), &out.slice(start, len))?;
+                if leaving.num_rows() == 0 {
+                    continue;
+                }
+                let keys = self
+                    .converter
+                    .convert_columns(&leaving.columns()[..self.key_columns])?;
+                let values = spill
+                    .values
+                    .convert_columns(&leaving.columns()[self.key_columns..])?;
+                let mut batch = disk.batch();
+                for (key, value) in keys.iter().zip(values.iter()) {
+                    batch.insert(disk.rows(), key.as_ref(), value.as_ref());
+                    spill.cold_bytes += (key.as_ref().len() + value.as_ref().len()) as u64;
+                }
+                batch.commit().map_err(|e| disk.error(e))?;
+                spill.cold_rows += leaving.num_rows() as u64;
+                if let Some(low) = &spill.lowest_of {
+                    spill.cold_lowest = min_of(spill.cold_lowest, low(&leaving)?);
+                }
             }
-            batch.commit().map_err(|e| disk.error(e))?;
         }
-        spill.cold_rows += leaving.num_rows() as u64;
         let kept = not(out)?;
         spill.kept(&kept);
-        let rows = filter_record_batch(&self.rows, &kept)?;
-        self.set_rows(rows)?;
+        // Column by column, each old one let go once copied; and the old
+        // index before the new one is built.
+        let rows = std::mem::replace(
+            &mut self.rows,
+            RecordBatch::new_empty(Arc::clone(&self.schema)),
+        );
+        self.index = hashbrown::HashTable::new();
+        let (schema, columns, _) = rows.into_parts();
+        let mut kept_columns = Vec::with_capacity(columns.len());
+        for column in columns {
+            kept_columns.push(datafusion::arrow::compute::filter(&column, &kept)?);
+        }
+        self.set_rows(RecordBatch::try_new(schema, kept_columns)?)?;
         self.clear_changes();
         Ok(())
     }
@@ -322,10 +435,55 @@ impl KeyedState {
             // Closed and its directory removed.
             spill.cold = None;
             spill.cold_rows = 0;
+            spill.cold_lowest = None;
             spill.cold_bytes = 0;
         }
         Ok(())
     }
+}
+
+/// The lesser of two, either may be missing.
+fn min_of(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Rows written to (or removed from) disk per batch: a batch holds its
+/// writes in memory until it commits. Fewer in tests, so that theirs
+/// take several.
+const WRITE_ROWS: usize = if cfg!(test) { 1 << 10 } else { 1 << 16 };
+
+/// Reads from more keys than this are split across two threads: each
+/// read walks the LSM's levels (a few microseconds), and they only read.
+const PARALLEL_READS: usize = 1 << 14;
+
+/// The rows on `disk` of those of `keys` (sorted) it holds, in key order.
+fn read_rows<'k>(disk: &Disk, keys: &[&'k [u8]]) -> Result<Vec<(&'k [u8], fjall::Slice)>> {
+    let read = |keys: &[&'k [u8]]| -> Result<Vec<(&'k [u8], fjall::Slice)>> {
+        let mut found = Vec::new();
+        for &key in keys {
+            if let Some(value) = disk.rows().get(key).map_err(|e| disk.error(e))? {
+                found.push((key, value));
+            }
+        }
+        Ok(found)
+    };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if keys.len() < PARALLEL_READS || cores < 2 {
+        return read(keys);
+    }
+    let (first, second) = keys.split_at(keys.len() / 2);
+    let (found, rest) = std::thread::scope(|scope| {
+        let rest = scope.spawn(|| read(second));
+        (read(first), rest.join())
+    });
+    let rest =
+        rest.map_err(|_| crate::SluiceError::Internal("a state read thread panicked".into()))?;
+    let mut found = found?;
+    found.extend(rest?);
+    Ok(found)
 }
 
 #[cfg(test)]
@@ -460,6 +618,61 @@ mod tests {
         }
         assert!(restored.cold_rows() > 0);
         assert_eq!(read_all(&mut restored, &schema, keys), want);
+    }
+
+    /// Rows leaving by a bound (closed windows) are found on disk once its
+    /// least bound says so, and leave through the delta.
+    #[test]
+    fn rows_leaving_by_their_bound_are_taken_from_disk_too() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let budget = StateBudget::new(16 << 10, None);
+        let lowest: LowestOf = Box::new(|rows| {
+            Ok(datafusion::arrow::compute::min(
+                rows.column(0).as_primitive::<Int64Type>(),
+            ))
+        });
+        let mut s = KeyedState::new(Arc::clone(&schema), 1)
+            .unwrap()
+            .within(Some(budget))
+            .unwrap()
+            .leaving_by(lowest);
+        let keys: Vec<i64> = (0..2_000).collect();
+        s.upsert(&[rows(&schema, &keys, &keys)]).unwrap();
+        let mut snapshot = Vec::new();
+        s.snapshot_to(&mut snapshot).unwrap();
+        s.clear_changes();
+        s.settle().unwrap();
+        assert!(s.cold_rows() > 1_000, "{}", s.cold_rows());
+        // The least recently touched went first: all of them at once here.
+        let low = s.cold_lowest().unwrap();
+        assert!(low < 2_000);
+        let below = |rows: &RecordBatch| -> Result<BooleanArray> {
+            Ok(rows
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .iter()
+                .map(|k| k.map(|k| k < 500))
+                .collect())
+        };
+        let mut gone = contents(&s.remove_where(below).unwrap());
+        gone.extend(contents(&s.remove_cold_where(below).unwrap()));
+        assert_eq!(gone.len(), 500);
+        assert!(gone.keys().all(|k| k.parse::<i64>().unwrap() < 500));
+        assert_eq!(s.num_rows(), 1_500);
+        assert!(s.cold_lowest().is_none_or(|low| low >= 500));
+        // Nothing below is found again, on disk or through the checkpoint.
+        assert!(s.remove_cold_where(below).unwrap().num_rows() == 0);
+        let mut replica = KeyedState::new(Arc::clone(&schema), 1).unwrap();
+        replica.restore(snapshot).unwrap();
+        replica.apply_delta(&s.delta().unwrap()).unwrap();
+        assert_eq!(
+            read_all(&mut replica, &schema, 2_000),
+            read_all(&mut s, &schema, 2_000)
+        );
+        assert_eq!(replica.num_rows(), 1_500);
     }
 
     #[test]
