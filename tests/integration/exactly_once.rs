@@ -948,6 +948,34 @@ async fn tumbling_window_append_output_is_exact_after_kill_9_at_random_moments()
     );
 }
 
+/// State past the limit with nowhere to go: a `state.local.dir` that
+/// cannot be made stops the query with the directory and what to do, and
+/// nothing of the epoch that could not shed is committed past what the
+/// checkpoint holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unwritable_local_state_dir_stops_the_query_naming_it() {
+    let mut p = Pipeline::with_query(
+        4,
+        30,
+        "SELECT id % 400 AS bucket, count(*) AS n FROM rows GROUP BY id % 400",
+    )
+    .await;
+    let blocker = p.dir.join("a-file");
+    std::fs::write(&blocker, "not a directory").unwrap();
+    let dir = blocker.join("state");
+    p.settings = format!(
+        "SET 'state.memory.limit' = '1 KB';\nSET 'state.local.dir' = '{}';\n",
+        dir.display()
+    );
+    let mut run = p.spawn("available-now", None);
+    let status = run.wait(Duration::from_secs(120));
+    assert!(!status.success(), "{}", run.stderr());
+    let err = run.stderr();
+    assert!(err.contains(&dir.display().to_string()), "{err}");
+    assert!(err.contains("'state.local.dir'"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 /// A tumbling-window count per window and bucket under a memory limit of
 /// 4 KB: the open windows' groups go to local disk and closed ones are
 /// found there. Killed at random moments, it emits each window's groups
