@@ -73,7 +73,9 @@ async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_
 /// arriving in between. The output is exact, and completes after the
 /// last of these: every task ended owned by a live process. Every epoch
 /// of a stateful task snapshots its state and deletes the chain before,
-/// so the checkpoint store's deletions are on every commit's path.
+/// so the checkpoint store's deletions are on every commit's path. Each
+/// process's state is held to 4 KB in memory: the counts' and the
+/// windows' groups beyond it live on local disk.
 async fn share_and_take_over(d: &Divided) {
     let sql = d.sql_with(
         "group",
@@ -82,7 +84,8 @@ async fn share_and_take_over(d: &Divided) {
          SET 'tasks.group.session.timeout' = '6 s';\n\
          SET 'trigger' = '200 ms';\n\
          SET 'state.snapshot.interval' = '1';\n\
-         SET 'state.retained.snapshots' = '1';\n",
+         SET 'state.retained.snapshots' = '1';\n\
+         SET 'state.memory.limit' = '4 KB';\n",
         &key_from_value(),
     );
     let spawn = || {
