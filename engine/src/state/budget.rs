@@ -172,9 +172,14 @@ impl Disk {
         // within 2 to 32 MiB.
         let share = (limit / 64).clamp(2 << 20, 32 << 20);
         let failed = |e: fjall::Error| local_error(&dir, &e.to_string());
+        // One flush and one compaction thread per store (fjall's default
+        // is one per core, up to 4, each): a process holds a store per
+        // task and spilling operator.
         let keyspace = fjall::Config::new(&dir)
             .cache_size(share)
             .max_write_buffer_size(share)
+            .flush_workers(1)
+            .compaction_workers(1)
             .manual_journal_persist(true)
             .fsync_ms(None)
             .open()
