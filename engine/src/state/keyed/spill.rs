@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch};
 use datafusion::arrow::compute::{filter_record_batch, not};
-use datafusion::arrow::row::RowConverter;
+use datafusion::arrow::row::{RowConverter, Rows};
 use foldhash::{HashSet, HashSetExt};
 
 use super::{row_converter, KeyedState};
@@ -184,12 +184,7 @@ impl KeyedState {
         };
         spill.cold_lowest = lowest;
         if let (Some(disk), true) = (&spill.cold, taken.num_rows() > 0) {
-            let keys = self
-                .converter
-                .convert_columns(&taken.columns()[..self.key_columns])?;
-            let values = spill
-                .values
-                .convert_columns(&taken.columns()[self.key_columns..])?;
+            let (keys, values) = encode(&self.converter, spill, self.key_columns, &taken)?;
             for start in (0..keys.num_rows()).step_by(WRITE_ROWS) {
                 let mut batch = disk.batch();
                 for r in start..keys.num_rows().min(start + WRITE_ROWS) {
@@ -348,12 +343,7 @@ impl KeyedState {
                 if leaving.num_rows() == 0 {
                     continue;
                 }
-                let keys = self
-                    .converter
-                    .convert_columns(&leaving.columns()[..self.key_columns])?;
-                let values = spill
-                    .values
-                    .convert_columns(&leaving.columns()[self.key_columns..])?;
+                let (keys, values) = encode(&self.converter, spill, self.key_columns, &leaving)?;
                 let mut batch = disk.batch();
                 for (key, value) in keys.iter().zip(values.iter()) {
                     batch.insert(disk.rows(), key.as_ref(), value.as_ref());
@@ -440,6 +430,24 @@ impl KeyedState {
         }
         Ok(())
     }
+}
+
+/// The disk's form of `rows`: their keys and their other columns, each
+/// encoded with arrow-row (by `keys`, the store's key converter, and the
+/// spill's converter of the rest; the key's columns are the first
+/// `key_columns`).
+fn encode(
+    keys: &RowConverter,
+    spill: &Spill,
+    key_columns: usize,
+    rows: &RecordBatch,
+) -> Result<(Rows, Rows)> {
+    Ok((
+        keys.convert_columns(&rows.columns()[..key_columns])?,
+        spill
+            .values
+            .convert_columns(&rows.columns()[key_columns..])?,
+    ))
 }
 
 /// The lesser of two, either may be missing.
