@@ -11,9 +11,9 @@
 //! an epoch meets them again. Its own, not a partition of one the process
 //! shares: fjall 2.11 can race a flush against a partition being dropped
 //! and panic in its flush thread, where a whole store closes by its
-//! designed shutdown. The disk holds no more than a cache of
-//! the committed state: the checkpoint stays the state's durable copy, so
-//! the disk is written without a sync and a restart starts it afresh.
+//! designed shutdown. The disk holds no more than a cache of the committed
+//! state: the checkpoint stays the state's durable copy, so the disk is
+//! written without a sync and a restart starts it afresh.
 //!
 //! Shedding brings the stores down to [`TARGET`] of the limit at once, not
 //! just under it, so that an epoch's new keys do not make every commit
@@ -106,7 +106,7 @@ impl StateBudget {
         self.limit
     }
 
-    /// A number for a new store, its partition's name on disk.
+    /// A number for a new store: how the budget tells the stores apart.
     pub(crate) fn register(&self) -> u64 {
         self.next_store.fetch_add(1, Ordering::Relaxed)
     }
