@@ -21,10 +21,10 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch};
-use datafusion::arrow::compute::{filter_record_batch, not};
+use datafusion::arrow::array::{ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use datafusion::arrow::compute::{filter_record_batch, not, take};
 use datafusion::arrow::row::{RowConverter, Rows};
-use foldhash::{HashSet, HashSetExt};
+use foldhash::HashSet;
 
 use super::{row_converter, KeyedState};
 use crate::error::Result;
@@ -211,25 +211,31 @@ impl KeyedState {
         let Some(disk) = spill.cold.as_ref().filter(|_| spill.cold_rows > 0) else {
             return Ok(());
         };
+        // Per probe batch, the keys not in memory, in the disk's encoding:
+        // only they are encoded (a store keyed by one integer column
+        // compares its keys as words, not encoded).
         let stored = self.view();
-        let encoded = probe
-            .iter()
-            .map(|b| {
-                self.converter
-                    .convert_columns(&b.columns()[..self.key_columns])
-            })
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let mut missing: HashSet<&[u8]> = HashSet::new();
-        for (batch, encoded) in probe.iter().zip(&encoded) {
+        let mut encoded = Vec::with_capacity(probe.len());
+        for batch in probe {
             let keys = self.keys_of(batch)?;
-            for r in 0..keys.len() {
-                let key = keys.get(r);
-                if self.find(&stored, key.hash(&self.hasher), key).is_none() {
-                    missing.insert(encoded.row(r).data());
-                }
-            }
+            let absent: UInt32Array = (0..keys.len())
+                .filter(|&r| {
+                    let key = keys.get(r);
+                    self.find(&stored, key.hash(&self.hasher), key).is_none()
+                })
+                .map(|r| r as u32)
+                .collect();
+            let columns = batch.columns()[..self.key_columns]
+                .iter()
+                .map(|c| take(c, &absent, None))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            encoded.push(self.converter.convert_columns(&columns)?);
         }
         drop(stored);
+        let missing: HashSet<&[u8]> = encoded
+            .iter()
+            .flat_map(|e| e.iter().map(|r| r.data()))
+            .collect();
         let mut missing: Vec<&[u8]> = missing.into_iter().collect();
         // In key order: the reads walk the files forward.
         missing.sort_unstable();
