@@ -12,6 +12,8 @@ use crate::util::{Lcg, Run};
 use sluice::broker::{create_topic, fresh_topic, read_topic, ReadRecord};
 use sluice::Checkpoint;
 
+mod memory_limit;
+
 /// `files` JSON files of `rows` rows each: ids `file * rows ..`, event
 /// time `ts` 100 ms per id, except that every id ending in 3 is 2.5 s
 /// behind (later than the 2 s watermark delay allows when it is near the
@@ -835,80 +837,6 @@ async fn group_by_update_output_is_exact_after_kill_9_at_random_moments() {
     );
 }
 
-/// A GROUP BY of 400 keys under a memory limit of 8 KB: after each commit
-/// all but the latest few keys go to local disk, and each epoch reads its
-/// keys back. Killed at random moments and at the commit's failure points,
-/// it emits exactly what the same query emits with all its state in
-/// memory, and its last values are the groups' counts and sums.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn group_by_past_its_memory_limit_is_exact_after_kill_9_at_random_moments() {
-    let files = files_for_kills(40);
-    const ROWS: usize = 30;
-    const KEYS: usize = 400;
-    const QUERY: &str = "SELECT id % 400 AS bucket, count(*) AS n, sum(id) AS total, \
-         max(name) AS top FROM rows GROUP BY id % 400";
-    const LIMIT: &str = "SET 'state.memory.limit' = '8 KB';\n\
-         SET 'state.snapshot.interval' = '4';\n";
-    let reference = failure_free(files, ROWS, QUERY).await;
-
-    // Run whole, it holds most of its keys on disk.
-    let mut whole = Pipeline::with_query(files, ROWS, QUERY).await;
-    whole.settings = LIMIT.to_string();
-    let log = whole.dir.join("progress.jsonl");
-    let mut cmd = whole.command("checkpoint", "available-now", None);
-    cmd.arg("--progress-log").arg(&log);
-    let mut run = Run::new(cmd);
-    let status = run.wait(Duration::from_secs(120));
-    assert!(status.success(), "{}", run.stderr());
-    let last: serde_json::Value = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .last()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .unwrap();
-    assert_eq!(last["state_rows"], KEYS, "{last}");
-    assert!(last["state_disk_bytes"].as_u64() > Some(0), "{last}");
-    assert!(
-        last["state_bytes"].as_u64() < Some(16 << 10),
-        "the memory limit is 8 KB: {last}"
-    );
-    let emitted = whole.values(true).await;
-    assert_eq!(lost_and_duplicated(&emitted, &reference), (0, 0));
-    assert_eq!(per_key(&emitted, "bucket"), per_key(&reference, "bucket"));
-
-    let mut p = Pipeline::with_query(files, ROWS, QUERY).await;
-    p.settings = LIMIT.to_string();
-    for (point, epoch) in [
-        ("kafka-before-commit", 3),
-        ("kafka-after-commit", 5),
-        ("before-commit-record", 9),
-    ] {
-        crash_at(&p, point, epoch);
-    }
-    kill_until_done(&p, 0x5b11);
-    let committed: Vec<String> = p.values(true).await;
-    assert_eq!(lost_and_duplicated(&committed, &reference), (0, 0));
-    let per_bucket = per_key(&committed, "bucket");
-    assert_eq!(
-        per_bucket,
-        per_key(&reference, "bucket"),
-        "per key, the values emitted are exactly those of the run in memory"
-    );
-    // The last value of each group against a plain loop over the input.
-    assert_eq!(per_bucket.len(), KEYS);
-    for values in per_bucket.values() {
-        let last: serde_json::Value = serde_json::from_str(values.last().unwrap()).unwrap();
-        let bucket = last["bucket"].as_u64().unwrap() as usize;
-        let ids: Vec<usize> = (bucket..files * ROWS).step_by(KEYS).collect();
-        assert_eq!(last["n"].as_u64(), Some(ids.len() as u64), "{last}");
-        assert_eq!(
-            last["total"].as_u64(),
-            Some(ids.iter().sum::<usize>() as u64),
-            "{last}"
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tumbling_window_append_output_is_exact_after_kill_9_at_random_moments() {
     let files = files_for_kills(40);
@@ -945,75 +873,6 @@ async fn tumbling_window_append_output_is_exact_after_kill_9_at_random_moments()
     assert_eq!(
         committed, reference,
         "the windows emitted are exactly those of the run without crashes"
-    );
-}
-
-/// State past the limit with nowhere to go: a `state.local.dir` that
-/// cannot be made stops the query with the directory and what to do, and
-/// nothing of the epoch that could not shed is committed past what the
-/// checkpoint holds.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unwritable_local_state_dir_stops_the_query_naming_it() {
-    let mut p = Pipeline::with_query(
-        4,
-        30,
-        "SELECT id % 400 AS bucket, count(*) AS n FROM rows GROUP BY id % 400",
-    )
-    .await;
-    let blocker = p.dir.join("a-file");
-    std::fs::write(&blocker, "not a directory").unwrap();
-    let dir = blocker.join("state");
-    p.settings = format!(
-        "SET 'state.memory.limit' = '1 KB';\nSET 'state.local.dir' = '{}';\n",
-        dir.display()
-    );
-    let mut run = p.spawn("available-now", None);
-    let status = run.wait(Duration::from_secs(120));
-    assert!(!status.success(), "{}", run.stderr());
-    let err = run.stderr();
-    assert!(err.contains(&dir.display().to_string()), "{err}");
-    assert!(err.contains("'state.local.dir'"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-}
-
-/// A tumbling-window count per window and bucket under a memory limit of
-/// 4 KB: the open windows' groups go to local disk and closed ones are
-/// found there. Killed at random moments, it emits each window's groups
-/// once, exactly those of the run with its state in memory.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn windows_past_the_memory_limit_are_exact_after_kill_9_at_random_moments() {
-    let files = files_for_kills(40);
-    const ROWS: usize = 30;
-    const QUERY: &str = "SELECT window_start, id % 50 AS bucket, count(*) AS n, sum(id) AS total \
-         FROM TABLE(TUMBLE(TABLE rows, DESCRIPTOR(ts), INTERVAL '2' SECOND)) \
-         GROUP BY window_start, window_end, id % 50";
-    let mut reference = failure_free(files, ROWS, QUERY).await;
-    let mut p = Pipeline::with_query(files, ROWS, QUERY).await;
-    p.settings = "SET 'state.memory.limit' = '4 KB';\n".into();
-    for (point, epoch) in [("kafka-before-commit", 4), ("before-commit-record", 8)] {
-        crash_at(&p, point, epoch);
-    }
-    kill_until_done(&p, 0x3d15);
-    let mut committed: Vec<String> = p.values(true).await;
-    assert_eq!(lost_and_duplicated(&committed, &reference), (0, 0));
-    committed.sort();
-    reference.sort();
-    assert_eq!(
-        committed, reference,
-        "the groups emitted are exactly those of the run in memory"
-    );
-    // Every row of a closed window is counted once.
-    let counted: u64 = committed
-        .iter()
-        .map(|v| {
-            serde_json::from_str::<serde_json::Value>(v).unwrap()["n"]
-                .as_u64()
-                .unwrap()
-        })
-        .sum();
-    assert!(
-        counted as usize > files * ROWS * 9 / 10,
-        "{counted} rows in closed windows"
     );
 }
 
