@@ -15,8 +15,10 @@
 //! all in the memory stream (B × 16 bytes per epoch), as this bench did
 //! before 2026-12-02.
 //!
-//! Reports per-epoch duration, the state's own size, and the process's peak
-//! resident memory (VmHWM) as the last line of stdout (JSON).
+//! Reports per-epoch duration, the state's own size, the checkpoint bytes
+//! the update epochs wrote (against the 24 bytes of each row they
+//! changed), and the process's peak resident memory (VmHWM) as the last
+//! line of stdout (JSON).
 
 mod common;
 
@@ -71,6 +73,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let query = query_over(&input)?.start().await?;
     let epochs = keys.div_ceil(batch) + updates;
     let mut times = Vec::new();
+    // Per epoch, the bytes of the state files it added to the checkpoint.
+    let mut written = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     let began = Instant::now();
     for e in 0..epochs {
         // New keys first; then updates spread over all keys.
@@ -95,6 +100,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t = Instant::now();
         query.process_all_available().await?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
+        written.push(new_state_bytes(
+            &checkpoint.path().join("state"),
+            &mut seen,
+        )?);
         if !keep_input {
             input.release(e as usize + 1);
         }
@@ -118,6 +127,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let state_ms = common::sorted(progress().iter().map(|p| p.duration_ms.state).collect());
     let mut sorted = times.clone();
     sorted.sort_by(f64::total_cmp);
+    // The update epochs' checkpoint bytes against the rows they changed
+    // (a BIGINT key, count and sum: 24 bytes a row).
+    let update_epochs = &written[written.len().saturating_sub(updates as usize)..];
+    let changed_bytes = (batch * 24) as f64;
+    let update_written: u64 = update_epochs.iter().sum();
     let report = serde_json::json!({
         "engine": "sluice",
         "keys": keys,
@@ -134,9 +148,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "state_write_ms_median": common::percentile(&state_ms, 0.5),
         "state_write_ms_max": state_ms.last(),
         "restore_ms": restore_ms,
+        "checkpoint_bytes_per_update_epoch": update_written as f64 / updates.max(1) as f64,
+        "checkpoint_bytes_per_changed_row_byte": update_written as f64 / (changed_bytes * updates.max(1) as f64),
+        "checkpoint_bytes_max_epoch": written.iter().max(),
+        "checkpoint_bytes_max_update_epoch": update_epochs.iter().max(),
         "peak_rss_bytes": peak_running,
         "peak_rss_bytes_after_restore": common::peak_rss_bytes(),
     });
     println!("{report}");
     Ok(())
+}
+
+/// The bytes of the files under `dir` not in `seen` (which they join).
+fn new_state_bytes(
+    dir: &std::path::Path,
+    seen: &mut std::collections::HashSet<std::path::PathBuf>,
+) -> std::io::Result<u64> {
+    let mut bytes = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(0);
+    };
+    for entry in entries {
+        let path = entry?.path();
+        if path.is_dir() {
+            bytes += new_state_bytes(&path, seen)?;
+        } else if seen.insert(path.clone()) {
+            bytes += std::fs::metadata(&path).map_or(0, |m| m.len());
+        }
+    }
+    Ok(bytes)
 }

@@ -279,7 +279,10 @@ impl Statement {
         let Some(op) = &mut self.operator else {
             return Ok((self.chain.files().to_vec(), StateSize::default()));
         };
-        let staged = op.stage(policy.snapshot_due(&self.chain))?;
+        let staged = match op.stage_sliced(self.chain.slicing())? {
+            Some(staged) => staged,
+            None => op.stage(policy.snapshot_due(&self.chain))?,
+        };
         let files = self
             .chain
             .write(dir, epoch, run, staged, &mut |w| op.write_snapshot(w))?;

@@ -57,7 +57,7 @@ use super::Operator;
 use crate::error::{Result, SluiceError};
 use crate::output_mode::OutputMode;
 use crate::sink::EpochOutput;
-use crate::state::chain::{ChainReader, Staged};
+use crate::state::chain::{ChainReader, Slicing, Staged};
 use crate::state::{row_converter, KeyedState, Located, OneStore, StateBudget};
 use crate::table::EpochBatches;
 use crate::window::{merge_sessions, WindowKey};
@@ -442,6 +442,13 @@ impl Operator for AggregateOperator {
 
     fn stage(&mut self, snapshot_due: bool) -> Result<Staged> {
         self.state.stage(snapshot_due)
+    }
+
+    fn stage_sliced(&mut self, slicing: Slicing) -> Result<Option<Staged>> {
+        match &mut self.state {
+            Some(state) => state.stage_sliced(slicing),
+            None => Ok(None),
+        }
     }
 
     fn write_snapshot(&mut self, w: &mut dyn std::io::Write) -> Result<()> {

@@ -42,7 +42,7 @@ use datafusion::logical_expr::SortExpr as Sort;
 
 use crate::error::Result;
 use crate::sink::EpochOutput;
-use crate::state::chain::{ChainReader, Staged};
+use crate::state::chain::{ChainReader, Slicing, Staged};
 use crate::state::StateSize;
 
 pub(crate) mod aggregate;
@@ -109,6 +109,15 @@ pub(crate) trait Operator: Send + Sync + Debug {
     /// the last committed stage, or a snapshot when that is no larger.
     /// The changes are kept until [`after_commit`](Self::after_commit).
     fn stage(&mut self, snapshot_due: bool) -> Result<Staged>;
+
+    /// For an operator whose state is written as a sliced chain (one store
+    /// past the memory limit; see `state::chain`): what to write for this
+    /// epoch's commit, `slicing` saying whose turn it is; never a
+    /// snapshot. `None` for every other, which [`stage`](Self::stage)
+    /// serves.
+    fn stage_sliced(&mut self, _slicing: Slicing) -> Result<Option<Staged>> {
+        Ok(None)
+    }
 
     /// Writes the whole state into `w`, streamed (a large state is never
     /// copied whole into memory first). Called when

@@ -121,9 +121,9 @@ impl Operator for Pipeline {
         for s in self.stages.iter_mut() {
             let (tag, bytes) = match s.operator.stage(false)? {
                 Staged::Nothing | Staged::Unchanged => (PART_UNCHANGED, Vec::new()),
-                Staged::Delta(bytes) if s.based => (PART_DELTA, bytes),
+                Staged::Delta(bytes) | Staged::Sliced(bytes, _) if s.based => (PART_DELTA, bytes),
                 // A delta needs the snapshot it builds on.
-                Staged::Delta(_) | Staged::Snapshot => {
+                Staged::Delta(_) | Staged::Sliced(..) | Staged::Snapshot => {
                     let mut bytes = Vec::new();
                     s.operator.write_snapshot(&mut bytes)?;
                     s.staged_base = Some(true);

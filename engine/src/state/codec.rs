@@ -402,6 +402,12 @@ pub(crate) fn write_ipc(w: &mut dyn Write, batch: &RecordBatch) -> Result<()> {
     write_ipc_slices(w, batch, |slice, _| Ok(slice))
 }
 
+/// Whether `bytes` are an Arrow IPC file (by its magic), as a snapshot
+/// is, rather than a delta's two parts (whose first 8 bytes are a length).
+pub(crate) fn is_ipc_file(bytes: &[u8]) -> bool {
+    bytes.starts_with(b"ARROW1")
+}
+
 /// [`write_ipc`] of what `select` keeps of each slice of `batch` (given
 /// with its first row's position): the kept rows are never all in memory
 /// at once.

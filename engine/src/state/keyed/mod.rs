@@ -26,6 +26,7 @@ use std::sync::Arc;
 use datafusion::arrow::array::{
     ArrayRef, BooleanArray, BooleanBufferBuilder, RecordBatch, UInt32Array,
 };
+use datafusion::arrow::compute::kernels::boolean::or;
 use datafusion::arrow::compute::{concat_batches, filter_record_batch, not, take_record_batch};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::arrow::row::{RowConverter, SortField};
@@ -35,12 +36,13 @@ use hashbrown::HashTable;
 
 mod keys;
 mod locate;
+mod slices;
 mod spill;
 
-use super::chain::{ChainReader, Staged};
+use super::chain::{ChainReader, Images, Staged};
 use super::codec::{
-    read_ipc, read_ipc_owned, split_two_parts, two_parts_with, write_ipc, write_ipc_parts,
-    write_ipc_slices,
+    is_ipc_file, read_ipc, read_ipc_owned, split_two_parts, two_parts_with, write_ipc,
+    write_ipc_parts,
 };
 use super::columns::{compact_views, Placement};
 use super::StateSize;
@@ -473,9 +475,17 @@ impl KeyedState {
     /// Replaces the state with a committed chain: a snapshot and the deltas
     /// after it; an empty chain leaves the state as it is (empty, for a
     /// store just made).
+    /// A sliced chain may start with a delta (`state::chain`): applied to
+    /// an empty store.
     pub(crate) fn restore_chain(&mut self, chain: ChainReader<'_>) -> Result<()> {
-        if let Some(snapshot) = chain.next() {
-            self.restore(snapshot?)?;
+        if let Some(first) = chain.next() {
+            let first = first?;
+            if is_ipc_file(&first) {
+                self.restore(first)?;
+            } else {
+                self.restore_rows(RecordBatch::new_empty(Arc::clone(&self.schema)))?;
+                self.apply_delta(&first)?;
+            }
             for delta in chain {
                 self.apply_delta(&delta?)?;
             }
@@ -509,6 +519,12 @@ impl KeyedState {
     /// [`clear_changes`](Self::clear_changes), which the operator calls once
     /// the epoch that staged them has committed.
     pub(crate) fn pending_delta(&self) -> Result<Vec<u8>> {
+        self.delta_with(None)
+    }
+
+    /// [`pending_delta`](Self::pending_delta), its rows with every row of
+    /// the slices `images` names, in memory and on disk (`slices`).
+    fn delta_with(&self, images: Option<Images>) -> Result<Vec<u8>> {
         let changed = BooleanArray::new(self.changed.finish_cloned(), None);
         let key_columns: Vec<usize> = (0..self.key_columns).collect();
         let mut gone = Vec::new();
@@ -532,14 +548,22 @@ impl KeyedState {
         let key_schema = Arc::new(self.schema.project(&key_columns)?);
         let gone = concat_batches(&key_schema, &gone)?;
         let mut out = Vec::new();
+        let in_memory = (0..self.rows.num_rows()).step_by(ENCODE_SLICE_ROWS).map(
+            |start| -> Result<RecordBatch> {
+                let slice = self
+                    .rows
+                    .slice(start, ENCODE_SLICE_ROWS.min(self.rows.num_rows() - start));
+                let mut kept = changed.slice(start, slice.num_rows());
+                if let Some(images) = images {
+                    kept = or(&kept, &self.in_images(&slice, images)?)?;
+                }
+                Ok(filter_record_batch(&slice, &kept)?)
+            },
+        );
+        let on_disk = images.into_iter().flat_map(|i| self.cold_images(i));
         two_parts_with(
             &mut out,
-            |w| {
-                write_ipc_slices(w, &self.rows, |slice, start| {
-                    let changed = changed.slice(start, slice.num_rows());
-                    Ok(filter_record_batch(&slice, &changed)?)
-                })
-            },
+            |w| write_ipc_parts(w, &self.schema, in_memory.chain(on_disk)),
             |w| write_ipc(w, &gone),
         )?;
         Ok(out)
@@ -599,7 +623,11 @@ impl KeyedState {
 
     /// Replaces the state with a snapshot's.
     pub fn restore(&mut self, bytes: Vec<u8>) -> Result<()> {
-        let rows = read_ipc_owned(bytes, &self.schema)?;
+        self.restore_rows(read_ipc_owned(bytes, &self.schema)?)
+    }
+
+    /// Replaces the state with `rows`.
+    fn restore_rows(&mut self, rows: RecordBatch) -> Result<()> {
         self.clear_cold()?;
         self.set_rows(rows)?;
         if let Some(spill) = &mut self.spill {

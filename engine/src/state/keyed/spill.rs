@@ -3,7 +3,8 @@
 //! A store made [`within`](KeyedState::within) a [`StateBudget`] keeps the
 //! keys it touched lately in memory, as every store does, and its other
 //! keys in its partition of the budget's disk: key → row, each the
-//! arrow-row encoding of its columns (the key's sorts as the key does).
+//! arrow-row encoding of its columns, the key's after its slice's byte
+//! (`slices`), so that a slice's keys are one range.
 //! A key lives in one of the two, never both.
 //!
 //! - Before an epoch's keys are looked up, [`fault_in`](KeyedState::fault_in)
@@ -26,6 +27,7 @@ use datafusion::arrow::compute::{filter_record_batch, not, take};
 use datafusion::arrow::row::{RowConverter, Rows};
 use foldhash::HashSet;
 
+use super::slices::disk_key;
 use super::{row_converter, KeyedState};
 use crate::error::Result;
 use crate::state::budget::{Disk, StateBudget};
@@ -50,6 +52,8 @@ pub(super) struct Spill {
     cold_lowest: Option<i64>,
     /// Commits so far.
     tick: u32,
+    /// Rows changed and not yet paid for by images (`slices`).
+    pub(super) credit: u64,
 }
 
 impl std::fmt::Debug for Spill {
@@ -136,6 +140,7 @@ impl KeyedState {
             tick: 0,
             lowest_of: None,
             cold_lowest: None,
+            credit: 0,
         });
         Ok(self)
     }
@@ -185,11 +190,14 @@ impl KeyedState {
         spill.cold_lowest = lowest;
         if let (Some(disk), true) = (&spill.cold, taken.num_rows() > 0) {
             let (keys, values) = encode(&self.converter, spill, self.key_columns, &taken)?;
+            let mut key = Vec::new();
             for start in (0..keys.num_rows()).step_by(WRITE_ROWS) {
                 let mut batch = disk.batch();
                 for r in start..keys.num_rows().min(start + WRITE_ROWS) {
-                    batch.remove(disk.rows(), keys.row(r).as_ref());
-                    let bytes = keys.row(r).as_ref().len() + values.row(r).as_ref().len();
+                    key.clear();
+                    disk_key(keys.row(r).as_ref(), &mut key);
+                    batch.remove(disk.rows(), key.as_slice());
+                    let bytes = key.len() + values.row(r).as_ref().len();
                     spill.cold_bytes = spill.cold_bytes.saturating_sub(bytes as u64);
                 }
                 batch.commit().map_err(|e| disk.error(e))?;
@@ -236,7 +244,21 @@ impl KeyedState {
             .iter()
             .flat_map(|e| e.iter().map(|r| r.data()))
             .collect();
-        let mut missing: Vec<&[u8]> = missing.into_iter().collect();
+        // As on disk, one buffer for all.
+        let mut on_disk = Vec::new();
+        let mut ends = Vec::with_capacity(missing.len());
+        for key in missing {
+            disk_key(key, &mut on_disk);
+            ends.push(on_disk.len());
+        }
+        let mut missing: Vec<&[u8]> = ends
+            .iter()
+            .scan(0, |start, &end| {
+                let key = &on_disk[*start..end];
+                *start = end;
+                Some(key)
+            })
+            .collect();
         // In key order: the reads walk the files forward.
         missing.sort_unstable();
         let found = read_rows(disk, &missing)?;
@@ -260,10 +282,11 @@ impl KeyedState {
         }
         drop((keys, values));
         drop(encoded);
+        drop(on_disk);
         self.insert_unchanged(&rows)
     }
 
-    /// Rows from their encoded keys and values.
+    /// Rows from their keys as on disk (`slices::disk_key`) and values.
     fn decode<K: AsRef<[u8]>>(&self, keys: &[K], values: &[fjall::Slice]) -> Result<RecordBatch> {
         let Some(spill) = &self.spill else {
             return Ok(RecordBatch::new_empty(Arc::clone(&self.schema)));
@@ -272,7 +295,7 @@ impl KeyedState {
         let value_parser = spill.values.parser();
         let mut columns: Vec<ArrayRef> = self
             .converter
-            .convert_rows(keys.iter().map(|k| key_parser.parse(k.as_ref())))?;
+            .convert_rows(keys.iter().map(|k| key_parser.parse(&k.as_ref()[1..])))?;
         columns.extend(
             spill
                 .values
@@ -351,9 +374,12 @@ impl KeyedState {
                 }
                 let (keys, values) = encode(&self.converter, spill, self.key_columns, &leaving)?;
                 let mut batch = disk.batch();
-                for (key, value) in keys.iter().zip(values.iter()) {
-                    batch.insert(disk.rows(), key.as_ref(), value.as_ref());
-                    spill.cold_bytes += (key.as_ref().len() + value.as_ref().len()) as u64;
+                let mut key = Vec::new();
+                for (encoded, value) in keys.iter().zip(values.iter()) {
+                    key.clear();
+                    disk_key(encoded.as_ref(), &mut key);
+                    spill.cold_bytes += (key.len() + value.as_ref().len()) as u64;
+                    batch.insert(disk.rows(), key.as_slice(), value.as_ref());
                 }
                 batch.commit().map_err(|e| disk.error(e))?;
                 spill.cold_rows += leaving.num_rows() as u64;
@@ -381,16 +407,32 @@ impl KeyedState {
         Ok(())
     }
 
-    /// The rows on disk, in key order, a batch of up to `rows` at a time.
+    /// The rows on disk, a batch of up to `rows` at a time.
     pub(super) fn cold_batches(
         &self,
+        rows: usize,
+    ) -> impl Iterator<Item = Result<RecordBatch>> + '_ {
+        self.cold_batches_of(None, rows)
+    }
+
+    /// The rows on disk of one slice (all without one), a batch of up to
+    /// `rows` at a time.
+    pub(super) fn cold_batches_of(
+        &self,
+        slice: Option<u8>,
         rows: usize,
     ) -> impl Iterator<Item = Result<RecordBatch>> + '_ {
         let pairs = self
             .spill
             .as_ref()
             .and_then(|s| s.cold.as_ref())
-            .map(|disk| (disk, disk.rows().iter()));
+            .map(|disk| {
+                let all: Box<dyn Iterator<Item = _>> = match slice {
+                    Some(s) => Box::new(disk.rows().prefix([s])),
+                    None => Box::new(disk.rows().iter()),
+                };
+                (disk, all)
+            });
         let mut pairs = pairs
             .into_iter()
             .flat_map(|(disk, iter)| iter.map(move |kv| kv.map_err(|e| disk.error(e))));
@@ -467,7 +509,7 @@ fn min_of(a: Option<i64>, b: Option<i64>) -> Option<i64> {
 /// Rows written to (or removed from) disk per batch: a batch holds its
 /// writes in memory until it commits. Fewer in tests, so that theirs
 /// take several.
-const WRITE_ROWS: usize = if cfg!(test) { 1 << 10 } else { 1 << 16 };
+pub(super) const WRITE_ROWS: usize = if cfg!(test) { 1 << 10 } else { 1 << 16 };
 
 /// Reads from more keys than this are split across two threads: each
 /// read walks the LSM's levels (a few microseconds), and they only read.
@@ -632,6 +674,106 @@ mod tests {
         }
         assert!(restored.cold_rows() > 0);
         assert_eq!(read_all(&mut restored, &schema, keys), want);
+    }
+
+    /// A store within a budget writes a sliced chain (`slices`): no
+    /// snapshot, no epoch writing the whole state, a chain that leaves its
+    /// first files behind, and old files deleted; the chain rebuilds it.
+    #[test]
+    fn a_sliced_chain_rebuilds_the_store_and_carries_only_what_changed() {
+        use crate::state::chain::{Chain, Staged};
+
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, true),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let keys = 10_000;
+        let budget = StateBudget::new(64 << 10, None);
+        let within = || {
+            KeyedState::new(Arc::clone(&schema), 1)
+                .unwrap()
+                .within(Some(Arc::clone(&budget)))
+                .unwrap()
+        };
+        let mut spilling = within();
+        let mut plain = KeyedState::new(Arc::clone(&schema), 1).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut chain = Chain::new("0.aggregate".into());
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n) as i64
+        };
+        let mut update_bytes = Vec::new();
+        for epoch in 1..=60u64 {
+            let (epoch_keys, gone): (Vec<i64>, Vec<i64>) = if epoch <= 10 {
+                (
+                    ((epoch as i64 - 1) * 1_000..epoch as i64 * 1_000).collect(),
+                    vec![],
+                )
+            } else {
+                let mut k: Vec<i64> = (0..300).map(|_| next(keys)).collect();
+                k.sort_unstable();
+                k.dedup();
+                let gone = match epoch % 7 {
+                    0 => (0..20).map(|_| next(keys)).collect(),
+                    _ => vec![],
+                };
+                (k, gone)
+            };
+            let new = rows(&schema, &epoch_keys, &vec![epoch as i64; epoch_keys.len()]);
+            spilling.fault_in(std::slice::from_ref(&new)).unwrap();
+            spilling.upsert(std::slice::from_ref(&new)).unwrap();
+            plain.upsert(&[new]).unwrap();
+            let gone = rows(&schema, &gone, &vec![0; gone.len()]);
+            spilling.fault_in(std::slice::from_ref(&gone)).unwrap();
+            spilling.remove_keys(&gone).unwrap();
+            plain.remove_keys(&gone).unwrap();
+
+            let staged = spilling.stage_sliced(chain.slicing()).unwrap().unwrap();
+            assert!(!matches!(staged, Staged::Snapshot), "epoch {epoch}");
+            let before = chain.files().to_vec();
+            let files = chain
+                .write(dir.path(), epoch, "r", staged, &mut |_| {
+                    panic!("a sliced chain wrote a snapshot")
+                })
+                .unwrap();
+            let written: u64 = files
+                .iter()
+                .filter(|f| !before.contains(f))
+                .map(|f| std::fs::metadata(dir.path().join(f)).unwrap().len())
+                .sum();
+            if epoch > 10 {
+                update_bytes.push(written);
+            }
+            chain.committed(dir.path(), files, 1).unwrap();
+            spilling.clear_changes();
+            spilling.settle().unwrap();
+        }
+        assert!(spilling.cold_rows() > 1_000, "{}", spilling.cold_rows());
+        // The whole state's snapshot, to compare an epoch's bytes with.
+        let mut whole = Vec::new();
+        plain.snapshot_to(&mut whole).unwrap();
+        let most = update_bytes.iter().max().copied().unwrap_or(0);
+        assert!(
+            most < whole.len() as u64 / 4,
+            "an update epoch wrote {most} bytes, the whole state is {}",
+            whole.len()
+        );
+        // The first files left the chain and the checkpoint.
+        let first = chain.files().first().cloned().unwrap_or_default();
+        assert!(!first.starts_with("state/0.aggregate/1."), "{first}");
+        let on_disk = std::fs::read_dir(dir.path().join("state/0.aggregate"))
+            .unwrap()
+            .count();
+        assert_eq!(on_disk, chain.files().len(), "{:?}", chain.files());
+
+        let want = read_all(&mut plain, &schema, keys as i64);
+        let mut restored = within();
+        restored.restore_chain(&mut chain.read(dir.path())).unwrap();
+        assert_eq!(read_all(&mut restored, &schema, keys as i64), want);
     }
 
     /// Rows leaving by a bound (closed windows) are found on disk once its
