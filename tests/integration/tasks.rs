@@ -825,26 +825,59 @@ async fn complete(d: &Divided) -> bool {
     last.values().sum::<i64>() == RECORDS
 }
 
-/// Every epoch of a stateful task snapshots its state and deletes what it
-/// retains no more (`state.retained.snapshots` = 1): each operator's
-/// state folder under `root` holds a snapshot or two, not one per epoch.
+/// Every commit of a stateful task deletes the state files its chain no
+/// longer needs (`state.retained.snapshots` = 1): no file in an operator's
+/// folder is older than the chain the task's last commit names. (Under a
+/// memory limit the chain is sliced and keeps its files until every slice
+/// is written whole after them, so their number is no bound.)
 fn state_files_were_deleted(root: &Path) {
+    let epoch_of = |file: &str| -> u64 {
+        let name = file.rsplit('/').next().unwrap_or(file);
+        name.split('.').next().unwrap().parse().unwrap()
+    };
     for query in ["counts", "windows"] {
         for task in 0..PARTITIONS {
-            let state = root.join(query).join(format!("tasks/{task}/state"));
-            let operators: Vec<PathBuf> = std::fs::read_dir(&state)
-                .unwrap_or_else(|e| panic!("{}: {e}", state.display()))
+            let dir = root.join(query).join(format!("tasks/{task}"));
+            let last = std::fs::read_dir(dir.join("commits"))
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+                .max()
+                .unwrap_or_else(|| panic!("no commit in {}", dir.display()));
+            let framed = std::fs::read(dir.join(format!("commits/{last}"))).unwrap();
+            let body = &framed[framed.iter().position(|&b| b == b'\n').unwrap() + 1..];
+            let commit: serde_json::Value = serde_json::from_slice(body).unwrap();
+            let named: Vec<&str> = commit["state_files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f.as_str().unwrap())
+                .collect();
+            let operators: Vec<PathBuf> = std::fs::read_dir(dir.join("state"))
+                .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
                 .flatten()
                 .map(|e| e.path())
                 .collect();
-            assert!(!operators.is_empty(), "no state in {}", state.display());
+            assert!(!operators.is_empty(), "no state in {}", dir.display());
             for operator in operators {
-                let files = std::fs::read_dir(&operator).map_or(0, |d| d.count());
-                assert!(
-                    (1..=3).contains(&files),
-                    "{files} files in {}: deletions did not run",
-                    operator.display()
-                );
+                let folder = operator.file_name().unwrap().to_string_lossy().to_string();
+                let chain_start = named
+                    .iter()
+                    .filter(|f| f.starts_with(&format!("state/{folder}/")))
+                    .map(|f| epoch_of(f))
+                    .min()
+                    .unwrap_or_else(|| {
+                        panic!("commit {last} names no file of {folder}: {named:?}")
+                    });
+                for file in std::fs::read_dir(&operator).unwrap().flatten() {
+                    let name = file.file_name().to_string_lossy().to_string();
+                    assert!(
+                        epoch_of(&name) >= chain_start,
+                        "{name} in {} is older than the chain commit {last} names \
+                         (from epoch {chain_start}): deletions did not run",
+                        operator.display()
+                    );
+                }
             }
         }
     }

@@ -71,11 +71,11 @@ async fn with_checkpoints_on_object_storage_a_killed_process_tasks_are_restored_
 /// (seeded: `SLUICE_CRASH_SEED`), one of them is killed with SIGKILL and
 /// restarted, a fourth joins, and one leaves with SIGTERM, the input
 /// arriving in between. The output is exact, and completes after the
-/// last of these: every task ended owned by a live process. Every epoch
-/// of a stateful task snapshots its state and deletes the chain before,
-/// so the checkpoint store's deletions are on every commit's path. Each
+/// last of these: every task ended owned by a live process. Each
 /// process's state is held to 4 KB in memory: the counts' and the
-/// windows' groups beyond it live on local disk.
+/// windows' groups beyond it live on local disk, and their checkpoints are
+/// sliced chains, each commit deleting the files its chain left behind,
+/// so the checkpoint store's deletions are on the commits' path.
 async fn share_and_take_over(d: &Divided) {
     let sql = d.sql_with(
         "group",

@@ -61,18 +61,20 @@ impl KeyedState {
                 .iter()
                 .map(|b| b.num_rows() as u64)
                 .sum::<u64>();
-        let slice_rows = (self.num_rows() / u64::from(SLICES)).max(1);
+        let rows = self.num_rows().max(1);
         let Some(spill) = &mut self.spill else {
             return Ok(None);
         };
-        spill.credit += changed;
-        let mut count = (spill.credit / slice_rows).min(u64::from(SLICES)) as u16;
+        // In rows × SLICES: a slice holds rows / SLICES, a fraction for a
+        // small store.
+        spill.credit += changed * u64::from(SLICES);
+        let mut count = (spill.credit / rows).min(u64::from(SLICES)) as u16;
         if count == 0 && slicing.files >= Slicing::FILES {
             count = 1;
         }
         spill.credit = match count {
             SLICES => 0,
-            n => spill.credit.saturating_sub(u64::from(n) * slice_rows),
+            n => spill.credit.saturating_sub(u64::from(n) * rows),
         };
         if count == 0 {
             return Ok(Some(Staged::Delta(self.pending_delta()?)));

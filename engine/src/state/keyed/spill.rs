@@ -52,7 +52,8 @@ pub(super) struct Spill {
     cold_lowest: Option<i64>,
     /// Commits so far.
     tick: u32,
-    /// Rows changed and not yet paid for by images (`slices`).
+    /// Rows changed and not yet paid for by images, times the slices
+    /// (`slices`).
     pub(super) credit: u64,
 }
 
