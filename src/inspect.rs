@@ -186,7 +186,7 @@ fn last_commit(w: &mut String, cp: &Checkpoint, epoch: u64) -> Result<(), Sluice
         let mut total = 0;
         let _ = writeln!(
             w,
-            "    state (a snapshot and the deltas after it, loaded in order):"
+            "    state (per operator a snapshot, or a sliced chain's first delta, then the deltas after it, loaded in order):"
         );
         for f in &commit.state_files {
             let len = cp.state_file_len(f)?;

@@ -96,16 +96,6 @@ impl KeyedState {
             .map(|k| Some(images.contains(u16::from(slice_of(k.data())))))
             .collect())
     }
-
-    /// The rows of `images`' slices on disk, a batch at a time.
-    pub(super) fn cold_images(
-        &self,
-        images: Images,
-    ) -> impl Iterator<Item = Result<RecordBatch>> + '_ {
-        images
-            .iter()
-            .flat_map(move |s| self.cold_batches_of(Some(s as u8), super::spill::WRITE_ROWS))
-    }
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ use super::slices::disk_key;
 use super::{row_converter, KeyedState};
 use crate::error::Result;
 use crate::state::budget::{Disk, StateBudget};
+use crate::state::chain::Images;
 
 /// The disk side of a store within a budget.
 pub(super) struct Spill {
@@ -456,6 +457,16 @@ impl KeyedState {
         })
     }
 
+    /// The rows on disk of `images`' slices, a batch at a time.
+    pub(super) fn cold_images(
+        &self,
+        images: Images,
+    ) -> impl Iterator<Item = Result<RecordBatch>> + '_ {
+        images
+            .iter()
+            .flat_map(move |s| self.cold_batches_of(Some(s as u8), WRITE_ROWS))
+    }
+
     /// Rows on disk.
     pub(crate) fn cold_rows(&self) -> u64 {
         self.spill.as_ref().map_or(0, |s| s.cold_rows)
@@ -510,7 +521,7 @@ fn min_of(a: Option<i64>, b: Option<i64>) -> Option<i64> {
 /// Rows written to (or removed from) disk per batch: a batch holds its
 /// writes in memory until it commits. Fewer in tests, so that theirs
 /// take several.
-pub(super) const WRITE_ROWS: usize = if cfg!(test) { 1 << 10 } else { 1 << 16 };
+const WRITE_ROWS: usize = if cfg!(test) { 1 << 10 } else { 1 << 16 };
 
 /// Reads from more keys than this are split across two threads: each
 /// read walks the LSM's levels (a few microseconds), and they only read.
