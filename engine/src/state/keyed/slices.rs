@@ -52,15 +52,16 @@ impl KeyedState {
         if self.spill.is_none() {
             return Ok(None);
         }
-        if !self.has_changes() {
-            return Ok(Some(Staged::Unchanged));
-        }
         let changed = self.changed.finish_cloned().count_set_bits() as u64
             + self
                 .removed
                 .iter()
                 .map(|b| b.num_rows() as u64)
                 .sum::<u64>();
+        // Removals record only rows that left, so none changed means no changes.
+        if changed == 0 {
+            return Ok(Some(Staged::Unchanged));
+        }
         let rows = self.num_rows().max(1);
         let Some(spill) = &mut self.spill else {
             return Ok(None);
