@@ -19,6 +19,13 @@
 //! the update epochs wrote (against the 24 bytes of each row they
 //! changed), and the process's peak resident memory (VmHWM) as the last
 //! line of stdout (JSON).
+//!
+//! The output is checked: a last epoch brings one row of value 0 for every
+//! hundredth key, so it emits those keys' final (count + 1, sum). A
+//! checksum of them, Σ a(k)·count + b(k)·sum for fixed pseudo-random a and
+//! b, must equal the same sum over the input rows of those keys (plus a(k)
+//! per probe row), which a plain loop adds up as it makes them: linear in
+//! the rows, it needs no per-key memory. The bench fails on a mismatch.
 
 mod common;
 
@@ -46,6 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Field::new("v", DataType::Int64, false),
     ]));
     let input = MemoryStream::new(schema.clone());
+    let out = sluice::MemorySink::new();
     let session = common::session(2);
     let checkpoint = tempfile::tempdir()?;
     let progress = common::collect_progress(&session);
@@ -58,7 +66,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 vec![count(lit(1)).alias("n"), sum(col("v")).alias("total")],
             )?
             .write_stream()
-            .format("blackhole")
+            .memory(&out)
             .output_mode(OutputMode::Update)
             .checkpoint_location(checkpoint.path());
         let writer = match &snapshot_interval {
@@ -76,6 +84,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Per epoch, the bytes of the state files it added to the checkpoint.
     let mut written = Vec::new();
     let mut seen = std::collections::HashSet::new();
+    // The checksum the probed keys' final values must have.
+    let mut expected = 0u64;
     let began = Instant::now();
     for e in 0..epochs {
         // New keys first; then updates spread over all keys.
@@ -90,6 +100,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .collect();
         let vs: Vec<i64> = (0..batch as i64).collect();
+        for (k, v) in ks.iter().zip(&vs) {
+            if k % PROBE_EVERY == 0 {
+                expected = expected.wrapping_add(weight(*k, *v));
+            }
+        }
         input.add_batch(RecordBatch::try_new(
             schema.clone(),
             vec![
@@ -107,11 +122,52 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if !keep_input {
             input.release(e as usize + 1);
         }
+        drop(out.take());
         eprint!("\rsluice: epoch {}/{epochs}", e + 1);
     }
     eprintln!();
     let running_s = began.elapsed().as_secs_f64();
     let last = query.last_progress().ok_or("no progress")?;
+    // The probe: every hundredth key once more, with 0.
+    let probed: Vec<i64> = (0..keys as i64).step_by(PROBE_EVERY as usize).collect();
+    for k in &probed {
+        expected = expected.wrapping_add(weight(*k, 0));
+    }
+    let zeros = Int64Array::from(vec![0i64; probed.len()]);
+    input.add_batch(RecordBatch::try_new(
+        schema.clone(),
+        vec![Arc::new(Int64Array::from(probed.clone())), Arc::new(zeros)],
+    )?)?;
+    query.process_all_available().await?;
+    let mut got = 0u64;
+    let mut rows = 0;
+    for b in out.take() {
+        let column = |name: &str| -> Result<Int64Array, Box<dyn std::error::Error>> {
+            Ok(sluice::arrow::compute::cast(
+                b.column_by_name(name).ok_or("no such column")?,
+                &DataType::Int64,
+            )?
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .ok_or("not BIGINT")?
+            .clone())
+        };
+        let (k, n, total) = (column("k")?, column("n")?, column("total")?);
+        for i in 0..b.num_rows() {
+            got = got
+                .wrapping_add(mix(k.value(i) as u64).wrapping_mul(n.value(i) as u64))
+                .wrapping_add(mix(!k.value(i) as u64).wrapping_mul(total.value(i) as u64));
+        }
+        rows += b.num_rows();
+    }
+    if rows != probed.len() || got != expected {
+        return Err(format!(
+            "the probed keys' final values are wrong: {rows} rows for {} keys, checksum {got:#x} \
+             against {expected:#x}",
+            probed.len()
+        )
+        .into());
+    }
     query.stop().await?;
     let peak_running = common::peak_rss_bytes();
     // Restore: a restart from the checkpoint loads the last snapshot and
@@ -154,9 +210,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "checkpoint_bytes_max_update_epoch": update_epochs.iter().max(),
         "peak_rss_bytes": peak_running,
         "peak_rss_bytes_after_restore": common::peak_rss_bytes(),
+        "checked_keys": probed.len(),
     });
     println!("{report}");
     Ok(())
+}
+
+/// Every how many keys the last epoch probes.
+const PROBE_EVERY: i64 = 100;
+
+/// A row `(k, v)`'s share of the checksum: a(k)·1 + b(k)·v, as its key's
+/// (count, sum) carries it.
+fn weight(k: i64, v: i64) -> u64 {
+    mix(k as u64).wrapping_add(mix(!k as u64).wrapping_mul(v as u64))
+}
+
+/// SplitMix64's finaliser: a fixed pseudo-random weight per key.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 /// The bytes of the files under `dir` not in `seen` (which they join).

@@ -323,6 +323,11 @@ impl Launcher {
                 statement.within_budget(budget);
             }
         }
+        if let Some(ttl) = settings.state_ttl {
+            for statement in &mut planned {
+                statement.expiring_after(ttl);
+            }
+        }
         let late: Vec<(usize, usize)> = plan.late.iter().map(|l| (l.statement, l.input)).collect();
         let sink = sinks(
             connectors, outputs, &planned, plan.late, query_id, name, task,

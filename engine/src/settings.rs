@@ -57,6 +57,11 @@ pub struct QuerySettings {
     /// Where state past the limit goes (SQL: `state.local.dir`); `None`
     /// (the default): a temporary directory.
     pub state_local_dir: Option<PathBuf>,
+    /// How long a key's state may go unwritten before it is dropped, as
+    /// Flink's state TTL (SQL: `state.ttl`, or Flink's
+    /// `table.exec.state.ttl`, e.g. `'1 hour'`); `None` (the default, or
+    /// `'0'`): state is kept until the query's logic drops it.
+    pub state_ttl: Option<Duration>,
     /// How long the query keeps retrying while its brokers are unreachable
     /// without committing an epoch, before it fails (SQL: `outage.limit`;
     /// default 5 minutes). Every wait on Kafka inside an attempt is bounded
@@ -338,6 +343,20 @@ pub const SETTINGS: &[Setting] = &[
         },
     },
     Setting {
+        name: "state.ttl",
+        aliases: &["table.exec.state.ttl"],
+        values: "a duration (`'1 hour'`, `'7 days'`): a key whose state no row has written for \
+            that long, by the epochs' processing time, is dropped, as Flink's state TTL: \
+            GROUP BY without a window, deduplication, Top-N, joins over changes and upsert \
+            streams' latest values. A key that comes back after that starts again (see *State \
+            TTL*). `'0'` turns it off",
+        default: "off: state is kept until the query's logic drops it",
+        kind: Kind::Query {
+            apply: set_state_ttl,
+            is_set: |s| s.state_ttl.is_some(),
+        },
+    },
+    Setting {
         name: "outage.limit",
         aliases: &[],
         values: "how long a query retries while its brokers are unreachable, without \
@@ -518,6 +537,7 @@ const DEFAULT: QuerySettings = QuerySettings {
     state_retained_snapshots: 2,
     state_memory_limit: None,
     state_local_dir: None,
+    state_ttl: None,
     outage_limit: Duration::from_secs(300),
     tasks: Tasks::One,
     task_group: false,
@@ -588,6 +608,13 @@ pub(crate) fn parse_size(value: &str) -> Option<u64> {
         _ => return None,
     };
     number.checked_mul(1 << shift).filter(|&b| b > 0)
+}
+
+fn set_state_ttl(s: &mut QuerySettings, value: &str) -> Result<()> {
+    let ttl =
+        parse_duration(value).map_err(|e| SluiceError::config(format!("'state.ttl': {e}")))?;
+    s.state_ttl = Some(ttl).filter(|t| !t.is_zero());
+    Ok(())
 }
 
 fn set_outage_limit(s: &mut QuerySettings, value: &str) -> Result<()> {

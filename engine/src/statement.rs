@@ -34,7 +34,7 @@ use crate::options::columns;
 use crate::planner::{IncrementalPlan, StageConfig};
 use crate::sink::{EpochOutput, Sink};
 use crate::state::chain::{Chain, SnapshotPolicy};
-use crate::state::{StateBudget, StateSize};
+use crate::state::{StateBudget, StateSize, StateTtl};
 use crate::table::EpochInput;
 
 /// One statement of a query: its plan, and its state.
@@ -55,6 +55,9 @@ pub(crate) struct Statement {
     /// The watermark its last watermark rows carried (a repartition
     /// step's upstream).
     sent_watermark: Option<i64>,
+    /// The state TTL its operators' stores expire by (`state.ttl`), its
+    /// clock set to each epoch's processing time.
+    ttl: Option<Arc<StateTtl>>,
 }
 
 impl Statement {
@@ -77,6 +80,7 @@ impl Statement {
             late: BTreeMap::new(),
             read_rows: false,
             sent_watermark: None,
+            ttl: None,
         })
     }
 
@@ -128,6 +132,9 @@ impl Statement {
         watermarks.observe_clock(planned_at_ms);
         if let Some(value) = &self.plan.proctime {
             crate::watermark::processing_time::set(value, planned_at_ms);
+        }
+        if let Some(ttl) = &self.ttl {
+            ttl.set_now(planned_at_ms);
         }
         if let Some(value) = &self.plan.current_watermark {
             crate::watermark::current::set(value, previous);
@@ -235,15 +242,32 @@ impl Statement {
     /// the process's keyed state: its plan's session carries it, where an
     /// operator making a store finds it (`StateBudget::of`).
     pub(crate) fn within_budget(&mut self, budget: &Arc<StateBudget>) {
-        let config = self
-            .plan
-            .state
-            .config()
-            .clone()
-            .with_extension(Arc::clone(budget));
+        self.with_extension(Arc::clone(budget));
+    }
+
+    /// Its plan's session with `value` in its config, where operators find
+    /// it by type.
+    fn with_extension<T: Send + Sync + 'static>(&mut self, value: Arc<T>) {
+        let config = self.plan.state.config().clone().with_extension(value);
         self.plan.state = SessionStateBuilder::new_from_existing(self.plan.state.clone())
             .with_config(config)
             .build();
+    }
+
+    /// Its operators' keys expire after `ttl` unwritten (`state.ttl`).
+    /// Whether state has a TTL is part of the fingerprint, as the stores
+    /// then keep each row's age: a checkpoint written with a TTL cannot be
+    /// restored without one, or the reverse (as in Flink); the duration
+    /// may change.
+    pub(crate) fn expiring_after(&mut self, ttl: std::time::Duration) {
+        if self.operator.is_none() {
+            return;
+        }
+        let ttl = StateTtl::new(ttl);
+        self.with_extension(Arc::clone(&ttl));
+        self.ttl = Some(ttl);
+        self.fingerprint
+            .push_str("\nstate expires when unwritten for 'state.ttl'");
     }
 
     /// A repartition step's upstream, after an epoch that read rows or

@@ -29,6 +29,7 @@ mod status;
 mod tasks;
 mod temporal;
 mod top_n;
+mod ttl;
 mod util;
 mod verify;
 mod windows;

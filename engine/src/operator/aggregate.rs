@@ -58,7 +58,7 @@ use crate::error::{Result, SluiceError};
 use crate::output_mode::OutputMode;
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Slicing, Staged};
-use crate::state::{row_converter, KeyedState, Located, OneStore, StateBudget};
+use crate::state::{row_converter, KeyedState, Located, OneStore, StateBudget, StateTtl};
 use crate::table::EpochBatches;
 use crate::window::{merge_sessions, WindowKey};
 
@@ -98,11 +98,18 @@ pub(crate) struct AggregateConfig {
 }
 
 impl AggregateConfig {
-    /// `state` within the memory limit, when the query sets one and the
-    /// state is read by key: complete mode emits all of it each epoch, and
-    /// a session's partitions are taken out whole. A window's closed
+    /// `state` as the aggregation keeps it. Its keys expire after the
+    /// query's state TTL unless it is windowed: a window's groups leave
+    /// when it closes (Flink's TTL does not reach window aggregations
+    /// either). It is within the memory limit when the query sets one and
+    /// the state is read by key: complete mode emits all of it each epoch,
+    /// and a session's partitions are taken out whole. A window's closed
     /// groups are found on disk by their bound (`cold_lowest`).
-    fn within_budget(&self, ctx: &SessionState, state: KeyedState) -> Result<KeyedState> {
+    fn keep(&self, ctx: &SessionState, state: KeyedState) -> Result<KeyedState> {
+        let state = match &self.window {
+            None => state.expiring(StateTtl::of(ctx))?,
+            Some(_) => state,
+        };
         let sessions = self.window.as_ref().is_some_and(|w| w.session.is_some());
         if self.mode == OutputMode::Complete || sessions {
             return Ok(state);
@@ -214,11 +221,13 @@ impl AggregateOperator {
         let group_columns = phases.partial.group_expr().expr().len();
         let state = match &mut self.state {
             Some(s) => s,
-            None => self.state.insert(self.config.within_budget(
+            None => self.state.insert(self.config.keep(
                 ctx,
                 KeyedState::new(Arc::clone(&partial_schema), group_columns)?,
             )?),
         };
+        // Keys past the TTL leave first: they are met as new.
+        state.expire(group_columns)?;
         // The last commit's state within the memory limit, and the keys
         // this epoch meets back from disk.
         state.settle()?;
@@ -246,13 +255,18 @@ impl AggregateOperator {
                     before = Some(stored);
                 }
                 if self.config.dedup {
-                    // A dedup key is emitted once: when it is not stored yet.
-                    first_seen.push(merged.slice(
+                    // A dedup key is emitted once, when it is not stored
+                    // yet, and written only then: a later row of it
+                    // changes nothing (nor restarts its TTL, as in Flink).
+                    let new = merged.slice(
                         located.positions.len(),
                         merged.num_rows() - located.positions.len(),
-                    ));
+                    );
+                    state.upsert(std::slice::from_ref(&new))?;
+                    first_seen.push(new);
+                } else {
+                    state.upsert_located(&located, &merged)?;
                 }
-                state.upsert_located(&located, &merged)?;
                 vec![merged]
             } else {
                 let mut merge_input = partials.clone();
@@ -295,8 +309,10 @@ impl AggregateOperator {
                     for b in &new_states {
                         first_seen.push(filter_record_batch(b, &state.unseen(b)?)?);
                     }
+                    state.upsert(&first_seen)?;
+                } else {
+                    state.upsert(&new_states)?;
                 }
-                state.upsert(&new_states)?;
                 match (sessions, before.take()) {
                     // The sessions of a touched partition came out of the
                     // state whole; those no row reached are neither
@@ -365,7 +381,7 @@ impl AggregateOperator {
         let to_emit = match self.config.mode {
             OutputMode::Complete => vec![RecordBatch::try_new(
                 phases.partial.schema(),
-                state.all().columns().to_vec(),
+                state.all()?.columns().to_vec(),
             )?],
             _ if self.config.dedup => first_seen,
             OutputMode::Append => closed.into_iter().collect(),
@@ -463,7 +479,7 @@ impl Operator for AggregateOperator {
             phases.partial.schema(),
             phases.partial.group_expr().expr().len(),
         )?;
-        let mut state = self.config.within_budget(ctx, state)?;
+        let mut state = self.config.keep(ctx, state)?;
         state.restore_chain(chain)?;
         self.state = Some(state);
         Ok(())

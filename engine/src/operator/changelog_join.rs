@@ -60,7 +60,7 @@ use super::{row_text, Operator};
 use crate::error::{Result, SluiceError};
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
-use crate::state::{row_converter, KeyedState, OneStore};
+use crate::state::{row_converter, KeyedState, OneStore, StateTtl};
 
 /// The sides' names, by their number in the state (`side` below).
 const SIDE_NAMES: [&str; 2] = ["left", "right"];
@@ -146,13 +146,37 @@ impl ChangelogJoinOperator {
         })
     }
 
-    fn state(&mut self) -> Result<&mut KeyedState> {
+    /// The state, made at the first epoch or restore. With a state TTL, a
+    /// join key's rows on one side leave together, once none of them was
+    /// written for the TTL: its slots stay numbered from 1.
+    fn open(&mut self, ctx: &SessionState) -> Result<&mut KeyedState> {
         if self.state.is_none() {
-            self.state = Some(KeyedState::new(state_schema(), 3)?);
+            self.state = Some(KeyedState::new(state_schema(), 3)?.expiring(StateTtl::of(ctx))?);
         }
+        self.state()
+    }
+
+    fn state(&mut self) -> Result<&mut KeyedState> {
         self.state
             .as_mut()
             .ok_or_else(|| SluiceError::Internal("the join's state vanished".into()))
+    }
+
+    /// Each key's slots per side, counted from the stored rows (after a
+    /// restore, or keys expired).
+    fn count_sizes(&mut self) -> Result<()> {
+        let all = self.state()?.all()?;
+        let sides = all.column(0).as_primitive::<UInt8Type>();
+        let keys = all.column(1).as_binary::<i32>();
+        let slots = all.column(2).as_primitive::<UInt64Type>();
+        let mut sizes: HashMap<Box<[u8]>, [u64; 2]> = HashMap::new();
+        for i in 0..all.num_rows() {
+            let size =
+                &mut sizes.entry(Box::from(keys.value(i))).or_default()[sides.value(i) as usize];
+            *size = slots.value(i).max(*size);
+        }
+        self.sizes = sizes;
+        Ok(())
     }
 
     /// The epoch's rows of `side`, with their keys and rows encoded.
@@ -526,6 +550,9 @@ impl Operator for ChangelogJoinOperator {
         ctx: &SessionState,
         _watermark: Option<i64>,
     ) -> Result<EpochOutput> {
+        if self.open(ctx)?.expire(2)?.num_rows() > 0 {
+            self.count_sizes()?;
+        }
         let changes = [self.read(ctx, 0).await?, self.read(ctx, 1).await?];
         if changes.iter().all(|c| c.batch.num_rows() == 0) {
             return Ok(EpochOutput::default());
@@ -567,23 +594,10 @@ impl Operator for ChangelogJoinOperator {
         self.state.write_snapshot(w)
     }
 
-    async fn restore(&mut self, _ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
+    async fn restore(&mut self, ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
         self.state = None;
-        self.sizes.clear();
-        let state = self.state()?;
-        state.restore_chain(chain)?;
-        let all = state.all();
-        let sides = all.column(0).as_primitive::<UInt8Type>();
-        let keys = all.column(1).as_binary::<i32>();
-        let slots = all.column(2).as_primitive::<UInt64Type>();
-        let mut sizes: HashMap<Box<[u8]>, [u64; 2]> = HashMap::new();
-        for i in 0..all.num_rows() {
-            let size =
-                &mut sizes.entry(Box::from(keys.value(i))).or_default()[sides.value(i) as usize];
-            *size = slots.value(i).max(*size);
-        }
-        self.sizes = sizes;
-        Ok(())
+        self.open(ctx)?.restore_chain(chain)?;
+        self.count_sizes()
     }
 
     fn after_commit(&mut self) {

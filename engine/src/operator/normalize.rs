@@ -24,7 +24,7 @@ use super::Operator;
 use crate::error::{Result, SluiceError};
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
-use crate::state::{row_converter, KeyedState, OneStore};
+use crate::state::{row_converter, KeyedState, OneStore, StateTtl};
 
 /// What does not change while the query runs.
 #[derive(Debug)]
@@ -54,13 +54,16 @@ impl NormalizeOperator {
         }
     }
 
-    fn state(&mut self) -> Result<&mut KeyedState> {
+    /// The state, made at the first epoch or restore: each key's latest
+    /// value, expiring after the query's state TTL.
+    fn state(&mut self, ctx: &SessionState) -> Result<&mut KeyedState> {
         if self.state.is_none() {
             let fields = self.config.output.fields();
             let schema = Arc::new(datafusion::arrow::datatypes::Schema::new(
                 fields[..fields.len() - 1].to_vec(),
             ));
-            self.state = Some(KeyedState::new(schema, self.config.keys)?);
+            self.state =
+                Some(KeyedState::new(schema, self.config.keys)?.expiring(StateTtl::of(ctx))?);
         }
         self.state
             .as_mut()
@@ -103,6 +106,9 @@ impl Operator for NormalizeOperator {
         ctx: &SessionState,
         _watermark: Option<i64>,
     ) -> Result<EpochOutput> {
+        // Keys past the TTL leave first: their next value has no previous.
+        let keys = self.config.keys;
+        self.state(ctx)?.expire(keys)?;
         let physical = ctx.create_physical_plan(&self.config.input).await?;
         let schema = physical.schema();
         let rows = concat_batches(&schema, &collect(physical, ctx.task_ctx()).await?)?;
@@ -122,11 +128,8 @@ impl Operator for NormalizeOperator {
             .collect();
         let values = rows.project(&(0..marker).collect::<Vec<_>>())?;
         let output = Arc::clone(&self.config.output);
-        let state = self.state()?;
-        let values = RecordBatch::try_new(
-            Arc::clone(state.all().schema_ref()),
-            values.columns().to_vec(),
-        )?;
+        let state = self.state(ctx)?;
+        let values = RecordBatch::try_new(state.all()?.schema(), values.columns().to_vec())?;
         let previous = state.lookup(std::slice::from_ref(&values))?;
         let live = filter_record_batch(&values, &datafusion::arrow::compute::not(&deleted)?)?;
         state.remove_keys(&filter_record_batch(&values, &deleted)?)?;
@@ -145,9 +148,9 @@ impl Operator for NormalizeOperator {
         self.state.write_snapshot(w)
     }
 
-    async fn restore(&mut self, _ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
+    async fn restore(&mut self, ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
         self.state = None;
-        self.state()?.restore_chain(chain)
+        self.state(ctx)?.restore_chain(chain)
     }
 
     fn after_commit(&mut self) {

@@ -56,7 +56,7 @@ use super::{row_text, Operator};
 use crate::error::{Result, SluiceError};
 use crate::sink::EpochOutput;
 use crate::state::chain::{ChainReader, Staged};
-use crate::state::{row_converter, KeyedState, OneStore};
+use crate::state::{row_converter, KeyedState, OneStore, StateTtl};
 use crate::table::EpochBatches;
 use crate::watermark::nanos;
 
@@ -141,8 +141,11 @@ impl RankOperator {
     }
 
     /// The state, made for `input`'s columns (see [`RankConfig::input`]):
-    /// `(p…, rn, o…, row…)`, keyed by the partition and the rank.
-    fn state_for(&mut self, input: &Schema) -> Result<&mut KeyedState> {
+    /// `(p…, rn, o…, row…)`, keyed by the partition and the rank. With a
+    /// state TTL a partition's rows leave together, once none of them was
+    /// written for the TTL (a row keeps its rank, unwritten, while others
+    /// move); the first row by event time leaves by the watermark instead.
+    fn state_for(&mut self, ctx: &SessionState, input: &Schema) -> Result<&mut KeyedState> {
         if self.state.is_none() {
             let k = self.config.partitions;
             let mut fields: Vec<Field> = input.fields()[..k]
@@ -156,7 +159,9 @@ impl RankOperator {
                 .enumerate()
                 .map(|(i, f)| f.with_name(format!("s{i}")))
                 .collect::<Vec<_>>();
-            self.state = Some(KeyedState::new(Arc::new(Schema::new(fields)), k + 1)?);
+            let ttl = StateTtl::of(ctx).filter(|_| !self.config.first_at_watermark);
+            self.state =
+                Some(KeyedState::new(Arc::new(Schema::new(fields)), k + 1)?.expiring(ttl)?);
         }
         self.state
             .as_mut()
@@ -180,7 +185,7 @@ impl RankOperator {
 
     /// Ranks the epoch's `rows` with the stored rows of their partitions,
     /// and stores the result.
-    fn rank(&mut self, rows: &RecordBatch) -> Result<Ranked> {
+    fn rank(&mut self, ctx: &SessionState, rows: &RecordBatch) -> Result<Ranked> {
         let (k, limit, sign) = (self.config.partitions, self.config.limit, self.config.sign);
         let (order, function) = (self.config.order.clone(), self.config.function);
         let identity = self.config.identity.clone();
@@ -204,8 +209,8 @@ impl RankOperator {
                 probe.extend((1..=bound).map(|r| (i as u32, r)));
             }
         }
-        let state = self.state_for(&rows.schema())?;
-        let state_schema = Arc::clone(state.all().schema_ref());
+        let state = self.state_for(ctx, &rows.schema())?;
+        let state_schema = state.all()?.schema();
         let stored = state.lookup(&[probe_batch(rows, k, &probe, &state_schema)?])?;
         let candidates = Candidates::new(&stored, rows, k, order.len())?;
         // Each candidate's partition, encoded: the new rows' are `touched`.
@@ -323,7 +328,7 @@ impl RankOperator {
         let (Some(state), Some(watermark)) = (&self.state, watermark) else {
             return Ok(None);
         };
-        let all = state.all();
+        let all = state.all()?;
         // The state's columns: the partition, the rank, then the time.
         let time = nanos(all.column(self.config.partitions + 1))?;
         let time = time.as_primitive::<Int64Type>();
@@ -331,7 +336,7 @@ impl RankOperator {
         let passed: BooleanArray = (0..all.num_rows())
             .map(|i| Some(time.is_valid(i) && (from..watermark).contains(&time.value(i))))
             .collect();
-        Ok(Some(filter_record_batch(all, &passed)?))
+        Ok(Some(filter_record_batch(&all, &passed)?))
     }
 
     /// The output keys of `rows` (the query's output rows).
@@ -363,7 +368,7 @@ impl RankOperator {
             return Ok(());
         };
         let k = self.config.partitions;
-        let all = state.all();
+        let all = state.all()?;
         let partition = row_converter(all.schema().fields()[..k].iter().map(|f| f.data_type()))?
             .convert_columns(&all.columns()[..k])?;
         let ranks = all.column(k).as_primitive::<UInt64Type>();
@@ -600,10 +605,16 @@ impl Operator for RankOperator {
     }
 
     async fn process(&mut self, ctx: &SessionState, watermark: Option<i64>) -> Result<EpochOutput> {
+        let k = self.config.partitions;
+        if let Some(state) = &mut self.state {
+            if state.expire(k)?.num_rows() > 0 {
+                self.count_sizes()?;
+            }
+        }
         let rows = self.read(ctx).await?;
         if self.config.first_at_watermark {
             if rows.num_rows() > 0 {
-                self.rank(&rows)?;
+                self.rank(ctx, &rows)?;
             }
             let rows = match self.passed(watermark)? {
                 Some(passed) => self.through_tail(ctx, &passed).await?,
@@ -617,7 +628,7 @@ impl Operator for RankOperator {
         if rows.num_rows() == 0 {
             return Ok(EpochOutput::default());
         }
-        let Ranked { emit, gone } = self.rank(&rows)?;
+        let Ranked { emit, gone } = self.rank(ctx, &rows)?;
         let gone = self.through_tail(ctx, &gone).await?;
         Ok(EpochOutput {
             rows: self.through_tail(ctx, &emit).await?,
@@ -636,7 +647,7 @@ impl Operator for RankOperator {
     async fn restore(&mut self, ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
         let schema = ctx.create_physical_plan(&self.config.input).await?.schema();
         self.state = None;
-        let state = self.state_for(&schema)?;
+        let state = self.state_for(ctx, &schema)?;
         state.restore_chain(chain)?;
         self.count_sizes()
     }

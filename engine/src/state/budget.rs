@@ -204,6 +204,17 @@ impl Disk {
         self.keyspace.batch()
     }
 
+    /// Writes `batch`, and hands the journal's buffer to the file system
+    /// (no sync: the disk is a cache of the checkpoint), so that a disk
+    /// that is full fails the write now, naming the directory, rather than
+    /// a later flush that only logs it.
+    pub(crate) fn commit(&self, batch: fjall::Batch) -> Result<()> {
+        batch.commit().map_err(|e| self.error(e))?;
+        self.keyspace
+            .persist(fjall::PersistMode::Buffer)
+            .map_err(|e| self.error(e))
+    }
+
     /// `e`, a failure of the disk, as an error naming its directory.
     pub(crate) fn error(&self, e: impl std::fmt::Display) -> SluiceError {
         local_error(&self.dir, &e.to_string())

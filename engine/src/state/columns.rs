@@ -198,7 +198,7 @@ mod tests {
         let b = nullable(&[1, 2, 3], &[Some(10), None, Some(30)]);
         let mut s = KeyedState::new(b.schema(), 1).unwrap();
         s.upsert(&[b]).unwrap();
-        let buffer = |s: &KeyedState| s.all().column(1).to_data().buffers()[0].as_ptr();
+        let buffer = |s: &KeyedState| s.all().unwrap().column(1).to_data().buffers()[0].as_ptr();
         let before = buffer(&s);
         s.upsert(&[nullable(&[3], &[Some(31)])]).unwrap();
         assert_eq!(buffer(&s), before, "an update copied the column");
@@ -217,7 +217,7 @@ mod tests {
         assert_eq!(buffer(&s), before, "an update copied the column");
 
         // A handed-out copy of the state is never changed under its holder.
-        let held = s.all().clone();
+        let held = s.all().unwrap();
         s.upsert(&[nullable(&[1], &[Some(11)])]).unwrap();
         assert_eq!(
             held.column(1).as_primitive::<Int64Type>(),
@@ -280,6 +280,7 @@ mod tests {
         let live = 1000 * 40 + 50 * 44;
         let held: usize = state
             .all()
+            .unwrap()
             .column(0)
             .as_string_view()
             .data_buffers()

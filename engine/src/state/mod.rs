@@ -62,4 +62,4 @@ impl StateSize {
     }
 }
 pub use keyed::KeyedState;
-pub(crate) use keyed::{row_converter, Located, OneStore};
+pub(crate) use keyed::{row_converter, Located, OneStore, StateTtl};

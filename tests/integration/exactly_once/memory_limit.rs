@@ -153,3 +153,103 @@ async fn windows_past_the_memory_limit_are_exact_after_kill_9_at_random_moments(
         "{counted} rows in closed windows"
     );
 }
+
+/// A small tmpfs mounted at `dir` for the life of the value (the tests run
+/// as root, as CI does): a disk that fills.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &std::path::Path, size: &str) -> Self {
+        std::fs::create_dir_all(dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "a full disk is made by mounting a small tmpfs, which needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// A full disk, first under `state.local.dir`, then under the checkpoint
+/// location: each stops the query with an error naming the directory or
+/// file and the cause, without a panic, and loses nothing. The same query
+/// with room again (the local directory elsewhere; the checkpoint copied
+/// off the full disk) finishes with exactly the output of a run that never
+/// failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_stops_the_query_naming_it_and_loses_nothing() {
+    const FILES: usize = 12;
+    const ROWS: usize = 60;
+    const QUERY: &str = "SELECT id % 700 AS bucket, count(*) AS n, \
+         max(concat(name, repeat('x', 200))) AS top FROM rows GROUP BY id % 700";
+    let reference = failure_free(FILES, ROWS, QUERY).await;
+
+    for full in ["local", "checkpoint"] {
+        let mut p = Pipeline::with_query(FILES, ROWS, QUERY).await;
+        // The checkpoint's folder is the small disk itself.
+        let checkpoint = match full {
+            "local" => "checkpoint",
+            _ => "small",
+        };
+        let disk = p.dir.join("small");
+        let _mounted = SmallDisk::mount(&disk, "96k");
+        let local = match full {
+            "local" => disk.join("state"),
+            _ => p.dir.join("state"),
+        };
+        p.settings = format!(
+            "SET 'state.memory.limit' = '1 KB';\nSET 'state.local.dir' = '{}';\n",
+            local.display()
+        );
+        let mut run = p.spawn_at(checkpoint, "available-now", None);
+        let status = run.wait(Duration::from_secs(120));
+        let err = run.stderr();
+        assert!(!status.success(), "the {full} disk never filled: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(err.contains("No space left on device"), "{err}");
+        assert!(err.contains(&disk.display().to_string()), "{err}");
+
+        // Room again: the local state elsewhere, the checkpoint copied off.
+        p.settings = format!(
+            "SET 'state.memory.limit' = '1 KB';\nSET 'state.local.dir' = '{}';\n",
+            p.dir.join("roomy").display()
+        );
+        let resume = match full {
+            "local" => "checkpoint",
+            _ => {
+                let status = std::process::Command::new("cp")
+                    .arg("-a")
+                    .arg(p.dir.join(checkpoint))
+                    .arg(p.dir.join("copied"))
+                    .status()
+                    .unwrap();
+                assert!(status.success());
+                "copied"
+            }
+        };
+        let mut run = p.spawn_at(resume, "available-now", None);
+        let status = run.wait(Duration::from_secs(180));
+        assert!(status.success(), "{}", run.stderr());
+        let committed = p.values(true).await;
+        assert_eq!(
+            lost_and_duplicated(&committed, &reference),
+            (0, 0),
+            "after the {full} disk filled"
+        );
+        assert_eq!(per_key(&committed, "bucket"), per_key(&reference, "bucket"));
+    }
+}

@@ -86,7 +86,10 @@ impl KeyedState {
             }
         }
         Ok(Located {
-            stored: take_record_batch(&self.rows, &UInt32Array::from(wanted.clone()))?,
+            stored: self.outer(take_record_batch(
+                &self.rows,
+                &UInt32Array::from(wanted.clone()),
+            )?)?,
             positions: wanted,
             groups,
             new_rows,
@@ -148,7 +151,8 @@ impl KeyedState {
                 .collect(),
             appended: (stored as u32..new.num_rows() as u32).collect(),
         };
-        self.place(&placement, new, &located.new_keys, &located.new_hashes)
+        let new = self.stamped(new.clone())?;
+        self.place(&placement, &new, &located.new_keys, &located.new_hashes)
     }
 }
 
@@ -263,7 +267,7 @@ mod tests {
         assert_eq!(n, vec![10, 2, 30, 7, 8]);
         // The delta holds what changed: applied to the state before, it
         // gives the state after.
-        let mut again = KeyedState::new(s.all().schema(), 1).unwrap();
+        let mut again = KeyedState::new(s.all().unwrap().schema(), 1).unwrap();
         again
             .upsert(&[batch(&["a", "b", "c"], &[1, 2, 3])])
             .unwrap();

@@ -38,6 +38,7 @@ mod keys;
 mod locate;
 mod slices;
 mod spill;
+mod ttl;
 
 use super::chain::{ChainReader, Images, Staged};
 use super::codec::{
@@ -49,6 +50,7 @@ use super::StateSize;
 use crate::error::{Result, SluiceError};
 use keys::{keyed_by_word, KeyBytes, KeyRef, ProbeKeys, StoredKeys, StoredView, Words};
 pub(crate) use locate::Located;
+pub(crate) use ttl::StateTtl;
 
 /// The lifecycle steps of an operator whose whole state is one store,
 /// made at its first epoch or restore (`None` before): what its
@@ -151,6 +153,9 @@ pub struct KeyedState {
     removed: Vec<RecordBatch>,
     /// Within a memory limit: the keys on local disk ([`within`](Self::within)).
     spill: Option<spill::Spill>,
+    /// With a TTL, the clock its stamps are read by; `schema`'s last
+    /// column is then the stamp ([`expiring`](Self::expiring)).
+    ttl: Option<Arc<StateTtl>>,
 }
 
 impl std::fmt::Debug for KeyedState {
@@ -191,6 +196,7 @@ impl KeyedState {
             changed: BooleanBufferBuilder::new(0),
             removed: Vec::new(),
             spill: None,
+            ttl: None,
         })
     }
 
@@ -264,7 +270,7 @@ impl KeyedState {
     /// read back from disk.
     fn insert_unchanged(&mut self, rows: &RecordBatch) -> Result<()> {
         let start = self.rows.num_rows();
-        self.upsert(std::slice::from_ref(rows))?;
+        self.upsert_stored(rows.clone())?;
         for i in start..self.rows.num_rows() {
             self.changed.set_bit(i, false);
         }
@@ -287,7 +293,7 @@ impl KeyedState {
                 }
             }
         }
-        Ok(take_record_batch(&self.rows, &UInt32Array::from(wanted))?)
+        self.outer(take_record_batch(&self.rows, &UInt32Array::from(wanted))?)
     }
 
     /// True for each row of `batch` whose key is not stored.
@@ -306,7 +312,17 @@ impl KeyedState {
     /// the keys not yet stored: stored keys keep their positions, new keys
     /// go to the end.
     pub fn upsert(&mut self, new: &[RecordBatch]) -> Result<()> {
-        let new = concat_batches(&self.schema, new)?;
+        let schema = match new.first() {
+            Some(first) => first.schema(),
+            None => return Ok(()),
+        };
+        let new = self.stamped(concat_batches(&schema, new)?)?;
+        self.upsert_stored(new)
+    }
+
+    /// [`upsert`](Self::upsert) of rows as the store keeps them (stamped,
+    /// with a TTL): read from a checkpoint or from disk.
+    fn upsert_stored(&mut self, new: RecordBatch) -> Result<()> {
         if new.num_rows() == 0 {
             return Ok(());
         }
@@ -385,6 +401,7 @@ impl KeyedState {
         }
         let taken = filter_record_batch(&self.rows, mask)?;
         let kept = filter_record_batch(&self.rows, &not(mask)?)?;
+        // `removed` keeps only their keys.
         let mut changed = BooleanBufferBuilder::new(kept.num_rows());
         for (i, gone) in mask.values().iter().enumerate() {
             if !gone {
@@ -446,7 +463,8 @@ impl KeyedState {
             .iter()
             .map(|k| Some(wanted.contains(k)))
             .collect();
-        self.remove(&hit)
+        let taken = self.remove(&hit)?;
+        self.outer(taken)
     }
 
     /// Removes and returns the rows for which `mask` (one value per stored
@@ -456,7 +474,8 @@ impl KeyedState {
         mask: impl FnOnce(&RecordBatch) -> Result<BooleanArray>,
     ) -> Result<RecordBatch> {
         let mask = mask(&self.rows)?;
-        self.remove(&mask)
+        let taken = self.remove(&mask)?;
+        self.outer(taken)
     }
 
     /// What an operator whose state is this store writes for an epoch's
@@ -579,14 +598,14 @@ impl KeyedState {
         let gone = read_ipc(gone, &key_schema)?;
         self.fault_in(&[gone.clone(), upserts.clone()])?;
         self.remove_keys(&gone)?;
-        self.upsert(&[upserts])?;
+        self.upsert_stored(upserts)?;
         self.clear_changes();
         self.settle()
     }
 
-    /// Every stored row.
-    pub fn all(&self) -> &RecordBatch {
-        &self.rows
+    /// Every row in memory (every row, without a memory limit).
+    pub fn all(&self) -> Result<RecordBatch> {
+        self.outer(self.rows.clone())
     }
 
     /// Number of keys held, in memory and on disk.
@@ -693,7 +712,7 @@ pub(super) mod tests {
         assert_eq!(n, vec![30, 1]);
 
         let bytes = s.snapshot().unwrap();
-        let mut restored = KeyedState::new(s.all().schema(), 1).unwrap();
+        let mut restored = KeyedState::new(s.all().unwrap().schema(), 1).unwrap();
         restored.restore(bytes).unwrap();
         let all = restored
             .lookup(&[batch(&["a", "b", "c"], &[0, 0, 0])])
@@ -767,7 +786,7 @@ pub(super) mod tests {
         let d2 = s.delta().unwrap();
         assert!(!s.has_changes());
 
-        let mut r = KeyedState::new(s.all().schema(), 1).unwrap();
+        let mut r = KeyedState::new(s.all().unwrap().schema(), 1).unwrap();
         r.restore(snapshot).unwrap();
         r.apply_delta(&d1).unwrap();
         r.apply_delta(&d2).unwrap();

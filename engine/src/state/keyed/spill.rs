@@ -140,14 +140,15 @@ impl KeyedState {
             values,
             touched: vec![0; self.rows.num_rows()],
             tick: 0,
-            lowest_of: None,
+            lowest_of: self.lowest_stamp(),
             cold_lowest: None,
             credit: 0,
         });
         Ok(self)
     }
 
-    /// A store whose rows leave by a bound (closed windows): `lowest_of`
+    /// A store whose rows leave by a bound (closed windows; a TTL's
+    /// stamps, set by [`within`](Self::within)): `lowest_of`
     /// gives the least bound of some rows, so that
     /// [`cold_lowest`](Self::cold_lowest) can tell when rows on disk may
     /// leave.
@@ -202,13 +203,13 @@ impl KeyedState {
                     let bytes = key.len() + values.row(r).as_ref().len();
                     spill.cold_bytes = spill.cold_bytes.saturating_sub(bytes as u64);
                 }
-                batch.commit().map_err(|e| disk.error(e))?;
+                disk.commit(batch)?;
             }
             spill.cold_rows = spill.cold_rows.saturating_sub(taken.num_rows() as u64);
             // Committed state that leaves: the next delta says so.
             self.removed.push(taken.clone());
         }
-        Ok(taken)
+        self.outer(taken)
     }
 
     /// Reads the keys of `probe` (its first columns are the key's) that
@@ -274,7 +275,7 @@ impl KeyedState {
                 batch.remove(disk.rows(), *key);
                 bytes += (key.len() + value.len()) as u64;
             }
-            batch.commit().map_err(|e| disk.error(e))?;
+            disk.commit(batch)?;
         }
         let (keys, values): (Vec<&[u8]>, Vec<fjall::Slice>) = found.into_iter().unzip();
         let rows = self.decode(&keys, &values)?;
@@ -383,7 +384,7 @@ impl KeyedState {
                     spill.cold_bytes += (key.len() + value.as_ref().len()) as u64;
                     batch.insert(disk.rows(), key.as_slice(), value.as_ref());
                 }
-                batch.commit().map_err(|e| disk.error(e))?;
+                disk.commit(batch)?;
                 spill.cold_rows += leaving.num_rows() as u64;
                 if let Some(low) = &spill.lowest_of {
                     spill.cold_lowest = min_of(spill.cold_lowest, low(&leaving)?);
