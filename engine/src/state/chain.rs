@@ -40,6 +40,11 @@
 //! order, from any file on, gives each key its last value. An epoch then
 //! writes its changes and about as many rows again, never the whole state,
 //! and the chain spans about one turn of the slices.
+//!
+//! A store restores a sliced chain newest file first, each key from the
+//! newest file that names it (`KeyedState::restore_chain`), which gives the
+//! same state without reading back, from the store's local disk, rows a
+//! newer file replaces.
 
 use std::io::Write;
 use std::path::Path;
@@ -126,9 +131,9 @@ impl Slicing {
 }
 
 /// A committed chain's files, read one at a time as they are applied (a
-/// snapshot, then the deltas after it), so that restoring holds one file's
-/// bytes at a time.
-pub(crate) type ChainReader<'a> = &'a mut (dyn Iterator<Item = Result<Vec<u8>>> + Send);
+/// snapshot, then the deltas after it; a sliced chain from its newest file
+/// back), so that restoring holds one file's bytes at a time.
+pub(crate) type ChainReader<'a> = &'a mut (dyn DoubleEndedIterator<Item = Result<Vec<u8>>> + Send);
 
 /// When a chain starts anew, and how many chains the checkpoint keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,7 +269,7 @@ impl Chain {
     pub(crate) fn read<'a>(
         &'a self,
         dir: &'a Path,
-    ) -> impl Iterator<Item = Result<Vec<u8>>> + Send + 'a {
+    ) -> impl DoubleEndedIterator<Item = Result<Vec<u8>>> + Send + 'a {
         self.files.iter().map(move |f| read_framed(&dir.join(f)))
     }
 

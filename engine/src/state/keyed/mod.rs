@@ -494,22 +494,31 @@ impl KeyedState {
     /// Replaces the state with a committed chain: a snapshot and the deltas
     /// after it; an empty chain leaves the state as it is (empty, for a
     /// store just made).
-    /// A sliced chain may start with a delta (`state::chain`): applied to
-    /// an empty store.
+    ///
+    /// A sliced chain starts with a delta (`state::chain`) and is read
+    /// newest file first: each key takes its value from the newest file
+    /// that names it, and older files' rows of it are skipped. Read oldest
+    /// first, every row of a file would first be read back from local disk
+    /// (where an older file's row of it had gone) to be overwritten: 18
+    /// minutes for 100 M keys under 1 GB, against the files' own reading.
     pub(crate) fn restore_chain(&mut self, chain: ChainReader<'_>) -> Result<()> {
-        if let Some(first) = chain.next() {
-            let first = first?;
-            if is_ipc_file(&first) {
-                self.restore(first)?;
-            } else {
-                self.restore_rows(RecordBatch::new_empty(Arc::clone(&self.schema)))?;
-                self.apply_delta(&first)?;
-            }
+        let Some(first) = chain.next() else {
+            return Ok(());
+        };
+        let first = first?;
+        if is_ipc_file(&first) {
+            self.restore(first)?;
             for delta in chain {
                 self.apply_delta(&delta?)?;
             }
+            return Ok(());
         }
-        Ok(())
+        self.restore_rows(RecordBatch::new_empty(Arc::clone(&self.schema)))?;
+        let mut gone = HashSet::default();
+        while let Some(file) = chain.next_back() {
+            self.apply_unless_named(&file?, &mut gone)?;
+        }
+        self.apply_unless_named(&first, &mut gone)
     }
 
     /// Whether anything changed since the last flush.

@@ -32,6 +32,7 @@ use super::{row_converter, KeyedState};
 use crate::error::Result;
 use crate::state::budget::{Disk, StateBudget};
 use crate::state::chain::Images;
+use crate::state::codec::{read_ipc, split_two_parts};
 
 /// The disk side of a store within a budget.
 pub(super) struct Spill {
@@ -287,6 +288,70 @@ impl KeyedState {
         drop(encoded);
         drop(on_disk);
         self.insert_unchanged(&rows)
+    }
+
+    /// One file of a sliced chain read newest file first (see
+    /// [`restore_chain`](KeyedState::restore_chain)): its rows of the keys
+    /// no newer file named go in as they are, and its removals of such keys
+    /// join `gone`; then the store sheds past the limit. A key's value is
+    /// the one the newest file naming it gave it, so nothing is read back
+    /// from disk to be overwritten: a key is looked for, not read.
+    pub(super) fn apply_unless_named(
+        &mut self,
+        bytes: &[u8],
+        gone: &mut HashSet<Box<[u8]>>,
+    ) -> Result<()> {
+        let (upserts, removed) = split_two_parts(bytes, "the state delta")?;
+        let upserts = read_ipc(upserts, &self.schema)?;
+        let key_columns: Vec<usize> = (0..self.key_columns).collect();
+        let removed = read_ipc(removed, &Arc::new(self.schema.project(&key_columns)?))?;
+        // Within one file its rows win over its removals (`apply_delta`
+        // removes first), so they are taken first.
+        let (named, _) = self.named(&upserts, gone)?;
+        self.insert_unchanged(&filter_record_batch(&upserts, &not(&named)?)?)?;
+        let (named, encoded) = self.named(&removed, gone)?;
+        for r in 0..removed.num_rows() {
+            if !named.value(r) {
+                gone.insert(Box::from(encoded.row(r).as_ref()));
+            }
+        }
+        self.settle()
+    }
+
+    /// Per row of `batch` (its first columns the key's), whether its key
+    /// is already stored, in memory or on disk, or in `gone`; and the keys
+    /// encoded.
+    fn named(
+        &self,
+        batch: &RecordBatch,
+        gone: &HashSet<Box<[u8]>>,
+    ) -> Result<(BooleanArray, Rows)> {
+        let stored = self.view();
+        let keys = self.keys_of(batch)?;
+        let encoded = self
+            .converter
+            .convert_columns(&batch.columns()[..self.key_columns])?;
+        let disk = self
+            .spill
+            .as_ref()
+            .and_then(|s| s.cold.as_ref().filter(|_| s.cold_rows > 0));
+        let mut on_disk = Vec::new();
+        let mut named = Vec::with_capacity(batch.num_rows());
+        for r in 0..batch.num_rows() {
+            let key = keys.get(r);
+            let mut here = self.find(&stored, key.hash(&self.hasher), key).is_some()
+                || gone.contains(encoded.row(r).as_ref());
+            if let (false, Some(disk)) = (here, disk) {
+                on_disk.clear();
+                disk_key(encoded.row(r).as_ref(), &mut on_disk);
+                here = disk
+                    .rows()
+                    .contains_key(on_disk.as_slice())
+                    .map_err(|e| disk.error(e))?;
+            }
+            named.push(here);
+        }
+        Ok((BooleanArray::from(named), encoded))
     }
 
     /// Rows from their keys as on disk (`slices::disk_key`) and values.
