@@ -118,13 +118,19 @@ impl KeyedState {
                 ));
             }
             return self.remove_where(|rows| {
+                let stamps = rows.column(stamp).as_primitive::<Int64Type>();
+                if together == 0 {
+                    // One group: a Top-N without PARTITION BY.
+                    let newest = datafusion::arrow::compute::max(stamps);
+                    let all = newest.is_some_and(|at| at < before);
+                    return Ok(BooleanArray::from(vec![all; rows.num_rows()]));
+                }
                 let groups = row_converter(
                     rows.schema().fields()[..together]
                         .iter()
                         .map(|f| f.data_type()),
                 )?
                 .convert_columns(&rows.columns()[..together])?;
-                let stamps = rows.column(stamp).as_primitive::<Int64Type>();
                 let mut newest: HashMap<Row<'_>, i64> = HashMap::default();
                 for (i, group) in groups.iter().enumerate() {
                     let at = newest.entry(group).or_insert(i64::MIN);
@@ -283,6 +289,51 @@ mod tests {
             assert_eq!(restored.expire(1).unwrap().num_rows(), 2);
             restored.fault_in(&[rows(&all, 0)]).unwrap();
             assert_eq!(contents(&restored, &all), [("c".to_string(), 3)].into());
+        }
+    }
+
+    /// Rows sharing their first columns leave together, once none of them
+    /// was written for the TTL; with none shared, all rows are one group.
+    #[test]
+    fn rows_expiring_together_leave_when_their_newest_has_expired() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("p", DataType::Int64, false),
+            Field::new("rn", DataType::Int64, false),
+        ]));
+        let rows = |p: &[i64], rn: &[i64]| {
+            RecordBatch::try_new(
+                Arc::clone(&schema),
+                vec![
+                    Arc::new(Int64Array::from(p.to_vec())),
+                    Arc::new(Int64Array::from(rn.to_vec())),
+                ],
+            )
+            .unwrap()
+        };
+        for together in [0, 1] {
+            let ttl = StateTtl::new(Duration::from_secs(10));
+            let mut s = KeyedState::new(Arc::clone(&schema), 2)
+                .unwrap()
+                .expiring(Some(Arc::clone(&ttl)))
+                .unwrap();
+            ttl.set_now(1_000);
+            s.upsert(&[rows(&[1, 1, 2], &[1, 2, 1])]).unwrap();
+            // Partition 1's second row is written again at 5 s.
+            ttl.set_now(5_000);
+            s.upsert(&[rows(&[1], &[2])]).unwrap();
+            ttl.set_now(12_000);
+            let gone = s.expire(together).unwrap();
+            let left: Vec<i64> = gone.column(0).as_primitive::<Int64Type>().values().to_vec();
+            match together {
+                // One group, written at 5 s: nothing has expired.
+                0 => assert!(left.is_empty(), "{left:?}"),
+                // Partition 2 (1 s) leaves whole; partition 1 stays whole.
+                _ => assert_eq!(left, vec![2]),
+            }
+            ttl.set_now(16_000);
+            let gone = s.expire(together).unwrap().num_rows() + left.len();
+            assert_eq!(gone, 3, "at 16 s every row has expired");
+            assert_eq!(s.num_rows(), 0);
         }
     }
 
