@@ -401,7 +401,6 @@ impl KeyedState {
         }
         let taken = filter_record_batch(&self.rows, mask)?;
         let kept = filter_record_batch(&self.rows, &not(mask)?)?;
-        // `removed` keeps only their keys.
         let mut changed = BooleanBufferBuilder::new(kept.num_rows());
         for (i, gone) in mask.values().iter().enumerate() {
             if !gone {
@@ -499,8 +498,8 @@ impl KeyedState {
     /// newest file first: each key takes its value from the newest file
     /// that names it, and older files' rows of it are skipped. Read oldest
     /// first, every row of a file would first be read back from local disk
-    /// (where an older file's row of it had gone) to be overwritten: 18
-    /// minutes for 100 M keys under 1 GB, against the files' own reading.
+    /// (where an older file's row of it had gone) to be overwritten: 100 M
+    /// keys under 1 GB took 18 minutes so, 6 newest first.
     pub(crate) fn restore_chain(&mut self, chain: ChainReader<'_>) -> Result<()> {
         let Some(first) = chain.next() else {
             return Ok(());
