@@ -596,14 +596,19 @@ impl KeyedState {
         Ok(out)
     }
 
-    /// Applies a [`delta`](Self::delta): removes its keys, then upserts
-    /// its rows.
-    pub fn apply_delta(&mut self, bytes: &[u8]) -> Result<()> {
+    /// A [`delta`](Self::delta)'s rows and removed keys.
+    fn read_delta(&self, bytes: &[u8]) -> Result<(RecordBatch, RecordBatch)> {
         let (upserts, gone) = split_two_parts(bytes, "the state delta")?;
         let upserts = read_ipc(upserts, &self.schema)?;
         let key_columns: Vec<usize> = (0..self.key_columns).collect();
         let key_schema = Arc::new(self.schema.project(&key_columns)?);
-        let gone = read_ipc(gone, &key_schema)?;
+        Ok((upserts, read_ipc(gone, &key_schema)?))
+    }
+
+    /// Applies a [`delta`](Self::delta): removes its keys, then upserts
+    /// its rows.
+    pub fn apply_delta(&mut self, bytes: &[u8]) -> Result<()> {
+        let (upserts, gone) = self.read_delta(bytes)?;
         self.fault_in(&[gone.clone(), upserts.clone()])?;
         self.remove_keys(&gone)?;
         self.upsert_stored(upserts)?;

@@ -32,7 +32,6 @@ use super::{row_converter, KeyedState};
 use crate::error::Result;
 use crate::state::budget::{Disk, StateBudget};
 use crate::state::chain::Images;
-use crate::state::codec::{read_ipc, split_two_parts};
 
 /// The disk side of a store within a budget.
 pub(super) struct Spill {
@@ -301,10 +300,7 @@ impl KeyedState {
         bytes: &[u8],
         gone: &mut HashSet<Box<[u8]>>,
     ) -> Result<()> {
-        let (upserts, removed) = split_two_parts(bytes, "the state delta")?;
-        let upserts = read_ipc(upserts, &self.schema)?;
-        let key_columns: Vec<usize> = (0..self.key_columns).collect();
-        let removed = read_ipc(removed, &Arc::new(self.schema.project(&key_columns)?))?;
+        let (upserts, removed) = self.read_delta(bytes)?;
         // Within one file its rows win over its removals (`apply_delta`
         // removes first), so they are taken first.
         let (named, _) = self.named(&upserts, gone)?;
