@@ -18,6 +18,12 @@
 //! Shedding brings the stores down to [`TARGET`] of the limit at once, not
 //! just under it, so that an epoch's new keys do not make every commit
 //! shed a few.
+//!
+//! What a store's disk keeps in memory as it grows is state held too, and
+//! counts: its bloom filters (about 10 bits per key on disk: 125 MB at
+//! 100 M keys; [`Disk::memory_bytes`]). Its cache and write buffer are
+//! bounded instead, by a 64th of the limit each, and its compactions'
+//! buffers by the size of the segments they write.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -184,7 +190,17 @@ impl Disk {
             .fsync_ms(None)
             .open()
             .map_err(failed)?;
-        let options = fjall::PartitionCreateOptions::default().max_memtable_size(8 << 20);
+        // A compaction holds 16 bytes per key of the segment it writes
+        // (the keys' hashes, for the segment's bloom filter) until the
+        // segment is done: 128 MiB for fjall's default 64 MiB segments of
+        // small rows. A quarter of that size bounds it to 32 MiB.
+        let compaction = fjall::compaction::Leveled {
+            target_size: 16 << 20,
+            ..Default::default()
+        };
+        let options = fjall::PartitionCreateOptions::default()
+            .max_memtable_size(8 << 20)
+            .compaction_strategy(fjall::compaction::Strategy::Leveled(compaction));
         let rows = keyspace.open_partition("rows", options).map_err(failed)?;
         Ok(Self {
             keyspace,
@@ -197,6 +213,15 @@ impl Disk {
     /// The rows, key → row.
     pub(crate) fn rows(&self) -> &fjall::PartitionHandle {
         &self.rows
+    }
+
+    /// Bytes it holds in memory that grow with what it holds: its bloom
+    /// filters (about 10 bits per key on disk, loaded with each segment).
+    /// Its cache and write buffer are bounded instead, by a 64th of the
+    /// limit each.
+    pub(crate) fn memory_bytes(&self) -> u64 {
+        use fjall::AbstractTree;
+        self.rows.tree.bloom_filter_size() as u64
     }
 
     /// A batch of writes.

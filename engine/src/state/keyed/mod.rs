@@ -626,12 +626,25 @@ impl KeyedState {
         self.rows.num_rows() as u64 + self.cold_rows()
     }
 
-    /// Bytes held in memory: the rows, the encoded keys and the index.
+    /// Bytes held in memory: the rows, the encoded keys and the index,
+    /// and past the memory limit what the disk's store keeps in memory.
     pub fn num_bytes(&self) -> u64 {
-        let index = self.index.num_buckets() * (std::mem::size_of::<u32>() + 1);
+        self.rows_bytes() + self.disk_memory_bytes()
+    }
+
+    /// Bytes of the rows in memory: the rows, the encoded keys and the
+    /// index.
+    fn rows_bytes(&self) -> u64 {
         let changed = self.changed.capacity() / 8;
         let touched = self.spill.as_ref().map_or(0, |s| s.touched_bytes());
-        (self.rows.get_array_memory_size() + self.keys.size() + index + changed + touched) as u64
+        let held = self.rows.get_array_memory_size() + self.keys.size() + changed + touched;
+        (held + self.index_bytes()) as u64
+    }
+
+    /// Bytes of the index's table: a row position and a control byte per
+    /// bucket.
+    fn index_bytes(&self) -> usize {
+        self.index.num_buckets() * (std::mem::size_of::<u32>() + 1)
     }
 
     /// The whole state as Arrow IPC file bytes.

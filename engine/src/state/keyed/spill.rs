@@ -30,7 +30,7 @@ use foldhash::HashSet;
 use super::slices::disk_key;
 use super::{row_converter, KeyedState};
 use crate::error::Result;
-use crate::state::budget::{Disk, StateBudget};
+use crate::state::budget::{Disk, StateBudget, TARGET};
 use crate::state::chain::Images;
 
 /// The disk side of a store within a budget.
@@ -53,6 +53,9 @@ pub(super) struct Spill {
     cold_lowest: Option<i64>,
     /// Commits so far.
     tick: u32,
+    /// Rows appended since the last [`settle`](KeyedState::settle): how
+    /// much the next epoch may grow the store.
+    grown: usize,
     /// Rows changed and not yet paid for by images, times the slices
     /// (`slices`).
     pub(super) credit: u64,
@@ -89,6 +92,7 @@ impl Spill {
     /// `n` rows were appended now.
     pub(super) fn appended(&mut self, n: usize) {
         self.touched.extend(std::iter::repeat_n(self.tick, n));
+        self.grown += n;
     }
 
     /// The rows in memory are now those of `kept` (one flag per former
@@ -140,6 +144,7 @@ impl KeyedState {
             values,
             touched: vec![0; self.rows.num_rows()],
             tick: 0,
+            grown: 0,
             lowest_of: self.lowest_stamp(),
             cold_lowest: None,
             credit: 0,
@@ -219,9 +224,9 @@ impl KeyedState {
         let Some(spill) = &self.spill else {
             return Ok(());
         };
-        let Some(disk) = spill.cold.as_ref().filter(|_| spill.cold_rows > 0) else {
+        if spill.cold.is_none() || spill.cold_rows == 0 {
             return Ok(());
-        };
+        }
         // Per probe batch, the keys not in memory, in the disk's encoding:
         // only they are encoded (a store keyed by one integer column
         // compares its keys as words, not encoded).
@@ -262,30 +267,41 @@ impl KeyedState {
                 Some(key)
             })
             .collect();
-        // In key order: the reads walk the files forward.
+        // In key order: the reads walk the files forward. A chunk at a
+        // time, each read, decoded and stored before the next: the values
+        // read (an allocation each) and their decoding are then a chunk's,
+        // not an epoch's (a million keys read back held 100+ MB at once).
         missing.sort_unstable();
-        let found = read_rows(disk, &missing)?;
+        for chunk in missing.chunks(WRITE_ROWS) {
+            self.fault_in_sorted(chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the rows of `keys` (sorted, as on disk) that the disk holds
+    /// into memory, as unchanged rows, and removes them from the disk.
+    fn fault_in_sorted(&mut self, keys: &[&[u8]]) -> Result<()> {
+        let Some(disk) = self.spill.as_ref().and_then(|s| s.cold.as_ref()) else {
+            return Ok(());
+        };
+        let found = read_rows(disk, keys)?;
         if found.is_empty() {
             return Ok(());
         }
+        let mut batch = disk.batch();
         let mut bytes = 0;
-        for chunk in found.chunks(WRITE_ROWS) {
-            let mut batch = disk.batch();
-            for (key, value) in chunk {
-                batch.remove(disk.rows(), *key);
-                bytes += (key.len() + value.len()) as u64;
-            }
-            disk.commit(batch)?;
+        for (key, value) in &found {
+            batch.remove(disk.rows(), *key);
+            bytes += (key.len() + value.len()) as u64;
         }
+        disk.commit(batch)?;
         let (keys, values): (Vec<&[u8]>, Vec<fjall::Slice>) = found.into_iter().unzip();
         let rows = self.decode(&keys, &values)?;
         if let Some(spill) = &mut self.spill {
             spill.cold_rows = spill.cold_rows.saturating_sub(keys.len() as u64);
             spill.cold_bytes = spill.cold_bytes.saturating_sub(bytes);
         }
-        drop((keys, values));
-        drop(encoded);
-        drop(on_disk);
+        drop(values);
         self.insert_unchanged(&rows)
     }
 
@@ -375,17 +391,35 @@ impl KeyedState {
         if self.spill.is_none() || self.has_changes() {
             return Ok(());
         }
-        let bytes = self.num_bytes();
+        let rows_bytes = self.rows_bytes();
+        let rows = self.rows.num_rows();
+        // Growing the index's table holds the old one and the new, twice
+        // its size, at once: at 100 M keys a moment of 480 MB for a 160 MB
+        // table. When an epoch growing as much as the last would outgrow
+        // it, the store counts the new table too, and if that is past the
+        // limit it sheds within the table instead, down to the target of
+        // its capacity.
+        let capacity = self.index.capacity();
+        let table = self.index_bytes() as u64;
         let Some(spill) = &mut self.spill else {
             return Ok(());
         };
+        let outgrows = rows + std::mem::take(&mut spill.grown) > capacity;
+        let bytes = rows_bytes
+            + spill.cold.as_ref().map_or(0, Disk::memory_bytes)
+            + if outgrows { 2 * table } else { 0 };
         spill.tick = spill.tick.saturating_add(1);
         let shed = spill.budget.report(spill.id, bytes);
-        let rows = self.rows.num_rows();
         if shed == 0 || rows == 0 {
             return Ok(());
         }
-        let n = ((rows as f64 * shed as f64 / bytes.max(1) as f64).ceil() as usize).min(rows);
+        // What the disk keeps in memory grows as rows go there (its bloom
+        // filters): only the rows can leave to make room.
+        let mut n = (rows as f64 * shed as f64 / rows_bytes.max(1) as f64).ceil() as usize;
+        if outgrows {
+            n = n.max(rows.saturating_sub((TARGET * capacity as f64) as usize));
+        }
+        let n = n.min(rows);
         // The n least recently touched: those before the tick where the
         // count reaches n, then as many of its ties as make n. Ticks are
         // commits, far fewer than rows: counted, not sorted.
@@ -532,6 +566,15 @@ impl KeyedState {
     /// Rows on disk.
     pub(crate) fn cold_rows(&self) -> u64 {
         self.spill.as_ref().map_or(0, |s| s.cold_rows)
+    }
+
+    /// Bytes the disk keeps in memory as it grows (its bloom filters);
+    /// none before the store first shed.
+    pub(super) fn disk_memory_bytes(&self) -> u64 {
+        self.spill
+            .as_ref()
+            .and_then(|s| s.cold.as_ref())
+            .map_or(0, Disk::memory_bytes)
     }
 
     /// Bytes on disk: the rows' encoded keys and values, before the
@@ -913,5 +956,39 @@ mod tests {
     #[test]
     fn a_store_of_text_keys_spills_and_reads_as_in_memory() {
         spills_and_reads_as_in_memory(DataType::Utf8);
+    }
+
+    /// Past the limit a store keeps within its index's table: an epoch
+    /// that would outgrow it (and so hold the table and one twice as large
+    /// at once) sheds instead, so the table stops growing once the store
+    /// has shed, whatever the keys to come.
+    #[test]
+    fn past_the_limit_a_store_sheds_within_its_index_rather_than_grow_it() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false),
+            Field::new("n", DataType::Int64, false),
+        ]));
+        let budget = StateBudget::new(256 << 10, None);
+        let mut state = KeyedState::new(Arc::clone(&schema), 1)
+            .unwrap()
+            .within(Some(budget))
+            .unwrap();
+        let mut table = None;
+        for epoch in 0..60 {
+            state.settle().unwrap();
+            let keys: Vec<i64> = (epoch * 1_000..(epoch + 1) * 1_000).collect();
+            state
+                .upsert(&[rows(&schema, &keys, &vec![1; keys.len()])])
+                .unwrap();
+            state.clear_changes();
+            let buckets = state.index.num_buckets();
+            match table {
+                None if state.cold_rows() > 0 => table = Some(buckets),
+                Some(first) => assert!(buckets <= first, "epoch {epoch}: {buckets} > {first}"),
+                None => {}
+            }
+        }
+        assert!(table.is_some(), "the store never shed");
+        assert_eq!(state.num_rows(), 60_000);
     }
 }
