@@ -347,7 +347,7 @@ pub const SETTINGS: &[Setting] = &[
         aliases: &["table.exec.state.ttl"],
         values: "a duration (`'1 hour'`, `'7 days'`): a key whose state no row has written for \
             that long, by the epochs' processing time, is dropped, as Flink's state TTL: \
-            GROUP BY without a window, deduplication, Top-N, joins over changes and upsert \
+            GROUP BY without a window, deduplication, Top-N, joins without a time bound and upsert \
             streams' latest values. A key that comes back after that starts again (see *State \
             TTL*). `'0'` turns it off",
         default: "off: state is kept until the query's logic drops it",

@@ -34,6 +34,7 @@ use crate::options::columns;
 use crate::planner::{IncrementalPlan, StageConfig};
 use crate::sink::{EpochOutput, Sink};
 use crate::state::chain::{Chain, SnapshotPolicy};
+use crate::state::codec;
 use crate::state::{StateBudget, StateSize, StateTtl};
 use crate::table::EpochInput;
 
@@ -348,9 +349,10 @@ impl Statement {
                 .map_err(|e| match e {
                     // A damaged file names itself.
                     e @ SluiceError::Checkpoint { .. } => e,
+                    // A missing file names itself in `e`.
                     e => SluiceError::checkpoint(
                         dir.join("state"),
-                        format!("{}: {e}", self.chain.files().join(", ")),
+                        format!("{}: {e}; {}", self.chain.files().join(", "), codec::DAMAGED),
                     ),
                 })?;
         }

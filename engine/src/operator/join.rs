@@ -44,14 +44,23 @@
 //! state grows with the input, and no row is late. An outer join without a
 //! bound runs as `changelog_join`, since only eviction says that a row
 //! stays unmatched.
+//!
+//! Under `state.ttl` the unbounded join forgets a row once the TTL has
+//! passed since it was written (it arrived), as Flink's regular join does:
+//! before each epoch joins, the rows written before `now - ttl` leave both
+//! buffers. Rows are appended in the order they were written, so those are
+//! a prefix of each buffer, and when each buffer's rows were written is a
+//! short list of (time, rows), one entry per epoch ([`Written`]), kept in
+//! the snapshot and in each delta's header.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{
-    new_null_array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt64Array,
+    new_null_array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, UInt64Array,
 };
 use datafusion::arrow::compute::{concat_batches, filter_record_batch, not};
-use datafusion::arrow::datatypes::{DataType, Field, SchemaRef, UInt64Type};
+use datafusion::arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, UInt64Type};
 use datafusion::common::JoinType;
 use datafusion::execution::SessionState;
 use datafusion::logical_expr::{Expr, LogicalPlan};
@@ -66,7 +75,7 @@ use crate::error::{Result, SluiceError};
 use crate::sink::EpochOutput;
 use crate::state::chain::{delta_outgrows, ChainReader, Staged};
 use crate::state::codec::{ipc_bytes, read_ipc, split_two_parts, two_parts, JoinDelta};
-use crate::state::compact_views;
+use crate::state::{compact_views, StateTtl};
 use crate::table::EpochBatches;
 use crate::watermark::split_before;
 
@@ -148,6 +157,57 @@ pub(crate) struct JoinOperator {
     time_columns: Option<(usize, usize)>,
     /// What changed since the last committed stage (see [`JoinDelta`]).
     changes: Changes,
+    /// Under `state.ttl`, an unbounded join's: the TTL and when the rows of
+    /// each buffer were written. Known at the first epoch or restore.
+    expiry: Option<Expiry>,
+}
+
+/// An unbounded join's TTL, and when each buffer's rows were written.
+#[derive(Debug)]
+struct Expiry {
+    ttl: Arc<StateTtl>,
+    /// Left, right.
+    written: [Written; 2],
+}
+
+/// When a buffer's rows were written, in buffer order: (processing time
+/// in ms, rows), one entry per epoch that appended some.
+#[derive(Debug, Default)]
+struct Written(VecDeque<(i64, usize)>);
+
+impl Written {
+    /// `rows` more, written at `at`.
+    fn push(&mut self, at: i64, rows: usize) {
+        match self.0.back_mut() {
+            _ if rows == 0 => {}
+            Some((last, n)) if *last == at => *n += rows,
+            _ => self.0.push_back((at, rows)),
+        }
+    }
+
+    /// Forgets the rows written before `before`: how many, all at the
+    /// front of the buffer.
+    fn expire(&mut self, before: i64) -> usize {
+        let mut gone = 0;
+        while let Some(&(at, rows)) = self.0.front() {
+            if at >= before {
+                break;
+            }
+            gone += rows;
+            self.0.pop_front();
+        }
+        gone
+    }
+}
+
+/// The snapshot's part of a join under a TTL: per side (0 left, 1 right),
+/// when its rows were written.
+fn written_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("side", DataType::Int64, false),
+        Field::new("written_ms", DataType::Int64, false),
+        Field::new("rows", DataType::Int64, false),
+    ]))
 }
 
 /// A join's changes since its last committed stage.
@@ -160,6 +220,9 @@ struct Changes {
     matched: HashSet<u64>,
     /// The last eviction's expiries, left and right (ns).
     evicted: Option<(i64, i64)>,
+    /// Under a TTL: the expiry of the epoch, and when its rows were
+    /// written (ms).
+    written: Option<(i64, i64)>,
 }
 
 impl JoinOperator {
@@ -178,13 +241,61 @@ impl JoinOperator {
             time_columns,
             config,
             changes: Changes::default(),
+            expiry: None,
         })
+    }
+
+    /// Takes the query's TTL, if it sets one and the join is unbounded (a
+    /// bounded join's rows leave by the watermark).
+    fn open(&mut self, ctx: &SessionState) {
+        if self.expiry.is_none() && self.config.bounds.is_none() {
+            self.expiry = StateTtl::of(ctx).map(|ttl| Expiry {
+                ttl,
+                written: Default::default(),
+            });
+        }
+    }
+
+    /// Under a TTL, drops the rows written before `before` from both
+    /// buffers (a prefix of each).
+    fn expire(&mut self, before: i64) {
+        let Some(expiry) = &mut self.expiry else {
+            return;
+        };
+        let [left, right] = &mut expiry.written;
+        let tail = |rows: &RecordBatch, gone: usize| {
+            let gone = gone.min(rows.num_rows());
+            rows.slice(gone, rows.num_rows() - gone)
+        };
+        self.left = tail(&self.left, left.expire(before));
+        self.right = tail(&self.right, right.expire(before));
+    }
+
+    /// Under a TTL, the epoch's step before it joins: expires what the
+    /// TTL rules out, and says so in the delta.
+    fn expire_now(&mut self) {
+        let Some(times) = self
+            .expiry
+            .as_ref()
+            .map(|e| (e.ttl.expired_before(), e.ttl.now()))
+        else {
+            return;
+        };
+        let before = (self.left.num_rows(), self.right.num_rows());
+        self.expire(times.0);
+        if before != (self.left.num_rows(), self.right.num_rows()) {
+            self.changes.written = Some(times);
+        }
     }
 
     /// Whether anything changed since the last committed stage.
     fn has_changes(&self) -> bool {
         let c = &self.changes;
-        !c.left.is_empty() || !c.right.is_empty() || !c.matched.is_empty() || c.evicted.is_some()
+        !c.left.is_empty()
+            || !c.right.is_empty()
+            || !c.matched.is_empty()
+            || c.evicted.is_some()
+            || c.written.is_some()
     }
 
     /// Rows appended since the last committed stage.
@@ -199,6 +310,7 @@ impl JoinOperator {
         // Appended rows may still point into their epoch's input buffers.
         JoinDelta {
             evicted: c.evicted,
+            written: c.written,
             left: compact_views(concat_batches(&self.config.left_in.schema_ref(), &c.left)?)?,
             right: compact_views(concat_batches(
                 &self.config.right_in.schema_ref(),
@@ -227,6 +339,14 @@ impl JoinOperator {
             .flatten()
         {
             self.next_row_id = self.next_row_id.max(m + 1);
+        }
+        // The epoch expired by its TTL before it appended.
+        if let Some((before, at)) = delta.written {
+            self.expire(before);
+            if let Some(expiry) = &mut self.expiry {
+                expiry.written[0].push(at, delta.left.num_rows());
+                expiry.written[1].push(at, delta.right.num_rows());
+            }
         }
         let all_right = concat_batches(&self.right.schema(), [&self.right, &delta.right])?;
         let matched: HashSet<u64> = delta.matched.into_iter().collect();
@@ -292,11 +412,22 @@ impl JoinOperator {
         self.right = RecordBatch::new_empty(self.config.right_in.schema_ref());
         self.next_row_id = 0;
         self.changes = Changes::default();
+        if let Some(expiry) = &mut self.expiry {
+            expiry.written = Default::default();
+        }
     }
 
     /// Replaces the buffers with a snapshot's.
     fn restore_snapshot(&mut self, bytes: &[u8]) -> Result<()> {
-        let (left, right) = split_two_parts(bytes, "the join snapshot")?;
+        let buffers = match &mut self.expiry {
+            None => bytes,
+            Some(expiry) => {
+                let (buffers, written) = split_two_parts(bytes, "the join snapshot")?;
+                expiry.written = read_written(&read_ipc(written, &written_schema())?)?;
+                buffers
+            }
+        };
+        let (left, right) = split_two_parts(buffers, "the join snapshot")?;
         self.left = read_ipc(left, &self.config.left_in.schema_ref())?;
         self.right = read_ipc(right, &self.config.right_in.schema_ref())?;
         let right = self
@@ -358,6 +489,14 @@ impl JoinOperator {
         }
         if new_right.num_rows() > 0 {
             self.changes.right.push(new_right.clone());
+        }
+        if let Some(expiry) = &mut self.expiry {
+            let (before, at) = (expiry.ttl.expired_before(), expiry.ttl.now());
+            expiry.written[0].push(at, new_left.num_rows());
+            expiry.written[1].push(at, new_right.num_rows());
+            if new_left.num_rows() + new_right.num_rows() > 0 {
+                self.changes.written = Some((before, at));
+            }
         }
         self.changes.matched.extend(matched.iter().copied());
         self.append(&new_left, all_right, &matched)?;
@@ -468,6 +607,8 @@ impl Operator for JoinOperator {
     }
 
     async fn process(&mut self, ctx: &SessionState, watermark: Option<i64>) -> Result<EpochOutput> {
+        self.open(ctx);
+        self.expire_now();
         let joined = self.join_epoch(ctx).await?;
         Ok(EpochOutput {
             rows: self.emit(ctx, joined, watermark).await?,
@@ -489,16 +630,19 @@ impl Operator for JoinOperator {
         }
     }
 
-    /// Both buffers, as the two parts of `codec::two_parts`.
+    /// Both buffers, as the two parts of `codec::two_parts`; under a TTL,
+    /// those two and when their rows were written.
     fn write_snapshot(&mut self, w: &mut dyn std::io::Write) -> Result<()> {
-        w.write_all(&two_parts(
-            &ipc_bytes(&self.left)?,
-            &ipc_bytes(&self.right)?,
-        ))
-        .map_err(|e| SluiceError::io("writing the join's state", e))
+        let mut bytes = two_parts(&ipc_bytes(&self.left)?, &ipc_bytes(&self.right)?);
+        if let Some(expiry) = &self.expiry {
+            bytes = two_parts(&bytes, &ipc_bytes(&written_batch(&expiry.written)?)?);
+        }
+        w.write_all(&bytes)
+            .map_err(|e| SluiceError::io("writing the join's state", e))
     }
 
-    async fn restore(&mut self, _ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
+    async fn restore(&mut self, ctx: &SessionState, chain: ChainReader<'_>) -> Result<()> {
+        self.open(ctx);
         match chain.next() {
             None => self.clear(),
             Some(snapshot) => self.restore_snapshot(&snapshot?)?,
@@ -520,6 +664,44 @@ impl Operator for JoinOperator {
             (self.left.get_array_memory_size() + self.right.get_array_memory_size()) as u64,
         )
     }
+}
+
+/// The snapshot's part of [`Written`], per side.
+fn written_batch(written: &[Written; 2]) -> Result<RecordBatch> {
+    let entries = written.iter().enumerate().flat_map(|(side, w)| {
+        w.0.iter()
+            .map(move |&(at, rows)| (side as i64, at, rows as i64))
+    });
+    let (mut sides, mut ats, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+    for (side, at, n) in entries {
+        sides.push(side);
+        ats.push(at);
+        rows.push(n);
+    }
+    Ok(RecordBatch::try_new(
+        written_schema(),
+        vec![
+            Arc::new(Int64Array::from(sides)),
+            Arc::new(Int64Array::from(ats)),
+            Arc::new(Int64Array::from(rows)),
+        ],
+    )?)
+}
+
+/// [`Written`] per side, from [`written_batch`]'s rows.
+fn read_written(batch: &RecordBatch) -> Result<[Written; 2]> {
+    let column = |i: usize| batch.column(i).as_primitive::<Int64Type>();
+    let mut written: [Written; 2] = Default::default();
+    for r in 0..batch.num_rows() {
+        let side = usize::try_from(column(0).value(r))
+            .ok()
+            .and_then(|s| written.get_mut(s))
+            .ok_or_else(|| SluiceError::Internal("the join snapshot names a third side".into()))?;
+        let rows = usize::try_from(column(2).value(r))
+            .map_err(|_| SluiceError::Internal("the join snapshot has negative rows".into()))?;
+        side.push(column(1).value(r), rows);
+    }
+    Ok(written)
 }
 
 /// The highest row id among a buffer's rows (its next-to-last column).

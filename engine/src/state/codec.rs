@@ -11,8 +11,8 @@
 //! - [`two_parts`]: the first part's length (8 bytes, little endian), the
 //!   first part, the second. A keyed state's delta is (upserted rows,
 //!   removed keys); a join's snapshot is (left buffer, right buffer).
-//! - [`JoinDelta`]: an eviction header, then ((appended left, appended
-//!   right), matched left row ids).
+//! - [`JoinDelta`]: an eviction (or TTL) header, then ((appended left,
+//!   appended right), matched left row ids).
 //! - [`write_part`]/[`split_parts`]: a multi-operator pipeline's state, a
 //!   part per operator, each with an optional tag byte (unchanged, delta,
 //!   snapshot) and a length (8 bytes, little endian).
@@ -91,18 +91,15 @@ impl<W: Write> Write for Framed<W> {
     }
 }
 
+/// What to do about a checkpoint file that is missing or does not read,
+/// after the reason.
+pub(crate) const DAMAGED: &str = "the checkpoint is damaged. Restore the file from a backup, or \
+     start the query on a new checkpoint location (it will reprocess from the start)";
+
 /// The payload of a file's `bytes` (read from `path`, named in errors),
 /// after checking its header, length and checksum.
 pub(crate) fn unframe<'a>(path: &Path, bytes: &'a [u8]) -> Result<&'a [u8]> {
-    let corrupt = |reason: String| {
-        SluiceError::checkpoint(
-            path,
-            format!(
-                "{reason}; the checkpoint is damaged. Restore the file from a backup, or \
-                 start the query on a new checkpoint location (it will reprocess from the start)"
-            ),
-        )
-    };
+    let corrupt = |reason: String| SluiceError::checkpoint(path, format!("{reason}; {DAMAGED}"));
     let newline = bytes
         .iter()
         .position(|b| *b == b'\n')
@@ -522,6 +519,10 @@ fn read_ipc_owned_unguarded(bytes: Vec<u8>, schema: &SchemaRef) -> Result<Record
 pub(crate) struct JoinDelta {
     /// The eviction's expiries (left, right, ns), if the epoch evicted.
     pub evicted: Option<(i64, i64)>,
+    /// Under `state.ttl` (an unbounded join, which never evicts): rows
+    /// written before the first time (ms) expired, then the appended rows
+    /// were written at the second.
+    pub written: Option<(i64, i64)>,
     /// Rows appended to the left buffer (with their ids and flags).
     pub left: RecordBatch,
     /// Rows appended to the right buffer.
@@ -530,8 +531,10 @@ pub(crate) struct JoinDelta {
     pub matched: Vec<u64>,
 }
 
-/// Bytes before the parts of a join delta: whether it evicts (1 byte),
-/// then the left and right expiries (8 bytes each, little endian).
+/// Bytes before the parts of a join delta: whether it evicts (1 byte:
+/// 1), or expires by a TTL (2), then the two times (8 bytes each, little
+/// endian): the left and right expiries, or the TTL's expiry and the
+/// appended rows' time.
 const JOIN_DELTA_HEADER: usize = 17;
 
 impl JoinDelta {
@@ -542,9 +545,10 @@ impl JoinDelta {
             id_schema(),
             vec![Arc::new(UInt64Array::from(self.matched.clone()))],
         )?;
-        let (flag, (l, r)) = match self.evicted {
-            Some(limits) => (1u8, limits),
-            None => (0, (0, 0)),
+        let (flag, (l, r)) = match (self.evicted, self.written) {
+            (Some(limits), _) => (1u8, limits),
+            (None, Some(times)) => (2, times),
+            (None, None) => (0, (0, 0)),
         };
         let mut out = Vec::new();
         out.push(flag);
@@ -570,9 +574,10 @@ impl JoinDelta {
                 .map(i64::from_le_bytes)
                 .map_err(|_| damaged())
         };
-        let evicted = match header[0] {
-            0 => None,
-            1 => Some((limit(1)?, limit(9)?)),
+        let (evicted, written) = match header[0] {
+            0 => (None, None),
+            1 => (Some((limit(1)?, limit(9)?)), None),
+            2 => (None, Some((limit(1)?, limit(9)?))),
             other => {
                 return Err(SluiceError::Internal(format!(
                     "the join delta has an unknown eviction flag {other}"
@@ -584,6 +589,7 @@ impl JoinDelta {
         let ids = read_ipc(ids, &id_schema())?;
         Ok(Self {
             evicted,
+            written,
             left: read_ipc(new_left, left)?,
             right: read_ipc(new_right, right)?,
             matched: ids.column(0).as_primitive::<UInt64Type>().values().to_vec(),

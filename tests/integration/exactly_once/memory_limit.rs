@@ -1,7 +1,8 @@
 //! State past `state.memory.limit` through kill -9: a GROUP BY and a
 //! window whose groups live on local disk emit exactly what they emit
-//! with all their state in memory, and a local directory that cannot be
-//! written stops the query naming it.
+//! with all their state in memory; a local directory that cannot be
+//! written, a full disk and a missing state file stop the query naming
+//! them.
 
 use std::time::Duration;
 
@@ -111,6 +112,73 @@ async fn an_unwritable_local_state_dir_stops_the_query_naming_it() {
     assert!(err.contains(&dir.display().to_string()), "{err}");
     assert!(err.contains("'state.local.dir'"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// A state file the last commit names, gone from the checkpoint: the
+/// restart stops naming it and what to do, and leaves the checkpoint as it
+/// was (no state rebuilt from empty, nothing committed past it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_state_file_stops_the_restart_naming_it() {
+    let mut p = Pipeline::with_query(
+        4,
+        30,
+        "SELECT id % 400 AS bucket, count(*) AS n FROM rows GROUP BY id % 400",
+    )
+    .await;
+    p.settings = "SET 'state.memory.limit' = '1 KB';\n".into();
+    let mut run = p.spawn("available-now", None);
+    assert!(
+        run.wait(Duration::from_secs(120)).success(),
+        "{}",
+        run.stderr()
+    );
+
+    // The newest state file: the last commit names its own epoch's.
+    let files = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
+        let mut all = Vec::new();
+        let mut dirs = vec![dir.to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                match path.is_dir() {
+                    true => dirs.push(path),
+                    false => all.push(path),
+                }
+            }
+        }
+        all.sort();
+        all
+    };
+    let checkpoint = p.dir.join("checkpoint");
+    let newest = files(&checkpoint.join("state"))
+        .into_iter()
+        .max_by_key(|f| std::fs::metadata(f).unwrap().modified().unwrap())
+        .expect("a state file");
+    std::fs::remove_file(&newest).unwrap();
+    let before: Vec<_> = files(&checkpoint)
+        .into_iter()
+        .map(|f| (std::fs::read(&f).unwrap(), f))
+        .collect();
+
+    let mut run = p.spawn("available-now", None);
+    let status = run.wait(Duration::from_secs(120));
+    let err = run.stderr();
+    assert!(
+        !status.success(),
+        "restarted without {}: {err}",
+        newest.display()
+    );
+    // Named within the checkpoint, with what to do.
+    let name = newest.strip_prefix(&checkpoint).unwrap();
+    assert!(err.contains(&checkpoint.display().to_string()), "{err}");
+    assert!(err.contains(&name.display().to_string()), "{err}");
+    assert!(err.contains("Restore"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let after: Vec<_> = files(&checkpoint)
+        .into_iter()
+        .map(|f| (std::fs::read(&f).unwrap(), f))
+        .collect();
+    assert!(before == after, "the checkpoint changed");
 }
 
 /// A tumbling-window count per window and bucket under a memory limit of

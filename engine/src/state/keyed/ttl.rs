@@ -65,7 +65,8 @@ impl StateTtl {
         self.now_ms.store(ms, Ordering::Release);
     }
 
-    fn now(&self) -> i64 {
+    /// The processing time of the epoch running (ms).
+    pub(crate) fn now(&self) -> i64 {
         self.now_ms.load(Ordering::Acquire)
     }
 
