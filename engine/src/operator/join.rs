@@ -271,14 +271,18 @@ impl JoinOperator {
         self.right = tail(&self.right, right.expire(before));
     }
 
+    /// Under a TTL, the epoch's (expiry, processing time), as a delta
+    /// carries them.
+    fn ttl_times(&self) -> Option<(i64, i64)> {
+        self.expiry
+            .as_ref()
+            .map(|e| (e.ttl.expired_before(), e.ttl.now()))
+    }
+
     /// Under a TTL, the epoch's step before it joins: expires what the
     /// TTL rules out, and says so in the delta.
     fn expire_now(&mut self) {
-        let Some(times) = self
-            .expiry
-            .as_ref()
-            .map(|e| (e.ttl.expired_before(), e.ttl.now()))
-        else {
+        let Some(times) = self.ttl_times() else {
             return;
         };
         let before = (self.left.num_rows(), self.right.num_rows());
@@ -490,12 +494,11 @@ impl JoinOperator {
         if new_right.num_rows() > 0 {
             self.changes.right.push(new_right.clone());
         }
-        if let Some(expiry) = &mut self.expiry {
-            let (before, at) = (expiry.ttl.expired_before(), expiry.ttl.now());
-            expiry.written[0].push(at, new_left.num_rows());
-            expiry.written[1].push(at, new_right.num_rows());
+        if let (Some(times), Some(expiry)) = (self.ttl_times(), &mut self.expiry) {
+            expiry.written[0].push(times.1, new_left.num_rows());
+            expiry.written[1].push(times.1, new_right.num_rows());
             if new_left.num_rows() + new_right.num_rows() > 0 {
-                self.changes.written = Some((before, at));
+                self.changes.written = Some(times);
             }
         }
         self.changes.matched.extend(matched.iter().copied());

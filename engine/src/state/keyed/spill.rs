@@ -401,13 +401,12 @@ impl KeyedState {
         // its capacity.
         let capacity = self.index.capacity();
         let table = self.index_bytes() as u64;
+        let disk = self.disk_memory_bytes();
         let Some(spill) = &mut self.spill else {
             return Ok(());
         };
         let outgrows = rows + std::mem::take(&mut spill.grown) > capacity;
-        let bytes = rows_bytes
-            + spill.cold.as_ref().map_or(0, Disk::memory_bytes)
-            + if outgrows { 2 * table } else { 0 };
+        let bytes = rows_bytes + disk + if outgrows { 2 * table } else { 0 };
         spill.tick = spill.tick.saturating_add(1);
         let shed = spill.budget.report(spill.id, bytes);
         if shed == 0 || rows == 0 {
